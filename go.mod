@@ -1,0 +1,14 @@
+module github.com/ddpgo/ddpgo
+
+go 1.26
+
+require (
+	github.com/NVIDIA/go-nvml v0.13.3-0 // indirect
+	github.com/cpuguy83/go-md2man/v2 v2.0.7 // indirect
+	github.com/google/uuid v1.6.0 // indirect
+	github.com/prometheus/client_golang v1.23.2 // indirect
+	github.com/russross/blackfriday/v2 v2.1.0 // indirect
+	github.com/urfave/cli/v2 v2.27.7 // indirect
+	github.com/xrash/smetrics v0.0.0-20240521201337-686a1a2994c1 // indirect
+	golang.org/x/sys v0.38.0 // indirect
+)
