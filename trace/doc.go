@@ -1,0 +1,32 @@
+// Package trace writes and checks timelines in the Chrome Trace Event
+// Format, the JSON that ui.perfetto.dev and chrome://tracing open.
+//
+// The model is the viewer's: a process (pid) holds named lanes (tid); a
+// lane holds complete spans ("X"), instant marks ("i") and the ends of flow
+// arrows ("s" at the source, "f" at the destination); a process holds
+// counters ("C"). Metadata events ("M") name processes and lanes and fix
+// their order on screen. For data-parallel training the natural mapping is
+// one process per rank, one lane for compute (gradient-ready marks) and
+// one lane per phase of a bucket's reduction (wait, compress, collective,
+// decompress), an arrow from a bucket's last ready mark to its collective,
+// and a bytes-in-flight counter per rank.
+//
+// Timestamps are time.Duration values measured from the start of the
+// trace (see Writer.At) and are written in microseconds with nanosecond
+// precision, exactly, without floating-point rounding.
+//
+// A Writer streams events to an io.Writer step by step. Events of the
+// current step are buffered; EndStep sorts them (by time, then process,
+// lane, phase, longest span first, then call order) and writes them, so the
+// output is deterministic and memory is bounded by one step. After
+// Options.MaxSteps steps the Writer records nothing more. Close writes the
+// closing bracket, so a closed Writer's output is always one valid JSON
+// object. A Writer is safe for concurrent use.
+//
+// Validate parses a trace and checks its structure: required fields per
+// phase, non-negative durations, no overlapping spans on a lane, every
+// flow start matched by one finish that is not earlier and that falls on
+// a span (so viewers draw the arrow), numeric counters, and a name for
+// every process and lane in use. Rules relaxes the strict checks for
+// traces from other tools.
+package trace
