@@ -1,0 +1,24 @@
+// Package models holds model manifests: the ordered list of a network's
+// trainable parameters (name and shape) that a data-parallel reducer sees,
+// without any weights.
+//
+// A manifest is JSON:
+//
+//	{
+//	  "model":  "resnet50",
+//	  "source": "where the list comes from",
+//	  "dtype":  "float32",
+//	  "order":  "registration (forward) order",
+//	  "params": [{"name": "conv1.weight", "shape": [64, 3, 7, 7]}, ...]
+//	}
+//
+// Parameters are listed in registration (forward) order, the order of
+// PyTorch's named_parameters(); a backward pass produces gradients roughly
+// in the reverse order. Three manifests are built in: "resnet50"
+// (torchvision), "bert-base" and "gpt2-small" (lm_head tied to the token
+// embedding, so not listed). Load accepts a built-in name or a file path.
+//
+// Parse validates everything a benchmark relies on and reports the file
+// and the JSON field at fault, for example
+// `my.json: params[3].shape[1]: dimension 0 is not positive`.
+package models

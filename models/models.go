@@ -1,0 +1,207 @@
+package models
+
+import (
+	"bytes"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/ddpgo/ddpgo/comm"
+)
+
+// Sentinel errors, tested with errors.Is.
+var (
+	// ErrUnknownModel: the name is neither a built-in manifest nor a
+	// readable file.
+	ErrUnknownModel = errors.New("models: unknown model")
+	// ErrInvalid: a manifest does not parse or fails validation. The
+	// wrapping error names the file and the field.
+	ErrInvalid = errors.New("models: invalid manifest")
+)
+
+// Param is one trainable parameter: its name and shape.
+type Param struct {
+	Name  string `json:"name"`
+	Shape []int  `json:"shape"`
+}
+
+// Numel returns the number of elements of p (the product of its shape;
+// 1 for a scalar with an empty shape).
+func (p Param) Numel() int {
+	n := 1
+	for _, d := range p.Shape {
+		n *= d
+	}
+	return n
+}
+
+// Manifest is a model's parameter list in registration order.
+type Manifest struct {
+	Model  string     `json:"model"`
+	Source string     `json:"source"`
+	DType  string     `json:"dtype"`
+	Order  string     `json:"order,omitempty"`
+	Params []Param    `json:"params"`
+	Elem   comm.DType `json:"-"` // DType parsed; Float32 when "dtype" is absent
+	File   string     `json:"-"` // the file or built-in name it came from
+}
+
+// Numel returns the total number of parameter elements.
+func (m *Manifest) Numel() int64 {
+	var n int64
+	for _, p := range m.Params {
+		n += int64(p.Numel())
+	}
+	return n
+}
+
+// Bytes returns the total gradient size in bytes.
+func (m *Manifest) Bytes() int64 { return m.Numel() * int64(m.Elem.Size()) }
+
+//go:embed manifests/*.json
+var builtin embed.FS
+
+// builtinFiles maps each built-in name (and accepted aliases) to its file.
+var builtinFiles = map[string]string{
+	"resnet50":   "resnet50.json",
+	"resnet-50":  "resnet50.json",
+	"bert-base":  "bert-base.json",
+	"bert_base":  "bert-base.json",
+	"gpt2-small": "gpt2-small.json",
+	"gpt2":       "gpt2-small.json",
+}
+
+// Names returns the canonical names of the built-in manifests.
+func Names() []string { return []string{"resnet50", "bert-base", "gpt2-small"} }
+
+// Builtin returns the built-in manifest called name.
+func Builtin(name string) (*Manifest, error) {
+	f, ok := builtinFiles[strings.ToLower(name)]
+	if !ok {
+		return nil, fmt.Errorf("%w %q (built in: %s)", ErrUnknownModel, name, strings.Join(Names(), ", "))
+	}
+	data, err := builtin.ReadFile("manifests/" + f)
+	if err != nil {
+		return nil, err
+	}
+	return Parse(name, data)
+}
+
+// Load returns the built-in manifest called nameOrPath, or else parses
+// the file at that path.
+func Load(nameOrPath string) (*Manifest, error) {
+	if _, ok := builtinFiles[strings.ToLower(nameOrPath)]; ok {
+		return Builtin(nameOrPath)
+	}
+	data, err := os.ReadFile(nameOrPath)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("%w %q: not built in (%s) and no such file",
+				ErrUnknownModel, nameOrPath, strings.Join(Names(), ", "))
+		}
+		return nil, fmt.Errorf("models: %w", err)
+	}
+	return Parse(nameOrPath, data)
+}
+
+// Parse decodes and validates a manifest. file names the source in
+// errors. Unknown fields are errors, so that a misspelt key is not
+// silently ignored.
+func Parse(file string, data []byte) (*Manifest, error) {
+	var m Manifest
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&m); err != nil {
+		return nil, decodeError(file, data, err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, fmt.Errorf("%w: %s: trailing data after the manifest object", ErrInvalid, file)
+	}
+	m.File = file
+	if err := m.validate(); err != nil {
+		return nil, err
+	}
+	return &m, nil
+}
+
+func (m *Manifest) validate() error {
+	bad := func(field, format string, args ...any) error {
+		return fmt.Errorf("%w: %s: %s: %s", ErrInvalid, m.File, field, fmt.Sprintf(format, args...))
+	}
+	if m.Model == "" {
+		return bad("model", "missing or empty")
+	}
+	m.Elem = comm.Float32
+	if m.DType != "" {
+		dt, err := comm.ParseDType(m.DType)
+		if err != nil || !dt.IsFloat() {
+			return bad("dtype", "%q is not a floating-point type (float32, float16, bfloat16, float64)", m.DType)
+		}
+		m.Elem = dt
+	}
+	if len(m.Params) == 0 {
+		return bad("params", "missing or empty")
+	}
+	seen := make(map[string]int, len(m.Params))
+	for i, p := range m.Params {
+		if p.Name == "" {
+			return bad(fmt.Sprintf("params[%d].name", i), "missing or empty")
+		}
+		if j, dup := seen[p.Name]; dup {
+			return bad(fmt.Sprintf("params[%d].name", i), "%q already used by params[%d]", p.Name, j)
+		}
+		seen[p.Name] = i
+		if p.Shape == nil {
+			return bad(fmt.Sprintf("params[%d].shape", i), "missing (parameter %q)", p.Name)
+		}
+		n := int64(1)
+		for k, d := range p.Shape {
+			if d <= 0 {
+				return bad(fmt.Sprintf("params[%d].shape[%d]", i, k), "dimension %d of %q is not positive", d, p.Name)
+			}
+			n *= int64(d)
+			if n > 1<<40 {
+				return bad(fmt.Sprintf("params[%d].shape", i), "%v of %q has more than 2^40 elements", p.Shape, p.Name)
+			}
+		}
+	}
+	return nil
+}
+
+// decodeError turns a json error into one that names the file, the field
+// (when json knows it) and the line and column.
+func decodeError(file string, data []byte, err error) error {
+	var syn *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &syn):
+		line, col := position(data, syn.Offset)
+		return fmt.Errorf("%w: %s:%d:%d: %v", ErrInvalid, file, line, col, syn)
+	case errors.As(err, &typ):
+		line, col := position(data, typ.Offset)
+		field := typ.Field
+		if field == "" {
+			field = "(top level)"
+		}
+		return fmt.Errorf("%w: %s:%d:%d: field %s: got JSON %s, want %s", ErrInvalid, file, line, col, field, typ.Value, typ.Type)
+	case errors.Is(err, io.EOF):
+		return fmt.Errorf("%w: %s: empty file", ErrInvalid, file)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return fmt.Errorf("%w: %s: truncated JSON", ErrInvalid, file)
+	}
+	// Unknown fields come back as `json: unknown field "x"`.
+	return fmt.Errorf("%w: %s: %v", ErrInvalid, file, strings.TrimPrefix(err.Error(), "json: "))
+}
+
+// position converts a byte offset into a 1-based line and column.
+func position(data []byte, off int64) (line, col int) {
+	off = min(max(off, 0), int64(len(data)))
+	before := data[:off]
+	line = 1 + bytes.Count(before, []byte("\n"))
+	col = int(off) - (bytes.LastIndexByte(before, '\n') + 1) + 1
+	return line, col
+}
