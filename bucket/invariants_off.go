@@ -1,0 +1,6 @@
+//go:build !invariants
+
+package bucket
+
+// invariants turns on self-checks of every computed layout.
+const invariants = false
