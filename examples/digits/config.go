@@ -1,0 +1,22 @@
+package main
+
+// trainFraction is the share of the data set used for training; the rest
+// is the test set.
+const trainFraction = 0.8
+
+// config is what the command-line flags set.
+type config struct {
+	Ranks    int     // data-parallel replicas (in-process ranks)
+	Epochs   int     // passes over the training set
+	Batch    int     // global batch size; a multiple of Ranks
+	Hidden   int     // hidden units
+	LR       float64 // learning rate
+	Momentum float64 // SGD momentum
+	Hook     string  // gradient reduction: none, fp16, bf16
+	Seed     uint64  // split, initialisation and shuffling
+	Data     string  // CSV(.gz) path; "" = the embedded copy
+}
+
+func defaultConfig() config {
+	return config{Ranks: 4, Epochs: 20, Batch: 64, Hidden: 128, LR: 0.05, Momentum: 0.9, Hook: "none", Seed: 1}
+}

@@ -1,0 +1,29 @@
+// Command digits trains a small neural network to read handwritten digits,
+// data-parallel over several in-process ranks with the ddp Reducer: the
+// usage example of ddpgo.
+//
+// The data are the 1797 8x8 images of the UCI "Optical Recognition of
+// Handwritten Digits" set (embedded; see testdata/README.md), split 80/20
+// into training and test sets by a seeded shuffle. The model is a
+// perceptron with one hidden ReLU layer (64-128-10) trained with softmax
+// cross-entropy and SGD with momentum.
+//
+// Every rank holds a replica of the model and, for every global batch,
+// takes an equal, contiguous shard of it. Its backward pass is written by
+// hand and marks each layer's gradients ready as soon as they are
+// computed, last layer first, so the all-reduce of the last layer runs
+// while the first layer is still being differentiated. Each rank's loss is
+// the mean over its own shard and the Reducer averages over ranks, so with
+// equal shards the averaged gradient is exactly the gradient of the mean
+// loss over the global batch: N ranks follow the trajectory of one process
+// on the whole batch, up to floating-point rounding. That is why the batch
+// size must be a multiple of the number of ranks, and why each epoch drops
+// its last partial batch.
+//
+// Usage:
+//
+//	go run ./examples/digits [-ranks 4] [-epochs 20] [-batch 64] [-lr 0.05] [-hook none|fp16|bf16] [-seed 1] [-data file.csv.gz]
+//
+// It prints the loss and accuracy on the training and test sets after
+// every epoch.
+package main
