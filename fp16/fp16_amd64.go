@@ -1,0 +1,185 @@
+//go:build !purego
+
+package fp16
+
+import "strings"
+
+// Assembly kernels (fp16_amd64.s). Each converts n elements, n a positive
+// multiple of 8; the Go wrappers below finish the last n%8 with the
+// portable code. The sums cover elements lo..hi-1, hi-lo a positive
+// multiple of 8, reading srcs[0..nsrc-1] and always multiplying by scale
+// (1 when not scaled: x*1 is x for every sum the kernels can produce).
+
+//go:noescape
+func f32ToHalfAVX2(dst *uint16, src *float32, n int)
+
+//go:noescape
+func halfToF32AVX2(dst *float32, src *uint16, n int)
+
+//go:noescape
+func f32ToBF16AVX2(dst *uint16, src *float32, n int)
+
+//go:noescape
+func bf16ToF32AVX2(dst *float32, src *uint16, n int)
+
+//go:noescape
+func scaleToHalfAVX2(dst *uint16, src *float32, n int, scale float32)
+
+//go:noescape
+func scaleToBF16AVX2(dst *uint16, src *float32, n int, scale float32)
+
+//go:noescape
+func sumHalfAVX2(dst *uint16, srcs *[]uint16, nsrc, lo, hi int, scale float32)
+
+//go:noescape
+func sumBF16AVX2(dst *uint16, srcs *[]uint16, nsrc, lo, hi int, scale float32)
+
+func cpuid(leaf, sub uint32) (eax, ebx, ecx, edx uint32)
+
+func xgetbv0() (eax, edx uint32)
+
+var avx2Kernels = kernels{
+	name: "avx2+f16c",
+	f32ToHalf: func(dst []uint16, src []float32) {
+		n := len(src) &^ 7
+		if n > 0 {
+			f32ToHalfAVX2(&dst[0], &src[0], n)
+		}
+		f32ToHalfGeneric(dst[n:], src[n:])
+	},
+	halfToF32: func(dst []float32, src []uint16) {
+		n := len(src) &^ 7
+		if n > 0 {
+			halfToF32AVX2(&dst[0], &src[0], n)
+		}
+		halfToF32Generic(dst[n:], src[n:])
+	},
+	f32ToBF16: func(dst []uint16, src []float32) {
+		n := len(src) &^ 7
+		if n > 0 {
+			f32ToBF16AVX2(&dst[0], &src[0], n)
+		}
+		f32ToBF16Generic(dst[n:], src[n:])
+	},
+	bf16ToF32: func(dst []float32, src []uint16) {
+		n := len(src) &^ 7
+		if n > 0 {
+			bf16ToF32AVX2(&dst[0], &src[0], n)
+		}
+		bf16ToF32Generic(dst[n:], src[n:])
+	},
+	scaleToHalf: func(dst []uint16, src []float32, scale float32) {
+		n := len(src) &^ 7
+		if n > 0 {
+			scaleToHalfAVX2(&dst[0], &src[0], n, scale)
+		}
+		scaleToHalfGeneric(dst[n:], src[n:], scale)
+	},
+	scaleToBF16: func(dst []uint16, src []float32, scale float32) {
+		n := len(src) &^ 7
+		if n > 0 {
+			scaleToBF16AVX2(&dst[0], &src[0], n, scale)
+		}
+		scaleToBF16Generic(dst[n:], src[n:], scale)
+	},
+	sumHalf: func(dst []uint16, srcs [][]uint16, from int, scale float32, scaled bool) {
+		hi := from + (len(dst)-from)&^7
+		if hi > from {
+			if !scaled {
+				scale = 1
+			}
+			sumHalfAVX2(&dst[0], &srcs[0], len(srcs), from, hi, scale)
+		}
+		sumHalfGeneric(dst, srcs, hi, scale, scaled)
+	},
+	sumBF16: func(dst []uint16, srcs [][]uint16, from int, scale float32, scaled bool) {
+		hi := from + (len(dst)-from)&^7
+		if hi > from {
+			if !scaled {
+				scale = 1
+			}
+			sumBF16AVX2(&dst[0], &srcs[0], len(srcs), from, hi, scale)
+		}
+		sumBF16Generic(dst, srcs, hi, scale, scaled)
+	},
+}
+
+// features is what CPUID and XGETBV report, restricted to what the
+// operating system lets a program use.
+type features struct {
+	avx, avx2, f16c, fma        bool
+	avx512f, avx512bw, avx512vl bool
+	avx512fp16, avx512bf16      bool
+}
+
+func detect() features {
+	var f features
+	maxLeaf, _, _, _ := cpuid(0, 0)
+	if maxLeaf < 1 {
+		return f
+	}
+	_, _, ecx1, _ := cpuid(1, 0)
+	const osxsave, avx, f16c, fma = 1 << 27, 1 << 28, 1 << 29, 1 << 12
+	if ecx1&osxsave == 0 {
+		return f // no XGETBV: the OS does not save YMM state
+	}
+	xcr0, _ := xgetbv0()
+	osAVX := xcr0&0x6 == 0x6      // XMM and YMM state
+	osAVX512 := xcr0&0xe6 == 0xe6 // and opmask, ZMM_Hi256, Hi16_ZMM
+	if !osAVX {
+		return f
+	}
+	f.avx = ecx1&avx != 0
+	f.f16c = f.avx && ecx1&f16c != 0
+	f.fma = f.avx && ecx1&fma != 0
+	if maxLeaf < 7 {
+		return f
+	}
+	_, ebx7, _, edx7 := cpuid(7, 0)
+	f.avx2 = f.avx && ebx7&(1<<5) != 0
+	if osAVX512 {
+		f.avx512f = ebx7&(1<<16) != 0
+		f.avx512bw = f.avx512f && ebx7&(1<<30) != 0
+		f.avx512vl = f.avx512f && ebx7&(1<<31) != 0
+		f.avx512fp16 = f.avx512f && edx7&(1<<23) != 0
+		eax71, _, _, _ := cpuid(7, 1)
+		f.avx512bf16 = f.avx512f && eax71&(1<<5) != 0
+	}
+	return f
+}
+
+func (f features) String() string {
+	var b strings.Builder
+	for _, x := range []struct {
+		ok   bool
+		name string
+	}{
+		{f.avx, "avx"}, {f.avx2, "avx2"}, {f.f16c, "f16c"}, {f.fma, "fma"},
+		{f.avx512f, "avx512f"}, {f.avx512bw, "avx512bw"}, {f.avx512vl, "avx512vl"},
+		{f.avx512fp16, "avx512fp16"}, {f.avx512bf16, "avx512bf16"},
+	} {
+		if x.ok {
+			if b.Len() > 0 {
+				b.WriteByte(' ')
+			}
+			b.WriteString(x.name)
+		}
+	}
+	return b.String()
+}
+
+var (
+	cpu         = detect()
+	cpuFeatures = cpu.String()
+	bestKernels = *availableKernels()[0]
+)
+
+// availableKernels lists the implementations this machine can run, best
+// first; the portable one is always last.
+func availableKernels() []*kernels {
+	var ks []*kernels
+	if cpu.avx2 && cpu.f16c {
+		ks = append(ks, &avx2Kernels)
+	}
+	return append(ks, &genericKernels)
+}
