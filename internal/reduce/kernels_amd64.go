@@ -1,0 +1,66 @@
+//go:build !purego
+
+package reduce
+
+import (
+	"unsafe"
+
+	"golang.org/x/sys/cpu"
+)
+
+var useAVX2 = cpu.X86.HasAVX2
+
+// Accelerated reports whether SIMD kernels are in use.
+func Accelerated() bool { return useAVX2 }
+
+//go:noescape
+func addF32AVX2(dst, a, b unsafe.Pointer, n int)
+
+//go:noescape
+func maxF32AVX2(dst, a, b unsafe.Pointer, n int)
+
+//go:noescape
+func minF32AVX2(dst, a, b unsafe.Pointer, n int)
+
+//go:noescape
+func addF64AVX2(dst, a, b unsafe.Pointer, n int)
+
+// SumFloat32 sets dst[i] = a[i] + b[i].
+func SumFloat32(dst, a, b []float32) {
+	if !useAVX2 || len(dst) < 8 {
+		Sum(dst, a, b)
+		return
+	}
+	a, b = a[:len(dst)], b[:len(dst)]
+	addF32AVX2(unsafe.Pointer(&dst[0]), unsafe.Pointer(&a[0]), unsafe.Pointer(&b[0]), len(dst))
+}
+
+// SumFloat64 sets dst[i] = a[i] + b[i].
+func SumFloat64(dst, a, b []float64) {
+	if !useAVX2 || len(dst) < 4 {
+		Sum(dst, a, b)
+		return
+	}
+	a, b = a[:len(dst)], b[:len(dst)]
+	addF64AVX2(unsafe.Pointer(&dst[0]), unsafe.Pointer(&a[0]), unsafe.Pointer(&b[0]), len(dst))
+}
+
+// MaxFloat32 sets dst[i] = max(a[i], b[i]) with the NaN rule of Max.
+func MaxFloat32(dst, a, b []float32) {
+	if !useAVX2 || len(dst) < 8 {
+		Max(dst, a, b)
+		return
+	}
+	a, b = a[:len(dst)], b[:len(dst)]
+	maxF32AVX2(unsafe.Pointer(&dst[0]), unsafe.Pointer(&a[0]), unsafe.Pointer(&b[0]), len(dst))
+}
+
+// MinFloat32 sets dst[i] = min(a[i], b[i]) with the NaN rule of Min.
+func MinFloat32(dst, a, b []float32) {
+	if !useAVX2 || len(dst) < 8 {
+		Min(dst, a, b)
+		return
+	}
+	a, b = a[:len(dst)], b[:len(dst)]
+	minF32AVX2(unsafe.Pointer(&dst[0]), unsafe.Pointer(&a[0]), unsafe.Pointer(&b[0]), len(dst))
+}

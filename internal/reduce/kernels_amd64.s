@@ -1,0 +1,241 @@
+//go:build !purego
+
+#include "textflag.h"
+
+// dst may alias a or b: each block is loaded before it is stored.
+
+// func addF32AVX2(dst, a, b unsafe.Pointer, n int)
+// dst[i] = a[i] + b[i]
+TEXT ·addF32AVX2(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ a+8(FP), SI
+	MOVQ b+16(FP), DX
+	MOVQ n+24(FP), CX
+loop0:
+	CMPQ CX, $32
+	JLT  tail0
+	VMOVUPS 0(SI), Y0
+	VMOVUPS 32(SI), Y1
+	VMOVUPS 64(SI), Y2
+	VMOVUPS 96(SI), Y3
+	VMOVUPS 0(DX), Y4
+	VMOVUPS 32(DX), Y5
+	VMOVUPS 64(DX), Y6
+	VMOVUPS 96(DX), Y7
+	VADDPS Y4, Y0, Y0
+	VADDPS Y5, Y1, Y1
+	VADDPS Y6, Y2, Y2
+	VADDPS Y7, Y3, Y3
+	VMOVUPS Y0, 0(DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	ADDQ $128, SI
+	ADDQ $128, DX
+	ADDQ $128, DI
+	SUBQ $32, CX
+	JMP  loop0
+tail0:
+	CMPQ CX, $8
+	JLT  scalar0
+	VMOVUPS 0(SI), Y0
+	VMOVUPS 0(DX), Y4
+	VADDPS Y4, Y0, Y0
+	VMOVUPS Y0, 0(DI)
+	ADDQ $32, SI
+	ADDQ $32, DX
+	ADDQ $32, DI
+	SUBQ $8, CX
+	JMP  tail0
+scalar0:
+	TESTQ CX, CX
+	JEQ  done0
+	VMOVSS 0(SI), X0
+	VMOVSS 0(DX), X4
+	VADDSS X4, X0, X0
+	VMOVSS X0, 0(DI)
+	ADDQ $4, SI
+	ADDQ $4, DX
+	ADDQ $4, DI
+	DECQ CX
+	JMP  scalar0
+done0:
+	VZEROUPPER
+	RET
+
+// func maxF32AVX2(dst, a, b unsafe.Pointer, n int)
+// dst[i] = b[i] > a[i] ? b[i] : a[i]
+TEXT ·maxF32AVX2(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ a+8(FP), SI
+	MOVQ b+16(FP), DX
+	MOVQ n+24(FP), CX
+loop1:
+	CMPQ CX, $32
+	JLT  tail1
+	VMOVUPS 0(SI), Y0
+	VMOVUPS 32(SI), Y1
+	VMOVUPS 64(SI), Y2
+	VMOVUPS 96(SI), Y3
+	VMOVUPS 0(DX), Y4
+	VMOVUPS 32(DX), Y5
+	VMOVUPS 64(DX), Y6
+	VMOVUPS 96(DX), Y7
+	VMAXPS Y0, Y4, Y0
+	VMAXPS Y1, Y5, Y1
+	VMAXPS Y2, Y6, Y2
+	VMAXPS Y3, Y7, Y3
+	VMOVUPS Y0, 0(DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	ADDQ $128, SI
+	ADDQ $128, DX
+	ADDQ $128, DI
+	SUBQ $32, CX
+	JMP  loop1
+tail1:
+	CMPQ CX, $8
+	JLT  scalar1
+	VMOVUPS 0(SI), Y0
+	VMOVUPS 0(DX), Y4
+	VMAXPS Y0, Y4, Y0
+	VMOVUPS Y0, 0(DI)
+	ADDQ $32, SI
+	ADDQ $32, DX
+	ADDQ $32, DI
+	SUBQ $8, CX
+	JMP  tail1
+scalar1:
+	TESTQ CX, CX
+	JEQ  done1
+	VMOVSS 0(SI), X0
+	VMOVSS 0(DX), X4
+	VMAXSS X0, X4, X0
+	VMOVSS X0, 0(DI)
+	ADDQ $4, SI
+	ADDQ $4, DX
+	ADDQ $4, DI
+	DECQ CX
+	JMP  scalar1
+done1:
+	VZEROUPPER
+	RET
+
+// func minF32AVX2(dst, a, b unsafe.Pointer, n int)
+// dst[i] = b[i] < a[i] ? b[i] : a[i]
+TEXT ·minF32AVX2(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ a+8(FP), SI
+	MOVQ b+16(FP), DX
+	MOVQ n+24(FP), CX
+loop2:
+	CMPQ CX, $32
+	JLT  tail2
+	VMOVUPS 0(SI), Y0
+	VMOVUPS 32(SI), Y1
+	VMOVUPS 64(SI), Y2
+	VMOVUPS 96(SI), Y3
+	VMOVUPS 0(DX), Y4
+	VMOVUPS 32(DX), Y5
+	VMOVUPS 64(DX), Y6
+	VMOVUPS 96(DX), Y7
+	VMINPS Y0, Y4, Y0
+	VMINPS Y1, Y5, Y1
+	VMINPS Y2, Y6, Y2
+	VMINPS Y3, Y7, Y3
+	VMOVUPS Y0, 0(DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	ADDQ $128, SI
+	ADDQ $128, DX
+	ADDQ $128, DI
+	SUBQ $32, CX
+	JMP  loop2
+tail2:
+	CMPQ CX, $8
+	JLT  scalar2
+	VMOVUPS 0(SI), Y0
+	VMOVUPS 0(DX), Y4
+	VMINPS Y0, Y4, Y0
+	VMOVUPS Y0, 0(DI)
+	ADDQ $32, SI
+	ADDQ $32, DX
+	ADDQ $32, DI
+	SUBQ $8, CX
+	JMP  tail2
+scalar2:
+	TESTQ CX, CX
+	JEQ  done2
+	VMOVSS 0(SI), X0
+	VMOVSS 0(DX), X4
+	VMINSS X0, X4, X0
+	VMOVSS X0, 0(DI)
+	ADDQ $4, SI
+	ADDQ $4, DX
+	ADDQ $4, DI
+	DECQ CX
+	JMP  scalar2
+done2:
+	VZEROUPPER
+	RET
+
+// func addF64AVX2(dst, a, b unsafe.Pointer, n int)
+// dst[i] = a[i] + b[i]
+TEXT ·addF64AVX2(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ a+8(FP), SI
+	MOVQ b+16(FP), DX
+	MOVQ n+24(FP), CX
+loop3:
+	CMPQ CX, $16
+	JLT  tail3
+	VMOVUPS 0(SI), Y0
+	VMOVUPS 32(SI), Y1
+	VMOVUPS 64(SI), Y2
+	VMOVUPS 96(SI), Y3
+	VMOVUPS 0(DX), Y4
+	VMOVUPS 32(DX), Y5
+	VMOVUPS 64(DX), Y6
+	VMOVUPS 96(DX), Y7
+	VADDPD Y4, Y0, Y0
+	VADDPD Y5, Y1, Y1
+	VADDPD Y6, Y2, Y2
+	VADDPD Y7, Y3, Y3
+	VMOVUPS Y0, 0(DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	ADDQ $128, SI
+	ADDQ $128, DX
+	ADDQ $128, DI
+	SUBQ $16, CX
+	JMP  loop3
+tail3:
+	CMPQ CX, $4
+	JLT  scalar3
+	VMOVUPS 0(SI), Y0
+	VMOVUPS 0(DX), Y4
+	VADDPD Y4, Y0, Y0
+	VMOVUPS Y0, 0(DI)
+	ADDQ $32, SI
+	ADDQ $32, DX
+	ADDQ $32, DI
+	SUBQ $4, CX
+	JMP  tail3
+scalar3:
+	TESTQ CX, CX
+	JEQ  done3
+	VMOVSD 0(SI), X0
+	VMOVSD 0(DX), X4
+	VADDSD X4, X0, X0
+	VMOVSD X0, 0(DI)
+	ADDQ $8, SI
+	ADDQ $8, DX
+	ADDQ $8, DI
+	DECQ CX
+	JMP  scalar3
+done3:
+	VZEROUPPER
+	RET

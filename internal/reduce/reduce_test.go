@@ -1,0 +1,189 @@
+package reduce
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/ddpgo/ddpgo/comm"
+)
+
+func randF32(r *rand.Rand, n int) []float32 {
+	s := make([]float32, n)
+	for i := range s {
+		switch r.IntN(16) {
+		case 0:
+			s[i] = float32(math.NaN())
+		case 1:
+			s[i] = float32(math.Copysign(0, -1))
+		case 2:
+			s[i] = 0
+		default:
+			s[i] = float32(r.NormFloat64() * 100)
+		}
+	}
+	return s
+}
+
+func sameF32(a, b float32) bool {
+	return math.Float32bits(a) == math.Float32bits(b) || (a != a && b != b)
+}
+
+// TestFloat32MatchesPortable checks the SIMD kernels against the portable
+// ones bit for bit, for every length around the vector widths, with dst
+// separate and aliasing either input.
+func TestFloat32MatchesPortable(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	kernels := []struct {
+		name       string
+		fast, slow Binary[float32]
+	}{
+		{"sum", SumFloat32, Sum[float32]},
+		{"max", MaxFloat32, Max[float32]},
+		{"min", MinFloat32, Min[float32]},
+	}
+	for _, k := range kernels {
+		for n := 0; n < 100; n++ {
+			a, b := randF32(r, n), randF32(r, n)
+			want := make([]float32, n)
+			k.slow(want, a, b)
+			for alias := 0; alias < 3; alias++ {
+				got := make([]float32, n)
+				aa, bb := append([]float32(nil), a...), append([]float32(nil), b...)
+				switch alias {
+				case 0:
+					k.fast(got, aa, bb)
+				case 1:
+					k.fast(aa, aa, bb)
+					got = aa
+				case 2:
+					k.fast(bb, aa, bb)
+					got = bb
+				}
+				for i := range want {
+					if !sameF32(got[i], want[i]) {
+						t.Fatalf("%s n=%d alias=%d: [%d] = %v, want %v (a=%v b=%v)", k.name, n, alias, i, got[i], want[i], a[i], b[i])
+					}
+				}
+			}
+		}
+	}
+}
+
+func TestFloat64MatchesPortable(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for n := 0; n < 70; n++ {
+		a, b := make([]float64, n), make([]float64, n)
+		for i := range a {
+			a[i], b[i] = r.NormFloat64(), r.NormFloat64()
+		}
+		want, got := make([]float64, n), make([]float64, n)
+		Sum(want, a, b)
+		SumFloat64(got, a, b)
+		for i := range want {
+			if math.Float64bits(got[i]) != math.Float64bits(want[i]) {
+				t.Fatalf("n=%d [%d] = %v, want %v", n, i, got[i], want[i])
+			}
+		}
+	}
+}
+
+func TestN(t *testing.T) {
+	tests := []struct {
+		op   comm.Op
+		srcs [][]int32
+		want []int32
+	}{
+		{comm.Sum, [][]int32{{1, 2, 3}}, []int32{1, 2, 3}},
+		{comm.Sum, [][]int32{{1, 2, 3}, {10, 20, 30}}, []int32{11, 22, 33}},
+		{comm.Sum, [][]int32{{1, 2, 3}, {10, 20, 30}, {100, 200, 300}, {-1, -2, -3}}, []int32{110, 220, 330}},
+		{comm.Max, [][]int32{{1, 20, 3}, {10, 2, 30}, {5, 5, 5}}, []int32{10, 20, 30}},
+		{comm.Min, [][]int32{{1, 20, 3}, {10, 2, 30}, {5, 5, -5}}, []int32{1, 2, -5}},
+	}
+	for _, tt := range tests {
+		for alias := -1; alias < len(tt.srcs); alias++ {
+			srcs := make([][]int32, len(tt.srcs))
+			for i, s := range tt.srcs {
+				srcs[i] = append([]int32(nil), s...)
+			}
+			dst := make([]int32, len(tt.want))
+			if alias >= 0 {
+				dst = srcs[alias]
+			}
+			N(Kernel[int32](tt.op), dst, srcs, make([]int32, len(dst)))
+			for i := range dst {
+				if dst[i] != tt.want[i] {
+					t.Errorf("%s %v alias %d: got %v, want %v", tt.op, tt.srcs, alias, dst, tt.want)
+					break
+				}
+			}
+		}
+	}
+}
+
+func TestDiv(t *testing.T) {
+	i := []int32{7, -7, 6}
+	Div(i, 2)
+	if i[0] != 3 || i[1] != -3 || i[2] != 3 {
+		t.Errorf("int32 Div: %v", i)
+	}
+	f := []float32{1, 2}
+	Div(f, 3)
+	if f[0] != float32(1)/3 || f[1] != float32(2)/3 {
+		t.Errorf("float32 Div: %v", f)
+	}
+}
+
+func TestHalfOrder(t *testing.T) {
+	// binary16 bit patterns in increasing order.
+	ordered := []uint16{0xfc00, 0xc000, 0xbc00, 0x8001, 0x8000, 0x0000, 0x0001, 0x3c00, 0x4000, 0x7c00}
+	for i := range ordered {
+		for j := range ordered {
+			d := []uint16{0}
+			MaxHalf(d, ordered[i:i+1], ordered[j:j+1])
+			if want := ordered[max(i, j)]; d[0] != want {
+				t.Errorf("MaxHalf(%#x, %#x) = %#x, want %#x", ordered[i], ordered[j], d[0], want)
+			}
+			MinHalf(d, ordered[i:i+1], ordered[j:j+1])
+			if want := ordered[min(i, j)]; d[0] != want {
+				t.Errorf("MinHalf(%#x, %#x) = %#x, want %#x", ordered[i], ordered[j], d[0], want)
+			}
+		}
+	}
+}
+
+func FuzzSumFloat32(f *testing.F) {
+	f.Add([]byte{1, 2, 3, 4, 5, 6, 7, 8}, uint8(0))
+	f.Fuzz(func(t *testing.T, raw []byte, sel uint8) {
+		n := len(raw) / 8
+		a, b := make([]float32, n), make([]float32, n)
+		for i := range n {
+			a[i] = math.Float32frombits(uint32(raw[8*i]) | uint32(raw[8*i+1])<<8 | uint32(raw[8*i+2])<<16 | uint32(raw[8*i+3])<<24)
+			b[i] = math.Float32frombits(uint32(raw[8*i+4]) | uint32(raw[8*i+5])<<8 | uint32(raw[8*i+6])<<16 | uint32(raw[8*i+7])<<24)
+		}
+		fast, slow := []Binary[float32]{SumFloat32, MaxFloat32, MinFloat32}, []Binary[float32]{Sum[float32], Max[float32], Min[float32]}
+		k := int(sel) % 3
+		got, want := make([]float32, n), make([]float32, n)
+		fast[k](got, a, b)
+		slow[k](want, a, b)
+		for i := range got {
+			if !sameF32(got[i], want[i]) {
+				t.Fatalf("kernel %d [%d]: %v vs %v", k, i, got[i], want[i])
+			}
+		}
+	})
+}
+
+func BenchmarkSumFloat32(b *testing.B) {
+	for _, n := range []int{1024, 1 << 20} {
+		x, y := make([]float32, n), make([]float32, n)
+		b.Run(fmt.Sprintf("%dKiB", 4*n>>10), func(b *testing.B) {
+			b.SetBytes(int64(12 * n))
+			for b.Loop() {
+				SumFloat32(x, x, y)
+			}
+		})
+	}
+}
+
