@@ -186,4 +186,3 @@ func BenchmarkSumFloat32(b *testing.B) {
 		})
 	}
 }
-
