@@ -187,8 +187,8 @@ func assign(tensors []Tensor, limits []int, order []int) []Bucket {
 	}
 
 	groups := make([]group, 0, 4)
-	recs := make([]record, 0, 16)
-	closed := make([]int, 0, 16) // records in the order they closed
+	recs := make([]record, 0, n) // at most one bucket per tensor
+	closed := make([]int, 0, n)  // records in the order they closed
 	recOf := make([]int, n)      // record of the tensor visited at each position
 
 	for p := range n {

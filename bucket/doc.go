@@ -57,14 +57,19 @@
 // buckets over the parameters in registration order, not reversed, and then
 // reverses the list of buckets before handing it to the Reducer, so that
 // the bucket holding the last layers comes first. Its limits are
-// [sys.maxsize] — one bucket — unless find_unused_parameters is set and
-// static_graph is not; then they are [_DEFAULT_FIRST_BUCKET_BYTES (1 MiB),
-// bucket_cap] when bucket_cap_mb was left at its default, and [bucket_cap]
-// when it was given explicitly. The Reducer's rebuild after the first
-// iteration (Reducer::rebuild_buckets) always uses [first_bucket_bytes_cap,
-// bucket_bytes_cap] over the parameters in the order their gradients became
-// ready, without sorting; Rebuild is that call. Rank 0's result is then
-// broadcast (sync_bucket_indices); Encode and Decode carry it here.
+// [sys.maxsize], one bucket for the whole model, unless
+// find_unused_parameters is set and static_graph is not; then they are
+// [_DEFAULT_FIRST_BUCKET_BYTES (1 MiB), bucket_cap] when bucket_cap_mb was
+// left at its default, and [bucket_cap] when it was given explicitly.
+//
+// The Reducer rebuilds its buckets once, after the first iteration, only
+// when find_unused_parameters is off or static_graph is on
+// (Reducer::should_rebuild_buckets); with find_unused_parameters alone the
+// initial layout stays. The rebuild (Reducer::rebuild_buckets) always uses
+// [first_bucket_bytes_cap, bucket_bytes_cap] over the parameters in the
+// order their gradients became ready, without sorting; Rebuild is that
+// call. Rank 0's result is then broadcast (sync_bucket_indices); Encode and
+// Decode carry it here.
 //
 // # Layout
 //

@@ -114,8 +114,9 @@ func TestModels(t *testing.T) {
 			var out strings.Builder
 			fmt.Fprintf(&out, "model %s: %d params, %d elements, %d bytes (%s)\n", m.Model, n, total, 4*total, m.Source)
 
-			// DDP's constructor (find_unused_parameters=True, default cap):
-			// registration order, sorted, then the bucket list reversed.
+			// DDP's constructor with find_unused_parameters=True and the
+			// default cap: registration order, sorted, then the bucket list
+			// reversed. No rebuild follows in that mode.
 			initial, err := Assign(ts, limits, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -125,9 +126,10 @@ func TestModels(t *testing.T) {
 				t.Errorf("initial: %d buckets, want %d", len(initial), tc.initial)
 			}
 			slices.Reverse(initial)
-			writeLayout(&out, "initial: registration order, limits [1 MiB, 25 MiB], bucket list reversed", m, initial)
+			writeLayout(&out, "initial, find_unused_parameters=True: registration order, limits [1 MiB, 25 MiB], bucket list reversed", m, initial)
 
-			// DDP's constructor by default: limits [sys.maxsize], one bucket.
+			// DDP's constructor by default (find_unused_parameters=False):
+			// limits [sys.maxsize], one bucket until the rebuild.
 			one, err := Assign(ts, []int{math.MaxInt64}, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -135,7 +137,7 @@ func TestModels(t *testing.T) {
 			if len(one) != 1 || one[0].Bytes != 4*total {
 				t.Errorf("limits [MaxInt64]: %d buckets, want one of %d bytes", len(one), 4*total)
 			}
-			writeLayout(&out, "initial default: limits [sys.maxsize]", m, one)
+			writeLayout(&out, "initial, default: limits [sys.maxsize]", m, one)
 
 			// Reducer::rebuild_buckets after the first iteration, with
 			// gradients ready in reverse registration order.
