@@ -57,8 +57,9 @@ var (
 // applies to all later buckets of the group. A bucket closes as soon as its
 // size is >= its limit.
 //
-// order, when not empty, is a permutation of the tensor indices giving the
-// order in which tensors are visited (DDP's gradient ready order); buckets
+// order, when not empty, is a permutation of the tensor indices: order[p] is
+// the tensor visited p-th (DDP's gradient ready order; PyTorch passes the
+// tensors themselves in that order plus their indices); buckets
 // are then returned in the order they closed, leftovers last. When order is
 // empty, tensors are visited by index and buckets are sorted by their
 // smallest tensor index.
@@ -224,9 +225,9 @@ func assign(tensors []Tensor, limits []int, order []int) []Bucket {
 			}
 		}
 	}
-	// PyTorch closes the leftovers while iterating a std::unordered_map; with
-	// libstdc++ that visits keys in reverse insertion order (exact for one or
-	// two groups, see the package documentation).
+	// PyTorch closes the leftovers while iterating a std::unordered_map;
+	// libstdc++ visits its keys in reverse insertion order unless their hash
+	// buckets collide (see the package documentation).
 	for g := len(groups) - 1; g >= 0; g-- {
 		if groups[g].open >= 0 {
 			closed = append(closed, groups[g].open)

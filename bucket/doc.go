@@ -13,9 +13,9 @@
 //     a tensor is never split.
 //   - Tensors are visited one by one (by index, or in the given order). The
 //     visited tensor joins its group's open bucket; if the bucket's byte size
-//     is then >= the limit in force, the bucket closes. A single tensor
-//     larger than the limit therefore gets a bucket of its own, and a bucket
-//     may exceed its limit by up to one tensor.
+//     is then >= the limit in force, the bucket closes. A tensor at least as
+//     large as the limit therefore closes whatever bucket it joins, and a
+//     bucket may exceed its limit by up to one tensor.
 //   - Each group walks the limits list on its own: its first bucket is built
 //     under limits[0], the next under limits[1], and the last limit applies
 //     to every later bucket. The limit recorded for a bucket (Bucket.Limit,
@@ -31,13 +31,14 @@
 // Leftovers. PyTorch closes the leftover buckets while iterating a
 // std::unordered_map keyed by (dtype, device). Without an order the final
 // sort hides this. With an order (a rebuild) it decides the order of the
-// last buckets of a mixed-type model. libstdc++ links every new key at the
-// front of the map's node list, so with one or two groups the leftovers
-// close in reverse order of each group's first appearance, and Assign does
-// exactly that. With three or more groups PyTorch's order also depends on
-// the c10 hash values of the keys and the map's bucket count; Assign keeps
-// reverse first appearance there, which may differ from a given PyTorch
-// build.
+// last buckets of a mixed-type model. The map is filled in order of each
+// group's first appearance, and libstdc++ links a new key in front of the
+// node list (or in front of the keys already in its hash bucket), so with
+// one or two groups the leftovers close in reverse order of first
+// appearance. Assign does exactly that. With three or more groups PyTorch's
+// order also depends on the c10 hash values of the keys modulo the map's
+// bucket count (13 for fewer than 14 keys); reverse first appearance
+// matches it whenever those do not collide.
 //
 // Zero limits. PyTorch accepts any size_t limit; a limit of 0 would close a
 // bucket after every tensor. Assign rejects non-positive limits instead.
