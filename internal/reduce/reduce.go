@@ -8,7 +8,7 @@ import (
 
 // Elem is the set of element types with native Go arithmetic.
 type Elem interface {
-	~float32 | ~float64 | ~int32 | ~int64 | ~uint8
+	~float32 | ~float64 | ~int32 | ~int64 | ~uint8 | ~uint16
 }
 
 // Binary is an element-wise kernel: dst[i] = a[i] op b[i] for i < len(dst).

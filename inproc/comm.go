@@ -1,0 +1,399 @@
+package inproc
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/cpu"
+
+	"github.com/ddpgo/ddpgo/comm"
+)
+
+// ringSize is the number of operations a rank may have issued and not yet
+// completed; issuing one more waits for the oldest.
+const ringSize = 256
+
+// chunkBytes is the block size of the reduction loops: small enough that a
+// block of every input stays in L1 while it is reduced and copied out.
+const chunkBytes = 8 << 10
+
+// Comm is one rank's communicator. It implements comm.Communicator and
+// comm.Waiter; its methods may be called from any goroutine.
+type Comm struct {
+	g    *group
+	rank int
+
+	mu     sync.Mutex // serialises issuing
+	closed bool
+
+	_       cpu.CacheLinePad
+	issued  atomic.Uint64 // sequence number of the last issued operation
+	_       cpu.CacheLinePad
+	arrived atomic.Uint64 // number of the last collective this rank joined
+	_       cpu.CacheLinePad
+	parked  atomic.Bool // the worker is blocked on wake
+	_       cpu.CacheLinePad
+
+	wake     chan struct{}
+	stopping atomic.Bool
+	closing  atomic.Bool
+	exited   chan struct{}
+
+	ring  [ringSize]desc
+	slots [ringSize]doneSlot
+
+	// waiters parked in WaitOp
+	wmu     sync.Mutex
+	nwait   atomic.Int32
+	waiters []chan struct{}
+	spare   []chan struct{}
+
+	// owned by the worker goroutine
+	coll, par   uint64   // collectives joined, of which parallel
+	sent, recvd []uint64 // messages per peer
+	timer       *time.Timer
+	srcs, dsts  []unsafe.Pointer
+	ptrs        []unsafe.Pointer
+	views       [][]byte // reinterpreted as [][]T by the kernels
+	tmp         unsafe.Pointer
+	tmpMem      []byte
+}
+
+type doneSlot struct {
+	done atomic.Uint64 // sequence number of the last operation completed in this slot
+	err  atomic.Pointer[error]
+}
+
+func newComm(g *group, rank int) *Comm {
+	c := &Comm{
+		g:      g,
+		rank:   rank,
+		wake:   make(chan struct{}, 1),
+		exited: make(chan struct{}),
+		sent:   make([]uint64, g.n),
+		recvd:  make([]uint64, g.n),
+		srcs:   make([]unsafe.Pointer, g.n),
+		dsts:   make([]unsafe.Pointer, g.n),
+		ptrs:   make([]unsafe.Pointer, g.n),
+		views:  make([][]byte, g.n),
+		tmpMem: make([]byte, chunkBytes+64),
+	}
+	off := (64 - int(uintptr(unsafe.Pointer(&c.tmpMem[0]))%64)) % 64
+	c.tmp = unsafe.Pointer(&c.tmpMem[off])
+	c.timer = time.NewTimer(time.Hour)
+	c.timer.Stop()
+	return c
+}
+
+// Rank returns the communicator's rank.
+func (c *Comm) Rank() int { return c.rank }
+
+// Size returns the number of ranks in the group.
+func (c *Comm) Size() int { return c.g.n }
+
+// AllReduce reduces buf over all ranks with op, in place.
+func (c *Comm) AllReduce(buf comm.Buffer, op comm.Op) comm.Work {
+	d := desc{kind: comm.KindAllReduce, op: op, dt: buf.DType, count: buf.Count, send: buf.Addr, recv: buf.Addr}
+	d.err = checkBuf("buf", buf)
+	if d.err == nil {
+		d.err = checkOp(op)
+	}
+	return c.issue(&d)
+}
+
+// Broadcast copies root's buf into buf on every other rank.
+func (c *Comm) Broadcast(buf comm.Buffer, root int) comm.Work {
+	d := desc{kind: comm.KindBroadcast, dt: buf.DType, count: buf.Count, root: root, send: buf.Addr, recv: buf.Addr}
+	d.err = checkBuf("buf", buf)
+	if d.err == nil {
+		d.err = c.checkRank("root", root)
+	}
+	return c.issue(&d)
+}
+
+// Reduce reduces send over all ranks with op into recv on root.
+func (c *Comm) Reduce(send, recv comm.Buffer, op comm.Op, root int) comm.Work {
+	d := desc{kind: comm.KindReduce, op: op, dt: send.DType, count: send.Count, root: root, send: send.Addr}
+	d.err = checkBuf("send", send)
+	if d.err == nil {
+		d.err = checkOp(op)
+	}
+	if d.err == nil {
+		d.err = c.checkRank("root", root)
+	}
+	if d.err == nil && root == c.rank {
+		d.recv = recv.Addr
+		d.err = checkBuf("recv", recv)
+		if d.err == nil && (recv.Count != send.Count || recv.DType != send.DType) {
+			d.err = fmt.Errorf("%w: reduce on root %d: recv is %d x %s, send is %d x %s", comm.ErrInvalid, root, recv.Count, recv.DType, send.Count, send.DType)
+		}
+	}
+	return c.issue(&d)
+}
+
+// AllGather concatenates every rank's send into recv, in rank order.
+func (c *Comm) AllGather(send, recv comm.Buffer) comm.Work {
+	d := desc{kind: comm.KindAllGather, dt: send.DType, count: send.Count, send: send.Addr, recv: recv.Addr}
+	d.err = checkBuf("send", send)
+	if d.err == nil {
+		d.err = checkBuf("recv", recv)
+	}
+	if d.err == nil && (recv.Count != c.g.n*send.Count || recv.DType != send.DType) {
+		d.err = fmt.Errorf("%w: all_gather over %d ranks: recv is %d x %s, want %d x %s", comm.ErrInvalid, c.g.n, recv.Count, recv.DType, c.g.n*send.Count, send.DType)
+	}
+	return c.issue(&d)
+}
+
+// ReduceScatter reduces send over all ranks with op and leaves this rank's
+// block of the result in recv.
+func (c *Comm) ReduceScatter(send, recv comm.Buffer, op comm.Op) comm.Work {
+	d := desc{kind: comm.KindReduceScatter, op: op, dt: recv.DType, count: recv.Count, send: send.Addr, recv: recv.Addr}
+	d.err = checkBuf("send", send)
+	if d.err == nil {
+		d.err = checkBuf("recv", recv)
+	}
+	if d.err == nil {
+		d.err = checkOp(op)
+	}
+	if d.err == nil && (send.Count != c.g.n*recv.Count || recv.DType != send.DType) {
+		d.err = fmt.Errorf("%w: reduce_scatter over %d ranks: send is %d x %s, want %d x %s", comm.ErrInvalid, c.g.n, send.Count, send.DType, c.g.n*recv.Count, recv.DType)
+	}
+	return c.issue(&d)
+}
+
+// Send sends buf to rank peer. It completes when peer has received it.
+func (c *Comm) Send(buf comm.Buffer, peer int) comm.Work {
+	d := desc{kind: comm.KindSend, dt: buf.DType, count: buf.Count, root: peer, send: buf.Addr}
+	d.err = checkBuf("buf", buf)
+	if err := c.checkPeer(peer); err != nil {
+		d.err, d.root = err, -1
+	}
+	return c.issue(&d)
+}
+
+// Recv receives into buf from rank peer.
+func (c *Comm) Recv(buf comm.Buffer, peer int) comm.Work {
+	d := desc{kind: comm.KindRecv, dt: buf.DType, count: buf.Count, root: peer, recv: buf.Addr}
+	d.err = checkBuf("buf", buf)
+	if err := c.checkPeer(peer); err != nil {
+		d.err, d.root = err, -1
+	}
+	return c.issue(&d)
+}
+
+// Barrier completes once every rank has reached it.
+func (c *Comm) Barrier() comm.Work {
+	d := desc{kind: comm.KindBarrier}
+	return c.issue(&d)
+}
+
+// Abort fails every pending and future operation of the whole group with
+// an error that wraps comm.ErrAborted and err.
+func (c *Comm) Abort(err error) {
+	if err == nil {
+		c.g.abort(fmt.Errorf("%w by rank %d", comm.ErrAborted, c.rank))
+		return
+	}
+	c.g.abort(fmt.Errorf("%w by rank %d: %w", comm.ErrAborted, c.rank, err))
+}
+
+// Close stops the rank's worker. Since the group cannot complete a
+// collective without this rank, Close also aborts the group: pending
+// operations on every rank fail with errors that wrap comm.ErrAborted and
+// comm.ErrClosed. Close is idempotent and returns once the worker has
+// exited.
+func (c *Comm) Close() error {
+	if !c.closing.CompareAndSwap(false, true) {
+		<-c.exited
+		return nil
+	}
+	c.g.abort(fmt.Errorf("%w: rank %d: %w", comm.ErrAborted, c.rank, comm.ErrClosed))
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	c.stopping.Store(true)
+	c.g.wake(c.rank)
+	<-c.exited
+	return nil
+}
+
+func (c *Comm) issue(d *desc) comm.Work {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return comm.FailedWork(&comm.OpError{Rank: c.rank, Kind: d.kind, Count: d.count, DType: d.dt, Err: comm.ErrClosed})
+	}
+	seq := c.issued.Load() + 1
+	if seq > ringSize {
+		// The slot's previous operation must be complete before it is reused.
+		_ = c.WaitOp(context.Background(), seq-ringSize)
+	}
+	d.seq = seq
+	c.ring[seq%ringSize] = *d
+	c.issued.Store(seq)
+	c.mu.Unlock()
+	c.g.wake(c.rank)
+	return comm.NewWork(c, seq)
+}
+
+// TestOp reports whether operation id has completed, and its error.
+func (c *Comm) TestOp(id uint64) (bool, error) {
+	if id == 0 || id > c.issued.Load() {
+		return true, fmt.Errorf("%w: inproc: rank %d has issued no operation #%d", comm.ErrInvalid, c.rank, id)
+	}
+	s := &c.slots[id%ringSize]
+	done := s.done.Load()
+	if done < id {
+		return false, nil
+	}
+	if done == id {
+		ep := s.err.Load()
+		if s.done.Load() == id {
+			if ep == nil {
+				return true, nil
+			}
+			return true, *ep
+		}
+	}
+	// The slot has been reused since: only the group's failure is left.
+	return true, c.g.failure()
+}
+
+// WaitOp waits until operation id has completed or ctx is done.
+func (c *Comm) WaitOp(ctx context.Context, id uint64) error {
+	if done, err := c.TestOp(id); done {
+		return err
+	}
+	var start time.Time
+	for i := 0; ; i++ {
+		if done, err := c.TestOp(id); done {
+			return err
+		}
+		if i < pureSpins {
+			continue
+		}
+		if i == pureSpins {
+			start = time.Now()
+		} else if i%16 == 0 && time.Since(start) > spinTime {
+			break
+		}
+		runtime.Gosched()
+	}
+	ch := c.addWaiter()
+	defer c.dropWaiter(ch)
+	for {
+		if done, err := c.TestOp(id); done {
+			return err
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("inproc: rank %d: waiting for operation #%d: %w", c.rank, id, context.Cause(ctx))
+		}
+	}
+}
+
+// complete records the result of operation seq and wakes its waiters.
+func (c *Comm) complete(seq uint64, err error) {
+	s := &c.slots[seq%ringSize]
+	if err != nil {
+		s.err.Store(&err)
+	} else {
+		s.err.Store(nil)
+	}
+	s.done.Store(seq)
+	if c.nwait.Load() > 0 {
+		c.wmu.Lock()
+		for _, ch := range c.waiters {
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
+		}
+		c.wmu.Unlock()
+	}
+}
+
+func (c *Comm) addWaiter() chan struct{} {
+	c.wmu.Lock()
+	var ch chan struct{}
+	if n := len(c.spare); n > 0 {
+		ch = c.spare[n-1]
+		c.spare = c.spare[:n-1]
+	} else {
+		ch = make(chan struct{}, 1)
+	}
+	c.waiters = append(c.waiters, ch)
+	c.nwait.Add(1)
+	c.wmu.Unlock()
+	return ch
+}
+
+func (c *Comm) dropWaiter(ch chan struct{}) {
+	c.wmu.Lock()
+	for i, w := range c.waiters {
+		if w == ch {
+			last := len(c.waiters) - 1
+			c.waiters[i] = c.waiters[last]
+			c.waiters[last] = nil
+			c.waiters = c.waiters[:last]
+			break
+		}
+	}
+	select {
+	case <-ch:
+	default:
+	}
+	c.spare = append(c.spare, ch)
+	c.nwait.Add(-1)
+	c.wmu.Unlock()
+}
+
+func (c *Comm) opErr(d *desc, err error) error {
+	return &comm.OpError{Rank: c.rank, Seq: d.seq, Kind: d.kind, Count: d.count, DType: d.dt, Err: err}
+}
+
+func checkBuf(name string, b comm.Buffer) error {
+	switch {
+	case !b.DType.Valid():
+		return fmt.Errorf("%w: %s has dtype %s", comm.ErrInvalid, name, b.DType)
+	case b.Loc != comm.Host:
+		return fmt.Errorf("%w: %s is device memory; inproc carries host buffers only", comm.ErrInvalid, name)
+	case b.Count < 0:
+		return fmt.Errorf("%w: %s has count %d", comm.ErrInvalid, name, b.Count)
+	case b.Count > 0 && b.Addr == nil:
+		return fmt.Errorf("%w: %s has count %d and a nil address", comm.ErrInvalid, name, b.Count)
+	}
+	return nil
+}
+
+func checkOp(op comm.Op) error {
+	if !op.Valid() {
+		return fmt.Errorf("%w: reduction op %s", comm.ErrInvalid, op)
+	}
+	return nil
+}
+
+func (c *Comm) checkRank(name string, r int) error {
+	if r < 0 || r >= c.g.n {
+		return fmt.Errorf("%w: %s %d out of range for %d ranks", comm.ErrInvalid, name, r, c.g.n)
+	}
+	return nil
+}
+
+func (c *Comm) checkPeer(p int) error {
+	if err := c.checkRank("peer", p); err != nil {
+		return err
+	}
+	if p == c.rank {
+		return fmt.Errorf("%w: peer %d is the rank itself", comm.ErrInvalid, p)
+	}
+	return nil
+}
+
+var _ comm.Communicator = (*Comm)(nil)

@@ -1,0 +1,40 @@
+// Package inproc is the embedded ddpgo backend: a group of N ranks that are
+// goroutines of one process, with collectives done in shared memory.
+//
+// NewGroup(n) returns one *Comm per rank; each implements
+// comm.Communicator. Each Comm owns a worker goroutine that executes its
+// rank's operations in issue order, so issuing returns at once and a Work
+// is a (Comm, sequence number) pair whose completion lives in a per-rank
+// ring of preallocated slots: issuing and waiting allocate nothing.
+//
+// A collective takes one pass over memory. Every rank publishes a
+// descriptor of its call (operation, count, dtype, root and buffer
+// addresses) in a shared slot and increments an arrival counter. The last
+// rank to arrive compares the descriptors: any difference fails the
+// collective on every rank with comm.ErrMismatch, naming the collective's
+// number, each rank's call and the ranks that disagree. For small messages
+// that last rank then does the whole operation itself and releases the
+// others; for large ones it opens a gate and every rank reduces 1/N of the
+// elements, reading all N inputs and writing the result into every output
+// buffer (an in-place AllReduce needs no second copy pass), followed by a
+// completion barrier. Waits spin briefly, yielding the processor, and then
+// park on a channel, so small collectives cost microseconds while idle
+// ranks burn no CPU.
+//
+// A rank that waits for peers longer than Options.StallInterval reports
+// the stall, naming the ranks that have not joined (Options.OnStall, or the
+// standard logger). After Options.Timeout the collective fails with
+// comm.ErrTimeout and the group is aborted. Abort on any rank, or Close of
+// any rank, fails every pending and future operation of the group; an
+// operation that has already started moving data is allowed to finish
+// first, so no buffer is written after its Work has completed.
+//
+// Send and Recv are rendezvous operations: the sender's worker waits until
+// the receiver has copied the message. Programs that exchange messages in
+// a ring must therefore alternate the order (even ranks send first, odd
+// ranks receive first), as they must with most other backends.
+//
+// Float16 and BFloat16 sums round once from a float32 accumulation, with
+// the kernels of package fp16; Avg is the sum scaled by 1/N before that
+// rounding. Integer Avg truncates toward zero.
+package inproc

@@ -1,0 +1,166 @@
+package inproc
+
+import (
+	"unsafe"
+
+	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/fp16"
+	"github.com/ddpgo/ddpgo/internal/reduce"
+)
+
+// runPart does part p of parts of the collective described by every rank's
+// call D (d is this rank's). With parts == 1 it does the whole collective.
+func (c *Comm) runPart(D []desc, d *desc, p, parts int) {
+	n := c.g.n
+	sz := d.dt.Size()
+	switch d.kind {
+	case comm.KindAllReduce:
+		lo, hi := split(d.count, sz, p, parts)
+		for j := range n {
+			c.srcs[j] = unsafe.Add(D[j].send, lo*sz)
+			c.dsts[j] = c.srcs[j]
+		}
+		c.reduceInto(c.dsts[:n], c.srcs[:n], d.dt, d.op, hi-lo)
+	case comm.KindReduce:
+		lo, hi := split(d.count, sz, p, parts)
+		for j := range n {
+			c.srcs[j] = unsafe.Add(D[j].send, lo*sz)
+		}
+		c.dsts[0] = unsafe.Add(D[d.root].recv, lo*sz)
+		c.reduceInto(c.dsts[:1], c.srcs[:n], d.dt, d.op, hi-lo)
+	case comm.KindBroadcast:
+		lo, hi := split(d.count, sz, p, parts)
+		src := unsafe.Add(D[d.root].send, lo*sz)
+		for j := range n {
+			if j != d.root {
+				memmove(unsafe.Add(D[j].recv, lo*sz), src, (hi-lo)*sz)
+			}
+		}
+	case comm.KindAllGather:
+		for q := range n {
+			if parts == 1 || q == p {
+				src := D[q].send
+				for j := range n {
+					memmove(unsafe.Add(D[j].recv, q*d.count*sz), src, d.count*sz)
+				}
+			}
+		}
+	case comm.KindReduceScatter:
+		for q := range n {
+			if parts == 1 || q == p {
+				for j := range n {
+					c.srcs[j] = unsafe.Add(D[j].send, q*d.count*sz)
+				}
+				c.dsts[0] = D[q].recv
+				c.reduceInto(c.dsts[:1], c.srcs[:n], d.dt, d.op, d.count)
+			}
+		}
+	}
+}
+
+// split returns part p of parts of count elements of sz bytes, with part
+// boundaries on 64-byte multiples.
+func split(count, sz, p, parts int) (lo, hi int) {
+	if parts == 1 {
+		return 0, count
+	}
+	align := max(64/sz, 1)
+	per := (count + parts - 1) / parts
+	per = (per + align - 1) / align * align
+	lo = min(p*per, count)
+	hi = min(lo+per, count)
+	return lo, hi
+}
+
+// reduceInto reduces m elements at srcs into dsts[0] and copies the result
+// to the other dsts, chunk by chunk so the copies read from L1.
+func (c *Comm) reduceInto(dsts, srcs []unsafe.Pointer, dt comm.DType, op comm.Op, m int) {
+	sz := dt.Size()
+	chunk := chunkBytes / sz
+	ptrs := c.ptrs[:len(srcs)]
+	for off := 0; off < m; off += chunk {
+		k := min(chunk, m-off)
+		for j, s := range srcs {
+			ptrs[j] = unsafe.Add(s, off*sz)
+		}
+		out := unsafe.Add(dsts[0], off*sz)
+		c.combine(dt, op, out, ptrs, k)
+		for _, dst := range dsts[1:] {
+			memmove(unsafe.Add(dst, off*sz), out, k*sz)
+		}
+	}
+}
+
+// combine reduces m elements at every srcs[j] into dst, which may be one
+// of them.
+func (c *Comm) combine(dt comm.DType, op comm.Op, dst unsafe.Pointer, srcs []unsafe.Pointer, m int) {
+	n := c.g.n
+	switch dt {
+	case comm.Float32:
+		combineT[float32](c, reduce.Kernel[float32](op), dst, srcs, m)
+		if op == comm.Avg {
+			reduce.Div(unsafe.Slice((*float32)(dst), m), n)
+		}
+	case comm.Float64:
+		combineT[float64](c, reduce.Kernel[float64](op), dst, srcs, m)
+		if op == comm.Avg {
+			reduce.Div(unsafe.Slice((*float64)(dst), m), n)
+		}
+	case comm.Int32:
+		combineT[int32](c, reduce.Kernel[int32](op), dst, srcs, m)
+		if op == comm.Avg {
+			reduce.Div(unsafe.Slice((*int32)(dst), m), n)
+		}
+	case comm.Int64:
+		combineT[int64](c, reduce.Kernel[int64](op), dst, srcs, m)
+		if op == comm.Avg {
+			reduce.Div(unsafe.Slice((*int64)(dst), m), n)
+		}
+	case comm.Uint8:
+		combineT[uint8](c, reduce.Kernel[uint8](op), dst, srcs, m)
+		if op == comm.Avg {
+			reduce.Div(unsafe.Slice((*uint8)(dst), m), n)
+		}
+	case comm.Float16, comm.BFloat16:
+		switch op {
+		case comm.Max:
+			combineT[uint16](c, reduce.MaxHalf, dst, srcs, m)
+			return
+		case comm.Min:
+			combineT[uint16](c, reduce.MinHalf, dst, srcs, m)
+			return
+		}
+		ss := views[uint16](c, srcs, m)
+		out := unsafe.Slice((*uint16)(dst), m)
+		switch {
+		case dt == comm.Float16 && op == comm.Sum:
+			fp16.SumHalf(out, ss)
+		case dt == comm.Float16:
+			fp16.SumScaledHalf(out, ss, 1/float32(n))
+		case op == comm.Sum:
+			fp16.SumBFloat16(out, ss)
+		default:
+			fp16.SumScaledBFloat16(out, ss, 1/float32(n))
+		}
+	}
+}
+
+// views returns srcs as m-element slices of T, in the worker's scratch.
+func views[T any](c *Comm, srcs []unsafe.Pointer, m int) [][]T {
+	ss := (*(*[][]T)(unsafe.Pointer(&c.views)))[:len(srcs)]
+	for j, p := range srcs {
+		ss[j] = unsafe.Slice((*T)(p), m)
+	}
+	return ss
+}
+
+func combineT[T reduce.Elem](c *Comm, k reduce.Binary[T], dst unsafe.Pointer, srcs []unsafe.Pointer, m int) {
+	reduce.N(k, unsafe.Slice((*T)(dst), m), views[T](c, srcs, m), unsafe.Slice((*T)(c.tmp), m))
+}
+
+func memmove(dst, src unsafe.Pointer, n int) {
+	if n == 0 || dst == src {
+		return
+	}
+	copy(unsafe.Slice((*byte)(dst), n), unsafe.Slice((*byte)(src), n))
+}

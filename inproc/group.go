@@ -1,0 +1,269 @@
+package inproc
+
+import (
+	"fmt"
+	"log"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/cpu"
+
+	"github.com/ddpgo/ddpgo/comm"
+)
+
+// Options configures a group. The zero value gives the defaults.
+type Options struct {
+	// StallInterval is how long a rank waits for its peers before it
+	// reports a stall, and then how often it repeats the report.
+	// Zero means 60 s.
+	StallInterval time.Duration
+	// Timeout is how long a rank waits for its peers before the operation
+	// fails with comm.ErrTimeout and the group is aborted. Zero means 10 min.
+	Timeout time.Duration
+	// OnStall receives stall reports. It is called on the waiting rank's
+	// worker goroutine and must not block for long. Nil logs them with the
+	// standard logger.
+	OnStall func(Stall)
+}
+
+// Stall reports a rank that has waited for its peers longer than the
+// stall interval.
+type Stall struct {
+	Rank    int       // the waiting rank
+	Seq     uint64    // its sequence number of the operation
+	Kind    comm.Kind // the operation
+	Missing []int     // the ranks that have not joined it
+	Waited  time.Duration
+}
+
+func (s Stall) String() string {
+	return fmt.Sprintf("inproc: rank %d has waited %v in %s #%d for rank(s) %v", s.Rank, s.Waited.Round(time.Millisecond), s.Kind, s.Seq, s.Missing)
+}
+
+// NewGroup returns n communicators, one per rank, with default options.
+func NewGroup(n int) ([]*Comm, error) { return NewGroupWith(n, Options{}) }
+
+// NewGroupWith returns n communicators, one per rank, configured by o.
+// Each communicator starts a worker goroutine that Close stops.
+func NewGroupWith(n int, o Options) ([]*Comm, error) {
+	if n < 1 {
+		return nil, fmt.Errorf("%w: inproc: group size %d, want at least 1", comm.ErrInvalid, n)
+	}
+	if o.StallInterval < 0 || o.Timeout < 0 {
+		return nil, fmt.Errorf("%w: inproc: negative StallInterval %v or Timeout %v", comm.ErrInvalid, o.StallInterval, o.Timeout)
+	}
+	if o.StallInterval == 0 {
+		o.StallInterval = 60 * time.Second
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 10 * time.Minute
+	}
+	g := &group{n: n, opts: o, boxes: make([]mailbox, n*n)}
+	for i := range g.slots {
+		g.slots[i].d = make([]desc, n)
+	}
+	g.comms = make([]*Comm, n)
+	for r := range n {
+		g.comms[r] = newComm(g, r)
+	}
+	for _, c := range g.comms {
+		go c.run()
+	}
+	return append([]*Comm(nil), g.comms...), nil
+}
+
+// slotCount is the number of collective descriptor slots. A rank can be at
+// most one collective ahead of the slowest rank, so two would do.
+const slotCount = 4
+
+// Gate modes: the low two bits of group.gate; the rest is the collective's
+// number.
+const (
+	modeCancel = 0 // the collective was cancelled by a failing rank
+	modeClaim  = 1 // the last rank to arrive is doing the whole operation
+	modeDone   = 2 // finished (or failed: see the slot's verdict)
+	modeGo     = 3 // every rank does its share, then the finish barrier
+)
+
+type group struct {
+	n     int
+	opts  Options
+	comms []*Comm
+
+	_        cpu.CacheLinePad
+	arrivals atomic.Uint64 // arrivals at collectives, over all ranks
+	_        cpu.CacheLinePad
+	gate     atomic.Uint64 // collective number << 2 | mode
+	_        cpu.CacheLinePad
+	fin      atomic.Uint64 // shares finished, over all ranks
+	_        cpu.CacheLinePad
+	failed   atomic.Pointer[error]
+	_        cpu.CacheLinePad
+
+	slots [slotCount]collSlot
+	boxes []mailbox // boxes[src*n+dst]
+}
+
+type collSlot struct {
+	d       []desc // each rank's call
+	verdict error  // set by the last rank to arrive, before it opens the gate
+}
+
+// Mailbox states: the low two bits of mailbox.state; the rest is the
+// message's number on its (src, dst) pair.
+const (
+	boxCancel = 0
+	boxPosted = 1
+	boxTaken  = 2
+	boxDone   = 3
+)
+
+type mailbox struct {
+	state   atomic.Uint64
+	d       desc  // the sender's call
+	verdict error // set by the receiver before boxDone
+	_       cpu.CacheLinePad
+}
+
+func (g *group) box(src, dst int) *mailbox { return &g.boxes[src*g.n+dst] }
+
+func (g *group) failure() error {
+	if p := g.failed.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// abort records the group's first failure and wakes every worker.
+func (g *group) abort(err error) {
+	if g.failed.CompareAndSwap(nil, &err) {
+		g.wakeAll()
+	}
+}
+
+func (g *group) wake(r int) {
+	c := g.comms[r]
+	if c.parked.Load() {
+		select {
+		case c.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (g *group) wakeAll() {
+	for r := range g.comms {
+		g.wake(r)
+	}
+}
+
+func (g *group) reportStall(s Stall) {
+	if g.opts.OnStall != nil {
+		g.opts.OnStall(s)
+		return
+	}
+	log.Print(s.String())
+}
+
+// parallel reports whether collective d is large enough for every rank to
+// take a share rather than the last rank doing all of it.
+func (g *group) parallel(d *desc) bool {
+	if g.n == 1 {
+		return false
+	}
+	bytes := d.count * d.dt.Size()
+	switch d.kind {
+	case comm.KindAllGather, comm.KindReduceScatter:
+		bytes *= g.n
+	case comm.KindBarrier:
+		return false
+	}
+	return bytes >= parallelBytes
+}
+
+// parallelBytes is the message size from which every rank takes a share of
+// a collective. Below it one rank does all the work, which saves the finish
+// barrier.
+var parallelBytes = 32 << 10
+
+// desc is one rank's call.
+type desc struct {
+	kind  comm.Kind
+	op    comm.Op
+	dt    comm.DType
+	root  int // root, or peer for Send and Recv
+	count int // the count that must agree across ranks
+	send  unsafe.Pointer
+	recv  unsafe.Pointer
+	seq   uint64
+	err   error // argument error found when the call was issued
+}
+
+func (d *desc) reduces() bool {
+	return d.kind == comm.KindAllReduce || d.kind == comm.KindReduce || d.kind == comm.KindReduceScatter
+}
+
+func (d *desc) rooted() bool {
+	return d.kind == comm.KindBroadcast || d.kind == comm.KindReduce
+}
+
+// matches reports whether two ranks' calls of the same collective agree.
+func (d *desc) matches(e *desc) bool {
+	if d.kind != e.kind || d.dt != e.dt || d.count != e.count {
+		return false
+	}
+	if d.reduces() && d.op != e.op {
+		return false
+	}
+	if d.rooted() && d.root != e.root {
+		return false
+	}
+	return true
+}
+
+func (d *desc) String() string {
+	switch {
+	case d.kind == comm.KindBarrier:
+		return fmt.Sprintf("barrier (seq %d)", d.seq)
+	case d.kind == comm.KindReduce:
+		return fmt.Sprintf("reduce(%s, root %d, %d x %s) (seq %d)", d.op, d.root, d.count, d.dt, d.seq)
+	case d.reduces():
+		return fmt.Sprintf("%s(%s, %d x %s) (seq %d)", d.kind, d.op, d.count, d.dt, d.seq)
+	case d.kind == comm.KindBroadcast:
+		return fmt.Sprintf("broadcast(root %d, %d x %s) (seq %d)", d.root, d.count, d.dt, d.seq)
+	}
+	return fmt.Sprintf("%s(%d x %s) (seq %d)", d.kind, d.count, d.dt, d.seq)
+}
+
+// judge compares every rank's call of collective k and returns nil if they
+// agree, or the error every rank reports.
+func (g *group) judge(s *collSlot, k uint64) error {
+	var invalid []int
+	for r := range s.d {
+		if s.d[r].err != nil {
+			invalid = append(invalid, r)
+		}
+	}
+	if len(invalid) > 0 {
+		msg := ""
+		for _, r := range invalid {
+			msg += fmt.Sprintf("; rank %d: %v", r, s.d[r].err)
+		}
+		return fmt.Errorf("%w: collective #%d: invalid call on rank(s) %v%s", comm.ErrInvalid, k, invalid, msg)
+	}
+	var differ []int
+	for r := 1; r < len(s.d); r++ {
+		if !s.d[r].matches(&s.d[0]) {
+			differ = append(differ, r)
+		}
+	}
+	if len(differ) == 0 {
+		return nil
+	}
+	msg := ""
+	for r := range s.d {
+		msg += fmt.Sprintf("; rank %d: %s", r, &s.d[r])
+	}
+	return fmt.Errorf("%w: collective #%d: rank(s) %v differ from rank 0%s", comm.ErrMismatch, k, differ, msg)
+}
