@@ -1,0 +1,316 @@
+package trace_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ddpgo/ddpgo/trace"
+)
+
+// named is the metadata that names pid 0 and its lanes 0 and 1; events
+// after it start at index 3.
+var named = []string{
+	`{"ph":"M","name":"process_name","pid":0,"args":{"name":"rank 0"}}`,
+	`{"ph":"M","name":"thread_name","pid":0,"tid":0,"args":{"name":"compute"}}`,
+	`{"ph":"M","name":"thread_name","pid":0,"tid":1,"args":{"name":"collective"}}`,
+}
+
+func doc(events ...string) string {
+	return `{"traceEvents":[` + strings.Join(events, ",\n") + `],"displayTimeUnit":"ns"}`
+}
+
+func withNames(events ...string) string {
+	return doc(append(append([]string{}, named...), events...)...)
+}
+
+type validateCase struct {
+	name  string
+	in    string
+	rules trace.Rules
+	want  string // substring of the error; "" = valid
+}
+
+var validateCases = []validateCase{
+	// Spans on one lane.
+	{"touching spans", withNames(
+		`{"ph":"X","name":"a","pid":0,"tid":0,"ts":0,"dur":10}`,
+		`{"ph":"X","name":"b","pid":0,"tid":0,"ts":10,"dur":5}`), trace.Rules{}, ""},
+	{"overlap", withNames(
+		`{"ph":"X","name":"a","pid":0,"tid":0,"ts":0,"dur":10}`,
+		`{"ph":"X","name":"b","pid":0,"tid":0,"ts":5,"dur":10}`), trace.Rules{},
+		`event 4 (X "b" pid 0 tid 0 ts 5) overlaps event 3 (X "a" pid 0 tid 0 ts 0) on its lane`},
+	{"overlap found past a short span", withNames(
+		`{"ph":"X","name":"long","pid":0,"tid":0,"ts":0,"dur":100}`,
+		`{"ph":"X","name":"short","pid":0,"tid":1,"ts":1,"dur":1}`,
+		`{"ph":"X","name":"late","pid":0,"tid":0,"ts":50,"dur":1}`), trace.Rules{},
+		`event 5 (X "late" pid 0 tid 0 ts 50) overlaps event 3 (X "long"`},
+	{"nested is overlap when strict", withNames(
+		`{"ph":"X","name":"outer","pid":0,"tid":0,"ts":0,"dur":10}`,
+		`{"ph":"X","name":"inner","pid":0,"tid":0,"ts":2,"dur":3}`), trace.Rules{},
+		`event 4 (X "inner" pid 0 tid 0 ts 2) overlaps event 3 (X "outer"`},
+	{"nested allowed", withNames(
+		`{"ph":"X","name":"inner","pid":0,"tid":0,"ts":2,"dur":3}`,
+		`{"ph":"X","name":"outer","pid":0,"tid":0,"ts":0,"dur":10}`,
+		`{"ph":"X","name":"same","pid":0,"tid":0,"ts":0,"dur":10}`,
+		`{"ph":"X","name":"next","pid":0,"tid":0,"ts":10,"dur":1}`), trace.Rules{Nesting: true}, ""},
+	{"partial overlap when nesting", withNames(
+		`{"ph":"X","name":"a","pid":0,"tid":0,"ts":0,"dur":10}`,
+		`{"ph":"X","name":"b","pid":0,"tid":0,"ts":5,"dur":10}`), trace.Rules{Nesting: true},
+		`event 4 (X "b" pid 0 tid 0 ts 5) partially overlaps event 3 (X "a"`},
+	{"missing dur", withNames(`{"ph":"X","name":"a","pid":0,"tid":0,"ts":0}`), trace.Rules{},
+		`event 3 (X "a" pid 0 tid 0 ts 0): complete event without "dur"`},
+	{"negative dur", withNames(`{"ph":"X","name":"a","pid":0,"tid":0,"ts":0,"dur":-1}`), trace.Rules{},
+		`event 3 (X "a" pid 0 tid 0 ts 0): negative "dur" -1`},
+	{"missing ts", withNames(`{"ph":"i","name":"r","pid":0,"tid":0}`), trace.Rules{},
+		`event 3 (i "r" pid 0 tid 0): missing "ts"`},
+	{"missing name", withNames(`{"ph":"X","pid":0,"tid":0,"ts":0,"dur":1}`), trace.Rules{},
+		`event 3 (X pid 0 tid 0 ts 0): missing "name"`},
+	{"missing tid", withNames(`{"ph":"X","name":"a","pid":0,"ts":0,"dur":1}`), trace.Rules{},
+		`event 3 (X "a" pid 0 ts 0): missing "tid"`},
+	{"missing ph", withNames(`{"name":"a","pid":0,"tid":0,"ts":0}`), trace.Rules{},
+		`event 3 (no ph "a" pid 0 tid 0 ts 0): missing or malformed "ph"`},
+	{"fractional pid", withNames(`{"ph":"i","name":"a","pid":0.5,"tid":0,"ts":0}`), trace.Rules{},
+		`"pid" 0.5 is not a 32-bit integer`},
+	{"ts not a number", withNames(`{"ph":"i","name":"a","pid":0,"tid":0,"ts":true}`), trace.Rules{},
+		`event 3: json: cannot unmarshal`},
+	{"args not an object", withNames(`{"ph":"i","name":"a","pid":0,"tid":0,"ts":0,"args":[1]}`), trace.Rules{},
+		`event 3 (i "a" pid 0 tid 0 ts 0): "args" is not an object`},
+	{"bad instant scope", withNames(`{"ph":"i","name":"a","pid":0,"tid":0,"ts":0,"s":"x"}`), trace.Rules{},
+		`instant scope "x"`},
+	{"global instant needs no lane", withNames(`{"ph":"i","name":"a","pid":0,"ts":0,"s":"g"}`), trace.Rules{}, ""},
+
+	// Naming.
+	{"unnamed lane", withNames(`{"ph":"X","name":"a","pid":0,"tid":7,"ts":0,"dur":1}`), trace.Rules{},
+		`lane pid 0 tid 7 has no thread_name metadata (first used by event 3 (X "a" pid 0 tid 7 ts 0))`},
+	{"unnamed process", doc(`{"ph":"C","name":"bytes","pid":3,"ts":0,"args":{"v":1}}`), trace.Rules{},
+		`pid 3 has no process_name metadata (first used by event 0 (C "bytes" pid 3 ts 0))`},
+	{"name without args.name", doc(`{"ph":"M","name":"thread_name","pid":0,"tid":0,"args":{"nom":"x"}}`), trace.Rules{},
+		`event 0 (M "thread_name" pid 0 tid 0): metadata without a string "args.name"`},
+	{"sort index not numeric", withNames(`{"ph":"M","name":"thread_sort_index","pid":0,"tid":0,"args":{"sort_index":"1"}}`), trace.Rules{},
+		`metadata without a numeric "args.sort_index"`},
+
+	// Counters.
+	{"counter", withNames(`{"ph":"C","name":"bytes in flight","pid":0,"ts":1,"args":{"bytes":4096,"f":-1.5e3}}`), trace.Rules{}, ""},
+	{"counter string value", withNames(`{"ph":"C","name":"bytes in flight","pid":0,"ts":1,"args":{"bytes":"4096"}}`), trace.Rules{},
+		`event 3 (C "bytes in flight" pid 0 ts 1): counter value "bytes" is not a number: "4096"`},
+	{"counter without args", withNames(`{"ph":"C","name":"c","pid":0,"ts":1}`), trace.Rules{},
+		`event 3 (C "c" pid 0 ts 1): counter without values in "args"`},
+
+	// Flows.
+	{"flow", withNames(
+		`{"ph":"X","name":"backward","pid":0,"tid":0,"ts":0,"dur":100}`,
+		`{"ph":"X","name":"collective","pid":0,"tid":1,"ts":50,"dur":10}`,
+		`{"ph":"s","name":"launch","cat":"ddp","pid":0,"tid":0,"ts":40,"id":"0x1"}`,
+		`{"ph":"f","name":"launch","cat":"ddp","pid":0,"tid":1,"ts":50,"id":"0x1","bp":"e"}`,
+		`{"ph":"s","name":"launch","cat":"ddp","pid":0,"tid":0,"ts":41,"id":1}`,
+		`{"ph":"f","name":"launch","cat":"ddp","pid":0,"tid":1,"ts":45,"id":1}`), trace.Rules{}, ""},
+	{"dangling flow", withNames(
+		`{"ph":"X","name":"backward","pid":0,"tid":0,"ts":0,"dur":100}`,
+		`{"ph":"s","name":"launch","cat":"ddp","pid":0,"tid":0,"ts":40,"id":9}`), trace.Rules{},
+		`event 4 (s "launch" pid 0 tid 0 ts 40 id 9): dangling flow start: no flow finish of the same cat and id`},
+	{"finish in another cat", withNames(
+		`{"ph":"X","name":"backward","pid":0,"tid":0,"ts":0,"dur":100}`,
+		`{"ph":"s","name":"launch","cat":"a","pid":0,"tid":0,"ts":40,"id":9}`,
+		`{"ph":"f","name":"launch","cat":"b","pid":0,"tid":0,"ts":50,"id":9,"bp":"e"}`), trace.Rules{},
+		`dangling flow start`},
+	{"finish without start", withNames(
+		`{"ph":"X","name":"c","pid":0,"tid":1,"ts":0,"dur":100}`,
+		`{"ph":"f","name":"launch","pid":0,"tid":1,"ts":40,"id":9,"bp":"e"}`), trace.Rules{},
+		`event 4 (f "launch" pid 0 tid 1 ts 40 id 9): flow finish without a flow start`},
+	{"flow backwards", withNames(
+		`{"ph":"X","name":"backward","pid":0,"tid":0,"ts":0,"dur":100}`,
+		`{"ph":"f","name":"launch","pid":0,"tid":0,"ts":30,"id":9,"bp":"e"}`,
+		`{"ph":"s","name":"launch","pid":0,"tid":0,"ts":40,"id":9}`), trace.Rules{},
+		`event 4 (f "launch" pid 0 tid 0 ts 30 id 9): flow finishes before its start event 5`},
+	{"flow names differ", withNames(
+		`{"ph":"X","name":"backward","pid":0,"tid":0,"ts":0,"dur":100}`,
+		`{"ph":"s","name":"a","pid":0,"tid":0,"ts":30,"id":9}`,
+		`{"ph":"f","name":"b","pid":0,"tid":0,"ts":40,"id":9,"bp":"e"}`), trace.Rules{},
+		`flow finish named "b" but its start event 4`},
+	{"flow id reused", withNames(
+		`{"ph":"X","name":"backward","pid":0,"tid":0,"ts":0,"dur":100}`,
+		`{"ph":"s","name":"a","pid":0,"tid":0,"ts":30,"id":9}`,
+		`{"ph":"s","name":"a","pid":0,"tid":0,"ts":31,"id":9}`,
+		`{"ph":"f","name":"a","pid":0,"tid":0,"ts":40,"id":9,"bp":"e"}`), trace.Rules{},
+		`event 5 (s "a" pid 0 tid 0 ts 31 id 9): flow id reused`},
+	{"flow without id", withNames(`{"ph":"s","name":"a","pid":0,"tid":0,"ts":30}`), trace.Rules{},
+		`flow event without a numeric or string "id"`},
+	{"bad binding point", withNames(`{"ph":"f","name":"a","pid":0,"tid":0,"ts":30,"id":1,"bp":"x"}`), trace.Rules{},
+		`binding point "x" is not "e"`},
+	{"flow start off any span", withNames(
+		`{"ph":"i","name":"ready","pid":0,"tid":0,"ts":30}`,
+		`{"ph":"X","name":"collective","pid":0,"tid":1,"ts":40,"dur":10}`,
+		`{"ph":"s","name":"a","pid":0,"tid":0,"ts":30,"id":9}`,
+		`{"ph":"f","name":"a","pid":0,"tid":1,"ts":40,"id":9,"bp":"e"}`), trace.Rules{},
+		`event 5 (s "a" pid 0 tid 0 ts 30 id 9): flow start lies on no span of its lane`},
+	{"loose flows", withNames(
+		`{"ph":"i","name":"ready","pid":0,"tid":0,"ts":30}`,
+		`{"ph":"s","name":"a","pid":0,"tid":0,"ts":30,"id":9}`,
+		`{"ph":"f","name":"a","pid":0,"tid":1,"ts":40,"id":9,"bp":"e"}`), trace.Rules{LooseFlows: true}, ""},
+	{"flow start at a span's end", withNames(
+		`{"ph":"X","name":"backward","pid":0,"tid":0,"ts":0,"dur":30}`,
+		`{"ph":"X","name":"collective","pid":0,"tid":1,"ts":40,"dur":10}`,
+		`{"ph":"s","name":"a","pid":0,"tid":0,"ts":30,"id":9}`,
+		`{"ph":"f","name":"a","pid":0,"tid":1,"ts":40,"id":9,"bp":"e"}`), trace.Rules{},
+		`flow start lies on no span of its lane`},
+	{"flow finish off any span", withNames(
+		`{"ph":"X","name":"backward","pid":0,"tid":0,"ts":0,"dur":100}`,
+		`{"ph":"X","name":"collective","pid":0,"tid":1,"ts":0,"dur":39}`,
+		`{"ph":"s","name":"a","pid":0,"tid":0,"ts":30,"id":9}`,
+		`{"ph":"f","name":"a","pid":0,"tid":1,"ts":40,"id":9,"bp":"e"}`), trace.Rules{},
+		`event 6 (f "a" pid 0 tid 1 ts 40 id 9): flow finish (bp "e") lies on no span of its lane`},
+	{"flow finish with no later span", withNames(
+		`{"ph":"X","name":"backward","pid":0,"tid":0,"ts":0,"dur":100}`,
+		`{"ph":"X","name":"collective","pid":0,"tid":1,"ts":0,"dur":50}`,
+		`{"ph":"s","name":"a","pid":0,"tid":0,"ts":30,"id":9}`,
+		`{"ph":"f","name":"a","pid":0,"tid":1,"ts":40,"id":9}`), trace.Rules{},
+		`flow finish has no span starting at or after it`},
+	{"nested flow source", withNames(
+		`{"ph":"X","name":"outer","pid":0,"tid":0,"ts":0,"dur":100}`,
+		`{"ph":"X","name":"inner","pid":0,"tid":0,"ts":10,"dur":5}`,
+		`{"ph":"X","name":"collective","pid":0,"tid":1,"ts":40,"dur":10}`,
+		`{"ph":"s","name":"a","pid":0,"tid":0,"ts":30,"id":9}`,
+		`{"ph":"f","name":"a","pid":0,"tid":1,"ts":40,"id":9,"bp":"e"}`), trace.Rules{Nesting: true}, ""},
+
+	// Other phases and forms.
+	{"begin and end", withNames(
+		`{"ph":"B","name":"a","pid":0,"tid":0,"ts":0}`,
+		`{"ph":"E","pid":0,"tid":0,"ts":5}`), trace.Rules{}, ""},
+	{"array form", `[` + strings.Join(named, ",") + `,{"ph":"i","name":"a","pid":0,"tid":0,"ts":1}]`, trace.Rules{}, ""},
+	{"empty object", `{"traceEvents":[]}`, trace.Rules{}, ""},
+	{"no traceEvents", `{"events":[]}`, trace.Rules{}, `object form without "traceEvents"`},
+	{"bad time unit", `{"traceEvents":[],"displayTimeUnit":"s"}`, trace.Rules{}, `displayTimeUnit "s"`},
+	{"truncated", `{"traceEvents":[{"ph":"X"`, trace.Rules{}, `object form: unexpected end of JSON input`},
+	{"not JSON", `hello`, trace.Rules{}, `neither a JSON object nor an array`},
+	{"empty", ` `, trace.Rules{}, `empty input`},
+	{"error cap", withNames(
+		`{"ph":"X","name":"a","pid":0,"tid":0,"ts":0,"dur":10}`,
+		`{"ph":"X","name":"b","pid":0,"tid":0,"ts":1,"dur":10}`,
+		`{"ph":"X","name":"c","pid":0,"tid":0,"ts":2,"dur":10}`,
+		`{"ph":"X","name":"d","pid":0,"tid":0,"ts":3,"dur":10}`), trace.Rules{MaxErrors: 2},
+		`and 1 more problems`},
+}
+
+func TestValidate(t *testing.T) {
+	for _, tc := range validateCases {
+		t.Run(tc.name, func(t *testing.T) {
+			sum, err := tc.rules.Validate(strings.NewReader(tc.in))
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("unexpected error: %v", err)
+				}
+				if sum.Events == 0 && tc.name != "empty object" {
+					t.Errorf("summary counts no events: %+v", sum)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("no error, want one containing %q", tc.want)
+			}
+			if !errors.Is(err, trace.ErrInvalid) {
+				t.Errorf("error %v does not wrap ErrInvalid", err)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error\n  %v\ndoes not contain\n  %s", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestValidateReportsAll checks that independent faults are all reported.
+func TestValidateReportsAll(t *testing.T) {
+	in := doc(
+		`{"ph":"X","name":"a","pid":0,"tid":0,"ts":0}`,
+		`{"ph":"X","name":"b","pid":1,"tid":0,"ts":0,"dur":1}`,
+		`{"ph":"s","name":"c","pid":1,"tid":0,"ts":0,"id":1}`)
+	_, err := trace.Validate(strings.NewReader(in))
+	for _, want := range []string{`without "dur"`, "dangling flow start", "pid 1 has no process_name", "lane pid 1 tid 0 has no thread_name"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v lacks %q", err, want)
+		}
+	}
+}
+
+func TestValidateReadError(t *testing.T) {
+	_, err := trace.Validate(errReader{})
+	if !errors.Is(err, errDisk) {
+		t.Errorf("Validate = %v, want the reader's error", err)
+	}
+}
+
+type errReader struct{}
+
+func (errReader) Read([]byte) (int, error) { return 0, errDisk }
+
+func FuzzValidate(f *testing.F) {
+	golden, err := os.ReadFile(filepath.Join("testdata", "steps.json"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(golden)
+	for _, tc := range validateCases {
+		f.Add([]byte(tc.in))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		for _, ru := range []trace.Rules{{}, {Nesting: true, LooseFlows: true}} {
+			sum, err := ru.Validate(bytes.NewReader(data))
+			if err != nil {
+				if !errors.Is(err, trace.ErrInvalid) {
+					t.Fatalf("error %v does not wrap ErrInvalid", err)
+				}
+				continue
+			}
+			if !json.Valid(data) {
+				t.Fatalf("invalid JSON accepted: %q", data)
+			}
+			n := 0
+			for _, c := range sum.Phases {
+				n += c
+			}
+			if n != sum.Events || sum.Start > sum.End {
+				t.Fatalf("inconsistent summary %+v", sum)
+			}
+		}
+	})
+}
+
+// FuzzWriter checks that whatever names and times a caller passes, the
+// Writer's output is valid JSON that Validate accepts.
+func FuzzWriter(f *testing.F) {
+	f.Add("rank 0", "compute", "ready \"p\"\n", int64(1500), int64(2500), int64(7))
+	f.Add("\xff", "\x00", "", int64(-1), int64(0), int64(0))
+	f.Fuzz(func(t *testing.T, proc, lane, name string, ts, dur, v int64) {
+		var buf bytes.Buffer
+		w := trace.New(&buf, trace.Options{Metadata: map[string]string{name: lane}})
+		w.Process(1, proc)
+		w.Thread(1, 2, lane)
+		w.Thread(1, 3, lane)
+		w.Span(1, 2, name, lane, 0, 1<<40)
+		w.Span(1, 3, name, proc, 0, 1<<40)
+		ts = ts % (1 << 40)
+		if ts < 0 {
+			ts = -ts
+		}
+		w.Instant(1, 2, name, "", time.Duration(ts), trace.Int(name, v), trace.String(lane, proc))
+		w.Counter(1, name, 0, trace.Int(name, v))
+		w.Flow(uint64(v), name, lane, trace.Point{Pid: 1, Tid: 2, TS: time.Duration(ts)}, trace.Point{Pid: 1, Tid: 3, TS: time.Duration(ts)})
+		if dur >= 0 {
+			w.Span(1, 2, name, "", 1<<40, 0)
+		}
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if !json.Valid(buf.Bytes()) {
+			t.Fatalf("invalid JSON:\n%s", buf.Bytes())
+		}
+		if _, err := trace.Validate(&buf); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
