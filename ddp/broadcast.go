@@ -1,0 +1,64 @@
+package ddp
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/ddpgo/ddpgo/comm"
+)
+
+// BroadcastParameters copies rank 0's parameter values into values on
+// every rank (PyTorch DDP's initial _sync_module_states). values[i] must
+// have parameter i's element count on every rank. It is collective and
+// must not run during a synced step. The values travel bucket by bucket
+// through a scratch block from the pool, so the collectives see pool
+// memory only.
+func (r *Reducer) BroadcastParameters(ctx context.Context, values [][]float32) error {
+	if err := r.usable(); err != nil {
+		return err
+	}
+	if r.state.Load() == syncing {
+		return fmt.Errorf("%w: BroadcastParameters during synced step %d", ErrStepInProgress, r.stepNo)
+	}
+	if len(values) != len(r.params) {
+		return fmt.Errorf("%w: BroadcastParameters: %d value slices for %d parameters", ErrGradSize, len(values), len(r.params))
+	}
+	for i, v := range values {
+		if n := r.tensors[i].Numel; len(v) != n {
+			return fmt.Errorf("%w: BroadcastParameters: parameter %d (%q) has %d elements, got %d", ErrGradSize, i, r.params[i].Name, n, len(v))
+		}
+	}
+	L := r.lay.Load()
+	largest := 4
+	for _, b := range L.buckets {
+		largest = max(largest, b.Bytes)
+	}
+	blk, err := r.pool.Get(largest)
+	if err != nil {
+		return fmt.Errorf("ddp: BroadcastParameters scratch of %d bytes: %w", largest, err)
+	}
+	defer r.pool.Put(blk)
+	buf := blk.Float32s()
+	root := r.c.Rank() == 0
+	for k, b := range L.buckets {
+		n := b.Bytes / 4
+		if n == 0 {
+			continue
+		}
+		if root {
+			for j, p := range b.Tensors {
+				copy(buf[b.Offsets[j]/4:], values[p])
+			}
+		}
+		if err := r.c.Broadcast(comm.HostBuffer(blk.Addr(), n, comm.Float32), 0).Wait(ctx); err != nil {
+			return r.fail(fmt.Errorf("ddp: rank %d broadcasting parameters of bucket %d (%s): %w", r.c.Rank(), k, L.describe(k, r.params), err))
+		}
+		if !root {
+			for j, p := range b.Tensors {
+				off := b.Offsets[j] / 4
+				copy(values[p], buf[off:off+len(values[p])])
+			}
+		}
+	}
+	return nil
+}

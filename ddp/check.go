@@ -1,0 +1,108 @@
+package ddp
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+
+	"github.com/ddpgo/ddpgo/comm"
+)
+
+// checkParams verifies that every rank has the same parameters: count,
+// shapes and dtypes (names are reported but not compared, as in PyTorch).
+// One AllGather of (count, fingerprint, longest shape) settles the common
+// case; on a mismatch every rank gathers every rank's descriptors and
+// names the first parameter and rank that differ from rank 0.
+func checkParams(ctx context.Context, c comm.Communicator, params []Param) error {
+	n := c.Size()
+	h := fnv.New64a()
+	maxDims := 0
+	var w [8]byte
+	put := func(v int64) {
+		for j := range w {
+			w[j] = byte(v >> (8 * j))
+		}
+		h.Write(w[:])
+	}
+	put(int64(len(params)))
+	for _, p := range params {
+		put(int64(p.DType))
+		put(int64(len(p.Shape)))
+		for _, d := range p.Shape {
+			put(int64(d))
+		}
+		maxDims = max(maxDims, len(p.Shape))
+	}
+	mine := []int64{int64(len(params)), int64(h.Sum64()), int64(maxDims)}
+	all := make([]int64, 3*n)
+	if err := c.AllGather(comm.Int64s(mine), comm.Int64s(all)).Wait(ctx); err != nil {
+		return fmt.Errorf("ddp: rank %d checking parameters across ranks: %w", c.Rank(), err)
+	}
+	same := true
+	maxCount, width := 0, 0
+	for r := 0; r < n; r++ {
+		if all[3*r] != all[0] || all[3*r+1] != all[1] {
+			same = false
+		}
+		maxCount = max(maxCount, int(all[3*r]))
+		width = max(width, int(all[3*r+2]))
+	}
+	if same {
+		return nil
+	}
+
+	// Descriptors: per parameter [present, dtype, ndim, dims...], padded to
+	// maxCount parameters; names: the first nameLen bytes.
+	const nameLen = 64
+	width += 3
+	desc := make([]int64, maxCount*width)
+	names := make([]uint8, maxCount*nameLen)
+	for i, p := range params {
+		d := desc[i*width:]
+		d[0], d[1], d[2] = 1, int64(p.DType), int64(len(p.Shape))
+		for j, s := range p.Shape {
+			d[3+j] = int64(s)
+		}
+		copy(names[i*nameLen:(i+1)*nameLen], p.Name)
+	}
+	allDesc := make([]int64, n*len(desc))
+	allNames := make([]uint8, n*len(names))
+	if err := c.AllGather(comm.Int64s(desc), comm.Int64s(allDesc)).Wait(ctx); err != nil {
+		return fmt.Errorf("ddp: rank %d gathering parameter descriptors: %w", c.Rank(), err)
+	}
+	if err := c.AllGather(comm.Uint8s(names), comm.Uint8s(allNames)).Wait(ctx); err != nil {
+		return fmt.Errorf("ddp: rank %d gathering parameter names: %w", c.Rank(), err)
+	}
+	at := func(r, i int) []int64 { return allDesc[r*len(desc)+i*width : r*len(desc)+(i+1)*width] }
+	name := func(r, i int) string {
+		b := allNames[r*len(names)+i*nameLen : r*len(names)+(i+1)*nameLen]
+		end := 0
+		for end < len(b) && b[end] != 0 {
+			end++
+		}
+		return string(b[:end])
+	}
+	show := func(r, i int) string {
+		d := at(r, i)
+		if d[0] == 0 {
+			return fmt.Sprintf("rank %d has no parameter %d (it has %d)", r, i, all[3*r])
+		}
+		shape := make([]int64, d[2])
+		copy(shape, d[3:3+d[2]])
+		return fmt.Sprintf("rank %d has %q %v %s", r, name(r, i), shape, comm.DType(d[1]))
+	}
+	for i := 0; i < maxCount; i++ {
+		for r := 1; r < n; r++ {
+			a, b := at(0, i), at(r, i)
+			differ := a[0] != b[0] || a[1] != b[1] || a[2] != b[2]
+			for j := 3; !differ && j < 3+int(a[2]); j++ {
+				differ = a[j] != b[j]
+			}
+			if differ {
+				return fmt.Errorf("%w: parameter %d differs between rank 0 and rank %d: %s, %s (rank 0 has %d parameters, rank %d has %d)",
+					ErrParamMismatch, i, r, show(0, i), show(r, i), all[0], r, all[3*r])
+			}
+		}
+	}
+	return fmt.Errorf("%w: fingerprints differ but no differing parameter was found (rank %d)", ErrParamMismatch, c.Rank())
+}

@@ -1,0 +1,90 @@
+// Package ddp is the Reducer: the Go counterpart of PyTorch
+// DistributedDataParallel's reducer. It averages gradients across the ranks
+// of a comm.Communicator while backward is still running.
+//
+// # Model
+//
+// Parameters are grouped into buckets (package bucket; PyTorch's rules).
+// Each bucket is one 512-byte-aligned block of CommPool memory, and by
+// default a parameter's gradient IS its slot in that block: Grad(i)
+// returns a []float32 view into the bucket, the training loop writes (or
+// adds) the gradient there and calls Ready(i). Ready is O(1) and never
+// waits for the network: an atomic decrement of the bucket's pending count;
+// the call that brings it to zero pokes the rank's communication goroutine
+// (a non-blocking send on a one-slot channel). That goroutine launches
+// buckets strictly in index order, each as soon as it is complete and every
+// earlier bucket has launched, and runs the Hook on it (compress,
+// collective, decompress). Every rank therefore issues the same collectives
+// in the same order, whatever order its gradients arrive in. Wait returns
+// once the last bucket is reduced: every gradient then holds the average
+// over ranks, in place, for the optimizer to read.
+//
+// The bookkeeping (which parameters are marked, which buckets are complete,
+// which may launch next) is a small deterministic state machine without
+// goroutines or clocks (schedule.go); goroutines wrap around it.
+//
+// # A step
+//
+//	r.Begin(sync)          // starts step; zeroes gradients unless the last step was no-sync
+//	g := r.Grad(i)         // write or += the gradient of parameter i ...
+//	r.Ready(i)             // ... then mark it, from any goroutine, in any order
+//	r.Wait(ctx)            // synced step: all buckets reduced; Grad(i) holds the average
+//
+// SetGrad(i, g) copies g in and marks it; AddGrad adds. With
+// Options.CopyGrads, Grad(i) is a Go slice of the Reducer's own, copied into
+// the bucket at Ready and back after the reduction.
+//
+// Begin(true) starts a synced step; Wait must follow before the next
+// Begin. Begin(false) starts a no-sync step (PyTorch's no_sync): Ready only
+// records, nothing is communicated, and Wait is optional. Gradients are
+// zeroed at Begin when the previous step was synced (or there was none),
+// like zero_grad; after a no-sync step they are not, so no-sync steps
+// accumulate and the next synced step reduces the accumulated sum.
+//
+// Errors: Ready of a parameter already marked in the step (ErrMarkedTwice),
+// of an index out of range (ErrIndex), or outside a step (ErrNoStep) name
+// the parameter. If Wait finds parameters never marked ready it fails with
+// ErrUnready, naming them and the fix, and leaves the step open; with
+// Options.FindUnusedParameters it marks them itself instead (their current
+// gradient, zero unless accumulated, is reduced) and lists them in
+// StepStats.Unused. With Options.StaticGraph the first synced step finds
+// them the same way and later steps mark them at Begin.
+//
+// # Views and the rebuild
+//
+// A slice returned by Grad is valid until the next Begin, and no longer.
+// After the first synced step, Wait rebuilds the buckets from the order in
+// which gradients became ready (limits [FirstBucketCap, BucketCap]), as
+// PyTorch does: rank 0 computes the layout and broadcasts it (bucket.Encode)
+// and every rank adopts it. The new layout takes effect at the next Begin,
+// which zeroes gradients anyway, so a slice taken during the first step
+// still shows the reduced gradient after Wait; after that Begin it refers
+// to memory returned to the pool (under the invariants build tag the pool
+// poisons freed memory with NaNs, so stale use shows). Options.KeepLayout
+// disables the rebuild. The initial layout assigns buckets over the
+// parameters in reverse registration order with limits [FirstBucketCap,
+// BucketCap], so bucket 0 holds the last layers, whose gradients backward
+// produces first.
+//
+// # Failures
+//
+// New checks across ranks that every rank has the same parameters (count,
+// shapes, dtypes) with one AllGather of a fingerprint; on a mismatch it
+// gathers the descriptors and fails with ErrParamMismatch naming the first
+// differing parameter and rank. Wait honours its context and
+// Options.Timeout; after Options.StallInterval it reports the bucket it
+// waits for (Options.OnStall, or the log). A failed collective, a timeout
+// or a cancelled context makes the error sticky: the Reducer aborts the
+// group (so peers fail fast instead of hanging) and returns the error,
+// naming the bucket and its parameters, from every later call until Close.
+//
+// # Statistics
+//
+// Stats returns the last completed step's StepStats without allocating:
+// per-bucket timelines (ready, launch, compress, collective, decompress,
+// done) and per-parameter ready times relative to the step start; Compute
+// (first to last Ready), Comm (union of the buckets' busy intervals),
+// Overlap (the part of Comm before the last Ready) and OverlapRatio; bytes
+// handed to collectives; fp16 overflows; unused parameters. A warm step
+// allocates nothing on the Go heap.
+package ddp

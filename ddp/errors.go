@@ -1,0 +1,35 @@
+package ddp
+
+import "errors"
+
+// Errors returned by the Reducer, always wrapped with the step, the
+// parameter (index and name) or the rank that explain them; test for them
+// with errors.Is. Errors of the communicator (comm.ErrAborted,
+// comm.ErrTimeout, ...) are wrapped as they come.
+var (
+	// ErrNoStep: Ready, SetGrad, AddGrad or Wait was called while no step
+	// is running (before Begin, or after Wait returned).
+	ErrNoStep = errors.New("ddp: no step in progress")
+	// ErrStepInProgress: Begin or BroadcastParameters was called while a
+	// synced step is running (Wait has not returned nil).
+	ErrStepInProgress = errors.New("ddp: step in progress")
+	// ErrMarkedTwice: a parameter was marked ready twice in one step.
+	ErrMarkedTwice = errors.New("ddp: parameter marked ready twice")
+	// ErrIndex: a parameter index is out of range.
+	ErrIndex = errors.New("ddp: parameter index out of range")
+	// ErrUnready: Wait found parameters that were never marked ready while
+	// FindUnusedParameters is off.
+	ErrUnready = errors.New("ddp: parameters not marked ready")
+	// ErrStaticGraph: with StaticGraph, a parameter that got no gradient in
+	// the first synced step was marked ready later.
+	ErrStaticGraph = errors.New("ddp: static graph changed")
+	// ErrParamMismatch: the ranks were built with different parameters.
+	ErrParamMismatch = errors.New("ddp: parameters differ between ranks")
+	// ErrGradSize: a gradient or value slice has the wrong length.
+	ErrGradSize = errors.New("ddp: wrong gradient size")
+	// ErrUnsupported: a parameter's dtype is not supported (only Float32
+	// gradients are reduced today).
+	ErrUnsupported = errors.New("ddp: unsupported parameter")
+	// ErrClosed: the Reducer was closed.
+	ErrClosed = errors.New("ddp: reducer closed")
+)

@@ -1,0 +1,193 @@
+package ddp
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/fp16"
+)
+
+// fakeGroup is a minimal in-process communicator for tests: each
+// collective completes when every rank has issued it; the last rank to
+// arrive computes the result. It supports what the Reducer issues
+// (AllReduce Sum of float32/float16/bfloat16, Broadcast, AllGather) and
+// can inject a failure into a chosen collective.
+type fakeGroup struct {
+	n       int
+	mu      sync.Mutex
+	slots   map[uint64]*fakeSlot
+	aborted chan struct{}
+	abortE  error
+	failSeq uint64 // collective that fails on every rank (0: none)
+	hangSeq uint64 // collective that never completes (0: none)
+}
+
+type fakeSlot struct {
+	kind  comm.Kind
+	bufs  []comm.Buffer
+	sends []comm.Buffer
+	root  int
+	n     int
+	done  chan struct{}
+	err   error
+}
+
+type fakeComm struct {
+	g    *fakeGroup
+	rank int
+	seq  uint64
+}
+
+func newFakeGroup(n int) (*fakeGroup, []comm.Communicator) {
+	g := &fakeGroup{n: n, slots: map[uint64]*fakeSlot{}, aborted: make(chan struct{})}
+	cs := make([]comm.Communicator, n)
+	for r := range cs {
+		cs[r] = &fakeComm{g: g, rank: r}
+	}
+	return g, cs
+}
+
+func (c *fakeComm) Rank() int { return c.rank }
+func (c *fakeComm) Size() int { return c.g.n }
+
+func (c *fakeComm) issue(k comm.Kind, send, buf comm.Buffer, root int) comm.Work {
+	g := c.g
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	c.seq++
+	s := g.slots[c.seq]
+	if s == nil {
+		s = &fakeSlot{kind: k, bufs: make([]comm.Buffer, g.n), sends: make([]comm.Buffer, g.n), root: root, done: make(chan struct{})}
+		g.slots[c.seq] = s
+	}
+	if s.kind != k || s.bufs[0].Count != 0 && s.bufs[0].Count != buf.Count && k != comm.KindAllGather {
+		s.err = fmt.Errorf("%w: seq %d", comm.ErrMismatch, c.seq)
+	}
+	s.bufs[c.rank], s.sends[c.rank] = buf, send
+	s.n++
+	if s.n == g.n && c.seq != g.hangSeq {
+		if c.seq == g.failSeq {
+			s.err = fmt.Errorf("%w: injected failure of collective %d", comm.ErrAborted, c.seq)
+		}
+		if s.err == nil {
+			s.err = s.compute()
+		}
+		close(s.done)
+	}
+	return comm.NewWork(c, c.seq)
+}
+
+func (s *fakeSlot) compute() error {
+	switch s.kind {
+	case comm.KindAllReduce:
+		b0 := s.bufs[0]
+		switch b0.DType {
+		case comm.Float32:
+			sum := make([]float32, b0.Count)
+			for _, b := range s.bufs {
+				for i, v := range b.AsFloat32() {
+					sum[i] += v
+				}
+			}
+			for _, b := range s.bufs {
+				copy(b.AsFloat32(), sum)
+			}
+		case comm.Float16, comm.BFloat16:
+			srcs := make([][]uint16, len(s.bufs))
+			for r, b := range s.bufs {
+				srcs[r] = append([]uint16(nil), b.AsUint16()...)
+			}
+			out := make([]uint16, b0.Count)
+			if b0.DType == comm.Float16 {
+				fp16.SumHalf(out, srcs)
+			} else {
+				fp16.SumBFloat16(out, srcs)
+			}
+			for _, b := range s.bufs {
+				copy(b.AsUint16(), out)
+			}
+		default:
+			return fmt.Errorf("%w: fake all-reduce of %s", comm.ErrInvalid, b0.DType)
+		}
+	case comm.KindBroadcast:
+		src := s.bufs[s.root].AsBytes()
+		for r, b := range s.bufs {
+			if r != s.root {
+				copy(b.AsBytes(), src)
+			}
+		}
+	case comm.KindAllGather:
+		for _, b := range s.bufs {
+			out := b.AsBytes()
+			for r, snd := range s.sends {
+				copy(out[r*snd.Bytes():], snd.AsBytes())
+			}
+		}
+	}
+	return nil
+}
+
+func (c *fakeComm) WaitOp(ctx context.Context, id uint64) error {
+	c.g.mu.Lock()
+	s := c.g.slots[id]
+	c.g.mu.Unlock()
+	select {
+	case <-s.done:
+		return s.err
+	case <-c.g.aborted:
+		return c.g.abortE
+	case <-ctx.Done():
+		return fmt.Errorf("fake collective %d: %w", id, ctx.Err())
+	}
+}
+
+func (c *fakeComm) TestOp(id uint64) (bool, error) {
+	c.g.mu.Lock()
+	s := c.g.slots[id]
+	c.g.mu.Unlock()
+	select {
+	case <-s.done:
+		return true, s.err
+	default:
+		return false, nil
+	}
+}
+
+func (c *fakeComm) AllReduce(buf comm.Buffer, op comm.Op) comm.Work {
+	if op != comm.Sum {
+		return comm.FailedWork(fmt.Errorf("%w: fake supports only sum", comm.ErrInvalid))
+	}
+	return c.issue(comm.KindAllReduce, buf, buf, 0)
+}
+func (c *fakeComm) Broadcast(buf comm.Buffer, root int) comm.Work {
+	return c.issue(comm.KindBroadcast, buf, buf, root)
+}
+func (c *fakeComm) AllGather(send, recv comm.Buffer) comm.Work {
+	return c.issue(comm.KindAllGather, send, recv, 0)
+}
+func (c *fakeComm) Reduce(send, recv comm.Buffer, op comm.Op, root int) comm.Work {
+	return comm.FailedWork(comm.ErrInvalid)
+}
+func (c *fakeComm) ReduceScatter(send, recv comm.Buffer, op comm.Op) comm.Work {
+	return comm.FailedWork(comm.ErrInvalid)
+}
+func (c *fakeComm) Send(buf comm.Buffer, peer int) comm.Work { return comm.FailedWork(comm.ErrInvalid) }
+func (c *fakeComm) Recv(buf comm.Buffer, peer int) comm.Work { return comm.FailedWork(comm.ErrInvalid) }
+func (c *fakeComm) Barrier() comm.Work {
+	return c.issue(comm.KindBarrier, comm.Buffer{}, comm.Buffer{}, 0)
+}
+func (c *fakeComm) Abort(err error) {
+	g := c.g
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.abortE == nil {
+		g.abortE = fmt.Errorf("%w: %w", comm.ErrAborted, err)
+		close(g.aborted)
+	}
+}
+func (c *fakeComm) Close() error { return nil }
+
+var _ = unsafe.Pointer(nil)

@@ -1,0 +1,164 @@
+package ddp
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/ddpgo/ddpgo/allocator"
+	"github.com/ddpgo/ddpgo/bucket"
+	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/hooks"
+)
+
+// layout is one bucket layout with its memory: a pool block per bucket,
+// each parameter's view into its block, and the schedule over it.
+type layout struct {
+	buckets  []bucket.Bucket
+	enc      []int64           // bucket.Encode(buckets)
+	blocks   []allocator.Block // one per bucket
+	flat     [][]float32       // per bucket: its gradients, densely
+	views    [][]float32       // per parameter: its slot in its bucket
+	bucketOf []int             // parameter -> bucket
+	hb       []hooks.Bucket    // what the hook reduces, per bucket
+	sched    *schedule
+}
+
+// adopt makes bs the current layout: it returns the old layout's blocks to
+// the pool, takes new ones, and tells the hook the new bucket sizes. The
+// new blocks are zeroed.
+func (r *Reducer) adopt(bs []bucket.Bucket) error {
+	if old := r.lay.Load(); old != nil {
+		if err := old.free(r.pool); err != nil {
+			return fmt.Errorf("ddp: returning the old bucket memory: %w", err)
+		}
+	}
+	L := &layout{
+		buckets:  bs,
+		enc:      bucket.Encode(bs),
+		blocks:   make([]allocator.Block, 0, len(bs)),
+		flat:     make([][]float32, len(bs)),
+		views:    make([][]float32, len(r.params)),
+		bucketOf: make([]int, len(r.params)),
+		hb:       make([]hooks.Bucket, len(bs)),
+	}
+	counts := make([]int, len(bs))
+	for k, b := range bs {
+		if b.DType != comm.Float32 {
+			return fmt.Errorf("%w: bucket %d is %s", ErrUnsupported, k, b.DType)
+		}
+		n := b.Bytes / 4
+		counts[k] = n
+		blk, err := r.pool.Get(max(b.Bytes, 4))
+		if err != nil {
+			L.free(r.pool)
+			return fmt.Errorf("ddp: memory for bucket %d (%d bytes): %w", k, b.Bytes, err)
+		}
+		L.blocks = append(L.blocks, blk)
+		f := blk.Float32s()[:n]
+		clear(f)
+		L.flat[k] = f
+		for j, p := range b.Tensors {
+			off := b.Offsets[j] / 4
+			L.views[p] = f[off : off+r.tensors[p].Numel : off+r.tensors[p].Numel]
+			L.bucketOf[p] = k
+		}
+		L.hb[k] = hooks.Bucket{Index: k, Buf: comm.HostBuffer(blk.Addr(), n, comm.Float32)}
+		if n == 0 {
+			L.hb[k].Buf = comm.Buffer{DType: comm.Float32}
+		}
+	}
+	L.sched = newSchedule(L.bucketOf, len(bs))
+	if err := r.hook.Setup(r.c, r.pool, counts); err != nil {
+		L.free(r.pool)
+		return fmt.Errorf("ddp: setting up hook %s: %w", r.hook.Name(), err)
+	}
+	r.lay.Store(L)
+	return nil
+}
+
+// free returns the layout's blocks to the pool.
+func (L *layout) free(pool *allocator.Pool) error {
+	var first error
+	for _, b := range L.blocks {
+		if err := pool.Put(b); err != nil && first == nil {
+			first = err
+		}
+	}
+	L.blocks = L.blocks[:0]
+	return first
+}
+
+// describe names bucket k's parameters for an error message.
+func (L *layout) describe(k int, params []Param) string {
+	if k < 0 || k >= len(L.buckets) {
+		return "no bucket"
+	}
+	ts := L.buckets[k].Tensors
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "%d parameters: ", len(ts))
+	for j, p := range ts {
+		if j == 4 {
+			fmt.Fprintf(&sb, ", ... %q", params[ts[len(ts)-1]].Name)
+			break
+		}
+		if j > 0 {
+			sb.WriteString(", ")
+		}
+		fmt.Fprintf(&sb, "%q", params[p].Name)
+	}
+	return sb.String()
+}
+
+// rebuild computes the layout to adopt at the next Begin from the order in
+// which this step's gradients became ready (rank 0's order, broadcast to
+// every rank), as PyTorch's Reducer::rebuild_buckets does after the first
+// iteration. It runs inside the first synced step's Wait, after every
+// bucket is reduced, so the collectives it issues are in the same place of
+// every rank's sequence. The memory swap waits for the next Begin, so
+// gradient slices handed out in this step stay valid until then.
+func (r *Reducer) rebuild(ctx context.Context) error {
+	n := len(r.params)
+	var enc []int64
+	size := []int64{0}
+	var buildErr error
+	if r.c.Rank() == 0 {
+		order := make([]int, n)
+		for j := range order {
+			order[j] = int(r.order[j].Load())
+		}
+		bs, err := bucket.Rebuild(r.tensors, order, r.o.FirstBucketCap, r.o.BucketCap)
+		if err != nil {
+			buildErr = fmt.Errorf("ddp: rank 0 rebuilding buckets: %w", err)
+			size[0] = -1
+		} else {
+			enc = bucket.Encode(bs)
+			size[0] = int64(len(enc))
+		}
+	}
+	if err := r.c.Broadcast(comm.Int64s(size), 0).Wait(ctx); err != nil {
+		return fmt.Errorf("ddp: rank %d broadcasting the rebuilt layout's size: %w", r.c.Rank(), err)
+	}
+	if buildErr != nil {
+		return buildErr
+	}
+	if size[0] <= 0 {
+		return fmt.Errorf("ddp: rank %d: rank 0 failed to rebuild the buckets", r.c.Rank())
+	}
+	if enc == nil {
+		enc = make([]int64, size[0])
+	}
+	if err := r.c.Broadcast(comm.Int64s(enc), 0).Wait(ctx); err != nil {
+		return fmt.Errorf("ddp: rank %d broadcasting the rebuilt layout: %w", r.c.Rank(), err)
+	}
+	bs, err := bucket.Decode(r.tensors, enc)
+	if err != nil {
+		return fmt.Errorf("ddp: rank %d adopting rank 0's rebuilt layout: %w", r.c.Rank(), err)
+	}
+	if slices.Equal(enc, r.lay.Load().enc) {
+		return nil
+	}
+	r.next = bs
+	return nil
+}

@@ -1,0 +1,761 @@
+package ddp
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ddpgo/ddpgo/allocator"
+	"github.com/ddpgo/ddpgo/bucket"
+	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/hooks"
+)
+
+// Param describes one parameter whose gradient the Reducer averages.
+type Param struct {
+	Name  string
+	Shape []int
+	DType comm.DType // 0 means Float32, the only dtype reduced today
+}
+
+// Numel returns the number of elements of p (1 for a scalar).
+func (p Param) Numel() int {
+	n := 1
+	for _, d := range p.Shape {
+		n *= d
+	}
+	return n
+}
+
+// Defaults of Options.
+const (
+	DefaultBucketCap      = 25 << 20
+	DefaultFirstBucketCap = 1 << 20
+	DefaultTimeout        = 10 * time.Minute
+	DefaultStallInterval  = 60 * time.Second
+)
+
+// Options configures a Reducer. The zero value gives PyTorch DDP's
+// defaults: 25 MiB buckets (1 MiB for the first), plain averaging,
+// gradients as bucket views.
+type Options struct {
+	// BucketCap and FirstBucketCap are byte limits of the buckets; 0 means
+	// DefaultBucketCap and DefaultFirstBucketCap.
+	BucketCap, FirstBucketCap int
+	// Hook reduces each bucket; nil means hooks.AllReduce(). The Reducer
+	// owns the hook and closes it. Each rank needs its own Hook value.
+	Hook hooks.Hook
+	// Pool provides bucket and scratch memory; nil means a pool owned (and
+	// closed) by the Reducer.
+	Pool *allocator.Pool
+	// CopyGrads keeps each gradient in its own Go slice, copied into the
+	// bucket when marked ready and back once reduced. The default (false)
+	// makes Grad(i) a view of the bucket memory itself: no copies.
+	CopyGrads bool
+	// FindUnusedParameters makes Wait treat parameters never marked ready
+	// in a synced step as unused: they are reduced with the gradient they
+	// hold (zero unless accumulated in no-sync steps) and listed in
+	// StepStats.Unused. Without it, such parameters make Wait fail with
+	// ErrUnready.
+	FindUnusedParameters bool
+	// StaticGraph promises that the set of parameters that get no gradient
+	// is the same in every synced step. The first synced step finds them as
+	// FindUnusedParameters does; later steps mark them ready at Begin, so
+	// their buckets need not wait for Wait.
+	StaticGraph bool
+	// KeepLayout disables the rebuild of buckets after the first synced
+	// step: the initial layout stays.
+	KeepLayout bool
+	// Timeout bounds how long Wait waits for the step's collectives; 0
+	// means DefaultTimeout. On expiry the step fails and the group is
+	// aborted.
+	Timeout time.Duration
+	// StallInterval is how long Wait waits before reporting a stall (and
+	// again after each further interval); 0 means DefaultStallInterval.
+	StallInterval time.Duration
+	// OnStall receives stall reports; nil logs them with the log package.
+	OnStall func(Stall)
+}
+
+// Stall reports a step that has waited StallInterval (or a multiple) for a
+// bucket.
+type Stall struct {
+	Rank    int
+	Step    uint64
+	Waited  time.Duration
+	Bucket  int      // the oldest bucket not yet reduced
+	OnWire  bool     // its collective is issued; a peer is behind or stuck
+	Missing []string // parameters of the bucket not marked ready (when !OnWire)
+}
+
+func (s Stall) String() string {
+	if s.OnWire {
+		return fmt.Sprintf("ddp: rank %d step %d: bucket %d still being reduced after %v (a peer has not joined the collective)", s.Rank, s.Step, s.Bucket, s.Waited)
+	}
+	return fmt.Sprintf("ddp: rank %d step %d: bucket %d waiting %v for gradients of %v", s.Rank, s.Step, s.Bucket, s.Waited, s.Missing)
+}
+
+// step states
+const (
+	idle int32 = iota
+	syncing
+	local // no-sync step
+)
+
+// Reducer averages gradients across the ranks of a communicator, bucket by
+// bucket, overlapping communication with the rest of backward. See the
+// package documentation for the step protocol.
+type Reducer struct {
+	c       comm.Communicator
+	params  []Param
+	tensors []bucket.Tensor
+	o       Options
+	pool    *allocator.Pool
+	ownPool bool
+	hook    hooks.Hook
+
+	lay     atomic.Pointer[layout] // current layout (read by the comm goroutine)
+	next    []bucket.Bucket        // layout to adopt at the next Begin
+	copies  [][]float32            // CopyGrads: per-parameter gradients
+	rebuilt bool                   // the rebuild (or the decision not to) is done
+
+	state    atomic.Int32
+	prevSync bool // the last step was synced (or there was none): Begin zeroes
+	stepNo   uint64
+	start    time.Time
+	order    []atomic.Int32 // ready order of the current step
+	nready   atomic.Int32
+	isUnused []bool // marked by the Reducer (unused) in this step
+	static   []bool // StaticGraph: unused in the first synced step
+	staticOK bool   // static set known
+	reduced  atomic.Int32
+
+	cur, last *StepStats
+	statsBuf  [2]StepStats
+
+	poke   chan struct{}
+	done   chan struct{}
+	quit   chan struct{}
+	exited chan struct{}
+	ctx    context.Context
+	cancel context.CancelFunc
+	timer  *time.Timer
+
+	mu        sync.Mutex
+	err       error
+	failed    atomic.Bool
+	closed    atomic.Bool
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// New builds a rank's Reducer. It is collective: every rank of c must call
+// it with the same parameters (count, shapes and dtypes) and options that
+// agree on the bucket caps and the hook kind. It checks the parameters
+// across ranks and fails with ErrParamMismatch naming the first parameter
+// and rank that differ.
+func New(ctx context.Context, c comm.Communicator, params []Param, o Options) (*Reducer, error) {
+	if c == nil {
+		return nil, fmt.Errorf("ddp: nil communicator")
+	}
+	if len(params) == 0 {
+		return nil, fmt.Errorf("%w: no parameters", ErrUnsupported)
+	}
+	if o.BucketCap == 0 {
+		o.BucketCap = DefaultBucketCap
+	}
+	if o.FirstBucketCap == 0 {
+		o.FirstBucketCap = DefaultFirstBucketCap
+	}
+	if o.BucketCap < 0 || o.FirstBucketCap < 0 {
+		return nil, fmt.Errorf("ddp: bucket caps %d and %d: want positive byte counts", o.FirstBucketCap, o.BucketCap)
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = DefaultTimeout
+	}
+	if o.StallInterval <= 0 {
+		o.StallInterval = DefaultStallInterval
+	}
+	if o.Hook == nil {
+		o.Hook = hooks.AllReduce()
+	}
+	r := &Reducer{c: c, o: o, hook: o.Hook, prevSync: true}
+	r.params = make([]Param, len(params))
+	r.tensors = make([]bucket.Tensor, len(params))
+	total := 0
+	for i, p := range params {
+		if p.DType == 0 {
+			p.DType = comm.Float32
+		}
+		if p.DType != comm.Float32 {
+			return nil, fmt.Errorf("%w: parameter %d (%q) is %s; only float gradients (float32) are reduced", ErrUnsupported, i, p.Name, p.DType)
+		}
+		for _, d := range p.Shape {
+			if d < 0 {
+				return nil, fmt.Errorf("%w: parameter %d (%q) has shape %v", ErrUnsupported, i, p.Name, p.Shape)
+			}
+		}
+		p.Shape = append([]int(nil), p.Shape...)
+		r.params[i] = p
+		r.tensors[i] = bucket.Tensor{Numel: p.Numel(), DType: p.DType}
+		total += p.Numel() * 4
+	}
+	if err := checkParams(ctx, c, r.params); err != nil {
+		return nil, err
+	}
+
+	// Initial layout: buckets over the parameters in reverse registration
+	// order, since backward produces the last layers' gradients first.
+	rev := make([]int, len(params))
+	for i := range rev {
+		rev[i] = len(params) - 1 - i
+	}
+	bs, err := bucket.Assign(r.tensors, []int{o.FirstBucketCap, o.BucketCap}, rev)
+	if err != nil {
+		return nil, fmt.Errorf("ddp: assigning buckets: %w", err)
+	}
+
+	r.pool = o.Pool
+	if r.pool == nil {
+		limit := max(allocator.DefaultLimit, 3*int64(total)+64<<20)
+		if r.pool, err = allocator.New(allocator.Options{Limit: limit}); err != nil {
+			return nil, fmt.Errorf("ddp: creating the pool: %w", err)
+		}
+		r.ownPool = true
+	}
+	if o.CopyGrads {
+		r.copies = make([][]float32, len(params))
+		for i := range params {
+			r.copies[i] = make([]float32, r.tensors[i].Numel)
+		}
+	}
+	n := len(params)
+	r.order = make([]atomic.Int32, n)
+	r.isUnused = make([]bool, n)
+	r.static = make([]bool, n)
+	for i := range r.statsBuf {
+		s := &r.statsBuf[i]
+		s.Buckets = make([]BucketStats, 0, n)
+		s.ParamReady = make([]time.Duration, n)
+		s.Unused = make([]int, 0, n)
+	}
+	r.cur, r.last = &r.statsBuf[0], &r.statsBuf[1]
+	r.last.Buckets = r.last.Buckets[:0]
+	r.last.ParamReady = r.last.ParamReady[:0]
+
+	if err := r.adopt(bs); err != nil {
+		r.release()
+		return nil, err
+	}
+	r.poke = make(chan struct{}, 1)
+	r.done = make(chan struct{}, 1)
+	r.quit = make(chan struct{})
+	r.exited = make(chan struct{})
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	r.timer = time.NewTimer(time.Hour)
+	r.timer.Stop()
+	go r.loop()
+	return r, nil
+}
+
+// Rank returns the rank of the Reducer's communicator.
+func (r *Reducer) Rank() int { return r.c.Rank() }
+
+// Params returns the parameters the Reducer was built with (do not modify).
+func (r *Reducer) Params() []Param { return r.params }
+
+// Begin starts a step. With sync, the step's gradients are averaged across
+// ranks once marked ready, and Wait must be called before the next Begin.
+// Without sync (PyTorch's no_sync), nothing is communicated: gradients
+// accumulate locally, and the next synced step reduces the accumulated sum;
+// Wait is optional.
+//
+// Begin zeroes every gradient unless the previous step was a no-sync step
+// (so a no-sync step followed by a synced one accumulates), adopts a
+// rebuilt bucket layout if one is pending, and invalidates every slice
+// Grad returned before it.
+func (r *Reducer) Begin(sync bool) error {
+	if err := r.usable(); err != nil {
+		return err
+	}
+	switch r.state.Load() {
+	case syncing:
+		return fmt.Errorf("%w: Begin(%v) while synced step %d is running: call Wait first", ErrStepInProgress, sync, r.stepNo)
+	case local:
+		r.finish()
+	}
+	if r.next != nil {
+		bs := r.next
+		r.next = nil
+		if err := r.adopt(bs); err != nil {
+			return r.fail(err)
+		}
+	}
+	L := r.lay.Load()
+	if r.prevSync {
+		if r.copies != nil {
+			for _, g := range r.copies {
+				clear(g)
+			}
+		} else {
+			for _, v := range L.flat {
+				clear(v)
+			}
+		}
+	}
+	r.stepNo++
+	L.sched.reset()
+	r.nready.Store(0)
+	r.reduced.Store(0)
+	clear(r.isUnused)
+	s := r.cur
+	s.reset(r.stepNo, sync, len(r.params))
+	s.Buckets = s.Buckets[:len(L.buckets)]
+	for k := range s.Buckets {
+		s.Buckets[k] = BucketStats{Index: k, Params: len(L.buckets[k].Tensors), Bytes: int64(L.buckets[k].Bytes)}
+	}
+	r.start = time.Now()
+	s.Start = r.start
+	for k := range L.hb {
+		L.hb[k].Start = r.start
+	}
+	r.prevSync = sync
+	if sync {
+		r.state.Store(syncing)
+		if r.staticOK {
+			for i, u := range r.static {
+				if u {
+					r.markUnused(L, i)
+				}
+			}
+		}
+	} else {
+		r.state.Store(local)
+	}
+	return nil
+}
+
+// Grad returns parameter i's gradient: by default a view of its slot in the
+// bucket memory (with CopyGrads, a Go slice of its own). Write or add the
+// gradient into it, then call Ready(i). After a synced step's Wait it holds
+// the average over ranks. The slice is valid until the next Begin; keep no
+// slice across steps. Grad panics if i is out of range, like indexing a
+// slice, and returns nil after Close.
+func (r *Reducer) Grad(i int) []float32 {
+	if r.closed.Load() {
+		return nil
+	}
+	if r.copies != nil {
+		return r.copies[i]
+	}
+	return r.lay.Load().views[i]
+}
+
+// Ready marks parameter i's gradient as complete for this step. It may be
+// called from any goroutine, in any order, and never waits for the
+// network: when i completes a bucket and every earlier bucket has launched,
+// the bucket's reduction starts on the rank's communication goroutine.
+// Marking a parameter twice in a step, an index out of range, or Ready
+// outside a step are errors naming the parameter.
+func (r *Reducer) Ready(i int) error {
+	if i < 0 || i >= len(r.params) {
+		return fmt.Errorf("%w: Ready(%d): the reducer has %d parameters", ErrIndex, i, len(r.params))
+	}
+	if err := r.usable(); err != nil {
+		return err
+	}
+	st := r.state.Load()
+	if st == idle {
+		return fmt.Errorf("%w: Ready(%d) for parameter %q outside a step: call Begin first", ErrNoStep, i, r.params[i].Name)
+	}
+	L := r.lay.Load()
+	if err := L.sched.claim(i); err != nil {
+		if r.static[i] && r.staticOK {
+			return fmt.Errorf("%w: step %d: parameter %d (%q) got no gradient in the first synced step but was marked ready now; drop StaticGraph or keep the set of unused parameters fixed", ErrStaticGraph, r.stepNo, i, r.params[i].Name)
+		}
+		return fmt.Errorf("%w: step %d: parameter %d (%q)", ErrMarkedTwice, r.stepNo, i, r.params[i].Name)
+	}
+	r.arrive(L, i, st == syncing)
+	return nil
+}
+
+// SetGrad copies g into parameter i's gradient (replacing it) and marks it
+// ready.
+func (r *Reducer) SetGrad(i int, g []float32) error {
+	dst, err := r.gradFor("SetGrad", i, g)
+	if err != nil {
+		return err
+	}
+	copy(dst, g)
+	return r.Ready(i)
+}
+
+// AddGrad adds g into parameter i's gradient and marks it ready.
+func (r *Reducer) AddGrad(i int, g []float32) error {
+	dst, err := r.gradFor("AddGrad", i, g)
+	if err != nil {
+		return err
+	}
+	for j, v := range g {
+		dst[j] += v
+	}
+	return r.Ready(i)
+}
+
+func (r *Reducer) gradFor(op string, i int, g []float32) ([]float32, error) {
+	if i < 0 || i >= len(r.params) {
+		return nil, fmt.Errorf("%w: %s(%d): the reducer has %d parameters", ErrIndex, op, i, len(r.params))
+	}
+	if err := r.usable(); err != nil {
+		return nil, err
+	}
+	if r.state.Load() == idle {
+		return nil, fmt.Errorf("%w: %s(%d) for parameter %q outside a step: call Begin first", ErrNoStep, op, i, r.params[i].Name)
+	}
+	if n := r.tensors[i].Numel; len(g) != n {
+		return nil, fmt.Errorf("%w: %s(%d): parameter %q has %d elements, got %d", ErrGradSize, op, i, r.params[i].Name, n, len(g))
+	}
+	if r.lay.Load().sched.isMarked(i) {
+		return nil, fmt.Errorf("%w: %s: step %d: parameter %d (%q) is already marked ready", ErrMarkedTwice, op, r.stepNo, i, r.params[i].Name)
+	}
+	return r.Grad(i), nil
+}
+
+// arrive records claimed parameter i and counts it towards its bucket.
+func (r *Reducer) arrive(L *layout, i int, sync bool) {
+	r.cur.ParamReady[i] = time.Since(r.start)
+	r.order[r.nready.Add(1)-1].Store(int32(i))
+	if !sync {
+		return
+	}
+	if r.copies != nil {
+		copy(L.views[i], r.copies[i])
+	}
+	if L.sched.arrive(i) >= 0 {
+		select {
+		case r.poke <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// markUnused marks parameter i ready on its owner's behalf.
+func (r *Reducer) markUnused(L *layout, i int) {
+	if L.sched.claim(i) != nil {
+		return
+	}
+	r.isUnused[i] = true
+	r.cur.Unused = append(r.cur.Unused, i)
+	r.arrive(L, i, true)
+}
+
+// Wait returns when every bucket of the synced step is reduced: each
+// gradient then holds the average over ranks. In a no-sync step it only
+// ends the step. It fails with ErrUnready (naming the parameters) if some
+// parameters were never marked ready and FindUnusedParameters is off; the
+// step then stays open, so the caller may mark them and call Wait again.
+// Wait honours ctx and Options.Timeout; on expiry, or when a collective
+// fails, the Reducer aborts the group, and it and every later call return
+// that error until Close.
+func (r *Reducer) Wait(ctx context.Context) error {
+	if err := r.usable(); err != nil {
+		return err
+	}
+	switch r.state.Load() {
+	case idle:
+		return fmt.Errorf("%w: Wait without a step: call Begin first", ErrNoStep)
+	case local:
+		r.finish()
+		return nil
+	}
+	L := r.lay.Load()
+	if int(L.sched.nmarked.Load()) < len(r.params) {
+		if err := r.handleUnready(L); err != nil {
+			return err
+		}
+	}
+	if err := r.waitDone(ctx, L); err != nil {
+		return err
+	}
+	if err := r.usable(); err != nil {
+		return err
+	}
+	if r.o.StaticGraph && !r.staticOK {
+		copy(r.static, r.isUnused)
+		r.staticOK = true
+	}
+	first := !r.rebuilt
+	r.finish()
+	if first {
+		r.rebuilt = true
+		if !r.o.KeepLayout {
+			if err := r.rebuild(ctx); err != nil {
+				return r.fail(err)
+			}
+		}
+	}
+	return nil
+}
+
+// handleUnready deals with parameters not marked ready when Wait starts.
+func (r *Reducer) handleUnready(L *layout) error {
+	if r.o.FindUnusedParameters || (r.o.StaticGraph && !r.staticOK) {
+		for i := range r.params {
+			if !L.sched.isMarked(i) {
+				r.markUnused(L, i)
+			}
+		}
+		return nil
+	}
+	var names []string
+	first := -1
+	for i, p := range r.params {
+		if !L.sched.isMarked(i) {
+			if first < 0 {
+				first = i
+			}
+			if len(names) < 10 {
+				names = append(names, fmt.Sprintf("%d %q (bucket %d)", i, p.Name, L.bucketOf[i]))
+			}
+		}
+	}
+	missing := len(r.params) - int(L.sched.nmarked.Load())
+	return fmt.Errorf("%w: rank %d step %d: %d of %d parameters got no Ready before Wait: %v; "+
+		"buckets are reduced only once all their parameters are ready, so this step cannot finish. "+
+		"Call Ready (or SetGrad) for every parameter, including those with a zero gradient, or, if these "+
+		"parameters really take no part in this step's loss, set Options.FindUnusedParameters "+
+		"(or Options.StaticGraph when the set never changes). The step stays open: mark them and call Wait again",
+		ErrUnready, r.c.Rank(), r.stepNo, missing, len(r.params), names)
+}
+
+// waitDone blocks until the comm goroutine has reduced the last bucket.
+func (r *Reducer) waitDone(ctx context.Context, L *layout) error {
+	began := time.Now()
+	stallAt := r.o.StallInterval
+	for {
+		waited := time.Since(began)
+		d := min(stallAt, r.o.Timeout) - waited
+		if d <= 0 {
+			d = time.Nanosecond
+		}
+		r.timer.Reset(d)
+		select {
+		case <-r.done:
+			r.timer.Stop()
+			return nil
+		case <-ctx.Done():
+			r.timer.Stop()
+			k := int(r.reduced.Load())
+			return r.fail(fmt.Errorf("ddp: rank %d step %d: waiting for bucket %d of %d: %w", r.c.Rank(), r.stepNo, k, len(L.buckets), ctx.Err()))
+		case <-r.timer.C:
+			waited = time.Since(began)
+			k := int(r.reduced.Load())
+			if waited >= r.o.Timeout {
+				return r.fail(fmt.Errorf("%w: ddp: rank %d step %d: bucket %d of %d (%s) not reduced after %v",
+					comm.ErrTimeout, r.c.Rank(), r.stepNo, k, len(L.buckets), L.describe(k, r.params), r.o.Timeout))
+			}
+			if waited >= stallAt {
+				r.reportStall(L, k, waited)
+				stallAt += r.o.StallInterval
+			}
+		}
+	}
+}
+
+func (r *Reducer) reportStall(L *layout, k int, waited time.Duration) {
+	s := Stall{Rank: r.c.Rank(), Step: r.stepNo, Waited: waited, Bucket: k, OnWire: k < L.sched.launched()}
+	if !s.OnWire && k < len(L.buckets) {
+		for _, p := range L.buckets[k].Tensors {
+			if !L.sched.isMarked(p) {
+				s.Missing = append(s.Missing, r.params[p].Name)
+			}
+		}
+	}
+	if r.o.OnStall != nil {
+		r.o.OnStall(s)
+		return
+	}
+	log.Print(s.String())
+}
+
+// finish ends the running step: statistics become final and visible
+// through Stats.
+func (r *Reducer) finish() {
+	s := r.cur
+	s.Wall = time.Since(r.start)
+	s.finalize(r.lay.Load(), r.isUnused)
+	r.cur, r.last = r.last, r.cur
+	r.state.Store(idle)
+}
+
+// Stats returns the statistics of the last completed step. It allocates
+// nothing: the slices in the result are the Reducer's own and stay valid
+// until the next Wait returns (or the next Begin after a no-sync step);
+// use StatsInto to keep a copy.
+func (r *Reducer) Stats() StepStats { return *r.last }
+
+// StatsInto copies the statistics of the last completed step into dst,
+// reusing dst's slices.
+func (r *Reducer) StatsInto(dst *StepStats) {
+	b, p, u := dst.Buckets, dst.ParamReady, dst.Unused
+	*dst = *r.last
+	dst.Buckets = append(b[:0], r.last.Buckets...)
+	dst.ParamReady = append(p[:0], r.last.ParamReady...)
+	dst.Unused = append(u[:0], r.last.Unused...)
+}
+
+// loop is the rank's communication goroutine.
+func (r *Reducer) loop() {
+	defer close(r.exited)
+	for {
+		select {
+		case <-r.quit:
+			return
+		case <-r.poke:
+		}
+		r.drain()
+	}
+}
+
+// drain launches, in index order, every bucket that may launch, and runs
+// its hook.
+func (r *Reducer) drain() {
+	L := r.lay.Load()
+	for !r.failed.Load() {
+		k := L.sched.launch()
+		if k < 0 {
+			return
+		}
+		s := &r.cur.Buckets[k]
+		hb := &L.hb[k]
+		s.Launch = time.Since(hb.Start)
+		err := r.hook.Reduce(r.ctx, r.c, hb)
+		s.Done = time.Since(hb.Start)
+		t := hb.Times
+		s.CompressStart, s.CompressEnd = t.CompressStart, t.CompressEnd
+		s.CollectiveStart, s.CollectiveEnd = t.CollectiveStart, t.CollectiveEnd
+		s.DecompressEnd = t.DecompressEnd
+		s.WireBytes, s.Overflows = t.WireBytes, t.Overflows
+		if err != nil {
+			r.fail(fmt.Errorf("ddp: rank %d step %d: bucket %d (%s): %w", r.c.Rank(), r.stepNo, k, L.describe(k, r.params), err))
+			r.signal()
+			return
+		}
+		if r.copies != nil {
+			for _, p := range L.buckets[k].Tensors {
+				copy(r.copies[p], L.views[p])
+			}
+		}
+		if int(r.reduced.Add(1)) == len(L.buckets) {
+			r.signal()
+		}
+	}
+}
+
+func (r *Reducer) signal() {
+	select {
+	case r.done <- struct{}{}:
+	default:
+	}
+}
+
+// fail makes err the Reducer's sticky error, stops the communication
+// goroutine's collective, and aborts the group so that peers fail fast
+// instead of waiting for a collective this rank will never issue. It
+// returns the sticky error.
+func (r *Reducer) fail(err error) error {
+	r.mu.Lock()
+	if r.err == nil {
+		r.err = err
+		r.failed.Store(true)
+		r.mu.Unlock()
+		if r.cancel != nil {
+			r.cancel()
+		}
+		r.c.Abort(err)
+		return err
+	}
+	err = r.err
+	r.mu.Unlock()
+	return err
+}
+
+// Err returns the sticky error that made the Reducer unusable, or nil.
+func (r *Reducer) Err() error {
+	if !r.failed.Load() {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.err
+}
+
+func (r *Reducer) usable() error {
+	if r.closed.Load() {
+		return ErrClosed
+	}
+	if r.failed.Load() {
+		return r.Err()
+	}
+	return nil
+}
+
+// Close stops the communication goroutine, closes the hook and returns the
+// bucket memory to the pool (closing the pool if the Reducer made it). A
+// synced step still running is abandoned and the group aborted. It does
+// not close the communicator. Close is idempotent.
+func (r *Reducer) Close() error {
+	r.closeOnce.Do(func() {
+		if r.state.Load() == syncing && !r.failed.Load() {
+			r.fail(fmt.Errorf("%w: rank %d closed during step %d", ErrClosed, r.c.Rank(), r.stepNo))
+		}
+		r.closed.Store(true)
+		r.cancel()
+		close(r.quit)
+		<-r.exited
+		r.closeErr = r.release()
+	})
+	return r.closeErr
+}
+
+// release returns the Reducer's memory.
+func (r *Reducer) release() error {
+	var first error
+	keep := func(err error) {
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	keep(r.hook.Close())
+	if L := r.lay.Load(); L != nil {
+		keep(L.free(r.pool))
+	}
+	if r.ownPool {
+		keep(r.pool.Close())
+	}
+	return first
+}
+
+// Buckets describes the current bucket layout.
+func (r *Reducer) Buckets() []BucketInfo {
+	L := r.lay.Load()
+	out := make([]BucketInfo, len(L.buckets))
+	for k, b := range L.buckets {
+		out[k] = BucketInfo{Index: k, Params: append([]int(nil), b.Tensors...), Bytes: b.Bytes, Limit: b.Limit}
+	}
+	return out
+}
+
+// BucketInfo describes one bucket of the current layout.
+type BucketInfo struct {
+	Index  int
+	Params []int // parameter indices, in their order inside the bucket
+	Bytes  int   // gradient bytes
+	Limit  int   // byte limit the bucket was built under
+}
+
+var _ = math.Inf
