@@ -2,31 +2,35 @@
 
 package fp16
 
-import "strings"
+import (
+	"strings"
+	"unsafe"
+)
 
 // Assembly kernels (fp16_amd64.s). Each converts n elements, n a positive
 // multiple of 8; the Go wrappers below finish the last n%8 with the
-// portable code. The sums cover elements lo..hi-1, hi-lo a positive
-// multiple of 8, reading srcs[0..nsrc-1] and always multiplying by scale
-// (1 when not scaled: x*1 is x for every sum the kernels can produce).
+// portable code. With stream set, dst must be 64-byte aligned and the
+// stores bypass the cache. The sums cover elements lo..hi-1, hi-lo a
+// positive multiple of 8, reading srcs[0..nsrc-1] and always multiplying
+// by scale (1 when not scaled: x*1 is x for every sum they can produce).
 
 //go:noescape
-func f32ToHalfAVX2(dst *uint16, src *float32, n int)
+func f32ToHalfAVX2(dst *uint16, src *float32, n int, stream bool)
 
 //go:noescape
-func halfToF32AVX2(dst *float32, src *uint16, n int)
+func halfToF32AVX2(dst *float32, src *uint16, n int, stream bool)
 
 //go:noescape
-func f32ToBF16AVX2(dst *uint16, src *float32, n int)
+func f32ToBF16AVX2(dst *uint16, src *float32, n int, stream bool)
 
 //go:noescape
-func bf16ToF32AVX2(dst *float32, src *uint16, n int)
+func bf16ToF32AVX2(dst *float32, src *uint16, n int, stream bool)
 
 //go:noescape
-func scaleToHalfAVX2(dst *uint16, src *float32, n int, scale float32)
+func scaleToHalfAVX2(dst *uint16, src *float32, n int, scale float32, stream bool)
 
 //go:noescape
-func scaleToBF16AVX2(dst *uint16, src *float32, n int, scale float32)
+func scaleToBF16AVX2(dst *uint16, src *float32, n int, scale float32, stream bool)
 
 //go:noescape
 func sumHalfAVX2(dst *uint16, srcs *[]uint16, nsrc, lo, hi int, scale float32)
@@ -38,67 +42,95 @@ func cpuid(leaf, sub uint32) (eax, ebx, ecx, edx uint32)
 
 func xgetbv0() (eax, edx uint32)
 
+// streamBytes is the destination size from which conversions store with
+// non-temporal hints. Below it the result may well be read again soon
+// from the cache (a bucket handed to the collective); above it the cache
+// cannot hold it anyway, and skipping the read-for-ownership of each
+// destination line saves memory bandwidth (a third for HalfToFloat32).
+const streamBytes = 2 << 20
+
+// plan splits a conversion of n elements whose destination, of elemSize
+// bytes per element, starts at p: the first head elements go to the
+// portable code so that the SIMD part's destination is 64-byte aligned
+// when it streams, the next body elements (a multiple of 8) go to SIMD,
+// and the rest to the portable code again.
+func plan(p unsafe.Pointer, n, elemSize int) (head, body int, stream bool) {
+	if n*elemSize >= streamBytes {
+		stream = true
+		if mis := int(uintptr(p) & 63); mis != 0 {
+			head = min((64-mis)/elemSize, n)
+		}
+	}
+	return head, (n - head) &^ 7, stream
+}
+
+// convert runs a SIMD conversion kernel over src into dst as plan says.
+func convert[D, S any](dst []D, src []S, elemSize int,
+	simd func(*D, *S, int, bool), generic func([]D, []S)) {
+	if len(src) == 0 {
+		return
+	}
+	head, body, stream := plan(unsafe.Pointer(&dst[0]), len(src), elemSize)
+	generic(dst[:head], src[:head])
+	if body > 0 {
+		simd(&dst[head], &src[head], body, stream)
+	}
+	generic(dst[head+body:], src[head+body:])
+}
+
+// scaleConvert is convert for the kernels that also scale.
+func scaleConvert(dst []uint16, src []float32, scale float32,
+	simd func(*uint16, *float32, int, float32, bool), generic func([]uint16, []float32, float32)) {
+	if len(src) == 0 {
+		return
+	}
+	head, body, stream := plan(unsafe.Pointer(&dst[0]), len(src), 2)
+	generic(dst[:head], src[:head], scale)
+	if body > 0 {
+		simd(&dst[head], &src[head], body, scale, stream)
+	}
+	generic(dst[head+body:], src[head+body:], scale)
+}
+
 var avx2Kernels = kernels{
 	name: "avx2+f16c",
 	f32ToHalf: func(dst []uint16, src []float32) {
-		n := len(src) &^ 7
-		if n > 0 {
-			f32ToHalfAVX2(&dst[0], &src[0], n)
-		}
-		f32ToHalfGeneric(dst[n:], src[n:])
+		convert(dst, src, 2, f32ToHalfAVX2, f32ToHalfGeneric)
 	},
 	halfToF32: func(dst []float32, src []uint16) {
-		n := len(src) &^ 7
-		if n > 0 {
-			halfToF32AVX2(&dst[0], &src[0], n)
-		}
-		halfToF32Generic(dst[n:], src[n:])
+		convert(dst, src, 4, halfToF32AVX2, halfToF32Generic)
 	},
 	f32ToBF16: func(dst []uint16, src []float32) {
-		n := len(src) &^ 7
-		if n > 0 {
-			f32ToBF16AVX2(&dst[0], &src[0], n)
-		}
-		f32ToBF16Generic(dst[n:], src[n:])
+		convert(dst, src, 2, f32ToBF16AVX2, f32ToBF16Generic)
 	},
 	bf16ToF32: func(dst []float32, src []uint16) {
-		n := len(src) &^ 7
-		if n > 0 {
-			bf16ToF32AVX2(&dst[0], &src[0], n)
-		}
-		bf16ToF32Generic(dst[n:], src[n:])
+		convert(dst, src, 4, bf16ToF32AVX2, bf16ToF32Generic)
 	},
 	scaleToHalf: func(dst []uint16, src []float32, scale float32) {
-		n := len(src) &^ 7
-		if n > 0 {
-			scaleToHalfAVX2(&dst[0], &src[0], n, scale)
-		}
-		scaleToHalfGeneric(dst[n:], src[n:], scale)
+		scaleConvert(dst, src, scale, scaleToHalfAVX2, scaleToHalfGeneric)
 	},
 	scaleToBF16: func(dst []uint16, src []float32, scale float32) {
-		n := len(src) &^ 7
-		if n > 0 {
-			scaleToBF16AVX2(&dst[0], &src[0], n, scale)
-		}
-		scaleToBF16Generic(dst[n:], src[n:], scale)
+		scaleConvert(dst, src, scale, scaleToBF16AVX2, scaleToBF16Generic)
 	},
 	sumHalf: func(dst []uint16, srcs [][]uint16, from int, scale float32, scaled bool) {
 		hi := from + (len(dst)-from)&^7
 		if hi > from {
+			s := scale
 			if !scaled {
-				scale = 1
+				s = 1
 			}
-			sumHalfAVX2(&dst[0], &srcs[0], len(srcs), from, hi, scale)
+			sumHalfAVX2(&dst[0], &srcs[0], len(srcs), from, hi, s)
 		}
 		sumHalfGeneric(dst, srcs, hi, scale, scaled)
 	},
 	sumBF16: func(dst []uint16, srcs [][]uint16, from int, scale float32, scaled bool) {
 		hi := from + (len(dst)-from)&^7
 		if hi > from {
+			s := scale
 			if !scaled {
-				scale = 1
+				s = 1
 			}
-			sumBF16AVX2(&dst[0], &srcs[0], len(srcs), from, hi, scale)
+			sumBF16AVX2(&dst[0], &srcs[0], len(srcs), from, hi, s)
 		}
 		sumBF16Generic(dst, srcs, hi, scale, scaled)
 	},

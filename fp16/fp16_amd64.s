@@ -39,252 +39,205 @@
 	VPACKUSDW Xt, Xa, Xa; \
 	VMOVDQU Xa, dst
 
-// func f32ToHalfAVX2(dst *uint16, src *float32, n int)
-TEXT ·f32ToHalfAVX2(SB), NOSPLIT, $0-24
-	MOVQ dst+0(FP), DI
-	MOVQ src+8(FP), SI
-	MOVQ n+16(FP), CX
-	CMPQ CX, $32
-	JB   loop8
+// The conversions below share one shape: a loop over blocks of 32
+// elements, in one of two copies, then a loop over blocks of 8. When stream
+// is set (the caller has aligned dst to 64 bytes) the 32-element loop stores
+// with non-temporal hints: a large destination then goes to memory without
+// first being read into the cache, and without evicting the source.
+//
+// CONVERT(STORE) is a macro that converts 32 elements from SI to DI using
+// STORE for the 32-byte stores; it does not advance the pointers.
 
-loop32:
-	VMOVUPS   0(SI), Y0
-	VMOVUPS   32(SI), Y1
-	VMOVUPS   64(SI), Y2
-	VMOVUPS   96(SI), Y3
-	VCVTPS2PH $0, Y0, X0
-	VCVTPS2PH $0, Y1, X1
-	VCVTPS2PH $0, Y2, X2
-	VCVTPS2PH $0, Y3, X3
-	VINSERTI128 $1, X1, Y0, Y0
-	VINSERTI128 $1, X3, Y2, Y2
-	VMOVDQU   Y0, 0(DI)
-	VMOVDQU   Y2, 32(DI)
-	ADDQ      $128, SI
-	ADDQ      $64, DI
-	SUBQ      $32, CX
-	CMPQ      CX, $32
-	JAE       loop32
-	TESTQ     CX, CX
-	JZ        done
-
-loop8:
-	VMOVUPS   (SI), Y0
-	VCVTPS2PH $0, Y0, X0
-	VMOVDQU   X0, (DI)
-	ADDQ      $32, SI
-	ADDQ      $16, DI
-	SUBQ      $8, CX
-	JNZ       loop8
-
-done:
-	VZEROUPPER
+#define LOOPS(CONVERT32, CONVERT8, SRCSTEP32, DSTSTEP32, SRCSTEP8, DSTSTEP8) \
+	CMPQ  CX, $32; \
+	JB    loop8; \
+	TESTB DX, DX; \
+	JNZ   stream32; \
+loop32: \
+	CONVERT32(VMOVDQU); \
+	ADDQ  $SRCSTEP32, SI; \
+	ADDQ  $DSTSTEP32, DI; \
+	SUBQ  $32, CX; \
+	CMPQ  CX, $32; \
+	JAE   loop32; \
+	JMP   tail; \
+stream32: \
+	CONVERT32(VMOVNTDQ); \
+	ADDQ  $SRCSTEP32, SI; \
+	ADDQ  $DSTSTEP32, DI; \
+	SUBQ  $32, CX; \
+	CMPQ  CX, $32; \
+	JAE   stream32; \
+	SFENCE; \
+tail: \
+	TESTQ CX, CX; \
+	JZ    done; \
+loop8: \
+	CONVERT8; \
+	ADDQ  $SRCSTEP8, SI; \
+	ADDQ  $DSTSTEP8, DI; \
+	SUBQ  $8, CX; \
+	JNZ   loop8; \
+done: \
+	VZEROUPPER; \
 	RET
 
-// func halfToF32AVX2(dst *float32, src *uint16, n int)
-TEXT ·halfToF32AVX2(SB), NOSPLIT, $0-24
+// HALF_STORE32 rounds Y0..Y3 to half precision and stores the 32 results.
+#define HALF_STORE32(STORE) \
+	VCVTPS2PH   $0, Y0, X0; \
+	VCVTPS2PH   $0, Y1, X1; \
+	VCVTPS2PH   $0, Y2, X2; \
+	VCVTPS2PH   $0, Y3, X3; \
+	VINSERTI128 $1, X1, Y0, Y0; \
+	VINSERTI128 $1, X3, Y2, Y2; \
+	STORE       Y0, 0(DI); \
+	STORE       Y2, 32(DI)
+
+#define F32_TO_HALF32(STORE) \
+	VMOVUPS 0(SI), Y0; \
+	VMOVUPS 32(SI), Y1; \
+	VMOVUPS 64(SI), Y2; \
+	VMOVUPS 96(SI), Y3; \
+	HALF_STORE32(STORE)
+
+#define F32_TO_HALF8 \
+	VMOVUPS   (SI), Y0; \
+	VCVTPS2PH $0, Y0, X0; \
+	VMOVDQU   X0, (DI)
+
+// func f32ToHalfAVX2(dst *uint16, src *float32, n int, stream bool)
+TEXT ·f32ToHalfAVX2(SB), NOSPLIT, $0-25
 	MOVQ dst+0(FP), DI
 	MOVQ src+8(FP), SI
 	MOVQ n+16(FP), CX
-	CMPQ CX, $32
-	JB   loop8
+	MOVB stream+24(FP), DX
+	LOOPS(F32_TO_HALF32, F32_TO_HALF8, 128, 64, 32, 16)
 
-loop32:
-	VCVTPH2PS 0(SI), Y0
-	VCVTPH2PS 16(SI), Y1
-	VCVTPH2PS 32(SI), Y2
-	VCVTPH2PS 48(SI), Y3
-	VMOVUPS   Y0, 0(DI)
-	VMOVUPS   Y1, 32(DI)
-	VMOVUPS   Y2, 64(DI)
-	VMOVUPS   Y3, 96(DI)
-	ADDQ      $64, SI
-	ADDQ      $128, DI
-	SUBQ      $32, CX
-	CMPQ      CX, $32
-	JAE       loop32
-	TESTQ     CX, CX
-	JZ        done
+#define SCALE_TO_HALF32(STORE) \
+	VMULPS 0(SI), Y10, Y0; \
+	VMULPS 32(SI), Y10, Y1; \
+	VMULPS 64(SI), Y10, Y2; \
+	VMULPS 96(SI), Y10, Y3; \
+	HALF_STORE32(STORE)
 
-loop8:
-	VCVTPH2PS (SI), Y0
+#define SCALE_TO_HALF8 \
+	VMULPS    (SI), Y10, Y0; \
+	VCVTPS2PH $0, Y0, X0; \
+	VMOVDQU   X0, (DI)
+
+// func scaleToHalfAVX2(dst *uint16, src *float32, n int, scale float32, stream bool)
+TEXT ·scaleToHalfAVX2(SB), NOSPLIT, $0-29
+	MOVQ         dst+0(FP), DI
+	MOVQ         src+8(FP), SI
+	MOVQ         n+16(FP), CX
+	VBROADCASTSS scale+24(FP), Y10
+	MOVB         stream+28(FP), DX
+	LOOPS(SCALE_TO_HALF32, SCALE_TO_HALF8, 128, 64, 32, 16)
+
+#define HALF_TO_F32_32(STORE) \
+	VCVTPH2PS 0(SI), Y0; \
+	VCVTPH2PS 16(SI), Y1; \
+	VCVTPH2PS 32(SI), Y2; \
+	VCVTPH2PS 48(SI), Y3; \
+	STORE     Y0, 0(DI); \
+	STORE     Y1, 32(DI); \
+	STORE     Y2, 64(DI); \
+	STORE     Y3, 96(DI)
+
+#define HALF_TO_F32_8 \
+	VCVTPH2PS (SI), Y0; \
 	VMOVUPS   Y0, (DI)
-	ADDQ      $16, SI
-	ADDQ      $32, DI
-	SUBQ      $8, CX
-	JNZ       loop8
 
-done:
-	VZEROUPPER
-	RET
-
-// func f32ToBF16AVX2(dst *uint16, src *float32, n int)
-TEXT ·f32ToBF16AVX2(SB), NOSPLIT, $0-24
+// func halfToF32AVX2(dst *float32, src *uint16, n int, stream bool)
+TEXT ·halfToF32AVX2(SB), NOSPLIT, $0-25
 	MOVQ dst+0(FP), DI
 	MOVQ src+8(FP), SI
 	MOVQ n+16(FP), CX
-	BF16_CONSTS
-	CMPQ CX, $32
-	JB   loop8
+	MOVB stream+24(FP), DX
+	LOOPS(HALF_TO_F32_32, HALF_TO_F32_8, 64, 128, 16, 32)
 
-loop32:
-	VMOVDQU 0(SI), Y0
-	VMOVDQU 32(SI), Y1
-	VMOVDQU 64(SI), Y2
-	VMOVDQU 96(SI), Y3
-	BF16_ROUND(Y0, Y4, Y5)
-	BF16_ROUND(Y1, Y6, Y7)
-	BF16_ROUND(Y2, Y8, Y9)
-	BF16_ROUND(Y3, Y4, Y5)
-	BF16_PACK16(Y0, Y1, 0(DI))
-	BF16_PACK16(Y2, Y3, 32(DI))
-	ADDQ $128, SI
-	ADDQ $64, DI
-	SUBQ $32, CX
-	CMPQ CX, $32
-	JAE  loop32
-	TESTQ CX, CX
-	JZ   done
+// BF16_STORE32 rounds Y0..Y3 to bfloat16 and stores the 32 results.
+#define BF16_STORE32(STORE) \
+	BF16_ROUND(Y0, Y4, Y5); \
+	BF16_ROUND(Y1, Y6, Y7); \
+	BF16_ROUND(Y2, Y8, Y9); \
+	BF16_ROUND(Y3, Y4, Y5); \
+	VPACKUSDW Y1, Y0, Y0; \
+	VPERMQ    $0xd8, Y0, Y0; \
+	VPACKUSDW Y3, Y2, Y2; \
+	VPERMQ    $0xd8, Y2, Y2; \
+	STORE     Y0, 0(DI); \
+	STORE     Y2, 32(DI)
 
-loop8:
-	VMOVDQU (SI), Y0
-	BF16_ROUND(Y0, Y4, Y5)
+#define F32_TO_BF16_32(STORE) \
+	VMOVDQU 0(SI), Y0; \
+	VMOVDQU 32(SI), Y1; \
+	VMOVDQU 64(SI), Y2; \
+	VMOVDQU 96(SI), Y3; \
+	BF16_STORE32(STORE)
+
+#define F32_TO_BF16_8 \
+	VMOVDQU (SI), Y0; \
+	BF16_ROUND(Y0, Y4, Y5); \
 	BF16_PACK8(Y0, X0, X1, (DI))
-	ADDQ $32, SI
-	ADDQ $16, DI
-	SUBQ $8, CX
-	JNZ  loop8
 
-done:
-	VZEROUPPER
-	RET
-
-// func bf16ToF32AVX2(dst *float32, src *uint16, n int)
-TEXT ·bf16ToF32AVX2(SB), NOSPLIT, $0-24
+// func f32ToBF16AVX2(dst *uint16, src *float32, n int, stream bool)
+TEXT ·f32ToBF16AVX2(SB), NOSPLIT, $0-25
 	MOVQ dst+0(FP), DI
 	MOVQ src+8(FP), SI
 	MOVQ n+16(FP), CX
-	CMPQ CX, $32
-	JB   loop8
+	MOVB stream+24(FP), DX
+	BF16_CONSTS
+	LOOPS(F32_TO_BF16_32, F32_TO_BF16_8, 128, 64, 32, 16)
 
-loop32:
-	VPMOVZXWD 0(SI), Y0
-	VPMOVZXWD 16(SI), Y1
-	VPMOVZXWD 32(SI), Y2
-	VPMOVZXWD 48(SI), Y3
-	VPSLLD    $16, Y0, Y0
-	VPSLLD    $16, Y1, Y1
-	VPSLLD    $16, Y2, Y2
-	VPSLLD    $16, Y3, Y3
-	VMOVDQU   Y0, 0(DI)
-	VMOVDQU   Y1, 32(DI)
-	VMOVDQU   Y2, 64(DI)
-	VMOVDQU   Y3, 96(DI)
-	ADDQ      $64, SI
-	ADDQ      $128, DI
-	SUBQ      $32, CX
-	CMPQ      CX, $32
-	JAE       loop32
-	TESTQ     CX, CX
-	JZ        done
+#define SCALE_TO_BF16_32(STORE) \
+	VMULPS 0(SI), Y10, Y0; \
+	VMULPS 32(SI), Y10, Y1; \
+	VMULPS 64(SI), Y10, Y2; \
+	VMULPS 96(SI), Y10, Y3; \
+	BF16_STORE32(STORE)
 
-loop8:
-	VPMOVZXWD (SI), Y0
-	VPSLLD    $16, Y0, Y0
+#define SCALE_TO_BF16_8 \
+	VMULPS (SI), Y10, Y0; \
+	BF16_ROUND(Y0, Y4, Y5); \
+	BF16_PACK8(Y0, X0, X1, (DI))
+
+// func scaleToBF16AVX2(dst *uint16, src *float32, n int, scale float32, stream bool)
+TEXT ·scaleToBF16AVX2(SB), NOSPLIT, $0-29
+	MOVQ         dst+0(FP), DI
+	MOVQ         src+8(FP), SI
+	MOVQ         n+16(FP), CX
+	VBROADCASTSS scale+24(FP), Y10
+	MOVB         stream+28(FP), DX
+	BF16_CONSTS
+	LOOPS(SCALE_TO_BF16_32, SCALE_TO_BF16_8, 128, 64, 32, 16)
+
+#define BF16_TO_F32_32(STORE) \
+	VPMOVZXWD 0(SI), Y0; \
+	VPMOVZXWD 16(SI), Y1; \
+	VPMOVZXWD 32(SI), Y2; \
+	VPMOVZXWD 48(SI), Y3; \
+	VPSLLD    $16, Y0, Y0; \
+	VPSLLD    $16, Y1, Y1; \
+	VPSLLD    $16, Y2, Y2; \
+	VPSLLD    $16, Y3, Y3; \
+	STORE     Y0, 0(DI); \
+	STORE     Y1, 32(DI); \
+	STORE     Y2, 64(DI); \
+	STORE     Y3, 96(DI)
+
+#define BF16_TO_F32_8 \
+	VPMOVZXWD (SI), Y0; \
+	VPSLLD    $16, Y0, Y0; \
 	VMOVDQU   Y0, (DI)
-	ADDQ      $16, SI
-	ADDQ      $32, DI
-	SUBQ      $8, CX
-	JNZ       loop8
 
-done:
-	VZEROUPPER
-	RET
-
-// func scaleToHalfAVX2(dst *uint16, src *float32, n int, scale float32)
-TEXT ·scaleToHalfAVX2(SB), NOSPLIT, $0-28
-	MOVQ         dst+0(FP), DI
-	MOVQ         src+8(FP), SI
-	MOVQ         n+16(FP), CX
-	VBROADCASTSS scale+24(FP), Y10
-	CMPQ         CX, $32
-	JB           loop8
-
-loop32:
-	VMULPS      0(SI), Y10, Y0
-	VMULPS      32(SI), Y10, Y1
-	VMULPS      64(SI), Y10, Y2
-	VMULPS      96(SI), Y10, Y3
-	VCVTPS2PH   $0, Y0, X0
-	VCVTPS2PH   $0, Y1, X1
-	VCVTPS2PH   $0, Y2, X2
-	VCVTPS2PH   $0, Y3, X3
-	VINSERTI128 $1, X1, Y0, Y0
-	VINSERTI128 $1, X3, Y2, Y2
-	VMOVDQU     Y0, 0(DI)
-	VMOVDQU     Y2, 32(DI)
-	ADDQ        $128, SI
-	ADDQ        $64, DI
-	SUBQ        $32, CX
-	CMPQ        CX, $32
-	JAE         loop32
-	TESTQ       CX, CX
-	JZ          done
-
-loop8:
-	VMULPS    (SI), Y10, Y0
-	VCVTPS2PH $0, Y0, X0
-	VMOVDQU   X0, (DI)
-	ADDQ      $32, SI
-	ADDQ      $16, DI
-	SUBQ      $8, CX
-	JNZ       loop8
-
-done:
-	VZEROUPPER
-	RET
-
-// func scaleToBF16AVX2(dst *uint16, src *float32, n int, scale float32)
-TEXT ·scaleToBF16AVX2(SB), NOSPLIT, $0-28
-	MOVQ         dst+0(FP), DI
-	MOVQ         src+8(FP), SI
-	MOVQ         n+16(FP), CX
-	VBROADCASTSS scale+24(FP), Y10
-	BF16_CONSTS
-	CMPQ         CX, $32
-	JB           loop8
-
-loop32:
-	VMULPS 0(SI), Y10, Y0
-	VMULPS 32(SI), Y10, Y1
-	VMULPS 64(SI), Y10, Y2
-	VMULPS 96(SI), Y10, Y3
-	BF16_ROUND(Y0, Y4, Y5)
-	BF16_ROUND(Y1, Y6, Y7)
-	BF16_ROUND(Y2, Y8, Y9)
-	BF16_ROUND(Y3, Y4, Y5)
-	BF16_PACK16(Y0, Y1, 0(DI))
-	BF16_PACK16(Y2, Y3, 32(DI))
-	ADDQ   $128, SI
-	ADDQ   $64, DI
-	SUBQ   $32, CX
-	CMPQ   CX, $32
-	JAE    loop32
-	TESTQ  CX, CX
-	JZ     done
-
-loop8:
-	VMULPS (SI), Y10, Y0
-	BF16_ROUND(Y0, Y4, Y5)
-	BF16_PACK8(Y0, X0, X1, (DI))
-	ADDQ   $32, SI
-	ADDQ   $16, DI
-	SUBQ   $8, CX
-	JNZ    loop8
-
-done:
-	VZEROUPPER
-	RET
+// func bf16ToF32AVX2(dst *float32, src *uint16, n int, stream bool)
+TEXT ·bf16ToF32AVX2(SB), NOSPLIT, $0-25
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	MOVB stream+24(FP), DX
+	LOOPS(BF16_TO_F32_32, BF16_TO_F32_8, 64, 128, 16, 32)
 
 // The sums walk elements lo..hi-1 (index BX) in blocks of 32, then 8. For
 // each block the first source is loaded, the others are added in order,

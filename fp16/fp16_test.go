@@ -585,3 +585,58 @@ func TestImpl(t *testing.T) {
 	}
 	t.Logf("Impl() = %q, CPUFeatures() = %q", Impl(), CPUFeatures())
 }
+
+// TestLarge converts vectors big enough for the streaming stores, with
+// destinations at every 2-byte misalignment within a cache line's first
+// few bytes, and checks every element and the bytes around dst.
+func TestLarge(t *testing.T) {
+	const n = 3<<20/2 + 37 // past 2 MiB of halves
+	rng := rand.New(rand.NewPCG(9, 10))
+	srcF := interesting(rng, n)
+	srcH := make([]uint16, n)
+	for i := range srcH {
+		srcH[i] = uint16(rng.Uint32())
+	}
+	forEachImpl(t, func(t *testing.T) {
+		for _, off := range []int{0, 1, 5, 31} {
+			bufH := make([]uint16, n+64)
+			bufF := make([]float32, n+64)
+			dH, dF := bufH[off:off+n], bufF[off:off+n]
+			check16 := func(name string, want func(int) uint16) {
+				for i, v := range dH {
+					if w := want(i); v != w {
+						t.Fatalf("%s off=%d: [%d] = %#04x, want %#04x", name, off, i, v, w)
+					}
+				}
+				if bufH[off+n] != 0 || off > 0 && bufH[off-1] != 0 {
+					t.Fatalf("%s off=%d: wrote outside dst", name, off)
+				}
+			}
+			check32 := func(name string, want func(int) float32) {
+				for i, v := range dF {
+					if w := want(i); math.Float32bits(v) != math.Float32bits(w) {
+						t.Fatalf("%s off=%d: [%d] = %#08x, want %#08x", name, off, i, math.Float32bits(v), math.Float32bits(w))
+					}
+				}
+				if bufF[off+n] != 0 || off > 0 && bufF[off-1] != 0 {
+					t.Fatalf("%s off=%d: wrote outside dst", name, off)
+				}
+			}
+			Float32ToHalf(dH, srcF)
+			check16("Float32ToHalf", func(i int) uint16 { return FromFloat32(srcF[i]) })
+			Float32ToBFloat16(dH, srcF)
+			check16("Float32ToBFloat16", func(i int) uint16 { return BFloat16FromFloat32(srcF[i]) })
+			ScaleToHalf(dH, srcF, 0.375)
+			check16("ScaleToHalf", func(i int) uint16 { return FromFloat32(float32(srcF[i] * 0.375)) })
+			ScaleToBFloat16(dH, srcF, 0.375)
+			check16("ScaleToBFloat16", func(i int) uint16 { return BFloat16FromFloat32(float32(srcF[i] * 0.375)) })
+			HalfToFloat32(dF, srcH)
+			check32("HalfToFloat32", func(i int) float32 { return ToFloat32(srcH[i]) })
+			BFloat16ToFloat32(dF, srcH)
+			check32("BFloat16ToFloat32", func(i int) float32 { return BFloat16ToFloat32Scalar(srcH[i]) })
+			if a := testing.AllocsPerRun(2, func() { Float32ToHalf(dH, srcF); HalfToFloat32(dF, srcH) }); a != 0 {
+				t.Errorf("%v allocations per large conversion", a)
+			}
+		}
+	})
+}

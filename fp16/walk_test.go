@@ -1,0 +1,68 @@
+package fp16
+
+import (
+	"math"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+// TestAllFloat32 converts every float32 to binary16 and to bfloat16 with
+// every implementation and compares each result with the scalar reference
+// (FromFloat32, BFloat16FromFloat32). The portable bulk kernels use
+// different code from the scalar ones (a float addition for half
+// subnormals, a rounding bias for bfloat16), so the comparison checks both.
+// Chunks are spread over GOMAXPROCS goroutines.
+func TestAllFloat32(t *testing.T) {
+	if testing.Short() {
+		t.Skip("walks all 2^32 float32 values")
+	}
+	const chunk = 1 << 16
+	const chunks = 1 << 32 / chunk
+	ks := availableKernels()
+	var next atomic.Int64
+	var failures atomic.Int64
+	var wg sync.WaitGroup
+	for range runtime.GOMAXPROCS(0) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			src := make([]float32, chunk)
+			half := make([][]uint16, len(ks))
+			bf16 := make([][]uint16, len(ks))
+			for i := range ks {
+				half[i] = make([]uint16, chunk)
+				bf16[i] = make([]uint16, chunk)
+			}
+			for {
+				c := next.Add(1) - 1
+				if c >= chunks || failures.Load() > 10 {
+					return
+				}
+				base := uint32(c) * chunk
+				for i := range src {
+					src[i] = math.Float32frombits(base + uint32(i))
+				}
+				for i, k := range ks {
+					k.f32ToHalf(half[i], src)
+					k.f32ToBF16(bf16[i], src)
+				}
+				for i, f := range src {
+					wantH, wantB := FromFloat32(f), BFloat16FromFloat32(f)
+					for j := range ks {
+						if half[j][i] != wantH {
+							failures.Add(1)
+							t.Errorf("%s: half(%#08x) = %#04x, want %#04x", ks[j].name, math.Float32bits(f), half[j][i], wantH)
+						}
+						if bf16[j][i] != wantB {
+							failures.Add(1)
+							t.Errorf("%s: bf16(%#08x) = %#04x, want %#04x", ks[j].name, math.Float32bits(f), bf16[j][i], wantB)
+						}
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
