@@ -14,9 +14,9 @@ import (
 func BenchmarkStep(b *testing.B) {
 	const buckets = 64
 	w := trace.New(io.Discard, trace.Options{MaxSteps: -1})
-	w.Process(0, "rank 0")
-	for tid, name := range laneNames {
-		w.Thread(0, tid, name)
+	w.Process(1, "rank 0")
+	for tid := laneCompute; tid <= laneDecompress; tid++ {
+		w.Thread(1, tid, laneNames[tid])
 	}
 	events := 0
 	for b.Loop() {
@@ -24,14 +24,14 @@ func BenchmarkStep(b *testing.B) {
 		for k := range buckets {
 			t := time.Duration(k) * 100 * time.Microsecond
 			bucket := trace.Int("bucket", int64(k))
-			w.Instant(0, laneCompute, "ready", "ready", t, bucket)
-			w.Span(0, laneWait, "bucket", "ddp", t, 1000, bucket)
-			w.Span(0, laneCompress, "bucket", "ddp", t+1000, 4000, bucket)
-			w.Span(0, laneCollective, "bucket", "ddp", t+5000, 25000, bucket, trace.Int("bytes", 1<<20))
-			w.Span(0, laneDecompress, "bucket", "ddp", t+30000, 4000, bucket)
-			w.Flow(uint64(k), "launch", "ddp", trace.Point{Tid: laneCompute, TS: t}, trace.Point{Tid: laneCollective, TS: t + 5000})
-			w.Counter(0, "bytes in flight", t+5000, trace.Int("bytes", 1<<20))
-			w.Counter(0, "bytes in flight", t+30000, trace.Int("bytes", 0))
+			w.Instant(1, laneCompute, "ready", "ready", t, bucket)
+			w.Span(1, laneWait, "bucket", "ddp", t, 1000, bucket)
+			w.Span(1, laneCompress, "bucket", "ddp", t+1000, 4000, bucket)
+			w.Span(1, laneCollective, "bucket", "ddp", t+5000, 25000, bucket, trace.Int("bytes", 1<<20))
+			w.Span(1, laneDecompress, "bucket", "ddp", t+30000, 4000, bucket)
+			w.Flow(uint64(k), "launch", "ddp", trace.Point{Pid: 1, Tid: laneCompute, TS: t}, trace.Point{Pid: 1, Tid: laneCollective, TS: t + 5000})
+			w.Counter(1, "bytes in flight", t+5000, trace.Int("bytes", 1<<20))
+			w.Counter(1, "bytes in flight", t+30000, trace.Int("bytes", 0))
 			events += 9
 		}
 		if err := w.EndStep(); err != nil {

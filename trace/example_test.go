@@ -8,16 +8,16 @@ import (
 	"github.com/ddpgo/ddpgo/trace"
 )
 
-// Lanes of one rank.
+// Lanes of one rank, numbered from 1: Perfetto reserves pid 0 and tid 0.
 const (
-	laneCompute = iota
+	laneCompute = iota + 1
 	laneWait
 	laneCompress
 	laneCollective
 	laneDecompress
 )
 
-var laneNames = []string{"compute", "bucket wait", "compress", "collective", "decompress"}
+var laneNames = []string{"", "compute", "bucket wait", "compress", "collective", "decompress"}
 
 // bucketTiming is what a reducer knows about one bucket in one step, as
 // offsets from the start of the step.
@@ -50,39 +50,41 @@ func exampleStep(rank int) stepTiming {
 	}
 }
 
-// recordStep maps one rank's step, starting at t0, onto the trace.
+// recordStep maps one rank's step, starting at t0, onto the trace; the
+// rank is process rank+1.
 func recordStep(w *trace.Writer, step, rank int, t0 time.Duration, st stepTiming) {
-	w.Span(rank, laneCompute, "backward", "compute", t0, st.backwardEnd)
-	w.Span(rank, laneCompute, "wait", "compute", t0+st.backwardEnd, st.waitEnd-st.backwardEnd)
-	w.Span(rank, laneCompute, "optimizer", "compute", t0+st.waitEnd, st.optimizerEnd-st.waitEnd)
+	pid := rank + 1
+	w.Span(pid, laneCompute, "backward", "compute", t0, st.backwardEnd)
+	w.Span(pid, laneCompute, "wait", "compute", t0+st.backwardEnd, st.waitEnd-st.backwardEnd)
+	w.Span(pid, laneCompute, "optimizer", "compute", t0+st.waitEnd, st.optimizerEnd-st.waitEnd)
 	for b, bt := range st.buckets {
 		bucket := trace.Int("bucket", int64(b))
 		for i, p := range bt.params {
-			w.Instant(rank, laneCompute, fmt.Sprintf("ready p%d", p), "ready", t0+bt.ready[i], bucket)
+			w.Instant(pid, laneCompute, fmt.Sprintf("ready p%d", p), "ready", t0+bt.ready[i], bucket)
 		}
 		last := bt.ready[len(bt.ready)-1]
 		name := fmt.Sprintf("bucket %d", b)
-		w.Span(rank, laneWait, name, "ddp", t0+last, bt.launch-last, bucket)
-		w.Span(rank, laneCompress, name, "ddp", t0+bt.launch, bt.collective-bt.launch, bucket)
-		w.Span(rank, laneCollective, name, "ddp", t0+bt.collective, bt.decompress-bt.collective,
+		w.Span(pid, laneWait, name, "ddp", t0+last, bt.launch-last, bucket)
+		w.Span(pid, laneCompress, name, "ddp", t0+bt.launch, bt.collective-bt.launch, bucket)
+		w.Span(pid, laneCollective, name, "ddp", t0+bt.collective, bt.decompress-bt.collective,
 			bucket, trace.Int("bytes", bt.bytes))
-		w.Span(rank, laneDecompress, name, "ddp", t0+bt.decompress, bt.done-bt.decompress, bucket)
+		w.Span(pid, laneDecompress, name, "ddp", t0+bt.decompress, bt.done-bt.decompress, bucket)
 		// The arrow from the last gradient to the collective it released.
 		id := uint64(step)<<32 | uint64(rank)<<16 | uint64(b)
 		w.Flow(id, "launch", "ddp",
-			trace.Point{Pid: rank, Tid: laneCompute, TS: t0 + last},
-			trace.Point{Pid: rank, Tid: laneCollective, TS: t0 + bt.collective})
-		w.Counter(rank, "bytes in flight", t0+bt.collective, trace.Int("bytes", bt.bytes))
-		w.Counter(rank, "bytes in flight", t0+bt.decompress, trace.Int("bytes", 0))
+			trace.Point{Pid: pid, Tid: laneCompute, TS: t0 + last},
+			trace.Point{Pid: pid, Tid: laneCollective, TS: t0 + bt.collective})
+		w.Counter(pid, "bytes in flight", t0+bt.collective, trace.Int("bytes", bt.bytes))
+		w.Counter(pid, "bytes in flight", t0+bt.decompress, trace.Int("bytes", 0))
 	}
 }
 
 // writeExampleTrace records steps steps of two ranks into a Writer.
 func writeExampleTrace(w *trace.Writer, steps int) error {
 	for rank := range 2 {
-		w.Process(rank, fmt.Sprintf("rank %d", rank))
-		for tid, name := range laneNames {
-			w.Thread(rank, tid, name)
+		w.Process(rank+1, fmt.Sprintf("rank %d", rank))
+		for tid := laneCompute; tid <= laneDecompress; tid++ {
+			w.Thread(rank+1, tid, laneNames[tid])
 		}
 	}
 	for step := range steps {
@@ -118,11 +120,11 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
-	fmt.Printf("steps %d, ranks %v, lanes %d, flows %d\n", w.Steps(), sum.Pids, len(sum.Lanes), sum.Flows)
+	fmt.Printf("steps %d, processes %v, lanes %d, flows %d\n", w.Steps(), sum.Pids, len(sum.Lanes), sum.Flows)
 	fmt.Printf("spans %d, ready marks %d, counter samples %d\n", sum.Phases["X"], sum.Phases["i"], sum.Phases["C"])
 	fmt.Printf("from %v to %v\n", sum.Start, sum.End)
 	// Output:
-	// steps 3, ranks [0 1], lanes 10, flows 12
+	// steps 3, processes [1 2], lanes 10, flows 12
 	// spans 66, ready marks 24, counter samples 24
 	// from 0s to 531.5µs
 }

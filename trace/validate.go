@@ -24,6 +24,11 @@ type Rules struct {
 	// LooseFlows skips the check that each flow start and finish falls on
 	// a span of its lane, without which viewers draw no arrow.
 	LooseFlows bool
+	// ZeroIDs allows events on pid 0 and on tid 0. Perfetto reserves
+	// both for the kernel's idle task and may merge or misplace their
+	// events, so the strict rules reject them: number ranks and lanes
+	// from 1.
+	ZeroIDs bool
 	// MaxErrors bounds the problems reported; 0 means 20.
 	MaxErrors int
 }
@@ -365,6 +370,9 @@ func (v *validator) event(i int, raw json.RawMessage) {
 	if ph == "M" {
 		v.metadata(d, &e, pid, tid, args)
 		return
+	}
+	if !v.rules.ZeroIDs && (pid == 0 || need.tid && tid == 0) {
+		v.fail("%s: pid 0 and tid 0 are the idle task to Perfetto; number processes and lanes from 1", d)
 	}
 	end := ts
 	lane := laneKey{pid, tid}

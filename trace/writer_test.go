@@ -95,19 +95,20 @@ func TestRoundTrip(t *testing.T) {
 	if sum.Flows != 8 {
 		t.Errorf("flows %d, want 8", sum.Flows)
 	}
-	if fmt.Sprint(sum.Pids) != "[0 1]" {
-		t.Errorf("pids %v, want [0 1]", sum.Pids)
+	if fmt.Sprint(sum.Pids) != "[1 2]" {
+		t.Errorf("pids %v, want [1 2]", sum.Pids)
 	}
 	if len(sum.Lanes) != 10 {
 		t.Fatalf("lanes %+v, want 10", sum.Lanes)
 	}
 	for i, l := range sum.Lanes {
-		if l.Pid != i/5 || l.Tid != i%5 || l.Name != laneNames[i%5] {
-			t.Errorf("lane %d = %+v, want pid %d tid %d %q", i, l, i/5, i%5, laneNames[i%5])
+		pid, tid := i/5+1, i%5+1
+		if l.Pid != pid || l.Tid != tid || l.Name != laneNames[tid] {
+			t.Errorf("lane %d = %+v, want pid %d tid %d %q", i, l, pid, tid, laneNames[tid])
 		}
 	}
 	if l := sum.Lanes[0]; l.Spans != 6 || l.Events != 6+8+4 {
-		t.Errorf("compute lane of rank 0: %+v, want 6 spans and 18 events", l)
+		t.Errorf("compute lane of rank 0 (pid 1): %+v, want 6 spans and 18 events", l)
 	}
 	if sum.Start != 0 || sum.End != 331500*time.Nanosecond {
 		t.Errorf("time span %v..%v, want 0s..331.5µs", sum.Start, sum.End)
@@ -147,7 +148,7 @@ func TestTimestamps(t *testing.T) {
 	} {
 		var buf bytes.Buffer
 		w := trace.New(&buf, trace.Options{})
-		w.Instant(0, 0, "x", "", tc.d)
+		w.Instant(1, 1, "x", "", tc.d)
 		if err := w.Close(); err != nil {
 			t.Fatal(err)
 		}
@@ -172,9 +173,9 @@ func TestStrings(t *testing.T) {
 	} {
 		var buf bytes.Buffer
 		w := trace.New(&buf, trace.Options{Metadata: map[string]string{s: s}})
-		w.Process(0, s)
-		w.Thread(0, 0, s)
-		w.Span(0, 0, s, s, 0, 1, trace.String(s, s))
+		w.Process(1, s)
+		w.Thread(1, 1, s)
+		w.Span(1, 1, s, s, 0, 1, trace.String(s, s))
 		if err := w.Close(); err != nil {
 			t.Fatal(err)
 		}
@@ -204,7 +205,7 @@ func TestStrings(t *testing.T) {
 func TestArgs(t *testing.T) {
 	var buf bytes.Buffer
 	w := trace.New(&buf, trace.Options{})
-	w.Span(0, 0, "s", "", 0, 1,
+	w.Span(1, 1, "s", "", 0, 1,
 		trace.Int("i", -42), trace.Float("f", 0.25), trace.Float("big", 1e300),
 		trace.Float("nan", math.NaN()), trace.Float("inf", math.Inf(-1)), trace.String("s", "v"))
 	if err := w.Close(); err != nil {
@@ -224,20 +225,20 @@ func TestInvalidInput(t *testing.T) {
 		bad  func(w *trace.Writer)
 		want string
 	}{
-		{"negative duration", func(w *trace.Writer) { w.Span(0, 0, "neg", "", 10, -1) }, `span "neg" on pid 0 tid 0 at 10ns has negative duration -1ns`},
+		{"negative duration", func(w *trace.Writer) { w.Span(1, 1, "neg", "", 10, -1) }, `span "neg" on pid 1 tid 1 at 10ns has negative duration -1ns`},
 		{"backward flow", func(w *trace.Writer) {
-			w.Flow(7, "back", "c", trace.Point{TS: 5}, trace.Point{TS: 4})
+			w.Flow(7, "back", "c", trace.Point{Pid: 1, Tid: 1, TS: 5}, trace.Point{Pid: 1, Tid: 1, TS: 4})
 		}, `flow "back" id 7 ends at 4ns before it starts at 5ns`},
-		{"NaN counter", func(w *trace.Writer) { w.Counter(0, "c", 1, trace.Float("v", math.NaN())) }, `counter "c" on pid 0 at 1ns: value "v" is not a finite number`},
-		{"string counter", func(w *trace.Writer) { w.Counter(0, "c", 1, trace.String("v", "x")) }, `value "v" is not a finite number`},
-		{"empty counter", func(w *trace.Writer) { w.Counter(0, "c", 1) }, `counter "c" on pid 0 at 1ns has no values`},
+		{"NaN counter", func(w *trace.Writer) { w.Counter(1, "c", 1, trace.Float("v", math.NaN())) }, `counter "c" on pid 1 at 1ns: value "v" is not a finite number`},
+		{"string counter", func(w *trace.Writer) { w.Counter(1, "c", 1, trace.String("v", "x")) }, `value "v" is not a finite number`},
+		{"empty counter", func(w *trace.Writer) { w.Counter(1, "c", 1) }, `counter "c" on pid 1 at 1ns has no values`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var buf bytes.Buffer
 			w := trace.New(&buf, trace.Options{})
-			w.Process(0, "p")
-			w.Thread(0, 0, "t")
-			w.Span(0, 0, "good", "", 0, 5)
+			w.Process(1, "p")
+			w.Thread(1, 1, "t")
+			w.Span(1, 1, "good", "", 0, 5)
 			tc.bad(w)
 			err := w.EndStep()
 			if !errors.Is(err, trace.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
@@ -260,20 +261,20 @@ func TestInvalidInput(t *testing.T) {
 func TestStepBound(t *testing.T) {
 	var buf bytes.Buffer
 	w := trace.New(&buf, trace.Options{MaxSteps: 1})
-	w.Process(0, "p")
-	w.Thread(0, 0, "t")
-	w.Span(0, 0, "kept", "", 0, 1)
+	w.Process(1, "p")
+	w.Thread(1, 1, "t")
+	w.Span(1, 1, "kept", "", 0, 1)
 	if err := w.EndStep(); err != nil {
 		t.Fatal(err)
 	}
 	if w.Recording() {
 		t.Fatal("still recording after MaxSteps steps")
 	}
-	w.Span(0, 0, "dropped", "", 2, 1)
-	w.Instant(0, 0, "dropped", "", 2)
-	w.Counter(0, "dropped", 2, trace.Int("v", 1))
+	w.Span(1, 1, "dropped", "", 2, 1)
+	w.Instant(1, 1, "dropped", "", 2)
+	w.Counter(1, "dropped", 2, trace.Int("v", 1))
 	w.Flow(1, "dropped", "", trace.Point{}, trace.Point{})
-	w.Thread(0, 1, "late lane")
+	w.Thread(1, 2, "late lane")
 	if err := w.EndStep(); err != nil {
 		t.Fatal(err)
 	}
@@ -314,14 +315,14 @@ func TestUnboundedSteps(t *testing.T) {
 func TestMaxEvents(t *testing.T) {
 	var buf bytes.Buffer
 	w := trace.New(&buf, trace.Options{MaxEvents: 3})
-	w.Process(0, "p")
-	w.Thread(0, 0, "t")
-	w.Thread(0, 1, "u")
-	w.Span(0, 0, "a", "", 0, 1)
-	w.Span(0, 1, "b", "", 0, 2)
-	w.Flow(1, "f", "", trace.Point{TS: 0}, trace.Point{Tid: 1, TS: 0}) // needs two slots: dropped whole
-	w.Span(0, 0, "c", "", 1, 1)
-	w.Span(0, 0, "d", "", 2, 1)
+	w.Process(1, "p")
+	w.Thread(1, 1, "t")
+	w.Thread(1, 2, "u")
+	w.Span(1, 1, "a", "", 0, 1)
+	w.Span(1, 2, "b", "", 0, 2)
+	w.Flow(1, "f", "", trace.Point{Pid: 1, Tid: 1, TS: 0}, trace.Point{Pid: 1, Tid: 2, TS: 0}) // needs two slots: dropped whole
+	w.Span(1, 1, "c", "", 1, 1)
+	w.Span(1, 1, "d", "", 2, 1)
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -370,11 +371,11 @@ func (f *failWriter) Write(p []byte) (int, error) {
 func TestWriteError(t *testing.T) {
 	fw := &failWriter{}
 	w := trace.New(fw, trace.Options{})
-	w.Span(0, 0, "a", "", 0, 1)
+	w.Span(1, 1, "a", "", 0, 1)
 	if err := w.EndStep(); !errors.Is(err, errDisk) {
 		t.Errorf("EndStep = %v, want %v", err, errDisk)
 	}
-	w.Span(0, 0, "b", "", 1, 1)
+	w.Span(1, 1, "b", "", 1, 1)
 	if err := w.Close(); !errors.Is(err, errDisk) {
 		t.Errorf("Close = %v, want %v", err, errDisk)
 	}
@@ -390,10 +391,10 @@ func TestConcurrent(t *testing.T) {
 	const lanes, spans = 4, 200
 	var wg sync.WaitGroup
 	for g := range lanes {
-		w.Thread(0, g, fmt.Sprintf("worker %d", g))
+		w.Thread(1, g+1, fmt.Sprintf("worker %d", g))
 		wg.Go(func() {
 			for i := range spans {
-				w.Span(0, g, "work", "", time.Duration(i)*10, 5, trace.Int("i", int64(i)))
+				w.Span(1, g+1, "work", "", time.Duration(i)*10, 5, trace.Int("i", int64(i)))
 				if i%50 == 49 && g == 0 {
 					if err := w.EndStep(); err != nil {
 						t.Error(err)
@@ -402,7 +403,7 @@ func TestConcurrent(t *testing.T) {
 			}
 		})
 	}
-	w.Process(0, "proc")
+	w.Process(1, "proc")
 	wg.Wait()
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
@@ -420,14 +421,14 @@ func TestConcurrent(t *testing.T) {
 // nothing.
 func TestNoAllocs(t *testing.T) {
 	w := trace.New(io.Discard, trace.Options{MaxSteps: -1})
-	w.Process(0, "p")
-	w.Thread(0, 0, "t")
+	w.Process(1, "p")
+	w.Thread(1, 1, "t")
 	step := func() {
 		for i := range 16 {
 			ts := time.Duration(i) * time.Microsecond
-			w.Span(0, 0, "span", "cat", ts, 500, trace.Int("bucket", int64(i)), trace.Float("x", 0.5))
-			w.Instant(0, 0, "ready", "cat", ts, trace.Int("param", int64(i)))
-			w.Counter(0, "bytes in flight", ts, trace.Int("bytes", int64(i)))
+			w.Span(1, 1, "span", "cat", ts, 500, trace.Int("bucket", int64(i)), trace.Float("x", 0.5))
+			w.Instant(1, 1, "ready", "cat", ts, trace.Int("param", int64(i)))
+			w.Counter(1, "bytes in flight", ts, trace.Int("bytes", int64(i)))
 			w.Flow(uint64(i), "launch", "cat", trace.Point{TS: ts}, trace.Point{TS: ts + 100})
 		}
 		if err := w.EndStep(); err != nil {
