@@ -9,7 +9,14 @@
 // one process per rank, one lane for compute (gradient-ready marks) and
 // one lane per phase of a bucket's reduction (wait, compress, collective,
 // decompress), an arrow from a bucket's last ready mark to its collective,
-// and a bytes-in-flight counter per rank.
+// and a bytes-in-flight counter per rank. Number processes and lanes from
+// 1 (pid rank+1): Perfetto reserves pid 0 and tid 0 for the idle task.
+//
+// A viewer draws a flow arrow only if each end falls inside a span of its
+// lane (start <= ts < end). The finish belongs at the start of the
+// destination span; the start needs a span around it on its own lane, so
+// give the compute lane a span that covers the ready marks, such as one
+// for the whole step, from its beginning to the end of Wait.
 //
 // Timestamps are time.Duration values measured from the start of the
 // trace (see Writer.At) and are written in microseconds with nanosecond

@@ -231,6 +231,24 @@ func describe(i int, e *rawEvent) string {
 	return string(b)
 }
 
+// looseDescribe names an event whose fields have the wrong JSON types,
+// using whichever of ph and name are strings.
+func looseDescribe(i int, raw json.RawMessage) string {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(raw, &m) != nil {
+		return fmt.Sprintf("event %d (not an object)", i)
+	}
+	var e rawEvent
+	var ph, name string
+	if json.Unmarshal(m["ph"], &ph) == nil {
+		e.Ph = &ph
+	}
+	if json.Unmarshal(m["name"], &name) == nil {
+		e.Name = &name
+	}
+	return describe(i, &e)
+}
+
 func parseInt(n *json.Number) (int, bool) {
 	i, err := strconv.ParseInt(n.String(), 10, 32)
 	if err != nil {
@@ -299,8 +317,9 @@ func (v *validator) event(i int, raw json.RawMessage) {
 	v.sum.Events++
 	var e rawEvent
 	if err := json.Unmarshal(raw, &e); err != nil {
-		v.desc = append(v.desc, fmt.Sprintf("event %d", i))
-		v.fail("event %d: %v", i, err)
+		d := looseDescribe(i, raw)
+		v.desc = append(v.desc, d)
+		v.fail("%s: %v", d, err)
 		return
 	}
 	d := describe(i, &e)
