@@ -1,0 +1,614 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/fp16"
+)
+
+// Collective names a collective operation of a sweep.
+type Collective uint8
+
+// The collectives a sweep can time, named as nccl-tests' binaries are
+// (all_reduce_perf, ...).
+const (
+	AllReduce Collective = iota + 1
+	Broadcast
+	Reduce
+	AllGather
+	ReduceScatter
+	SendRecv
+)
+
+var collectiveNames = []string{AllReduce: "allreduce", Broadcast: "broadcast", Reduce: "reduce",
+	AllGather: "allgather", ReduceScatter: "reducescatter", SendRecv: "sendrecv"}
+
+// Collectives lists every Collective.
+var Collectives = []Collective{AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, SendRecv}
+
+// String returns the name ParseCollective accepts ("allreduce", ...).
+func (c Collective) String() string {
+	if int(c) < len(collectiveNames) && c > 0 {
+		return collectiveNames[c]
+	}
+	return fmt.Sprintf("Collective(%d)", uint8(c))
+}
+
+// Kind returns the comm.Kind whose bus-bandwidth factor applies.
+func (c Collective) Kind() comm.Kind {
+	switch c {
+	case AllReduce:
+		return comm.KindAllReduce
+	case Broadcast:
+		return comm.KindBroadcast
+	case Reduce:
+		return comm.KindReduce
+	case AllGather:
+		return comm.KindAllGather
+	case ReduceScatter:
+		return comm.KindReduceScatter
+	case SendRecv:
+		return comm.KindSend
+	}
+	return 0
+}
+
+// Reduces reports whether the collective applies a reduction operation.
+func (c Collective) Reduces() bool { return c == AllReduce || c == Reduce || c == ReduceScatter }
+
+// Rooted reports whether the collective has a root rank.
+func (c Collective) Rooted() bool { return c == Broadcast || c == Reduce }
+
+// ParseCollective accepts "allreduce", "broadcast", "reduce", "allgather",
+// "reducescatter" and "sendrecv", with or without underscores.
+func ParseCollective(s string) (Collective, error) {
+	t := strings.ReplaceAll(strings.ToLower(s), "_", "")
+	for _, c := range Collectives {
+		if c.String() == t {
+			return c, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: unknown collective %q (want one of %s)", ErrConfig, s, strings.Join(collectiveNames[1:], ", "))
+}
+
+// ErrConfig reports an invalid benchmark configuration.
+var ErrConfig = errors.New("bench: invalid configuration")
+
+// ErrWrong reports that a checked collective produced wrong elements.
+var ErrWrong = errors.New("bench: wrong results")
+
+// CollectiveConfig configures an nccl-tests style sweep.
+type CollectiveConfig struct {
+	Op       Collective
+	DType    comm.DType // 0 -> Float32
+	RedOp    comm.Op    // 0 -> Sum
+	Root     int
+	MinBytes int64 // first size
+	MaxBytes int64 // last size (inclusive)
+	Factor   int   // size multiplier between rows, >= 2 (or 1 with Step)
+	Step     int64 // additive increment when Factor is 1
+	Iters    int   // timed iterations per size and placement
+	Warmup   int   // untimed iterations before them
+	Check    bool  // fill inputs with a pattern and count wrong elements
+}
+
+// Timing is one placement (out-of-place or in-place) of one size.
+type Timing struct {
+	Valid   bool          // false: the placement does not exist for this collective
+	Time    time.Duration // per iteration, slowest rank
+	AlgBW   float64       // GB/s
+	BusBW   float64       // GB/s
+	Wrong   int64         // wrong elements summed over ranks (when checked)
+	Checked bool
+}
+
+// CollectiveRow is one size of a sweep.
+type CollectiveRow struct {
+	Bytes      int64 // nccl-tests' size: the larger of the send and receive buffers
+	Count      int   // elements in that buffer
+	DType      comm.DType
+	RedOp      string // "sum", ... or "none"
+	Root       int    // -1 when the collective has no root
+	OutOfPlace Timing
+	InPlace    Timing
+}
+
+// EmulatedOutOfPlace reports whether op's out-of-place column is timed as
+// a copy into the result buffer followed by the in-place collective,
+// because the comm contract has only the in-place form.
+func EmulatedOutOfPlace(op Collective) bool { return op == AllReduce || op == Broadcast }
+
+// Sizes returns the byte sizes of a sweep, as nccl-tests walks them.
+func (cfg *CollectiveConfig) Sizes() []int64 {
+	var out []int64
+	for s := cfg.MinBytes; s <= cfg.MaxBytes && s > 0; {
+		out = append(out, s)
+		if cfg.Factor > 1 {
+			s *= int64(cfg.Factor)
+		} else {
+			s += cfg.Step
+		}
+	}
+	return out
+}
+
+func (cfg *CollectiveConfig) validate(n int) error {
+	if cfg.DType == 0 {
+		cfg.DType = comm.Float32
+	}
+	if cfg.RedOp == 0 {
+		cfg.RedOp = comm.Sum
+	}
+	switch {
+	case cfg.Op.Kind() == 0:
+		return fmt.Errorf("%w: unknown collective %d", ErrConfig, cfg.Op)
+	case !cfg.DType.Valid():
+		return fmt.Errorf("%w: invalid dtype %d", ErrConfig, cfg.DType)
+	case !cfg.RedOp.Valid():
+		return fmt.Errorf("%w: invalid reduction op %d", ErrConfig, cfg.RedOp)
+	case cfg.MinBytes <= 0 || cfg.MaxBytes < cfg.MinBytes:
+		return fmt.Errorf("%w: sizes %d..%d: want 0 < min <= max", ErrConfig, cfg.MinBytes, cfg.MaxBytes)
+	case cfg.Factor < 1 || (cfg.Factor == 1 && cfg.Step <= 0):
+		return fmt.Errorf("%w: step factor %d (increment %d): want a factor >= 2, or 1 with a positive increment", ErrConfig, cfg.Factor, cfg.Step)
+	case cfg.Iters < 1:
+		return fmt.Errorf("%w: %d iterations, want >= 1", ErrConfig, cfg.Iters)
+	case cfg.Warmup < 0:
+		return fmt.Errorf("%w: %d warmup iterations, want >= 0", ErrConfig, cfg.Warmup)
+	case cfg.Op.Rooted() && (cfg.Root < 0 || cfg.Root >= n):
+		return fmt.Errorf("%w: root %d outside 0..%d", ErrConfig, cfg.Root, n-1)
+	case n < 1:
+		return fmt.Errorf("%w: no ranks", ErrConfig)
+	case cfg.Op == SendRecv && n < 2:
+		return fmt.Errorf("%w: sendrecv needs at least 2 ranks", ErrConfig)
+	}
+	return nil
+}
+
+// geometry returns, for a requested size, the element counts nccl-tests
+// uses: count is the element count of the larger buffer (rounded down to
+// a multiple of n for the gather and scatter collectives), per the count
+// each rank contributes to them.
+func geometry(op Collective, dt comm.DType, size int64, n int) (count, per int) {
+	count = int(size / int64(dt.Size()))
+	if op == AllGather || op == ReduceScatter {
+		count -= count % n
+		return count, count / n
+	}
+	return count, count
+}
+
+// corruptHook, when set by a test, damages a rank's result buffer after a
+// checked collective, before it is verified.
+var corruptHook func(rank int, inPlace bool, out comm.Buffer)
+
+// RunCollective runs the sweep on the group comms (one Communicator per
+// rank, all of one group, each driven from its own goroutine) and calls
+// row, if not nil, as each size completes. Every rank issues the same
+// sequence. Each iteration is issued and waited before the next (a CPU
+// backend has no stream to queue work on); a placement's time is the
+// timed loop divided by Iters, of the slowest rank.
+func RunCollective(ctx context.Context, comms []comm.Communicator, cfg CollectiveConfig, row func(CollectiveRow)) ([]CollectiveRow, error) {
+	n := len(comms)
+	if err := cfg.validate(n); err != nil {
+		return nil, err
+	}
+	sizes := cfg.Sizes()
+	maxCount, _ := geometry(cfg.Op, cfg.DType, sizes[len(sizes)-1], n)
+	es := cfg.DType.Size()
+	ranks := make([]*rankBufs, n)
+	for r := range ranks {
+		ranks[r] = &rankBufs{send: alignedBytes(maxCount * es), recv: alignedBytes(maxCount * es)}
+	}
+	var rows []CollectiveRow
+	for _, size := range sizes {
+		count, per := geometry(cfg.Op, cfg.DType, size, n)
+		if per == 0 {
+			continue
+		}
+		res := CollectiveRow{Bytes: int64(count * es), Count: count, DType: cfg.DType, RedOp: "none", Root: -1}
+		if cfg.Op.Reduces() {
+			res.RedOp = cfg.RedOp.String()
+		}
+		if cfg.Op.Rooted() {
+			res.Root = cfg.Root
+		}
+		for _, inPlace := range []bool{false, true} {
+			if inPlace && cfg.Op == SendRecv {
+				continue // a rank cannot send and receive one buffer at once
+			}
+			t, err := runPlacement(ctx, comms, ranks, &cfg, count, per, inPlace)
+			if err != nil {
+				return rows, fmt.Errorf("bench: %s %d bytes (%s): %w", cfg.Op, res.Bytes, placeName(inPlace), err)
+			}
+			if inPlace {
+				res.InPlace = t
+			} else {
+				res.OutOfPlace = t
+			}
+		}
+		rows = append(rows, res)
+		if row != nil {
+			row(res)
+		}
+	}
+	return rows, nil
+}
+
+func placeName(inPlace bool) string {
+	if inPlace {
+		return "in-place"
+	}
+	return "out-of-place"
+}
+
+type rankBufs struct {
+	send, recv []byte
+	elapsed    time.Duration
+	wrong      int64
+	err        error
+}
+
+// alignedBytes returns n bytes, 64-byte aligned, backed by a []uint64.
+func alignedBytes(n int) []byte {
+	words := make([]uint64, (n+7)/8+8)
+	b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(words))), len(words)*8)
+	off := (64 - int(uintptr(unsafe.Pointer(&b[0]))%64)) % 64
+	return b[off : off+n : off+n]
+}
+
+// issueFunc returns the call one rank makes for one iteration, and the
+// buffer that holds that rank's result (Count 0 when the rank has none).
+func issueFunc(c comm.Communicator, b *rankBufs, cfg *CollectiveConfig, count, per int, inPlace bool) (issue func() comm.Work, out comm.Buffer) {
+	r, n := c.Rank(), c.Size()
+	dt := cfg.DType
+	buf := func(p []byte, elems int) comm.Buffer {
+		return comm.HostBuffer(unsafe.Pointer(unsafe.SliceData(p)), elems, dt)
+	}
+	send, recv := buf(b.send, count), buf(b.recv, count)
+	es := dt.Size()
+	switch cfg.Op {
+	case AllReduce:
+		if inPlace {
+			return func() comm.Work { return c.AllReduce(recv, cfg.RedOp) }, recv
+		}
+		return func() comm.Work {
+			copy(b.recv[:count*es], b.send[:count*es])
+			return c.AllReduce(recv, cfg.RedOp)
+		}, recv
+	case Broadcast:
+		if inPlace || r != cfg.Root {
+			return func() comm.Work { return c.Broadcast(recv, cfg.Root) }, recv
+		}
+		return func() comm.Work {
+			copy(b.recv[:count*es], b.send[:count*es])
+			return c.Broadcast(recv, cfg.Root)
+		}, recv
+	case Reduce:
+		out := recv
+		if r != cfg.Root {
+			out = comm.Buffer{DType: dt}
+		}
+		if inPlace {
+			return func() comm.Work { return c.Reduce(recv, recv, cfg.RedOp, cfg.Root) }, out
+		}
+		return func() comm.Work { return c.Reduce(send, recv, cfg.RedOp, cfg.Root) }, out
+	case AllGather:
+		s := buf(b.send, per)
+		if inPlace {
+			s = recv.Slice(r*per, per)
+		}
+		return func() comm.Work { return c.AllGather(s, recv) }, recv
+	case ReduceScatter:
+		o := buf(b.recv, per)
+		if inPlace {
+			o = send.Slice(r*per, per)
+		}
+		return func() comm.Work { return c.ReduceScatter(send, o, cfg.RedOp) }, o
+	case SendRecv:
+		to, from := (r+1)%n, (r-1+n)%n
+		return func() comm.Work {
+			// Post the receive first so a backend that matches eagerly
+			// never holds a send without its receiver.
+			rw := c.Recv(recv, from)
+			sw := c.Send(send, to)
+			return joinWork(sw, rw)
+		}, recv
+	}
+	panic("unreachable")
+}
+
+// joinWork waits for a and then b.
+func joinWork(a, b comm.Work) comm.Work { return comm.NewWork(pair{a, b}, 0) }
+
+type pair struct{ a, b comm.Work }
+
+func (p pair) WaitOp(ctx context.Context, _ uint64) error {
+	return errors.Join(p.a.Wait(ctx), p.b.Wait(ctx))
+}
+
+func (p pair) TestOp(uint64) (bool, error) {
+	da, ea := p.a.Test()
+	db, eb := p.b.Test()
+	return da && db, errors.Join(ea, eb)
+}
+
+func runPlacement(ctx context.Context, comms []comm.Communicator, ranks []*rankBufs, cfg *CollectiveConfig, count, per int, inPlace bool) (Timing, error) {
+	var wg sync.WaitGroup
+	for i, c := range comms {
+		b := ranks[i]
+		b.elapsed, b.wrong, b.err = 0, 0, nil
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			b.err = runRank(ctx, c, b, cfg, count, per, inPlace)
+			if b.err != nil {
+				// Release the other ranks from the collective this one left.
+				c.Abort(fmt.Errorf("rank %d failed: %w", c.Rank(), b.err))
+			}
+		}()
+	}
+	wg.Wait()
+	t := Timing{Valid: true, Checked: cfg.Check}
+	var errs []error
+	for _, b := range ranks {
+		if b.err != nil {
+			errs = append(errs, b.err)
+		}
+		t.Time = max(t.Time, b.elapsed)
+		t.Wrong += b.wrong
+	}
+	if len(errs) > 0 {
+		return t, errs[0]
+	}
+	bytes := int64(count * cfg.DType.Size())
+	t.AlgBW = comm.AlgBW(bytes, t.Time)
+	t.BusBW = comm.BusBW(cfg.Op.Kind(), len(comms), bytes, t.Time)
+	return t, nil
+}
+
+func runRank(ctx context.Context, c comm.Communicator, b *rankBufs, cfg *CollectiveConfig, count, per int, inPlace bool) error {
+	issue, out := issueFunc(c, b, cfg, count, per, inPlace)
+	p := pattern{dt: cfg.DType, n: c.Size()}
+	// Timed data: the pattern too, so that reductions over it stay finite.
+	p.fillInputs(cfg, b, c.Rank(), count, per, inPlace)
+	for range cfg.Warmup {
+		if err := issue().Wait(ctx); err != nil {
+			return err
+		}
+	}
+	if err := c.Barrier().Wait(ctx); err != nil {
+		return err
+	}
+	start := time.Now()
+	for range cfg.Iters {
+		if err := issue().Wait(ctx); err != nil {
+			return err
+		}
+	}
+	b.elapsed = time.Since(start) / time.Duration(cfg.Iters)
+	if !cfg.Check {
+		return nil
+	}
+	// One more iteration on fresh inputs, verified element by element.
+	p.fillInputs(cfg, b, c.Rank(), count, per, inPlace)
+	if err := c.Barrier().Wait(ctx); err != nil {
+		return err
+	}
+	if err := issue().Wait(ctx); err != nil {
+		return err
+	}
+	if corruptHook != nil {
+		corruptHook(c.Rank(), inPlace, out)
+	}
+	b.wrong = p.check(cfg, c.Rank(), out, per)
+	return nil
+}
+
+// pattern is the data of a checked collective: element i of rank r's
+// input is a small integer, so that sums over ranks are exact in every
+// dtype (bfloat16 holds integers exactly up to 256).
+type pattern struct {
+	dt comm.DType
+	n  int
+}
+
+// garbage marks output elements that the collective must overwrite.
+const garbage = 99
+
+// value returns rank r's input element i.
+func (p pattern) value(r, i int) int64 {
+	v := int64((i*7 + r*3) % 9)
+	if p.dt == comm.Uint8 {
+		return v
+	}
+	return v - 4
+}
+
+// expected returns element i of the result of red over all ranks' inputs.
+func (p pattern) expected(red comm.Op, i int) float64 {
+	acc := p.value(0, i)
+	for r := 1; r < p.n; r++ {
+		v := p.value(r, i)
+		switch red {
+		case comm.Sum, comm.Avg:
+			acc += v
+		case comm.Max:
+			acc = max(acc, v)
+		case comm.Min:
+			acc = min(acc, v)
+		}
+	}
+	if p.dt == comm.Uint8 && red != comm.Max && red != comm.Min {
+		acc &= 0xff
+	}
+	if red != comm.Avg {
+		return float64(acc)
+	}
+	if !p.dt.IsFloat() {
+		return float64(acc / int64(p.n)) // truncation, as integers divide
+	}
+	return float64(acc) / float64(p.n)
+}
+
+func (p pattern) fillInputs(cfg *CollectiveConfig, b *rankBufs, r, count, per int, inPlace bool) {
+	es := p.dt.Size()
+	switch cfg.Op {
+	case AllReduce, Reduce, ReduceScatter:
+		if inPlace && cfg.Op != ReduceScatter {
+			p.fill(b.recv[:count*es], r, 0)
+		} else {
+			p.fill(b.send[:count*es], r, 0)
+			p.fillConst(b.recv[:count*es], garbage)
+		}
+	case Broadcast:
+		p.fillConst(b.recv[:count*es], garbage)
+		if r == cfg.Root {
+			if inPlace {
+				p.fill(b.recv[:count*es], r, 0)
+			} else {
+				p.fill(b.send[:count*es], r, 0)
+			}
+		}
+	case AllGather:
+		p.fillConst(b.recv[:count*es], garbage)
+		if inPlace {
+			p.fill(b.recv[r*per*es:(r+1)*per*es], r, 0)
+		} else {
+			p.fill(b.send[:per*es], r, 0)
+		}
+	case SendRecv:
+		p.fill(b.send[:count*es], r, 0)
+		p.fillConst(b.recv[:count*es], garbage)
+	}
+}
+
+// fill writes rank r's pattern into buf, element i holding value(r, base+i).
+func (p pattern) fill(buf []byte, r, base int) {
+	n := len(buf) / p.dt.Size()
+	for i := range n {
+		p.set(buf, i, p.value(r, base+i))
+	}
+}
+
+func (p pattern) fillConst(buf []byte, v int64) {
+	n := len(buf) / p.dt.Size()
+	for i := range n {
+		p.set(buf, i, v)
+	}
+}
+
+func (p pattern) set(buf []byte, i int, v int64) {
+	ptr := unsafe.Pointer(&buf[i*p.dt.Size()])
+	switch p.dt {
+	case comm.Float32:
+		*(*float32)(ptr) = float32(v)
+	case comm.Float64:
+		*(*float64)(ptr) = float64(v)
+	case comm.Float16:
+		*(*uint16)(ptr) = fp16.FromFloat32(float32(v))
+	case comm.BFloat16:
+		*(*uint16)(ptr) = fp16.BFloat16FromFloat32(float32(v))
+	case comm.Int32:
+		*(*int32)(ptr) = int32(v)
+	case comm.Int64:
+		*(*int64)(ptr) = v
+	case comm.Uint8:
+		*(*uint8)(ptr) = uint8(v)
+	}
+}
+
+func (p pattern) get(buf []byte, i int) float64 {
+	ptr := unsafe.Pointer(&buf[i*p.dt.Size()])
+	switch p.dt {
+	case comm.Float32:
+		return float64(*(*float32)(ptr))
+	case comm.Float64:
+		return *(*float64)(ptr)
+	case comm.Float16:
+		return float64(fp16.ToFloat32(*(*uint16)(ptr)))
+	case comm.BFloat16:
+		return float64(fp16.BFloat16ToFloat32Scalar(*(*uint16)(ptr)))
+	case comm.Int32:
+		return float64(*(*int32)(ptr))
+	case comm.Int64:
+		return float64(*(*int64)(ptr))
+	case comm.Uint8:
+		return float64(*(*uint8)(ptr))
+	}
+	return math.NaN()
+}
+
+// tolerance is the error allowed for an average, which is not an integer;
+// every other result is compared exactly.
+func (p pattern) tolerance(red comm.Op, want float64) float64 {
+	if red != comm.Avg || !p.dt.IsFloat() {
+		return 0
+	}
+	rel := map[comm.DType]float64{comm.Float32: 1e-6, comm.Float64: 1e-12, comm.Float16: 1e-3, comm.BFloat16: 8e-3}[p.dt]
+	return rel * max(1, math.Abs(want))
+}
+
+// check counts the elements of out that differ from the exact result.
+func (p pattern) check(cfg *CollectiveConfig, r int, out comm.Buffer, per int) int64 {
+	if out.Count == 0 {
+		return 0
+	}
+	buf := out.AsBytes()
+	var wrong int64
+	for i := range out.Count {
+		var want float64
+		switch cfg.Op {
+		case AllReduce, Reduce:
+			want = p.expected(cfg.RedOp, i)
+		case ReduceScatter:
+			want = p.expected(cfg.RedOp, r*per+i)
+		case Broadcast:
+			want = float64(p.value(cfg.Root, i))
+		case AllGather:
+			want = float64(p.value(i/per, i%per))
+		case SendRecv:
+			want = float64(p.value((r-1+p.n)%p.n, i))
+		}
+		got := p.get(buf, i)
+		if !(math.Abs(got-want) <= p.tolerance(cfg.RedOp, want)) {
+			wrong++
+		}
+	}
+	return wrong
+}
+
+// AvgBusBW returns the mean bus bandwidth over every valid timing of rows,
+// as nccl-tests' "Avg bus bandwidth" footer.
+func AvgBusBW(rows []CollectiveRow) float64 {
+	var sum float64
+	var k int
+	for _, r := range rows {
+		for _, t := range []Timing{r.OutOfPlace, r.InPlace} {
+			if t.Valid {
+				sum += t.BusBW
+				k++
+			}
+		}
+	}
+	if k == 0 {
+		return 0
+	}
+	return sum / float64(k)
+}
+
+// WrongTotal returns the wrong elements over all rows.
+func WrongTotal(rows []CollectiveRow) int64 {
+	var w int64
+	for _, r := range rows {
+		w += r.OutOfPlace.Wrong + r.InPlace.Wrong
+	}
+	return w
+}

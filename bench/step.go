@@ -1,0 +1,415 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"runtime"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/ddpgo/ddpgo/allocator"
+	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/ddp"
+	"github.com/ddpgo/ddpgo/hooks"
+)
+
+// Compute is how the simulated backward pass spends its time.
+type Compute uint8
+
+// The compute modes. Sleep parks the rank's goroutine until each
+// gradient's deadline (the CPU stays free for communication, as with a
+// GPU computing); Spin burns the CPU until it (as a CPU backward would).
+const (
+	ComputeNone Compute = iota
+	ComputeSleep
+	ComputeSpin
+)
+
+func (c Compute) String() string {
+	switch c {
+	case ComputeNone:
+		return "none"
+	case ComputeSleep:
+		return "sleep"
+	case ComputeSpin:
+		return "spin"
+	}
+	return fmt.Sprintf("Compute(%d)", uint8(c))
+}
+
+// ParseCompute accepts "none", "sleep" and "spin".
+func ParseCompute(s string) (Compute, error) {
+	for _, c := range []Compute{ComputeNone, ComputeSleep, ComputeSpin} {
+		if c.String() == s {
+			return c, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: unknown compute mode %q (want none, sleep or spin)", ErrConfig, s)
+}
+
+// NewHook returns a fresh hook for one rank for a compression name:
+// "none" (plain average), "fp16" or "bf16".
+func NewHook(compression string) (func() hooks.Hook, error) {
+	switch compression {
+	case "", "none":
+		return hooks.AllReduce, nil
+	case "fp16":
+		return hooks.FP16, nil
+	case "bf16":
+		return hooks.BF16, nil
+	}
+	return nil, fmt.Errorf("%w: unknown compression %q (want none, fp16 or bf16)", ErrConfig, compression)
+}
+
+// Config configures Run.
+type Config struct {
+	Params []ddp.Param
+	// Comms holds one communicator per rank, all of one group.
+	Comms []comm.Communicator
+	// Pools, if not nil, holds each rank's CommPool; nil lets each Reducer
+	// own one.
+	Pools []*allocator.Pool
+
+	BucketCap, FirstBucketCap int // bytes; 0 -> ddp's defaults
+	// Hook returns a new hook for one rank; nil -> hooks.AllReduce.
+	Hook      func() hooks.Hook
+	CopyGrads bool // false: gradients are bucket views (the default)
+
+	Steps  int // measured steps, >= 1
+	Warmup int // steps before them (the first also rebuilds the buckets)
+
+	Compute Compute
+	// Rate is the simulated backward's speed in parameters per second per
+	// rank; the whole backward takes numel/Rate. Ignored for ComputeNone.
+	Rate float64
+
+	// TraceSteps keeps the statistics of the first TraceSteps measured
+	// steps of every rank in Result.Trace.
+	TraceSteps int
+	// OnStep, if not nil, is called by each rank's goroutine after each
+	// step with that step's statistics (valid only during the call).
+	OnStep func(rank int, measured bool, s *ddp.StepStats)
+	// Timeout bounds each step's Wait; 0 -> ddp's default.
+	Timeout time.Duration
+}
+
+// Dist summarizes one quantity over the measured steps.
+type Dist struct {
+	Median, P10, P90, Mean float64
+}
+
+// Result is what Run measured. Times are in seconds, bandwidths in GB/s.
+// A step's time is the slowest rank's (Begin to the end of Wait); its
+// compute and communication are the largest over ranks; its overlap
+// ratio is the summed hidden communication over the summed communication
+// of all ranks; its bus bandwidth is the payload of one rank divided by
+// that rank's communication time (the union of its buckets' reductions),
+// times all-reduce's factor 2(n-1)/n, averaged over ranks.
+type Result struct {
+	Ranks         int
+	Params        int
+	Numel         int64
+	GradBytes     int64 // float32 gradient bytes per rank
+	Steps, Warmup int
+	StepTime      Dist    // seconds
+	ComputeTime   Dist    // seconds, first to last ready mark
+	CommTime      Dist    // seconds
+	OverlapRatio  Dist    // communication hidden behind compute / communication
+	BusBW         Dist    // GB/s
+	ComputeTarget float64 // seconds of simulated backward per step (0 for none)
+	WireBytes     int64   // payload bytes one rank handed to collectives per step
+	Buckets       []int64 // bytes of each bucket of the final layout
+	Overflows     int64   // fp16/bf16 overflows, all ranks, all measured steps
+	// AllocsPerStep is runtime.MemStats.Mallocs over the measured steps
+	// divided by Steps: every goroutine of the process counts, so it
+	// covers all ranks' training, communication and backend goroutines.
+	AllocsPerStep float64
+	// Trace holds, for the first TraceSteps measured steps, every rank's
+	// statistics: Trace[step][rank].
+	Trace [][]ddp.StepStats
+}
+
+// ErrCheck reports gradients that were not averaged correctly.
+var ErrCheck = errors.New("bench: wrong gradient average")
+
+// Run builds one Reducer per rank, runs Warmup+Steps training steps on
+// every rank concurrently with a simulated backward pass, and returns the
+// statistics. The first measured step verifies that each gradient's first
+// element holds the average of the ranks' values.
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	n := len(cfg.Comms)
+	switch {
+	case n == 0:
+		return nil, fmt.Errorf("%w: no ranks", ErrConfig)
+	case len(cfg.Params) == 0:
+		return nil, fmt.Errorf("%w: no parameters", ErrConfig)
+	case cfg.Steps < 1 || cfg.Warmup < 0:
+		return nil, fmt.Errorf("%w: %d steps and %d warmup steps: want >= 1 and >= 0", ErrConfig, cfg.Steps, cfg.Warmup)
+	case cfg.Compute != ComputeNone && !(cfg.Rate > 0 && !math.IsInf(cfg.Rate, 0)):
+		return nil, fmt.Errorf("%w: compute %s needs a positive rate, got %g", ErrConfig, cfg.Compute, cfg.Rate)
+	case cfg.Pools != nil && len(cfg.Pools) != n:
+		return nil, fmt.Errorf("%w: %d pools for %d ranks", ErrConfig, len(cfg.Pools), n)
+	}
+	newHook := cfg.Hook
+	if newHook == nil {
+		newHook = hooks.AllReduce
+	}
+
+	// Build the reducers: New is collective, so every rank in its own goroutine.
+	reducers := make([]*ddp.Reducer, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o := ddp.Options{BucketCap: cfg.BucketCap, FirstBucketCap: cfg.FirstBucketCap, Hook: newHook(),
+				CopyGrads: cfg.CopyGrads, Timeout: cfg.Timeout}
+			if cfg.Pools != nil {
+				o.Pool = cfg.Pools[r]
+			}
+			reducers[r], errs[r] = ddp.New(ctx, cfg.Comms[r], cfg.Params, o)
+			if errs[r] != nil {
+				cfg.Comms[r].Abort(errs[r])
+			}
+		}()
+	}
+	wg.Wait()
+	defer func() {
+		for _, red := range reducers {
+			if red != nil {
+				red.Close()
+			}
+		}
+	}()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+
+	res := &Result{Ranks: n, Params: len(cfg.Params), Steps: cfg.Steps, Warmup: cfg.Warmup}
+	for _, p := range cfg.Params {
+		res.Numel += int64(p.Numel())
+	}
+	res.GradBytes = 4 * res.Numel
+	if cfg.Compute != ComputeNone {
+		res.ComputeTarget = float64(res.Numel) / cfg.Rate
+	}
+	trace := min(cfg.TraceSteps, cfg.Steps)
+	res.Trace = make([][]ddp.StepStats, trace)
+	for s := range res.Trace {
+		res.Trace[s] = make([]ddp.StepStats, n)
+	}
+	// per[rank][step] holds the measured steps' statistics.
+	per := make([][]ddp.StepStats, n)
+	for r := range per {
+		per[r] = make([]ddp.StepStats, cfg.Steps)
+	}
+
+	// Two phases separated by a process-local rendezvous, so that the
+	// allocation count covers exactly the measured steps.
+	var warm, measured sync.WaitGroup
+	warm.Add(n)
+	measured.Add(1)
+	for r := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d := newDriver(reducers[r], cfg, r, n)
+			err := d.steps(ctx, cfg.Warmup, false, nil)
+			warm.Done()
+			measured.Wait()
+			if err == nil {
+				err = d.steps(ctx, cfg.Steps, true, per[r])
+			}
+			if err != nil {
+				errs[r] = fmt.Errorf("rank %d: %w", r, err)
+				cfg.Comms[r].Abort(errs[r])
+			}
+		}()
+	}
+	warm.Wait()
+	var m0, m1 runtime.MemStats
+	runtime.ReadMemStats(&m0)
+	measured.Done()
+	wg.Wait()
+	runtime.ReadMemStats(&m1)
+	if err := firstErr(errs); err != nil {
+		return nil, err
+	}
+	res.AllocsPerStep = float64(m1.Mallocs-m0.Mallocs) / float64(cfg.Steps)
+
+	var wall, compute, commT, ratio, bw []float64
+	for s := range cfg.Steps {
+		var w, c, cm time.Duration
+		var ov, cs time.Duration
+		var bws float64
+		for r := range n {
+			st := &per[r][s]
+			w, c, cm = max(w, st.Wall), max(c, st.Compute), max(cm, st.Comm)
+			ov += st.Overlap
+			cs += st.Comm
+			bws += comm.BusBW(comm.KindAllReduce, n, st.Bytes, st.Comm)
+			res.Overflows += st.Overflows
+			if s < trace {
+				res.Trace[s][r] = *st
+			}
+		}
+		wall = append(wall, w.Seconds())
+		compute = append(compute, c.Seconds())
+		commT = append(commT, cm.Seconds())
+		if cs > 0 {
+			ratio = append(ratio, float64(ov)/float64(cs))
+		} else {
+			ratio = append(ratio, 0)
+		}
+		bw = append(bw, bws/float64(n))
+	}
+	res.StepTime, res.ComputeTime, res.CommTime = dist(wall), dist(compute), dist(commT)
+	res.OverlapRatio, res.BusBW = dist(ratio), dist(bw)
+	res.WireBytes = per[0][cfg.Steps-1].Bytes
+	for _, b := range reducers[0].Buckets() {
+		res.Buckets = append(res.Buckets, int64(b.Bytes))
+	}
+	return res, nil
+}
+
+func firstErr(errs []error) error {
+	// Prefer a root cause over the aborts it caused on other ranks.
+	for _, e := range errs {
+		if e != nil && !errors.Is(e, comm.ErrAborted) {
+			return e
+		}
+	}
+	for _, e := range errs {
+		if e != nil {
+			return e
+		}
+	}
+	return nil
+}
+
+// dist returns the median, 10th and 90th percentiles (nearest rank) and
+// the mean of v.
+func dist(v []float64) Dist {
+	if len(v) == 0 {
+		return Dist{}
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	q := func(p float64) float64 {
+		i := int(math.Ceil(p*float64(len(s)))) - 1
+		return s[min(max(i, 0), len(s)-1)]
+	}
+	var sum float64
+	for _, x := range s {
+		sum += x
+	}
+	med := s[len(s)/2]
+	if len(s)%2 == 0 {
+		med = (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	return Dist{Median: med, P10: q(0.10), P90: q(0.90), Mean: sum / float64(len(s))}
+}
+
+// driver runs one rank's training loop.
+type driver struct {
+	red       *ddp.Reducer
+	cfg       *Config
+	rank, n   int
+	order     []int           // parameter indices, reverse registration order
+	deadlines []time.Duration // cumulative compute time when each becomes ready
+	stats     ddp.StepStats
+	checked   bool
+}
+
+func newDriver(red *ddp.Reducer, cfg Config, rank, n int) *driver {
+	d := &driver{red: red, cfg: &cfg, rank: rank, n: n}
+	var cum float64
+	for i := len(cfg.Params) - 1; i >= 0; i-- {
+		d.order = append(d.order, i)
+		if cfg.Compute != ComputeNone {
+			cum += float64(cfg.Params[i].Numel())
+			d.deadlines = append(d.deadlines, time.Duration(cum/cfg.Rate*float64(time.Second)))
+		}
+	}
+	return d
+}
+
+// steps runs k synced steps; when measured, it copies each step's
+// statistics into out.
+func (d *driver) steps(ctx context.Context, k int, measured bool, out []ddp.StepStats) error {
+	for s := range k {
+		if err := d.step(ctx); err != nil {
+			return err
+		}
+		if measured && !d.checked {
+			if err := d.check(); err != nil {
+				return err
+			}
+			d.checked = true
+		}
+		d.red.StatsInto(&d.stats)
+		if out != nil {
+			d.red.StatsInto(&out[s])
+		}
+		if d.cfg.OnStep != nil {
+			d.cfg.OnStep(d.rank, measured, &d.stats)
+		}
+	}
+	return nil
+}
+
+// step is one synced step: the simulated backward marks every gradient
+// ready in reverse order on its deadline, then Wait.
+func (d *driver) step(ctx context.Context) error {
+	if err := d.red.Begin(true); err != nil {
+		return err
+	}
+	start := time.Now()
+	v := float32(d.rank + 1)
+	for j, i := range d.order {
+		if d.deadlines != nil {
+			d.await(start, d.deadlines[j])
+		}
+		// Producing the gradient is part of the compute being simulated:
+		// mark its ends, which the check reads back after the reduction.
+		g := d.red.Grad(i)
+		g[0], g[len(g)-1] = v, v
+		if err := d.red.Ready(i); err != nil {
+			return err
+		}
+	}
+	return d.red.Wait(ctx)
+}
+
+// await returns when at has passed since start, sleeping or spinning.
+func (d *driver) await(start time.Time, at time.Duration) {
+	if d.cfg.Compute == ComputeSleep {
+		if left := at - time.Since(start); left > 0 {
+			time.Sleep(left)
+		}
+		return
+	}
+	for time.Since(start) < at {
+	}
+}
+
+// check verifies that every gradient's ends hold the average of the
+// ranks' values 1..n.
+func (d *driver) check() error {
+	want := float32(d.n+1) / 2
+	for i, p := range d.cfg.Params {
+		g := d.red.Grad(i)
+		// fp16 and bf16 round the 1/n-scaled values: allow their precision.
+		if !near(g[0], want) || !near(g[len(g)-1], want) {
+			return fmt.Errorf("%w: rank %d param %d (%s): got %g and %g at its ends, want %g",
+				ErrCheck, d.rank, i, p.Name, g[0], g[len(g)-1], want)
+		}
+	}
+	return nil
+}
+
+func near(got, want float32) bool { return math.Abs(float64(got-want)) <= 1e-2*float64(want) }

@@ -1,0 +1,365 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/ddpgo/ddpgo/bench"
+	"github.com/ddpgo/ddpgo/comm"
+	"github.com/urfave/cli/v2"
+)
+
+func collectiveCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "collective",
+		Usage: "nccl-tests style sweep of one collective over message sizes",
+		Description: "Columns and footer follow nccl-tests (all_reduce_perf and friends): size and count\n" +
+			"of the larger buffer, out-of-place and in-place time per iteration (slowest rank),\n" +
+			"algbw = size/time, busbw = algbw x the collective's factor, #wrong = elements that\n" +
+			"differ from the exact result (with -c 1). all_reduce and broadcast are in place in\n" +
+			"ddpgo's contract: their out-of-place column times a copy into the result buffer\n" +
+			"followed by the in-place collective. sendrecv has no in-place form.",
+		Flags: []cli.Flag{
+			stringFlag("op", "allreduce", "collective: allreduce, broadcast, reduce, allgather, reducescatter or sendrecv"),
+			stringFlag("minbytes", "4K", "smallest size (K, M, G suffixes)", "b"),
+			stringFlag("maxbytes", "256M", "largest size (K, M, G suffixes)", "e"),
+			intFlag("stepfactor", 4, "size multiplier between rows", "f"),
+			stringFlag("stepbytes", "", "size increment between rows instead of a factor (K, M, G suffixes)", "i"),
+			stringFlag("datatype", "float", "element type: float, half, bfloat16, double, int32, int64, uint8", "d"),
+			stringFlag("redop", "sum", "reduction: sum, avg, max, min", "o"),
+			intFlag("root", 0, "root rank of broadcast and reduce", "r"),
+			intFlag("iters", 20, "timed iterations per size", "n"),
+			intFlag("warmup", 5, "untimed iterations per size", "w"),
+			intFlag("check", 1, "1: verify every result and count wrong elements; 0: don't", "c"),
+			intFlag("ranks", 2, "number of ranks"),
+			stringFlag("backend", "inproc", backendUsage()),
+			formatFlag("output: table (nccl-tests layout), json or csv"),
+		},
+		Action: collectiveAction,
+	}
+}
+
+// collectiveOpts is the parsed command line of collective.
+type collectiveOpts struct {
+	cfg     bench.CollectiveConfig
+	ranks   int
+	backend backend
+	format  string
+}
+
+func parseCollective(c *cli.Context) (collectiveOpts, error) {
+	var o collectiveOpts
+	var err error
+	if o.cfg.Op, err = bench.ParseCollective(c.String("op")); err != nil {
+		return o, usagef("--op %q: want allreduce, broadcast, reduce, allgather, reducescatter or sendrecv", c.String("op"))
+	}
+	if o.cfg.MinBytes, err = parseSize("-b/--minbytes", c.String("minbytes")); err != nil {
+		return o, err
+	}
+	if o.cfg.MaxBytes, err = parseSize("-e/--maxbytes", c.String("maxbytes")); err != nil {
+		return o, err
+	}
+	if o.cfg.MaxBytes < o.cfg.MinBytes {
+		return o, usagef("-e/--maxbytes %d is smaller than -b/--minbytes %d", o.cfg.MaxBytes, o.cfg.MinBytes)
+	}
+	o.cfg.Factor = c.Int("stepfactor")
+	if s := c.String("stepbytes"); s != "" {
+		if o.cfg.Step, err = parseSize("-i/--stepbytes", s); err != nil {
+			return o, err
+		}
+		o.cfg.Factor = 1
+	} else if o.cfg.Factor < 2 {
+		return o, usagef("-f/--stepfactor %d: want >= 2 (or -i for a fixed increment)", o.cfg.Factor)
+	}
+	if o.cfg.DType, err = comm.ParseDType(c.String("datatype")); err != nil {
+		return o, usagef("-d/--datatype %q: want float, half, bfloat16, double, int32, int64 or uint8", c.String("datatype"))
+	}
+	if o.cfg.RedOp, err = comm.ParseOp(c.String("redop")); err != nil {
+		return o, usagef("-o/--redop %q: want sum, avg, max or min", c.String("redop"))
+	}
+	o.cfg.Root = c.Int("root")
+	o.cfg.Iters = c.Int("iters")
+	o.cfg.Warmup = c.Int("warmup")
+	switch c.Int("check") {
+	case 0:
+	case 1:
+		o.cfg.Check = true
+	default:
+		return o, usagef("-c/--check %d: want 0 or 1", c.Int("check"))
+	}
+	if o.cfg.Iters < 1 {
+		return o, usagef("-n/--iters %d: want >= 1", o.cfg.Iters)
+	}
+	if o.cfg.Warmup < 0 {
+		return o, usagef("-w/--warmup %d: want >= 0", o.cfg.Warmup)
+	}
+	o.ranks = c.Int("ranks")
+	if o.ranks < 1 || o.ranks > 1024 {
+		return o, usagef("--ranks %d: want 1..1024", o.ranks)
+	}
+	if o.cfg.Op.Rooted() && (o.cfg.Root < 0 || o.cfg.Root >= o.ranks) {
+		return o, usagef("-r/--root %d: want 0..%d with %d ranks", o.cfg.Root, o.ranks-1, o.ranks)
+	}
+	if o.cfg.Op == bench.SendRecv && o.ranks < 2 {
+		return o, usagef("--op sendrecv needs --ranks >= 2")
+	}
+	if o.backend, err = lookupBackend(c.String("backend")); err != nil {
+		return o, err
+	}
+	if o.format, err = parseFormat(c.String("format")); err != nil {
+		return o, err
+	}
+	return o, nil
+}
+
+func collectiveAction(c *cli.Context) error {
+	o, err := parseCollective(c)
+	if err != nil {
+		return err
+	}
+	g, closeGroup, err := startGroup(o.backend, o.ranks)
+	if err != nil {
+		return err
+	}
+	defer closeGroup()
+	out := c.App.Writer
+	w := newCollectiveWriter(out, o)
+	if err := w.header(); err != nil {
+		return err
+	}
+	sizes := o.cfg.Sizes()
+	bar := newProgress(c.App.ErrWriter, "collective", len(sizes), o.format == "table")
+	defer bar.stop()
+	var werr error
+	rows, err := bench.RunCollective(c.Context, g, o.cfg, func(r bench.CollectiveRow) {
+		bar.add(1)
+		if werr == nil {
+			bar.clear()
+			werr = w.row(r)
+		}
+	})
+	bar.stop()
+	if err != nil {
+		return err
+	}
+	if werr != nil {
+		return werr
+	}
+	if err := w.footer(rows); err != nil {
+		return err
+	}
+	if wrong := bench.WrongTotal(rows); wrong > 0 {
+		return fmt.Errorf("%w: %d wrong elements in the %s sweep", bench.ErrWrong, wrong, o.cfg.Op)
+	}
+	return nil
+}
+
+// collectiveWriter prints a sweep in one of the output formats, a row at a
+// time so that long sweeps show progress.
+type collectiveWriter struct {
+	out    io.Writer
+	o      collectiveOpts
+	rows   []bench.CollectiveRow // json collects, writes at the end
+	header func() error
+	row    func(bench.CollectiveRow) error
+	footer func([]bench.CollectiveRow) error
+}
+
+func newCollectiveWriter(out io.Writer, o collectiveOpts) *collectiveWriter {
+	w := &collectiveWriter{out: out, o: o}
+	switch o.format {
+	case "json":
+		w.header = func() error { return nil }
+		w.row = func(bench.CollectiveRow) error { return nil }
+		w.footer = w.jsonFooter
+	case "csv":
+		w.header = w.csvHeader
+		w.row = w.csvRow
+		w.footer = func([]bench.CollectiveRow) error { return nil }
+	default:
+		w.header = w.tableHeader
+		w.row = w.tableRow
+		w.footer = w.tableFooter
+	}
+	return w
+}
+
+func (w *collectiveWriter) tableHeader() error {
+	cfg, o := &w.o.cfg, w.o
+	b := &strings.Builder{}
+	validation := 0
+	if cfg.Check {
+		validation = 1
+	}
+	step := fmt.Sprintf("%d(factor)", cfg.Factor)
+	if cfg.Factor == 1 {
+		step = fmt.Sprintf("%d(bytes)", cfg.Step)
+	}
+	fmt.Fprintf(b, "# Collective test: %s, backend %s\n", cfg.Op.Kind(), o.backend.name)
+	fmt.Fprintf(b, "# nThread 1 nRanks %d minBytes %d maxBytes %d step: %s warmup iters: %d iters: %d agg iters: 1 validation: %d graph: 0\n",
+		o.ranks, cfg.MinBytes, cfg.MaxBytes, step, cfg.Warmup, cfg.Iters, validation)
+	fmt.Fprintf(b, "#\n# Using devices\n")
+	host, _ := os.Hostname()
+	for r := range o.ranks {
+		fmt.Fprintf(b, "#  Rank %2d Group  0 Pid %6d on %10s device %2d [cpu] %s rank goroutine\n", r, os.Getpid(), host, r, o.backend.name)
+	}
+	fmt.Fprintf(b, "#\n")
+	if bench.EmulatedOutOfPlace(cfg.Op) {
+		fmt.Fprintf(b, "# out-of-place = copy(send->recv) + in-place %s (the comm contract's %s is in place only)\n", cfg.Op.Kind(), cfg.Op.Kind())
+	}
+	if cfg.Op == bench.SendRecv {
+		fmt.Fprintf(b, "# sendrecv: rank r sends to r+1 and receives from r-1; no in-place form (N/A)\n")
+	}
+	fmt.Fprintf(b, "# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place          \n", "", "", "", "", "")
+	fmt.Fprintf(b, "# %10s  %12s  %8s  %6s  %6s", "size", "count", "type", "redop", "root")
+	fmt.Fprintf(b, "  %7s  %6s  %6s %6s", "time", "algbw", "busbw", "#wrong")
+	fmt.Fprintf(b, "  %7s  %6s  %6s %6s\n", "time", "algbw", "busbw", "#wrong")
+	fmt.Fprintf(b, "# %10s  %12s  %8s  %6s  %6s", "(B)", "(elements)", "", "", "")
+	fmt.Fprintf(b, "  %7s  %6s  %6s  %5s", "(us)", "(GB/s)", "(GB/s)", "")
+	fmt.Fprintf(b, "  %7s  %6s  %6s  %5s\n", "(us)", "(GB/s)", "(GB/s)", "")
+	_, err := io.WriteString(w.out, b.String())
+	return err
+}
+
+// formatRow renders one row exactly as nccl-tests does.
+func formatRow(r bench.CollectiveRow) string {
+	b := &strings.Builder{}
+	fmt.Fprintf(b, "%12d  %12d  %8s  %6s  %6d", r.Bytes, r.Count, r.DType, r.RedOp, r.Root)
+	for _, t := range []bench.Timing{r.OutOfPlace, r.InPlace} {
+		if !t.Valid {
+			fmt.Fprintf(b, "  %7s  %6s  %6s  %5s", "N/A", "N/A", "N/A", "N/A")
+			continue
+		}
+		wrong := "N/A"
+		if t.Checked {
+			wrong = fmt.Sprintf("%d", t.Wrong)
+		}
+		fmt.Fprintf(b, "  %7s  %6.2f  %6.2f  %5s", usecString(t.Time), t.AlgBW, t.BusBW, wrong)
+	}
+	b.WriteByte('\n')
+	return b.String()
+}
+
+// usecString formats a time in microseconds with nccl-tests' precision:
+// two decimals below 100 us, one below 10 ms, none above.
+func usecString(d time.Duration) string {
+	us := float64(d) / float64(time.Microsecond)
+	switch {
+	case us >= 10000:
+		return fmt.Sprintf("%7.0f", us)
+	case us >= 100:
+		return fmt.Sprintf("%7.1f", us)
+	}
+	return fmt.Sprintf("%7.2f", us)
+}
+
+func (w *collectiveWriter) tableRow(r bench.CollectiveRow) error {
+	_, err := io.WriteString(w.out, formatRow(r))
+	return err
+}
+
+func (w *collectiveWriter) tableFooter(rows []bench.CollectiveRow) error {
+	wrong := bench.WrongTotal(rows)
+	status := "OK"
+	if wrong > 0 {
+		status = "FAILED"
+	}
+	check := ""
+	if !w.o.cfg.Check {
+		check = "(check disabled)"
+	}
+	_, err := fmt.Fprintf(w.out, "# Out of bounds values : %d %s\n# Avg bus bandwidth    : %g %s\n#\n",
+		wrong, status, roundTo(bench.AvgBusBW(rows), 5), check)
+	return err
+}
+
+// roundTo rounds v to sig significant digits, as %g with nccl-tests'
+// default precision prints it.
+func roundTo(v float64, sig int) float64 {
+	var f float64
+	fmt.Sscanf(fmt.Sprintf("%.*g", sig, v), "%g", &f)
+	return f
+}
+
+var collectiveCSVHeader = []string{"op", "size_bytes", "count", "type", "redop", "root",
+	"oop_time_us", "oop_algbw_gbs", "oop_busbw_gbs", "oop_wrong",
+	"ip_time_us", "ip_algbw_gbs", "ip_busbw_gbs", "ip_wrong", "ranks", "backend"}
+
+func (w *collectiveWriter) csvHeader() error {
+	return writeCSV(w.out, collectiveCSVHeader)
+}
+
+func (w *collectiveWriter) csvRow(r bench.CollectiveRow) error {
+	rec := []string{w.o.cfg.Op.String(), fmt.Sprint(r.Bytes), fmt.Sprint(r.Count), r.DType.String(), r.RedOp, fmt.Sprint(r.Root)}
+	for _, t := range []bench.Timing{r.OutOfPlace, r.InPlace} {
+		if !t.Valid {
+			rec = append(rec, "", "", "", "")
+			continue
+		}
+		wrong := ""
+		if t.Checked {
+			wrong = fmt.Sprint(t.Wrong)
+		}
+		rec = append(rec, fmtFloat(float64(t.Time)/float64(time.Microsecond)), fmtFloat(t.AlgBW), fmtFloat(t.BusBW), wrong)
+	}
+	rec = append(rec, fmt.Sprint(w.o.ranks), w.o.backend.name)
+	return writeCSV(w.out, rec)
+}
+
+// collectiveJSON is the json output of collective.
+type collectiveJSON struct {
+	Op               string          `json:"op"`
+	Backend          string          `json:"backend"`
+	Ranks            int             `json:"ranks"`
+	DType            string          `json:"dtype"`
+	RedOp            string          `json:"redop"`
+	Iters            int             `json:"iters"`
+	Warmup           int             `json:"warmup"`
+	Check            bool            `json:"check"`
+	OutOfPlaceIsCopy bool            `json:"out_of_place_is_copy_plus_in_place"`
+	Rows             []collectiveRow `json:"rows"`
+	AvgBusBW         float64         `json:"avg_busbw_gbs"`
+	Wrong            int64           `json:"wrong"`
+}
+
+type collectiveRow struct {
+	Bytes      int64       `json:"size_bytes"`
+	Count      int         `json:"count"`
+	Root       int         `json:"root"`
+	OutOfPlace *timingJSON `json:"out_of_place"`
+	InPlace    *timingJSON `json:"in_place"`
+}
+
+type timingJSON struct {
+	TimeUS float64 `json:"time_us"`
+	AlgBW  float64 `json:"algbw_gbs"`
+	BusBW  float64 `json:"busbw_gbs"`
+	Wrong  *int64  `json:"wrong"` // null when not checked
+}
+
+func timingOut(t bench.Timing) *timingJSON {
+	if !t.Valid {
+		return nil
+	}
+	j := &timingJSON{TimeUS: float64(t.Time) / float64(time.Microsecond), AlgBW: t.AlgBW, BusBW: t.BusBW}
+	if t.Checked {
+		w := t.Wrong
+		j.Wrong = &w
+	}
+	return j
+}
+
+func (w *collectiveWriter) jsonFooter(rows []bench.CollectiveRow) error {
+	cfg := &w.o.cfg
+	j := collectiveJSON{Op: cfg.Op.String(), Backend: w.o.backend.name, Ranks: w.o.ranks, DType: cfg.DType.String(),
+		RedOp: cfg.RedOp.String(), Iters: cfg.Iters, Warmup: cfg.Warmup, Check: cfg.Check,
+		OutOfPlaceIsCopy: bench.EmulatedOutOfPlace(cfg.Op), AvgBusBW: bench.AvgBusBW(rows), Wrong: bench.WrongTotal(rows),
+		Rows: []collectiveRow{}}
+	for _, r := range rows {
+		j.Rows = append(j.Rows, collectiveRow{Bytes: r.Bytes, Count: r.Count, Root: r.Root, OutOfPlace: timingOut(r.OutOfPlace), InPlace: timingOut(r.InPlace)})
+	}
+	return writeJSON(w.out, j)
+}

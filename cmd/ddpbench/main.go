@@ -1,0 +1,81 @@
+// Command ddpbench benchmarks ddpgo: data-parallel training steps over a
+// model manifest (run, sweep), nccl-tests style collective sweeps
+// (collective) and the environment (info). With no arguments it runs
+// `ddpbench run` with defaults that finish in a few seconds.
+//
+// Every flag can also be set through an environment variable named
+// DDPBENCH_ followed by the flag's name in upper case with dashes as
+// underscores (--bucket-cap-mb: DDPBENCH_BUCKET_CAP_MB). A flag given on
+// the command line wins over the variable.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+)
+
+func main() {
+	os.Exit(runMain(os.Args, os.Stdout, os.Stderr))
+}
+
+// runMain runs the command line args and returns the exit status. Every
+// error is reported as one line on stderr.
+func runMain(args []string, stdout, stderr io.Writer) int {
+	if err := newApp(stdout, stderr).Run(args); err != nil {
+		fmt.Fprintf(stderr, "ddpbench: %s\n", oneLine(err))
+		var u usageError
+		if errors.As(err, &u) {
+			return 2
+		}
+		return 1
+	}
+	return 0
+}
+
+func newApp(stdout, stderr io.Writer) *cli.App {
+	app := &cli.App{
+		Name:      "ddpbench",
+		Usage:     "benchmark ddpgo's data-parallel reducer and collectives",
+		UsageText: "ddpbench [run flags]\nddpbench command [flags]",
+		Description: "Without a command, ddpbench runs `run` (ResNet-50 gradients, 2 in-process ranks).\n" +
+			"Every flag is also read from DDPBENCH_<FLAG> (upper case, dashes as underscores).",
+		Writer:         stdout,
+		ErrWriter:      stderr,
+		Flags:          runFlags(),
+		Action:         runAction,
+		OnUsageError:   onUsageError,
+		ExitErrHandler: func(*cli.Context, error) {}, // runMain reports and exits
+		Commands: []*cli.Command{
+			runCommand(),
+			sweepCommand(),
+			collectiveCommand(),
+			infoCommand(),
+		},
+		HideVersion: true,
+	}
+	for _, c := range app.Commands {
+		c.OnUsageError = onUsageError
+	}
+	return app
+}
+
+// usageError is a bad command line: exit status 2.
+type usageError struct{ err error }
+
+func (u usageError) Error() string { return u.err.Error() }
+func (u usageError) Unwrap() error { return u.err }
+
+func onUsageError(_ *cli.Context, err error, _ bool) error { return usageError{err} }
+
+// usagef returns a usageError for a flag value that parsed but is invalid.
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+// oneLine joins a multi-line error into one line.
+func oneLine(err error) string {
+	return strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", "; ")), " ")
+}

@@ -1,0 +1,113 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// progress draws a bar on a terminal: "label [=====>    ] 12/40 3.1s".
+// It stays silent for the first couple of seconds (short runs print
+// nothing), when the writer is not a terminal, and when disabled (json
+// and csv output). It redraws at most 10 times a second, from its own
+// goroutine, which stop ends.
+type progress struct {
+	w      io.Writer
+	label  string
+	total  int
+	done   atomic.Int64
+	start  time.Time
+	quit   chan struct{}
+	exited chan struct{}
+	once   sync.Once
+	mu     sync.Mutex // serializes drawing and clearing
+	drawn  bool
+}
+
+// progressDelay is how long a run goes before the bar appears.
+const progressDelay = 2 * time.Second
+
+// isTerminal reports whether w is a terminal.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
+
+func newProgress(w io.Writer, label string, total int, enabled bool) *progress {
+	p := &progress{w: w, label: label, total: total, start: time.Now(), quit: make(chan struct{}), exited: make(chan struct{})}
+	if !enabled || !isTerminal(w) {
+		close(p.exited)
+		p.once.Do(func() {})
+		return p
+	}
+	go p.loop()
+	return p
+}
+
+func (p *progress) loop() {
+	defer close(p.exited)
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.quit:
+			return
+		case <-t.C:
+			if time.Since(p.start) >= progressDelay {
+				p.draw()
+			}
+		}
+	}
+}
+
+// add counts n more units done.
+func (p *progress) add(n int) { p.done.Add(int64(n)) }
+
+func (p *progress) draw() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	fmt.Fprint(p.w, "\r"+renderBar(p.label, int(p.done.Load()), p.total, time.Since(p.start), 30))
+	p.drawn = true
+}
+
+// clear erases the bar so that other output starts on a clean line; the
+// next tick draws it again.
+func (p *progress) clear() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.drawn {
+		fmt.Fprint(p.w, "\r\033[K")
+		p.drawn = false
+	}
+}
+
+// stop ends the bar and erases it. It is idempotent.
+func (p *progress) stop() {
+	p.once.Do(func() { close(p.quit) })
+	<-p.exited
+	p.clear()
+}
+
+// renderBar returns the text of a bar width characters wide.
+func renderBar(label string, done, total int, elapsed time.Duration, width int) string {
+	done = min(max(done, 0), total)
+	fill := 0
+	if total > 0 {
+		fill = done * width / total
+	}
+	bar := strings.Repeat("=", fill)
+	if fill < width {
+		bar += ">" + strings.Repeat(" ", width-fill-1)
+	}
+	return fmt.Sprintf("%s [%s] %d/%d %.1fs", label, bar, done, total, elapsed.Seconds())
+}

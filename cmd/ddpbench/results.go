@@ -1,0 +1,204 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/ddpgo/ddpgo/bench"
+)
+
+// runRecord is one run's configuration and result: a row of the run and
+// sweep outputs.
+type runRecord struct {
+	o   runOpts
+	res *bench.Result
+}
+
+// runCSVHeader names the CSV columns of run and sweep. Times are in
+// milliseconds, bandwidth in GB/s (1e9 bytes), sizes in bytes.
+var runCSVHeader = []string{
+	"model", "ranks", "backend", "bucket_cap_mb", "first_bucket_mb", "compression", "grad_as_bucket_view",
+	"compute", "compute_target_ms", "steps", "warmup",
+	"step_ms_median", "step_ms_p10", "step_ms_p90",
+	"compute_ms_median", "compute_ms_p10", "compute_ms_p90",
+	"comm_ms_median", "comm_ms_p10", "comm_ms_p90",
+	"overlap_median", "overlap_p10", "overlap_p90",
+	"busbw_gbs_median", "busbw_gbs_p10", "busbw_gbs_p90",
+	"bytes_per_step", "grad_bytes", "buckets", "bucket_bytes", "fp16_overflows", "allocs_per_step",
+}
+
+func (r runRecord) csv() []string {
+	o, res := r.o, r.res
+	ms := func(d bench.Dist) []string {
+		return []string{fmtFloat(d.Median * 1e3), fmtFloat(d.P10 * 1e3), fmtFloat(d.P90 * 1e3)}
+	}
+	raw := func(d bench.Dist) []string {
+		return []string{fmtFloat(d.Median), fmtFloat(d.P10), fmtFloat(d.P90)}
+	}
+	sizes := make([]string, len(res.Buckets))
+	for i, b := range res.Buckets {
+		sizes[i] = fmt.Sprint(b)
+	}
+	rec := []string{o.model.Model, fmt.Sprint(o.ranks), o.backend.name, fmtFloat(o.bucketCapMB), fmtFloat(o.firstMB),
+		o.compression, fmt.Sprint(o.bucketView), o.compute.String(), fmtFloat(res.ComputeTarget * 1e3),
+		fmt.Sprint(res.Steps), fmt.Sprint(res.Warmup)}
+	rec = append(rec, ms(res.StepTime)...)
+	rec = append(rec, ms(res.ComputeTime)...)
+	rec = append(rec, ms(res.CommTime)...)
+	rec = append(rec, raw(res.OverlapRatio)...)
+	rec = append(rec, raw(res.BusBW)...)
+	return append(rec, fmt.Sprint(res.WireBytes), fmt.Sprint(res.GradBytes), fmt.Sprint(len(res.Buckets)),
+		strings.Join(sizes, " "), fmt.Sprint(res.Overflows), fmtFloat(res.AllocsPerStep))
+}
+
+// distJSON is a Dist in the JSON output.
+type distJSON struct {
+	Median float64 `json:"median"`
+	P10    float64 `json:"p10"`
+	P90    float64 `json:"p90"`
+}
+
+func toJSON(d bench.Dist, scale float64) distJSON {
+	return distJSON{d.Median * scale, d.P10 * scale, d.P90 * scale}
+}
+
+// runJSON is one run in the JSON output.
+type runJSON struct {
+	Model            string   `json:"model"`
+	ModelSource      string   `json:"model_source"`
+	Tensors          int      `json:"tensors"`
+	Parameters       int64    `json:"parameters"`
+	Ranks            int      `json:"ranks"`
+	Backend          string   `json:"backend"`
+	BucketCapMB      float64  `json:"bucket_cap_mb"`
+	FirstBucketMB    float64  `json:"first_bucket_mb"`
+	Compression      string   `json:"compression"`
+	GradAsBucketView bool     `json:"grad_as_bucket_view"`
+	Compute          string   `json:"compute"`
+	RateParamsPerSec float64  `json:"rate_params_per_s,omitempty"`
+	ComputeTargetMS  float64  `json:"compute_target_ms"`
+	Steps            int      `json:"steps"`
+	Warmup           int      `json:"warmup"`
+	StepMS           distJSON `json:"step_ms"`
+	ComputeMS        distJSON `json:"compute_ms"`
+	CommMS           distJSON `json:"comm_ms"`
+	Overlap          distJSON `json:"overlap_ratio"`
+	BusBW            distJSON `json:"busbw_gbs"`
+	BytesPerStep     int64    `json:"bytes_per_step"`
+	GradBytes        int64    `json:"grad_bytes"`
+	Buckets          []int64  `json:"bucket_bytes"`
+	Overflows        int64    `json:"fp16_overflows"`
+	AllocsPerStep    float64  `json:"allocs_per_step"`
+}
+
+func (r runRecord) json() runJSON {
+	o, res := r.o, r.res
+	return runJSON{
+		Model: o.model.Model, ModelSource: o.model.Source, Tensors: len(o.model.Params), Parameters: o.model.Numel(),
+		Ranks: o.ranks, Backend: o.backend.name, BucketCapMB: o.bucketCapMB, FirstBucketMB: o.firstMB,
+		Compression: o.compression, GradAsBucketView: o.bucketView, Compute: o.compute.String(), RateParamsPerSec: o.rate,
+		ComputeTargetMS: res.ComputeTarget * 1e3, Steps: res.Steps, Warmup: res.Warmup,
+		StepMS: toJSON(res.StepTime, 1e3), ComputeMS: toJSON(res.ComputeTime, 1e3), CommMS: toJSON(res.CommTime, 1e3),
+		Overlap: toJSON(res.OverlapRatio, 1), BusBW: toJSON(res.BusBW, 1),
+		BytesPerStep: res.WireBytes, GradBytes: res.GradBytes, Buckets: res.Buckets,
+		Overflows: res.Overflows, AllocsPerStep: res.AllocsPerStep,
+	}
+}
+
+// writeRunResults writes one run (as an object in json) or several (a
+// sweep: an array) in the chosen format.
+func writeRunResults(w io.Writer, format string, recs []runRecord) error {
+	switch format {
+	case "json":
+		if len(recs) == 1 {
+			return writeJSON(w, recs[0].json())
+		}
+		out := make([]runJSON, len(recs))
+		for i, r := range recs {
+			out[i] = r.json()
+		}
+		return writeJSON(w, out)
+	case "csv":
+		if err := writeCSV(w, runCSVHeader); err != nil {
+			return err
+		}
+		for _, r := range recs {
+			if err := writeCSV(w, r.csv()); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for i, r := range recs {
+		if i > 0 {
+			fmt.Fprintln(w)
+		}
+		if _, err := io.WriteString(w, r.table()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// describe is the configuration line of a run.
+func (o *runOpts) describe() string {
+	b := &strings.Builder{}
+	fmt.Fprintf(b, "%s: %d tensors, %s parameters, %s of float32 gradients\n",
+		o.model.Model, len(o.model.Params), groupDigits(o.model.Numel()), fmtBytes(o.model.Bytes()))
+	view := "gradients as bucket views"
+	if !o.bucketView {
+		view = "gradients copied into buckets"
+	}
+	fmt.Fprintf(b, "%d ranks (%s), bucket cap %g MiB (first %g MiB), compression %s, %s\n",
+		o.ranks, o.backend.name, o.bucketCapMB, o.firstMB, o.compression, view)
+	return b.String()
+}
+
+func (r runRecord) table() string {
+	o, res := r.o, r.res
+	b := &strings.Builder{}
+	b.WriteString(o.describe())
+	if o.compute == bench.ComputeNone {
+		fmt.Fprintf(b, "compute none (gradients ready at once); %d steps measured after %d warmup\n", res.Steps, res.Warmup)
+	} else {
+		fmt.Fprintf(b, "compute %s at %.4g params/s = %.2f ms of backward per step; %d steps measured after %d warmup\n",
+			o.compute, o.rate, res.ComputeTarget*1e3, res.Steps, res.Warmup)
+	}
+	fmt.Fprintf(b, "\n%-24s %10s %10s %10s\n", "", "median", "p10", "p90")
+	row := func(name string, d bench.Dist, scale float64, prec int) {
+		fmt.Fprintf(b, "%-24s %10.*f %10.*f %10.*f\n", name, prec, d.Median*scale, prec, d.P10*scale, prec, d.P90*scale)
+	}
+	row("step time (ms)", res.StepTime, 1e3, 2)
+	row("backward compute (ms)", res.ComputeTime, 1e3, 2)
+	row("communication (ms)", res.CommTime, 1e3, 2)
+	row("overlap ratio", res.OverlapRatio, 1, 3)
+	row("busbw (GB/s)", res.BusBW, 1, 2)
+	sizes := make([]string, len(res.Buckets))
+	for i, s := range res.Buckets {
+		sizes[i] = fmtBytes(s)
+	}
+	fmt.Fprintf(b, "\n%-24s %s (%s)\n", "bytes per step", groupDigits(res.WireBytes), fmtBytes(res.WireBytes))
+	fmt.Fprintf(b, "%-24s %d: %s\n", "buckets", len(res.Buckets), strings.Join(sizes, ", "))
+	fmt.Fprintf(b, "%-24s %d\n", "fp16 overflows", res.Overflows)
+	fmt.Fprintf(b, "%-24s %.1f\n", "allocations per step", res.AllocsPerStep)
+	return b.String()
+}
+
+// groupDigits prints n with thousands separators.
+func groupDigits(n int64) string {
+	s := fmt.Sprint(n)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var out []byte
+	for i := range len(s) {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			out = append(out, ',')
+		}
+		out = append(out, s[i])
+	}
+	if neg {
+		return "-" + string(out)
+	}
+	return string(out)
+}

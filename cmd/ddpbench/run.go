@@ -1,0 +1,292 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/ddpgo/ddpgo/allocator"
+	"github.com/ddpgo/ddpgo/bench"
+	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/ddp"
+	"github.com/ddpgo/ddpgo/models"
+	"github.com/urfave/cli/v2"
+)
+
+func runCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "run",
+		Usage: "benchmark DDP training steps over a model's gradients (the default command)",
+		Description: "Each rank walks the model's parameters in reverse registration order, as backward\n" +
+			"produces gradients, marks each ready (optionally spaced by a compute rate) and waits\n" +
+			"for the reducer. Reported per measured step (median, p10, p90): step time (slowest\n" +
+			"rank), backward compute (first to last ready mark), communication (union of bucket\n" +
+			"reductions), overlap ratio (communication hidden behind compute / communication) and\n" +
+			"busbw (payload / communication time x 2(n-1)/n).",
+		Flags:  runFlags(),
+		Action: runAction,
+	}
+}
+
+func runFlags() []cli.Flag {
+	return append(stepFlags(),
+		stringFlag("trace", "", "write a Chrome trace (ui.perfetto.dev) of the first measured steps to `FILE`"),
+		intFlag("trace-steps", 3, "measured steps to trace"),
+		stringFlag("metrics-addr", "", "serve Prometheus /metrics on `ADDR` (host:port) while running"),
+	)
+}
+
+// stepFlags are the flags run and sweep share.
+func stepFlags() []cli.Flag {
+	return []cli.Flag{
+		stringFlag("model", "resnet50", "model manifest: resnet50, bert-base, gpt2-small, or a JSON `FILE`"),
+		intFlag("ranks", 2, "number of ranks"),
+		stringFlag("backend", "inproc", backendUsage()),
+		floatFlag("bucket-cap-mb", 25, "bucket size limit in MiB"),
+		floatFlag("first-bucket-mb", 1, "first bucket's size limit in MiB"),
+		stringFlag("compression", "none", "gradient compression: none, fp16 or bf16"),
+		intFlag("steps", 20, "measured steps"),
+		intFlag("warmup", 5, "steps before measuring (the first rebuilds the buckets)"),
+		boolFlag("grad-as-bucket-view", true, "gradients are views of the bucket memory (false: copied in and out)"),
+		stringFlag("compute", "none", "simulated backward: none, sleep (CPU free) or spin (CPU busy)"),
+		floatFlag("rate", 0, "backward speed in parameters per second per rank"),
+		floatFlag("gflops", 0, "backward speed in GFLOP/s per rank (2 FLOPs per parameter per sample, see --batch)"),
+		intFlag("batch", 32, "samples per rank per step, for --gflops"),
+		&cli.DurationFlag{Name: "compute-time", Usage: "backward duration per step (sets the rate from the model size)", EnvVars: envs("compute-time")},
+		formatFlag("output: table, json or csv"),
+		&cli.DurationFlag{Name: "timeout", Value: time.Minute, Usage: "deadline of each step's Wait", EnvVars: envs("timeout")},
+	}
+}
+
+// runOpts is the parsed command line of run (and of each run of sweep).
+type runOpts struct {
+	model       *models.Manifest
+	modelName   string
+	ranks       int
+	backend     backend
+	bucketCapMB float64
+	firstMB     float64
+	compression string
+	steps       int
+	warmup      int
+	bucketView  bool
+	compute     bench.Compute
+	rate        float64 // params/s; 0 with compute none
+	format      string
+	timeout     time.Duration
+
+	trace       string
+	traceSteps  int
+	metricsAddr string
+}
+
+func parseStepFlags(c *cli.Context) (runOpts, error) {
+	var o runOpts
+	var err error
+	o.modelName = c.String("model")
+	if o.model, err = models.Load(o.modelName); err != nil {
+		return o, err
+	}
+	o.ranks = c.Int("ranks")
+	if o.ranks < 1 || o.ranks > 1024 {
+		return o, usagef("--ranks %d: want 1..1024", o.ranks)
+	}
+	if o.backend, err = lookupBackend(c.String("backend")); err != nil {
+		return o, err
+	}
+	o.bucketCapMB, o.firstMB = c.Float64("bucket-cap-mb"), c.Float64("first-bucket-mb")
+	if !(o.bucketCapMB > 0 && o.bucketCapMB <= 4096) {
+		return o, usagef("--bucket-cap-mb %g: want a size in (0, 4096] MiB", o.bucketCapMB)
+	}
+	if !(o.firstMB > 0 && o.firstMB <= 4096) {
+		return o, usagef("--first-bucket-mb %g: want a size in (0, 4096] MiB", o.firstMB)
+	}
+	o.compression = c.String("compression")
+	if _, err := bench.NewHook(o.compression); err != nil {
+		return o, usagef("--compression %q: want none, fp16 or bf16", o.compression)
+	}
+	o.steps, o.warmup = c.Int("steps"), c.Int("warmup")
+	if o.steps < 1 {
+		return o, usagef("--steps %d: want >= 1", o.steps)
+	}
+	if o.warmup < 0 {
+		return o, usagef("--warmup %d: want >= 0", o.warmup)
+	}
+	o.bucketView = c.Bool("grad-as-bucket-view")
+	if o.compute, err = bench.ParseCompute(c.String("compute")); err != nil {
+		return o, usagef("--compute %q: want none, sleep or spin", c.String("compute"))
+	}
+	if o.rate, err = parseRate(c, o.compute, o.model.Numel()); err != nil {
+		return o, err
+	}
+	if o.format, err = parseFormat(c.String("format")); err != nil {
+		return o, err
+	}
+	if o.timeout = c.Duration("timeout"); o.timeout <= 0 {
+		return o, usagef("--timeout %v: want a positive duration", o.timeout)
+	}
+	return o, nil
+}
+
+// parseRate reads the compute speed from exactly one of --rate, --gflops
+// (with --batch) and --compute-time, in parameters per second.
+func parseRate(c *cli.Context, mode bench.Compute, numel int64) (float64, error) {
+	var set []string
+	for _, f := range []string{"rate", "gflops", "compute-time"} {
+		if c.IsSet(f) {
+			set = append(set, "--"+f)
+		}
+	}
+	if mode == bench.ComputeNone {
+		if len(set) > 0 {
+			return 0, usagef("%s needs --compute sleep or spin", strings.Join(set, ", "))
+		}
+		return 0, nil
+	}
+	if len(set) != 1 {
+		return 0, usagef("--compute %s needs exactly one of --rate, --gflops or --compute-time (got %d)", mode, len(set))
+	}
+	var rate float64
+	switch set[0] {
+	case "--rate":
+		rate = c.Float64("rate")
+		if !(rate > 0) || math.IsInf(rate, 0) {
+			return 0, usagef("--rate %g: want a positive number of parameters per second", rate)
+		}
+	case "--gflops":
+		g, batch := c.Float64("gflops"), c.Int("batch")
+		if !(g > 0) || math.IsInf(g, 0) {
+			return 0, usagef("--gflops %g: want a positive number", g)
+		}
+		if batch < 1 {
+			return 0, usagef("--batch %d: want >= 1", batch)
+		}
+		rate = rateFromGFLOPS(g, batch)
+	case "--compute-time":
+		d := c.Duration("compute-time")
+		if d <= 0 {
+			return 0, usagef("--compute-time %v: want a positive duration", d)
+		}
+		rate = float64(numel) / d.Seconds()
+	}
+	return rate, nil
+}
+
+// rateFromGFLOPS converts a FLOP rate into parameters per second: a
+// backward costs 2 FLOPs per parameter per sample, so a step of params
+// parameters takes 2*params*batch/(gflops*1e9) seconds.
+func rateFromGFLOPS(gflops float64, batch int) float64 { return gflops * 1e9 / (2 * float64(batch)) }
+
+func parseRun(c *cli.Context) (runOpts, error) {
+	o, err := parseStepFlags(c)
+	if err != nil {
+		return o, err
+	}
+	o.trace, o.traceSteps, o.metricsAddr = c.String("trace"), c.Int("trace-steps"), c.String("metrics-addr")
+	if o.traceSteps < 1 {
+		return o, usagef("--trace-steps %d: want >= 1", o.traceSteps)
+	}
+	return o, nil
+}
+
+func runAction(c *cli.Context) error {
+	if c.Args().Present() {
+		return usagef("unexpected argument %q (commands: run, sweep, collective, info)", c.Args().First())
+	}
+	o, err := parseRun(c)
+	if err != nil {
+		return err
+	}
+	g, closeGroup, err := startGroup(o.backend, o.ranks)
+	if err != nil {
+		return err
+	}
+	defer closeGroup()
+
+	cfg := o.benchConfig(g)
+	var stopMetrics func()
+	if o.metricsAddr != "" {
+		pools, err := newPools(o.ranks)
+		if err != nil {
+			return err
+		}
+		defer closePools(pools)
+		cfg.Pools = pools
+		onStep, stop, err := serveMetrics(o.metricsAddr, pools, c.App.ErrWriter)
+		if err != nil {
+			return err
+		}
+		stopMetrics = stop
+		defer stop()
+		cfg.OnStep = onStep
+	}
+	if o.trace != "" {
+		cfg.TraceSteps = o.traceSteps
+	}
+	bar := newProgress(c.App.ErrWriter, "run", o.warmup+o.steps, o.format == "table")
+	cfg.OnStep = chainOnStep(cfg.OnStep, func(rank int, _ bool, _ *ddp.StepStats) {
+		if rank == 0 {
+			bar.add(1)
+		}
+	})
+	res, err := bench.Run(c.Context, cfg)
+	bar.stop()
+	if err != nil {
+		return err
+	}
+	if stopMetrics != nil {
+		stopMetrics()
+	}
+	if o.trace != "" {
+		if err := writeTraceFile(o.trace, &o, res); err != nil {
+			return err
+		}
+	}
+	return writeRunResults(c.App.Writer, o.format, []runRecord{{o: o, res: res}})
+}
+
+// benchConfig returns the bench configuration for o on group g.
+func (o *runOpts) benchConfig(g []comm.Communicator) bench.Config {
+	params := make([]ddp.Param, len(o.model.Params))
+	for i, p := range o.model.Params {
+		params[i] = ddp.Param{Name: p.Name, Shape: p.Shape}
+	}
+	hook, _ := bench.NewHook(o.compression)
+	return bench.Config{
+		Params: params, Comms: g,
+		BucketCap: mib(o.bucketCapMB), FirstBucketCap: mib(o.firstMB),
+		Hook: hook, CopyGrads: !o.bucketView,
+		Steps: o.steps, Warmup: o.warmup,
+		Compute: o.compute, Rate: o.rate,
+		Timeout: o.timeout,
+	}
+}
+
+func chainOnStep(a, b func(int, bool, *ddp.StepStats)) func(int, bool, *ddp.StepStats) {
+	if a == nil {
+		return b
+	}
+	return func(r int, m bool, s *ddp.StepStats) { a(r, m, s); b(r, m, s) }
+}
+
+func newPools(n int) ([]*allocator.Pool, error) {
+	pools := make([]*allocator.Pool, n)
+	for r := range pools {
+		p, err := allocator.New(allocator.Options{})
+		if err != nil {
+			closePools(pools)
+			return nil, fmt.Errorf("rank %d CommPool: %w", r, err)
+		}
+		pools[r] = p
+	}
+	return pools, nil
+}
+
+func closePools(pools []*allocator.Pool) {
+	for _, p := range pools {
+		if p != nil {
+			p.Close()
+		}
+	}
+}
