@@ -1,0 +1,98 @@
+package commtest
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ddpgo/ddpgo/comm"
+)
+
+// Bench measures collective k on comms with messages of the given size in
+// bytes (nccl-tests' size: the full vector for AllGather and
+// ReduceScatter). Every iteration issues the collective on every rank and
+// waits for all of them, so the time per iteration is the slowest rank's.
+// It reports busbw-GB/s, algbw-GB/s and us/op. Supported kinds: AllReduce
+// (Sum), Broadcast (root 0), Reduce (Sum, root 0), AllGather,
+// ReduceScatter (Sum) and Barrier.
+func Bench(b *testing.B, comms []comm.Communicator, k comm.Kind, dt comm.DType, bytes int) {
+	n := len(comms)
+	count := bytes / dt.Size()
+	if k == comm.KindAllGather || k == comm.KindReduceScatter {
+		count /= n
+	}
+	send := make([]comm.Buffer, n)
+	recv := make([]comm.Buffer, n)
+	for r := range n {
+		switch k {
+		case comm.KindAllGather:
+			send[r] = buffer(alloc(count*dt.Size()), dt)
+			recv[r] = buffer(alloc(n*count*dt.Size()), dt)
+		case comm.KindReduceScatter:
+			send[r] = buffer(alloc(n*count*dt.Size()), dt)
+			recv[r] = buffer(alloc(count*dt.Size()), dt)
+		default:
+			send[r] = buffer(alloc(count*dt.Size()), dt)
+			recv[r] = buffer(alloc(count*dt.Size()), dt)
+		}
+	}
+	issue := func(r int) comm.Work {
+		c := comms[r]
+		switch k {
+		case comm.KindAllReduce:
+			return c.AllReduce(send[r], comm.Sum)
+		case comm.KindBroadcast:
+			return c.Broadcast(send[r], 0)
+		case comm.KindReduce:
+			return c.Reduce(send[r], recv[r], comm.Sum, 0)
+		case comm.KindAllGather:
+			return c.AllGather(send[r], recv[r])
+		case comm.KindReduceScatter:
+			return c.ReduceScatter(send[r], recv[r], comm.Sum)
+		case comm.KindBarrier:
+			return c.Barrier()
+		}
+		b.Fatalf("commtest.Bench: unsupported kind %s", k)
+		return comm.Work{}
+	}
+	ctx := context.Background()
+	ws := make([]comm.Work, n)
+	run := func() {
+		for r := range n {
+			ws[r] = issue(r)
+		}
+		for r := range n {
+			if err := ws[r].Wait(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	run() // warm up: first-touch page faults, worker start
+	iters := 0
+	start := time.Now()
+	for b.Loop() {
+		run()
+		iters++
+	}
+	d := time.Since(start) / time.Duration(max(iters, 1))
+	size := int64(n * count * dt.Size())
+	if k != comm.KindAllGather && k != comm.KindReduceScatter {
+		size = int64(count * dt.Size())
+	}
+	b.ReportMetric(comm.BusBW(k, n, size, d), "busbw-GB/s")
+	b.ReportMetric(comm.AlgBW(size, d), "algbw-GB/s")
+	b.ReportMetric(float64(d.Nanoseconds())/1e3, "us/op")
+}
+
+// SizeName formats a byte size the way benchmark names use it: 4KiB,
+// 64MiB, 100B.
+func SizeName(bytes int) string {
+	switch {
+	case bytes >= 1<<20 && bytes%(1<<20) == 0:
+		return fmt.Sprintf("%dMiB", bytes>>20)
+	case bytes >= 1<<10 && bytes%(1<<10) == 0:
+		return fmt.Sprintf("%dKiB", bytes>>10)
+	}
+	return fmt.Sprintf("%dB", bytes)
+}
