@@ -7,28 +7,6 @@ import "math"
 // each kernel reslices once so that the compiler drops the bounds checks
 // from its loop.
 
-// halfFast is FromFloat32 written for speed rather than for reading: the
-// subnormal case lets the FPU do the rounding (adding 0.5, whose ulp is
-// 2^-24, rounds to a multiple of the half subnormal unit, ties to even).
-// The tests check it against FromFloat32 on every float32.
-func halfFast(f float32) uint16 {
-	u := math.Float32bits(f)
-	sign := uint16(u>>16) & 0x8000
-	a := u &^ (1 << 31)
-	var h uint32
-	switch {
-	case a < 0x38800000:
-		h = math.Float32bits(math.Float32frombits(a)+0.5) - 0x3f000000
-	case a < 0x477ff000:
-		h = (a - 112<<23 + 0xfff + a>>13&1) >> 13
-	case a <= 0x7f800000:
-		h = 0x7c00
-	default:
-		h = 0x7e00 | a>>13&0x3ff
-	}
-	return sign | uint16(h)
-}
-
 // bf16Fast is BFloat16FromFloat32 by a rounding bias, the same method as
 // the SIMD kernels.
 func bf16Fast(f float32) uint16 {
@@ -39,10 +17,27 @@ func bf16Fast(f float32) uint16 {
 	return uint16((u + 0x7fff + u>>16&1) >> 16)
 }
 
+// f32ToHalfGeneric is FromFloat32 over a slice, written for speed rather
+// than for reading (and inline: as a function it would be too big for the
+// compiler to inline). The subnormal case lets the FPU round: adding 0.5,
+// whose ulp is 2^-24, rounds to a multiple of the half subnormal unit,
+// ties to even. The tests check it against FromFloat32 on every float32.
 func f32ToHalfGeneric(dst []uint16, src []float32) {
 	dst = dst[:len(src)]
 	for i, f := range src {
-		dst[i] = halfFast(f)
+		u := math.Float32bits(f)
+		a := u &^ (1 << 31)
+		h := (a - 112<<23 + 0xfff + a>>13&1) >> 13 // normal
+		if a < 0x38800000 {
+			h = math.Float32bits(math.Float32frombits(a)+0.5) - 0x3f000000
+		}
+		if a >= 0x477ff000 {
+			h = 0x7c00
+			if a > 0x7f800000 {
+				h = 0x7e00 | a>>13&0x3ff
+			}
+		}
+		dst[i] = uint16(u>>16&0x8000 | h)
 	}
 }
 
@@ -67,24 +62,34 @@ func bf16ToF32Generic(dst []float32, src []uint16) {
 	}
 }
 
+// sumBlock is how many elements the generic scaling and summing kernels
+// hold at a time in a float32 array on the stack: small enough for L1,
+// large enough that the per-block overhead does not matter.
+const sumBlock = 256
+
 func scaleToHalfGeneric(dst []uint16, src []float32, scale float32) {
-	dst = dst[:len(src)]
-	for i, f := range src {
-		dst[i] = halfFast(float32(f * scale))
+	var tmp [sumBlock]float32
+	for lo := 0; lo < len(src); lo += sumBlock {
+		s := src[lo:min(lo+sumBlock, len(src))]
+		t := tmp[:len(s)]
+		for i, f := range s {
+			t[i] = float32(f * scale)
+		}
+		f32ToHalfGeneric(dst[lo:lo+len(t)], t)
 	}
 }
 
 func scaleToBF16Generic(dst []uint16, src []float32, scale float32) {
-	dst = dst[:len(src)]
-	for i, f := range src {
-		dst[i] = bf16Fast(float32(f * scale))
+	var tmp [sumBlock]float32
+	for lo := 0; lo < len(src); lo += sumBlock {
+		s := src[lo:min(lo+sumBlock, len(src))]
+		t := tmp[:len(s)]
+		for i, f := range s {
+			t[i] = float32(f * scale)
+		}
+		f32ToBF16Generic(dst[lo:lo+len(t)], t)
 	}
 }
-
-// sumBlock is how many elements the generic sums accumulate at a time, in
-// a float32 array on the stack: small enough for L1, large enough that the
-// per-source loop overhead does not matter.
-const sumBlock = 256
 
 // sumHalfGeneric sets dst[i] = half(scale * sum_j srcs[j][i]) for i >= from,
 // multiplying only when scaled. len(srcs) >= 1 and every source is as long
@@ -106,17 +111,12 @@ func sumHalfGeneric(dst []uint16, srcs [][]uint16, from int, scale float32, scal
 				a[i] += ToFloat32(s[i])
 			}
 		}
-		d := dst[lo:hi]
-		d = d[:len(a)]
 		if scaled {
 			for i := range a {
-				d[i] = halfFast(float32(a[i] * scale))
-			}
-		} else {
-			for i := range a {
-				d[i] = halfFast(a[i])
+				a[i] = float32(a[i] * scale)
 			}
 		}
+		f32ToHalfGeneric(dst[lo:hi], a)
 	}
 }
 
@@ -138,17 +138,12 @@ func sumBF16Generic(dst []uint16, srcs [][]uint16, from int, scale float32, scal
 				a[i] += math.Float32frombits(uint32(s[i]) << 16)
 			}
 		}
-		d := dst[lo:hi]
-		d = d[:len(a)]
 		if scaled {
 			for i := range a {
-				d[i] = bf16Fast(float32(a[i] * scale))
-			}
-		} else {
-			for i := range a {
-				d[i] = bf16Fast(a[i])
+				a[i] = float32(a[i] * scale)
 			}
 		}
+		f32ToBF16Generic(dst[lo:hi], a)
 	}
 }
 

@@ -41,19 +41,20 @@ func shiftRoundEven(x, s uint32) uint32 {
 }
 
 // ToFloat32 returns the float32 value of the binary16 h, which is exact.
+// A NaN's payload moves to the top of float32's and is made quiet.
 func ToFloat32(h uint16) float32 {
-	sign := uint32(h&0x8000) << 16
 	a := uint32(h & 0x7fff)
-	switch {
-	case a > 0x7c00: // NaN: payload to the top of float32's, made quiet
-		return math.Float32frombits(sign | 0x7fc00000 | a<<13)
-	case a == 0x7c00:
-		return math.Float32frombits(sign | 0x7f800000)
-	case a >= 0x0400: // normal: rebias the exponent from 15 to 127
-		return math.Float32frombits(sign | (a+112<<10)<<13)
-	default: // zero or subnormal: a * 2^-24, exact in float32
-		return math.Float32frombits(sign | math.Float32bits(float32(a)*0x1p-24))
+	u := (a + 112<<10) << 13 // normal: rebias the exponent from 15 to 127
+	if a < 0x0400 {          // zero or subnormal: a * 2^-24, exact in float32
+		u = math.Float32bits(float32(a) * 0x1p-24)
 	}
+	if a >= 0x7c00 { // Inf or NaN
+		u = 0x7f800000 | a<<13
+		if a > 0x7c00 {
+			u |= 0x00400000
+		}
+	}
+	return math.Float32frombits(uint32(h&0x8000)<<16 | u)
 }
 
 // BFloat16FromFloat32 returns the bfloat16 nearest to f (ties to even).
