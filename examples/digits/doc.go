@@ -22,7 +22,7 @@
 //
 // Usage:
 //
-//	go run ./examples/digits [-ranks 4] [-epochs 20] [-batch 64] [-lr 0.05] [-hook none|fp16|bf16] [-seed 1] [-data file.csv.gz]
+//	go run ./examples/digits [-ranks 4] [-epochs 20] [-batch 64] [-hidden 128] [-lr 0.05] [-momentum 0.9] [-hook none|fp16|bf16] [-seed 1] [-data file.csv.gz]
 //
 // It prints the loss and accuracy on the training and test sets after
 // every epoch.

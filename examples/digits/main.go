@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -68,6 +69,6 @@ func run(out io.Writer, cfg config) error {
 		fmt.Fprintf(out, "epoch %3d  train loss %.4f acc %6.2f%%  test loss %.4f acc %6.2f%%\n",
 			epoch+1, trLoss, 100*trAcc, teLoss, 100*teAcc)
 	}
-	_ = trainLocal(train, cfg, report)
-	return nil
+	_, err = trainGroup(context.Background(), train, cfg, report)
+	return err
 }

@@ -1,0 +1,127 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/ddp"
+	"github.com/ddpgo/ddpgo/hooks"
+	"github.com/ddpgo/ddpgo/inproc"
+)
+
+// bucketCap is the byte limit of the gradient buckets. Backward produces
+// b2 and W2 (5,160 bytes) first, then b1 and W1 (33,280 bytes); a 4 KiB cap
+// puts each layer in a bucket of its own, so the last layer's all-reduce
+// starts while the first layer's gradients are still being computed. (The
+// default, 25 MiB, would put the whole 38 KB model in one bucket.)
+const bucketCap = 4 << 10
+
+// train is one rank's training loop; every rank of c runs it at the same
+// time on the same data and returns its replica, identical on all ranks.
+// Each global batch of cfg.Batch examples is cut into c.Size() equal shards
+// and this rank trains on shard c.Rank(); the Reducer averages the
+// gradients while backward runs. onEpoch, if not nil, is called by rank 0
+// after every epoch.
+func train(ctx context.Context, c comm.Communicator, data *dataset, cfg config, hook hooks.Hook, onEpoch func(int, *mlp)) (*mlp, error) {
+	m := newMLP(cfg.Seed, Pixels, cfg.Hidden, Classes)
+	r, err := ddp.New(ctx, c, m.params(), ddp.Options{Hook: hook, FirstBucketCap: bucketCap, BucketCap: bucketCap})
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	if err := r.BroadcastParameters(ctx, m.values()); err != nil { // start from rank 0's weights
+		return nil, err
+	}
+	opt := newSGD(m.values(), float32(cfg.LR), float32(cfg.Momentum))
+	shard := cfg.Batch / c.Size()
+	var x []float32
+	var y []int32
+	for epoch := range cfg.Epochs {
+		order := epochOrder(data.len(), cfg.Seed, epoch) // the same on every rank
+		for b := range data.len() / cfg.Batch {          // the last partial batch is dropped
+			lo := b*cfg.Batch + c.Rank()*shard
+			x, y = data.gather(x, y, order[lo:lo+shard])
+			if err := r.Begin(true); err != nil {
+				return nil, err
+			}
+			m.forward(x, y)
+			if err := m.backward(r.Grad, r.Ready); err != nil { // layer 2's all-reduce overlaps layer 1
+				return nil, err
+			}
+			if err := r.Wait(ctx); err != nil { // gradients now hold the average over ranks
+				return nil, err
+			}
+			opt.step(m.values(), r.Grad)
+		}
+		if c.Rank() == 0 && onEpoch != nil {
+			onEpoch(epoch, m)
+		}
+	}
+	return m, nil
+}
+
+// params describes the model's parameters to the Reducer, in registration
+// (forward) order.
+func (m *mlp) params() []ddp.Param {
+	names, shapes := m.shapes()
+	ps := make([]ddp.Param, len(names))
+	for i := range ps {
+		ps[i] = ddp.Param{Name: names[i], Shape: shapes[i]}
+	}
+	return ps
+}
+
+// newHook returns the Reducer hook named by the -hook flag: a new value per
+// rank, since a hook belongs to one rank.
+func newHook(name string) (hooks.Hook, error) {
+	switch name {
+	case "none", "", "allreduce":
+		return hooks.AllReduce(), nil
+	case "fp16":
+		return hooks.FP16(), nil
+	case "bf16":
+		return hooks.BF16(), nil
+	}
+	return nil, fmt.Errorf("%w: -hook %q, want none, fp16 or bf16", errConfig, name)
+}
+
+// trainGroup trains cfg.Ranks replicas at once, one goroutine per rank over
+// an in-process group, and returns every rank's model. If one rank fails,
+// its Reducer aborts the group, so the others fail too instead of waiting.
+func trainGroup(ctx context.Context, data *dataset, cfg config, onEpoch func(int, *mlp)) ([]*mlp, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	comms, err := inproc.NewGroup(cfg.Ranks)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		for _, c := range comms {
+			c.Close()
+		}
+	}()
+	models := make([]*mlp, cfg.Ranks)
+	errs := make([]error, cfg.Ranks)
+	var wg sync.WaitGroup
+	for rank, c := range comms {
+		hook, err := newHook(cfg.Hook)
+		if err != nil {
+			return nil, err
+		}
+		wg.Go(func() {
+			models[rank], errs[rank] = train(ctx, c, data, cfg, hook, onEpoch)
+			if errs[rank] != nil {
+				errs[rank] = fmt.Errorf("rank %d: %w", rank, errs[rank])
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return models, nil
+}

@@ -1,0 +1,143 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// testData returns the training and test sets of the default split.
+func testData(t testing.TB) (train, test *dataset) {
+	t.Helper()
+	ds, err := loadDigits("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ds.split(defaultConfig().Seed, trainFraction)
+}
+
+// maxDiff returns the largest absolute difference between two models'
+// parameters and where it is.
+func maxDiff(a, b *mlp) (d float64, param, index int) {
+	for p := range numParams {
+		for k := range a.w[p] {
+			if v := math.Abs(float64(a.w[p][k]) - float64(b.w[p][k])); v > d {
+				d, param, index = v, p, k
+			}
+		}
+	}
+	return d, param, index
+}
+
+// TestRanksMatchOneProcess trains the same configuration on 1, 2 and 4
+// ranks and on the single-process reference loop: every rank's replica must
+// be identical to its peers' and within 1e-5 of the reference, since with
+// equal shards the average of the shards' mean gradients is the mean
+// gradient of the global batch.
+func TestRanksMatchOneProcess(t *testing.T) {
+	train, _ := testData(t)
+	cfg := defaultConfig()
+	cfg.Epochs = 2
+	if raceEnabled {
+		cfg.Epochs, cfg.Hidden = 1, 32
+		train = train.subset(seq(8 * cfg.Batch))
+	}
+	ref := trainLocal(train, cfg, nil)
+	for _, ranks := range []int{1, 2, 4} {
+		cfg.Ranks = ranks
+		models, err := trainGroup(context.Background(), train, cfg, nil)
+		if err != nil {
+			t.Fatalf("%d ranks: %v", ranks, err)
+		}
+		names, _ := ref.shapes()
+		for r, m := range models {
+			for p := range numParams {
+				if !slices.Equal(m.w[p], models[0].w[p]) {
+					t.Fatalf("%d ranks: rank %d's %s differs from rank 0's", ranks, r, names[p])
+				}
+			}
+		}
+		d, p, k := maxDiff(models[0], ref)
+		t.Logf("%d ranks: max |w - w_reference| = %.3g (%s[%d])", ranks, d, names[p], k)
+		if d > 1e-5 {
+			t.Errorf("%d ranks: %s[%d] differs from the single-process run by %.3g > 1e-5", ranks, names[p], k, d)
+		}
+		if d, _, _ := maxDiff(models[0], newMLP(cfg.Seed, Pixels, cfg.Hidden, Classes)); d < 0.01 {
+			t.Errorf("%d ranks: the weights moved by at most %.3g: nothing was trained", ranks, d)
+		}
+	}
+}
+
+func seq(n int) []int {
+	s := make([]int, n)
+	for i := range s {
+		s[i] = i
+	}
+	return s
+}
+
+// TestAccuracy trains the default configuration (4 ranks) with each hook:
+// the test accuracy must reach 95%, and compressing gradients to fp16 or
+// bf16 must cost at most one accuracy point against fp32.
+func TestAccuracy(t *testing.T) {
+	if raceEnabled {
+		t.Skip("numerics only; the race detector makes it slow (TestRanksMatchOneProcess covers the concurrency)")
+	}
+	train, test := testData(t)
+	acc := map[string]float64{}
+	for _, hook := range []string{"none", "fp16", "bf16"} {
+		cfg := defaultConfig()
+		cfg.Hook = hook
+		models, err := trainGroup(context.Background(), train, cfg, nil)
+		if err != nil {
+			t.Fatalf("hook %s: %v", hook, err)
+		}
+		_, acc[hook] = models[0].evaluate(test, 256)
+		t.Logf("hook %s: test accuracy %.2f%%", hook, 100*acc[hook])
+		if acc[hook] < 0.95 {
+			t.Errorf("hook %s: test accuracy %.2f%% < 95%%", hook, 100*acc[hook])
+		}
+	}
+	for _, hook := range []string{"fp16", "bf16"} {
+		if d := math.Abs(acc[hook] - acc["none"]); d > 0.01 {
+			t.Errorf("hook %s: test accuracy %.2f%% is %.2f points from fp32's %.2f%%", hook, 100*acc[hook], 100*d, 100*acc["none"])
+		}
+	}
+}
+
+func TestRunPrintsEpochs(t *testing.T) {
+	cfg := defaultConfig()
+	cfg.Epochs, cfg.Ranks = 2, 2
+	var out bytes.Buffer
+	if err := run(&out, cfg); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[1], "epoch   1 ") || !strings.HasPrefix(lines[2], "epoch   2 ") {
+		t.Fatalf("output:\n%s", out.String())
+	}
+	for _, want := range []string{"train loss", "test loss", "acc"} {
+		if !strings.Contains(lines[2], want) {
+			t.Errorf("epoch line %q lacks %q", lines[2], want)
+		}
+	}
+}
+
+func TestRunRejectsBadConfig(t *testing.T) {
+	for _, edit := range []func(*config){
+		func(c *config) { c.Ranks, c.Batch = 3, 64 },
+		func(c *config) { c.Hook = "int8" },
+		func(c *config) { c.Batch = 4096 },
+	} {
+		cfg := defaultConfig()
+		cfg.Epochs = 1
+		edit(&cfg)
+		if err := run(&bytes.Buffer{}, cfg); !errors.Is(err, errConfig) {
+			t.Errorf("run(%+v) = %v, want errConfig", cfg, err)
+		}
+	}
+}
