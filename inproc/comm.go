@@ -302,7 +302,8 @@ func (c *Comm) WaitOp(ctx context.Context, id uint64) error {
 func (c *Comm) complete(seq uint64, err error) {
 	s := &c.slots[seq%ringSize]
 	if err != nil {
-		s.err.Store(&err)
+		e := err // a heap copy only on failure
+		s.err.Store(&e)
 	} else {
 		s.err.Store(nil)
 	}

@@ -87,13 +87,15 @@ func (c *Comm) await(ready func() bool, w *waitFor) error {
 			}
 			if !now.Before(report) {
 				g.reportStall(Stall{Rank: c.rank, Seq: w.d.seq, Kind: w.d.kind, Missing: c.missing(w), Waited: now.Sub(start)})
-				report = report.Add(g.opts.StallInterval)
+				for !now.Before(report) {
+					report = report.Add(g.opts.StallInterval)
+				}
 			}
 			next := report
 			if deadline.Before(next) {
 				next = deadline
 			}
-			timeout = next.Sub(now)
+			timeout = max(next.Sub(now), time.Microsecond)
 		}
 		c.parked.Store(true)
 		if ready() || (w != nil && g.failure() != nil) {

@@ -1,0 +1,298 @@
+package inproc
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ddpgo/ddpgo/comm"
+)
+
+func testGroup(t testing.TB, n int, o Options) []*Comm {
+	t.Helper()
+	cs, err := NewGroupWith(n, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, c := range cs {
+			c.Close()
+		}
+	})
+	return cs
+}
+
+func waitAll(t testing.TB, ws []comm.Work) []error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	errs := make([]error, len(ws))
+	for i, w := range ws {
+		errs[i] = w.Wait(ctx)
+		if errors.Is(errs[i], context.DeadlineExceeded) {
+			t.Fatalf("operation %d did not complete", i)
+		}
+	}
+	return errs
+}
+
+func TestNewGroupInvalid(t *testing.T) {
+	for _, tc := range []struct {
+		n int
+		o Options
+	}{{0, Options{}}, {-1, Options{}}, {2, Options{Timeout: -1}}, {2, Options{StallInterval: -time.Second}}} {
+		if _, err := NewGroupWith(tc.n, tc.o); !errors.Is(err, comm.ErrInvalid) {
+			t.Errorf("NewGroupWith(%d, %+v) = %v, want ErrInvalid", tc.n, tc.o, err)
+		}
+	}
+}
+
+// TestAllocs checks that issuing collectives and waiting for them
+// allocates nothing once the group is warm, on either the one-rank or the
+// parallel path.
+func TestAllocs(t *testing.T) {
+	if testing.CoverMode() != "" {
+		t.Skip("coverage instrumentation allocates")
+	}
+	cs := testGroup(t, 2, Options{})
+	ctx := context.Background()
+	for _, count := range []int{1024, 64 << 10} {
+		bufs := [][]float32{make([]float32, count), make([]float32, count)}
+		halves := [][]uint16{make([]uint16, count), make([]uint16, count)}
+		ws := make([]comm.Work, 4)
+		step := func() {
+			for r, c := range cs {
+				ws[r] = c.AllReduce(comm.Float32s(bufs[r]), comm.Avg)
+				ws[2+r] = c.AllReduce(comm.Halves(halves[r]), comm.Sum)
+			}
+			for _, w := range ws {
+				if err := w.Wait(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		step()
+		if a := testing.AllocsPerRun(200, step); a != 0 {
+			t.Errorf("count %d: %v allocations per all_reduce + Wait on two ranks, want 0", count, a)
+		}
+	}
+	sb, rb := make([]int64, 100), make([]int64, 100)
+	p2p := func() {
+		s := cs[0].Send(comm.Int64s(sb), 1)
+		r := cs[1].Recv(comm.Int64s(rb), 0)
+		b0, b1 := cs[0].Barrier(), cs[1].Barrier()
+		for _, w := range []comm.Work{s, r, b0, b1} {
+			if err := w.Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	p2p()
+	if a := testing.AllocsPerRun(200, p2p); a != 0 {
+		t.Errorf("%v allocations per send + recv + barrier, want 0", a)
+	}
+}
+
+// TestCloseLeavesNoGoroutine checks that Close stops every worker and is
+// idempotent.
+func TestCloseLeavesNoGoroutine(t *testing.T) {
+	before := runtime.NumGoroutine()
+	cs, err := NewGroup(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws := make([]comm.Work, 4)
+	for r, c := range cs {
+		ws[r] = c.AllReduce(comm.Float32s(make([]float32, 100)), comm.Sum)
+	}
+	waitAll(t, ws)
+	for _, c := range cs {
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; runtime.NumGoroutine() > before; i++ {
+		if i == 1000 {
+			t.Fatalf("%d goroutines after Close, %d before NewGroup", runtime.NumGoroutine(), before)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestMismatchReport checks what a mismatch error says and that the group
+// stays usable after it.
+func TestMismatchReport(t *testing.T) {
+	cs := testGroup(t, 3, Options{})
+	bufs := make([][]float32, 3)
+	ws := make([]comm.Work, 3)
+	for r, c := range cs {
+		bufs[r] = []float32{float32(r), 1}
+		ws[r] = c.Barrier()
+	}
+	waitAll(t, ws)
+	for r, c := range cs {
+		op := comm.Sum
+		if r == 2 {
+			op = comm.Max
+		}
+		ws[r] = c.AllReduce(comm.Float32s(bufs[r]), op)
+	}
+	for r, err := range waitAll(t, ws) {
+		if !errors.Is(err, comm.ErrMismatch) {
+			t.Fatalf("rank %d: %v, want ErrMismatch", r, err)
+		}
+		for _, want := range []string{"collective #2", "rank(s) [2] differ", "rank 0: all_reduce(sum, 2 x float) (seq 2)", "rank 2: all_reduce(max, 2 x float) (seq 2)"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("rank %d: %q does not say %q", r, err, want)
+			}
+		}
+		var oe *comm.OpError
+		if !errors.As(err, &oe) || oe.Rank != r || oe.Seq != 2 || oe.Kind != comm.KindAllReduce {
+			t.Errorf("rank %d: %#v, want an OpError for rank %d, seq 2, all_reduce", r, oe, r)
+		}
+	}
+	for r, c := range cs {
+		ws[r] = c.AllReduce(comm.Float32s(bufs[r]), comm.Sum)
+	}
+	for r, err := range waitAll(t, ws) {
+		if err != nil || bufs[r][0] != 3 || bufs[r][1] != 3 {
+			t.Errorf("rank %d after the mismatch: %v, %v; want nil, [3 3]", r, err, bufs[r])
+		}
+	}
+}
+
+// TestInvalidOnOneRank checks that a call that is invalid on one rank only
+// fails the collective on every rank rather than hanging the others.
+func TestInvalidOnOneRank(t *testing.T) {
+	cs := testGroup(t, 3, Options{})
+	ws := make([]comm.Work, 3)
+	for r, c := range cs {
+		root := 0
+		if r == 1 {
+			root = 7
+		}
+		ws[r] = c.Broadcast(comm.Float32s(make([]float32, 4)), root)
+	}
+	for r, err := range waitAll(t, ws) {
+		if !errors.Is(err, comm.ErrInvalid) {
+			t.Errorf("rank %d: %v, want ErrInvalid", r, err)
+		} else if r != 1 && !strings.Contains(err.Error(), "rank(s) [1]") {
+			t.Errorf("rank %d: %q does not name rank 1", r, err)
+		}
+	}
+}
+
+// TestStallAndTimeout leaves one rank out of a collective: the others
+// report the stall naming it, then fail with ErrTimeout, and the group is
+// aborted.
+func TestStallAndTimeout(t *testing.T) {
+	var mu sync.Mutex
+	var stalls []Stall
+	cs := testGroup(t, 3, Options{
+		StallInterval: time.Millisecond,
+		Timeout:       50 * time.Millisecond,
+		OnStall: func(s Stall) {
+			mu.Lock()
+			stalls = append(stalls, s)
+			mu.Unlock()
+		},
+	})
+	ws := []comm.Work{
+		cs[0].AllReduce(comm.Float32s(make([]float32, 4)), comm.Sum),
+		cs[1].AllReduce(comm.Float32s(make([]float32, 4)), comm.Sum),
+	}
+	for r, err := range waitAll(t, ws) {
+		if !errors.Is(err, comm.ErrTimeout) {
+			t.Errorf("rank %d: %v, want ErrTimeout", r, err)
+		}
+	}
+	mu.Lock()
+	if len(stalls) == 0 {
+		t.Error("no stall reported")
+	}
+	for _, s := range stalls {
+		if s.Kind != comm.KindAllReduce || len(s.Missing) != 1 || s.Missing[0] != 2 || s.Seq != 1 || s.Rank == 2 {
+			t.Errorf("stall report %v, want rank 0 or 1 waiting in all_reduce #1 for rank 2", s)
+		}
+	}
+	mu.Unlock()
+	err := waitAll(t, []comm.Work{cs[2].AllReduce(comm.Float32s(make([]float32, 4)), comm.Sum)})[0]
+	if !errors.Is(err, comm.ErrAborted) || !errors.Is(err, comm.ErrTimeout) {
+		t.Errorf("late rank: %v, want ErrAborted wrapping ErrTimeout", err)
+	}
+}
+
+func TestSendRecvMismatch(t *testing.T) {
+	cs := testGroup(t, 2, Options{})
+	ws := []comm.Work{
+		cs[0].Send(comm.Float32s(make([]float32, 4)), 1),
+		cs[1].Recv(comm.Float32s(make([]float32, 5)), 0),
+	}
+	for r, err := range waitAll(t, ws) {
+		if !errors.Is(err, comm.ErrMismatch) {
+			t.Errorf("rank %d: %v, want ErrMismatch", r, err)
+		}
+	}
+}
+
+// TestAbortRace aborts a group while large collectives are in flight, from
+// another goroutine: every Work must complete, successfully or with
+// ErrAborted (the race detector checks that no buffer is touched after).
+func TestAbortRace(t *testing.T) {
+	for trial := range 20 {
+		cs := testGroup(t, 3, Options{})
+		var wg sync.WaitGroup
+		for r, c := range cs {
+			wg.Go(func() {
+				buf := make([]float32, 64<<10)
+				for i := 0; ; i++ {
+					err := c.AllReduce(comm.Float32s(buf), comm.Sum).Wait(context.Background())
+					if err != nil {
+						if !errors.Is(err, comm.ErrAborted) {
+							t.Errorf("trial %d, rank %d, op %d: %v", trial, r, i, err)
+						}
+						return
+					}
+					buf[0] = 1 // the Work is complete: the buffer is ours again
+					if r == trial%3 && i == trial {
+						c.Abort(errors.New("test"))
+					}
+				}
+			})
+		}
+		wg.Wait()
+	}
+}
+
+func TestWaitOldAndUnknownOps(t *testing.T) {
+	cs := testGroup(t, 2, Options{})
+	var first []comm.Work
+	for i := range 2*ringSize + 5 {
+		ws := []comm.Work{cs[0].Barrier(), cs[1].Barrier()}
+		if i == 0 {
+			first = ws
+		}
+		waitAll(t, ws)
+	}
+	if errs := waitAll(t, first); errs[0] != nil || errs[1] != nil {
+		t.Errorf("waiting again on the first barrier: %v", errs)
+	}
+	if _, err := cs[0].TestOp(1 << 40); !errors.Is(err, comm.ErrInvalid) {
+		t.Errorf("TestOp of an operation never issued: %v, want ErrInvalid", err)
+	}
+}
+
+func TestSingleRank(t *testing.T) {
+	cs := testGroup(t, 1, Options{})
+	buf := []int32{1, 2, 3}
+	if err := cs[0].AllReduce(comm.Int32s(buf), comm.Avg).Wait(context.Background()); err != nil || buf[2] != 3 {
+		t.Fatalf("%v %v", err, buf)
+	}
+}
