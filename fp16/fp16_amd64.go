@@ -7,12 +7,14 @@ import (
 	"unsafe"
 )
 
-// Assembly kernels (fp16_amd64.s). Each converts n elements, n a positive
-// multiple of 8; the Go wrappers below finish the last n%8 with the
-// portable code. With stream set, dst must be 64-byte aligned and the
+// Assembly kernels (fp16_amd64.s for AVX2+F16C, avx512_amd64.s for
+// AVX-512). Each converts n elements, n a positive multiple of its block
+// (8 for AVX2, 16 for AVX-512); the Go wrappers below finish the rest with
+// the portable code. With stream set, dst must be 64-byte aligned and the
 // stores bypass the cache. The sums cover elements lo..hi-1, hi-lo a
-// positive multiple of 8, reading srcs[0..nsrc-1] and always multiplying
-// by scale (1 when not scaled: x*1 is x for every sum they can produce).
+// positive multiple of the block, reading srcs[0..nsrc-1] and always
+// multiplying by scale (1 when not scaled: x*1 is x for every sum they can
+// produce).
 
 //go:noescape
 func f32ToHalfAVX2(dst *uint16, src *float32, n int, stream bool)
@@ -38,6 +40,30 @@ func sumHalfAVX2(dst *uint16, srcs *[]uint16, nsrc, lo, hi int, scale float32)
 //go:noescape
 func sumBF16AVX2(dst *uint16, srcs *[]uint16, nsrc, lo, hi int, scale float32)
 
+//go:noescape
+func f32ToHalfAVX512(dst *uint16, src *float32, n int, stream bool)
+
+//go:noescape
+func halfToF32AVX512(dst *float32, src *uint16, n int, stream bool)
+
+//go:noescape
+func f32ToBF16AVX512(dst *uint16, src *float32, n int, stream bool)
+
+//go:noescape
+func bf16ToF32AVX512(dst *float32, src *uint16, n int, stream bool)
+
+//go:noescape
+func scaleToHalfAVX512(dst *uint16, src *float32, n int, scale float32, stream bool)
+
+//go:noescape
+func scaleToBF16AVX512(dst *uint16, src *float32, n int, scale float32, stream bool)
+
+//go:noescape
+func sumHalfAVX512(dst *uint16, srcs *[]uint16, nsrc, lo, hi int, scale float32)
+
+//go:noescape
+func sumBF16AVX512(dst *uint16, srcs *[]uint16, nsrc, lo, hi int, scale float32)
+
 func cpuid(leaf, sub uint32) (eax, ebx, ecx, edx uint32)
 
 func xgetbv0() (eax, edx uint32)
@@ -52,25 +78,25 @@ const streamBytes = 2 << 20
 // plan splits a conversion of n elements whose destination, of elemSize
 // bytes per element, starts at p: the first head elements go to the
 // portable code so that the SIMD part's destination is 64-byte aligned
-// when it streams, the next body elements (a multiple of 8) go to SIMD,
-// and the rest to the portable code again.
-func plan(p unsafe.Pointer, n, elemSize int) (head, body int, stream bool) {
+// when it streams, the next body elements (a multiple of block, a power of
+// two) go to SIMD, and the rest to the portable code again.
+func plan(p unsafe.Pointer, n, elemSize, block int) (head, body int, stream bool) {
 	if n*elemSize >= streamBytes {
 		stream = true
 		if mis := int(uintptr(p) & 63); mis != 0 {
 			head = min((64-mis)/elemSize, n)
 		}
 	}
-	return head, (n - head) &^ 7, stream
+	return head, (n - head) &^ (block - 1), stream
 }
 
 // convert runs a SIMD conversion kernel over src into dst as plan says.
-func convert[D, S any](dst []D, src []S, elemSize int,
+func convert[D, S any](dst []D, src []S, elemSize, block int,
 	simd func(*D, *S, int, bool), generic func([]D, []S)) {
 	if len(src) == 0 {
 		return
 	}
-	head, body, stream := plan(unsafe.Pointer(&dst[0]), len(src), elemSize)
+	head, body, stream := plan(unsafe.Pointer(&dst[0]), len(src), elemSize, block)
 	generic(dst[:head], src[:head])
 	if body > 0 {
 		simd(&dst[head], &src[head], body, stream)
@@ -79,12 +105,12 @@ func convert[D, S any](dst []D, src []S, elemSize int,
 }
 
 // scaleConvert is convert for the kernels that also scale.
-func scaleConvert(dst []uint16, src []float32, scale float32,
+func scaleConvert(dst []uint16, src []float32, scale float32, block int,
 	simd func(*uint16, *float32, int, float32, bool), generic func([]uint16, []float32, float32)) {
 	if len(src) == 0 {
 		return
 	}
-	head, body, stream := plan(unsafe.Pointer(&dst[0]), len(src), 2)
+	head, body, stream := plan(unsafe.Pointer(&dst[0]), len(src), 2, block)
 	generic(dst[:head], src[:head], scale)
 	if body > 0 {
 		simd(&dst[head], &src[head], body, scale, stream)
@@ -92,47 +118,74 @@ func scaleConvert(dst []uint16, src []float32, scale float32,
 	generic(dst[head+body:], src[head+body:], scale)
 }
 
+// sum runs a SIMD sum kernel over dst as far as whole blocks go, then
+// the portable kernel over the rest.
+func sum(dst []uint16, srcs [][]uint16, from int, scale float32, scaled bool, block int,
+	simd func(*uint16, *[]uint16, int, int, int, float32), generic func([]uint16, [][]uint16, int, float32, bool)) {
+	hi := from + (len(dst)-from)&^(block-1)
+	if hi > from {
+		s := scale
+		if !scaled {
+			s = 1
+		}
+		simd(&dst[0], &srcs[0], len(srcs), from, hi, s)
+	}
+	generic(dst, srcs, hi, scale, scaled)
+}
+
 var avx2Kernels = kernels{
 	name: "avx2+f16c",
 	f32ToHalf: func(dst []uint16, src []float32) {
-		convert(dst, src, 2, f32ToHalfAVX2, f32ToHalfGeneric)
+		convert(dst, src, 2, 8, f32ToHalfAVX2, f32ToHalfGeneric)
 	},
 	halfToF32: func(dst []float32, src []uint16) {
-		convert(dst, src, 4, halfToF32AVX2, halfToF32Generic)
+		convert(dst, src, 4, 8, halfToF32AVX2, halfToF32Generic)
 	},
 	f32ToBF16: func(dst []uint16, src []float32) {
-		convert(dst, src, 2, f32ToBF16AVX2, f32ToBF16Generic)
+		convert(dst, src, 2, 8, f32ToBF16AVX2, f32ToBF16Generic)
 	},
 	bf16ToF32: func(dst []float32, src []uint16) {
-		convert(dst, src, 4, bf16ToF32AVX2, bf16ToF32Generic)
+		convert(dst, src, 4, 8, bf16ToF32AVX2, bf16ToF32Generic)
 	},
 	scaleToHalf: func(dst []uint16, src []float32, scale float32) {
-		scaleConvert(dst, src, scale, scaleToHalfAVX2, scaleToHalfGeneric)
+		scaleConvert(dst, src, scale, 8, scaleToHalfAVX2, scaleToHalfGeneric)
 	},
 	scaleToBF16: func(dst []uint16, src []float32, scale float32) {
-		scaleConvert(dst, src, scale, scaleToBF16AVX2, scaleToBF16Generic)
+		scaleConvert(dst, src, scale, 8, scaleToBF16AVX2, scaleToBF16Generic)
 	},
 	sumHalf: func(dst []uint16, srcs [][]uint16, from int, scale float32, scaled bool) {
-		hi := from + (len(dst)-from)&^7
-		if hi > from {
-			s := scale
-			if !scaled {
-				s = 1
-			}
-			sumHalfAVX2(&dst[0], &srcs[0], len(srcs), from, hi, s)
-		}
-		sumHalfGeneric(dst, srcs, hi, scale, scaled)
+		sum(dst, srcs, from, scale, scaled, 8, sumHalfAVX2, sumHalfGeneric)
 	},
 	sumBF16: func(dst []uint16, srcs [][]uint16, from int, scale float32, scaled bool) {
-		hi := from + (len(dst)-from)&^7
-		if hi > from {
-			s := scale
-			if !scaled {
-				s = 1
-			}
-			sumBF16AVX2(&dst[0], &srcs[0], len(srcs), from, hi, s)
-		}
-		sumBF16Generic(dst, srcs, hi, scale, scaled)
+		sum(dst, srcs, from, scale, scaled, 8, sumBF16AVX2, sumBF16Generic)
+	},
+}
+
+var avx512Kernels = kernels{
+	name: "avx512",
+	f32ToHalf: func(dst []uint16, src []float32) {
+		convert(dst, src, 2, 16, f32ToHalfAVX512, f32ToHalfGeneric)
+	},
+	halfToF32: func(dst []float32, src []uint16) {
+		convert(dst, src, 4, 16, halfToF32AVX512, halfToF32Generic)
+	},
+	f32ToBF16: func(dst []uint16, src []float32) {
+		convert(dst, src, 2, 16, f32ToBF16AVX512, f32ToBF16Generic)
+	},
+	bf16ToF32: func(dst []float32, src []uint16) {
+		convert(dst, src, 4, 16, bf16ToF32AVX512, bf16ToF32Generic)
+	},
+	scaleToHalf: func(dst []uint16, src []float32, scale float32) {
+		scaleConvert(dst, src, scale, 16, scaleToHalfAVX512, scaleToHalfGeneric)
+	},
+	scaleToBF16: func(dst []uint16, src []float32, scale float32) {
+		scaleConvert(dst, src, scale, 16, scaleToBF16AVX512, scaleToBF16Generic)
+	},
+	sumHalf: func(dst []uint16, srcs [][]uint16, from int, scale float32, scaled bool) {
+		sum(dst, srcs, from, scale, scaled, 16, sumHalfAVX512, sumHalfGeneric)
+	},
+	sumBF16: func(dst []uint16, srcs [][]uint16, from int, scale float32, scaled bool) {
+		sum(dst, srcs, from, scale, scaled, 16, sumBF16AVX512, sumBF16Generic)
 	},
 }
 
@@ -141,6 +194,7 @@ var avx2Kernels = kernels{
 type features struct {
 	avx, avx2, f16c, fma        bool
 	avx512f, avx512bw, avx512vl bool
+	avx512dq                    bool
 	avx512fp16, avx512bf16      bool
 }
 
@@ -173,6 +227,7 @@ func detect() features {
 		f.avx512f = ebx7&(1<<16) != 0
 		f.avx512bw = f.avx512f && ebx7&(1<<30) != 0
 		f.avx512vl = f.avx512f && ebx7&(1<<31) != 0
+		f.avx512dq = f.avx512f && ebx7&(1<<17) != 0
 		f.avx512fp16 = f.avx512f && edx7&(1<<23) != 0
 		eax71, _, _, _ := cpuid(7, 1)
 		f.avx512bf16 = f.avx512f && eax71&(1<<5) != 0
@@ -187,7 +242,7 @@ func (f features) String() string {
 		name string
 	}{
 		{f.avx, "avx"}, {f.avx2, "avx2"}, {f.f16c, "f16c"}, {f.fma, "fma"},
-		{f.avx512f, "avx512f"}, {f.avx512bw, "avx512bw"}, {f.avx512vl, "avx512vl"},
+		{f.avx512f, "avx512f"}, {f.avx512bw, "avx512bw"}, {f.avx512dq, "avx512dq"}, {f.avx512vl, "avx512vl"},
 		{f.avx512fp16, "avx512fp16"}, {f.avx512bf16, "avx512bf16"},
 	} {
 		if x.ok {
@@ -210,6 +265,9 @@ var (
 // first; the portable one is always last.
 func availableKernels() []*kernels {
 	var ks []*kernels
+	if cpu.avx512f && cpu.avx512bw && cpu.avx512dq && cpu.avx512vl && cpu.avx2 && cpu.f16c {
+		ks = append(ks, &avx512Kernels)
+	}
 	if cpu.avx2 && cpu.f16c {
 		ks = append(ks, &avx2Kernels)
 	}
