@@ -183,9 +183,11 @@ func (c *Comm) lead(s *collSlot, k uint64, d *desc) error {
 // follow waits for the last rank of collective k to open the gate.
 func (c *Comm) follow(s *collSlot, k uint64, d *desc) error {
 	g := c.g
+	// A gate past k can only be a later collective's cancellation, and
+	// other ranks can only have moved past k if k completed (modeDone).
 	ready := func() bool {
 		v := g.gate.Load()
-		return v>>2 == k && v&3 != modeClaim
+		return v>>2 > k || v>>2 == k && v&3 != modeClaim
 	}
 	if err := c.await(ready, &waitFor{d: d, coll: k}); err != nil {
 		// Cancel the collective so that nobody touches this rank's
@@ -193,7 +195,7 @@ func (c *Comm) follow(s *collSlot, k uint64, d *desc) error {
 		// it finishes soon.
 		for {
 			cur := g.gate.Load()
-			if cur>>2 == k {
+			if cur>>2 >= k {
 				break
 			}
 			if g.gate.CompareAndSwap(cur, k<<2|modeCancel) {
@@ -203,7 +205,11 @@ func (c *Comm) follow(s *collSlot, k uint64, d *desc) error {
 		}
 		_ = c.await(ready, nil)
 	}
-	switch g.gate.Load() & 3 {
+	v := g.gate.Load()
+	if v>>2 > k {
+		return c.verdictErr(d, s.verdict)
+	}
+	switch v & 3 {
 	case modeCancel:
 		return c.opErr(d, g.failure())
 	case modeDone:
