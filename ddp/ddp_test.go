@@ -70,6 +70,7 @@ type wire struct {
 }
 
 var wires = []wire{
+	{"avg", hooks.Avg, 0x1p-24, 0x1p-150},
 	{"allreduce", hooks.AllReduce, 0x1p-24, 0x1p-150},
 	{"fp16", hooks.FP16, 0x1p-11, 0x1p-25},
 	{"bf16", hooks.BF16, 0x1p-8, 0x1p-134},
@@ -212,7 +213,7 @@ func TestEquivalence(t *testing.T) {
 				t.Run(fmt.Sprintf("n=%d/%s/%s", n, w.name, v.name), func(t *testing.T) {
 					cfg := v.cfg
 					cfg.n, cfg.steps, cfg.opts = n, steps, smallOpts(w.hook, v.mod)
-					_, cs := newTestGroup(t, n)
+					cs := newTestGroup(t, n)
 					res := train(t, cs, cfg, m, xs, ys)
 					checkTraining(t, w, res, refGrads, ref)
 				})
@@ -247,14 +248,14 @@ func checkTraining(t *testing.T, w wire, res []trainResult, refGrads [][][]float
 					t.Fatalf("step %d param %d elem %d: got %g, exact average %g: error %g > bound %g", s, p, i, got[i], exact, d, b)
 				}
 			}
-			if w.name == "allreduce" {
+			if w.name == "allreduce" || w.name == "avg" {
 				if e := relErr(got, refGrads[s][p]); e > 1e-6 {
 					t.Errorf("step %d param %d: gradient differs from the single-rank full batch by %g relative", s, p, e)
 				}
 			}
 		}
 	}
-	if w.name == "allreduce" {
+	if w.name == "allreduce" || w.name == "avg" {
 		for p := range ref.w {
 			if e := relErr(res[0].weights[p], ref.w[p]); e > 1e-6 {
 				t.Errorf("param %d: weights differ from single-rank training by %g relative", p, e)
@@ -266,7 +267,7 @@ func checkTraining(t *testing.T, w wire, res []trainResult, refGrads [][][]float
 	for _, g := range res[0].local[0] {
 		wantBytes += int64(len(g)) * 4
 	}
-	if w.name != "allreduce" {
+	if w.name == "fp16" || w.name == "bf16" {
 		wantBytes /= 2
 	}
 	if st.Bytes != wantBytes {
@@ -284,7 +285,7 @@ func TestRebuild(t *testing.T) {
 	m := newMLP(rng, 5, 7, 3)
 	xs, ys := randomData(rng, 12, 5, 3)
 	run := func(keep bool) []trainResult {
-		_, cs := newTestGroup(t, 3)
+		cs := newTestGroup(t, 3)
 		cfg := trainConfig{n: 3, steps: 3, opts: smallOpts(hooks.AllReduce, func(o *Options) { o.KeepLayout = keep })}
 		return train(t, cs, cfg, m, xs, ys)
 	}
@@ -318,7 +319,7 @@ func bucketInfoEqual(a, b BucketInfo) bool {
 // taken during the step agree); the new layout arrives at the next Begin.
 func TestRebuildKeepsValues(t *testing.T) {
 	checkNoLeak(t)
-	_, cs := newTestGroup(t, 2)
+	cs := newTestGroup(t, 2)
 	params := []Param{{Name: "a", Shape: []int{16}}, {Name: "b", Shape: []int{16}}, {Name: "c", Shape: []int{16}}}
 	errs := runRanks(cs, func(rank int, c comm.Communicator) error {
 		ctx := context.Background()
@@ -387,7 +388,7 @@ func TestNoSync(t *testing.T) {
 	for _, copyGrads := range []bool{false, true} {
 		t.Run(fmt.Sprintf("copy=%v", copyGrads), func(t *testing.T) {
 			const n = 3
-			_, cs := newTestGroup(t, n)
+			cs := newTestGroup(t, n)
 			params := []Param{{Name: "w", Shape: []int{4, 5}}, {Name: "b", Shape: []int{5}}}
 			local := func(rank, micro, p, i int) float32 {
 				return float32(math.Sin(float64(1000*rank+100*micro+10*p+i))) * 3

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"unsafe"
 
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/fp16"
@@ -189,5 +188,3 @@ func (c *fakeComm) Abort(err error) {
 	}
 }
 func (c *fakeComm) Close() error { return nil }
-
-var _ = unsafe.Pointer(nil)

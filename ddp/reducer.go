@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log"
-	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -67,6 +66,14 @@ type Options struct {
 	// FindUnusedParameters does; later steps mark them ready at Begin, so
 	// their buckets need not wait for Wait.
 	StaticGraph bool
+	// NoZeroGrad skips zeroing the gradients at Begin (PyTorch's
+	// zero_grad(set_to_none=True) instead of zero_grad()): after a synced
+	// step every gradient still holds the last average, so the first
+	// step of each accumulation window must overwrite (=) every gradient it
+	// marks ready, or use SetGrad; later no-sync steps add (+=) as usual.
+	// It saves one pass over the gradient memory per step. Parameters the
+	// Reducer marks unused are still zeroed.
+	NoZeroGrad bool
 	// KeepLayout disables the rebuild of buckets after the first synced
 	// step: the initial layout stays.
 	KeepLayout bool
@@ -130,6 +137,7 @@ type Reducer struct {
 	order    []atomic.Int32 // ready order of the current step
 	nready   atomic.Int32
 	isUnused []bool // marked by the Reducer (unused) in this step
+	stale    bool   // NoZeroGrad: gradients were not zeroed at Begin
 	static   []bool // StaticGraph: unused in the first synced step
 	staticOK bool   // static set known
 	reduced  atomic.Int32
@@ -296,7 +304,8 @@ func (r *Reducer) Begin(sync bool) error {
 		}
 	}
 	L := r.lay.Load()
-	if r.prevSync {
+	r.stale = r.prevSync && r.o.NoZeroGrad
+	if r.prevSync && !r.o.NoZeroGrad {
 		if r.copies != nil {
 			for _, g := range r.copies {
 				clear(g)
@@ -449,6 +458,9 @@ func (r *Reducer) markUnused(L *layout, i int) {
 		return
 	}
 	r.isUnused[i] = true
+	if r.stale {
+		clear(r.Grad(i))
+	}
 	r.cur.Unused = append(r.cur.Unused, i)
 	r.arrive(L, i, true)
 }
@@ -757,5 +769,3 @@ type BucketInfo struct {
 	Bytes  int   // gradient bytes
 	Limit  int   // byte limit the bucket was built under
 }
-
-var _ = math.Inf

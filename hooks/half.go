@@ -3,6 +3,7 @@ package hooks
 import (
 	"context"
 	"fmt"
+	"unsafe"
 
 	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
@@ -86,7 +87,6 @@ func (h *half) Reduce(ctx context.Context, c comm.Communicator, b *Bucket) error
 
 	t.CompressStart = since(b.Start)
 	h.compress(s, buf, 1/float32(c.Size()))
-	over, before := h.count(s, buf)
 	t.CompressEnd = since(b.Start)
 
 	t.CollectiveStart = t.CompressEnd
@@ -95,40 +95,54 @@ func (h *half) Reduce(ctx context.Context, c comm.Communicator, b *Bucket) error
 	t.WireBytes = int64(n * h.wire.Size())
 	if err != nil {
 		t.DecompressEnd = t.CollectiveEnd
-		t.Overflows = over
 		return fmt.Errorf("hooks: %s of bucket %d (%d elements): %w", h.name, b.Index, n, err)
 	}
-	if after := h.nonfinite(s); after > before {
-		over += after - before
+	// buf still holds this rank's float32 input: count the elements whose
+	// sum is Inf or NaN although the input was finite. A rank's own
+	// conversion overflow makes the sum non-finite, so this counts it, the
+	// overflows of other ranks' conversions and those of the sum itself.
+	// The common case (nothing non-finite) costs one word-wise scan.
+	if anyNonfinite(s, h.exp) {
+		t.Overflows = overflows(s, buf, h.exp)
 	}
 	h.decompress(buf, s)
 	t.DecompressEnd = since(b.Start)
-	t.Overflows = over
 	return nil
 }
 
-// count returns how many elements of the compressed s are ±Inf although
-// the float32 input was finite (overflows of the conversion), and how many
-// elements of s are Inf or NaN at all.
-func (h *half) count(s []uint16, in []float32) (over, nonfinite int64) {
-	e := h.exp
-	for i, v := range s {
-		if v&e == e {
-			nonfinite++
-			if v&0x7fff == e && !isInf(in[i]) {
-				over++
-			}
+// anyNonfinite reports whether some element of s has an all-ones exponent
+// (Inf or NaN) under mask exp, four elements per 64-bit word.
+func anyNonfinite(s []uint16, exp uint16) bool {
+	const ones, highs = 0x0001_0001_0001_0001, 0x8000_8000_8000_8000
+	m := uint64(exp) * ones
+	nw := len(s) / 4
+	if nw > 0 {
+		words := unsafe.Slice((*uint64)(unsafe.Pointer(unsafe.SliceData(s))), nw)
+		var acc uint64
+		for _, w := range words {
+			// A lane of t is zero exactly where the exponent is all ones;
+			// (t - ones) &^ t has a lane's high bit set if some lane is zero.
+			t := w&m ^ m
+			acc |= (t - ones) &^ t
+		}
+		if acc&highs != 0 {
+			return true
 		}
 	}
-	return over, nonfinite
+	for _, v := range s[nw*4:] {
+		if v&exp == exp {
+			return true
+		}
+	}
+	return false
 }
 
-// nonfinite counts the Inf and NaN elements of s.
-func (h *half) nonfinite(s []uint16) int64 {
-	e := h.exp
+// overflows counts the elements of s that are Inf or NaN where in is
+// finite.
+func overflows(s []uint16, in []float32, exp uint16) int64 {
 	var n int64
-	for _, v := range s {
-		if v&e == e {
+	for i, v := range s {
+		if v&exp == exp && !isInf(in[i]) && in[i] == in[i] {
 			n++
 		}
 	}

@@ -1,0 +1,216 @@
+package ddp
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"runtime"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/hooks"
+)
+
+// loadManifest reads a model manifest (name and shape of every parameter,
+// in registration order) from testdata.
+func loadManifest(t testing.TB, path string) []Param {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m struct {
+		Source string `json:"source"`
+		Params []struct {
+			Name  string `json:"name"`
+			Shape []int  `json:"shape"`
+		} `json:"params"`
+	}
+	if err := json.Unmarshal(data, &m); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	if m.Source == "" || len(m.Params) == 0 {
+		t.Fatalf("%s: no source or no parameters", path)
+	}
+	ps := make([]Param, len(m.Params))
+	for i, p := range m.Params {
+		ps[i] = Param{Name: p.Name, Shape: p.Shape}
+	}
+	return ps
+}
+
+// pair is two ranks' Reducers driven in lockstep: rank 1 runs each step on
+// its own goroutine when poked, so a step of the pair allocates nothing
+// beyond what the Reducers do.
+type pair struct {
+	rs   [2]*Reducer // rs[1] is nil for a one-rank group
+	go1  chan struct{}
+	done chan error
+	quit chan struct{}
+}
+
+func newPair(t testing.TB, cs []comm.Communicator, params []Param, opts func() Options) *pair {
+	t.Helper()
+	p := &pair{go1: make(chan struct{}), done: make(chan error), quit: make(chan struct{})}
+	errs := runRanks(cs, func(rank int, c comm.Communicator) error {
+		var err error
+		p.rs[rank], err = New(context.Background(), c, params, opts())
+		return err
+	})
+	if err := firstErr(errs); err != nil {
+		t.Fatal(err)
+	}
+	if len(cs) == 1 {
+		t.Cleanup(func() { p.rs[0].Close() })
+		return p
+	}
+	go func() {
+		for {
+			select {
+			case <-p.quit:
+				return
+			case <-p.go1:
+				p.done <- benchStep(p.rs[1])
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		close(p.quit)
+		p.rs[0].Close()
+		p.rs[1].Close()
+	})
+	return p
+}
+
+// benchStep is one synced step with negligible backward compute: the
+// gradients are marked ready in reverse registration order, as backward
+// produces them; one element per gradient is written.
+func benchStep(r *Reducer) error {
+	if err := r.Begin(true); err != nil {
+		return err
+	}
+	for i := len(r.params) - 1; i >= 0; i-- {
+		if g := r.Grad(i); len(g) > 0 {
+			g[0] += 1
+		}
+		if err := r.Ready(i); err != nil {
+			return err
+		}
+	}
+	if err := r.Wait(context.Background()); err != nil {
+		return err
+	}
+	_ = r.Stats()
+	return nil
+}
+
+func (p *pair) step() error {
+	if p.rs[1] == nil {
+		return benchStep(p.rs[0])
+	}
+	p.go1 <- struct{}{}
+	err0 := benchStep(p.rs[0])
+	err1 := <-p.done
+	if err0 != nil {
+		return err0
+	}
+	return err1
+}
+
+// TestStepAllocs asserts that a warm synced step allocates nothing on the
+// Go heap, for every hook, on ResNet-50's parameters: with one rank on a
+// communicator that allocates nothing itself (what the Reducer and the hooks
+// do), and with two in-process ranks (the whole step).
+func TestStepAllocs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("ResNet-50 sized buckets")
+	}
+	checkNoLeak(t)
+	params := loadManifest(t, "testdata/resnet50.json")
+	for _, ranks := range allocRanks {
+		for _, w := range wires {
+			for _, noZero := range []bool{false, true} {
+				t.Run(fmt.Sprintf("ranks=%d/%s/nozero=%v", ranks, w.name, noZero), func(t *testing.T) {
+					var cs []comm.Communicator
+					if ranks == 1 {
+						cs = []comm.Communicator{soloComm{}}
+					} else {
+						cs = newTestGroup(t, ranks)
+					}
+					p := newPair(t, cs, params, func() Options { return Options{Hook: w.hook(), NoZeroGrad: noZero} })
+					for range 3 { // the first step rebuilds; the second adopts the new layout
+						if err := p.step(); err != nil {
+							t.Fatal(err)
+						}
+					}
+					var err error
+					allocs := testing.AllocsPerRun(5, func() {
+						if e := p.step(); e != nil {
+							err = e
+						}
+					})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if allocs != 0 {
+						t.Errorf("%v allocations per warm step, want 0", allocs)
+					}
+				})
+			}
+		}
+	}
+}
+
+// BenchmarkStepResNet50 measures a DDP step on ResNet-50's 161 parameter
+// shapes, 2 ranks in process, negligible backward compute, 25 MiB buckets.
+// It reports the median step time and allocations per step.
+func BenchmarkStepResNet50(b *testing.B) {
+	params := loadManifest(b, "testdata/resnet50.json")
+	type variant struct {
+		name string
+		opts func() Options
+	}
+	vs := []variant{{"default", func() Options { return Options{} }}}
+	for _, w := range wires {
+		vs = append(vs, variant{w.name + "/nozero", func() Options { return Options{Hook: w.hook(), NoZeroGrad: true} }})
+	}
+	vs = append(vs, variant{"avg/zero", func() Options { return Options{Hook: hooks.Avg()} }})
+	for _, v := range vs {
+		b.Run(v.name, func(b *testing.B) {
+			p := newPair(b, newTestGroup(b, 2), params, v.opts)
+			for range 3 {
+				if err := p.step(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			times := make([]time.Duration, 0, 1<<16)
+			var ms0, ms1 runtime.MemStats
+			runtime.ReadMemStats(&ms0)
+			steps := 0
+			for b.Loop() {
+				t0 := time.Now()
+				if err := p.step(); err != nil {
+					b.Fatal(err)
+				}
+				if len(times) < cap(times) {
+					times = append(times, time.Since(t0))
+				}
+				steps++
+			}
+			runtime.ReadMemStats(&ms1)
+			slices.Sort(times)
+			b.ReportMetric(float64(times[len(times)/2].Microseconds())/1000, "ms/step-median")
+			b.ReportMetric(float64(ms1.Mallocs-ms0.Mallocs)/float64(steps), "allocs/step")
+			st := p.rs[0].Stats()
+			b.ReportMetric(float64(st.Bytes)/float64(st.Comm.Seconds())/1e9, "GB/s-comm")
+			b.ReportMetric(float64(len(st.Buckets)), "buckets")
+		})
+	}
+}
+
+// allocRanks are the group sizes TestStepAllocs runs: one rank on soloComm
+// (the Reducer and hooks alone) and two in-process ranks (the whole step).
+var allocRanks = []int{1, 2}

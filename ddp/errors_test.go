@@ -1,0 +1,426 @@
+package ddp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ddpgo/ddpgo/comm"
+)
+
+var threeParams = []Param{
+	{Name: "embed.weight", Shape: []int{4, 3}},
+	{Name: "fc.weight", Shape: []int{2, 3}},
+	{Name: "fc.bias", Shape: []int{2}},
+}
+
+// withReducers builds a Reducer per rank with o and runs f on every rank.
+func withReducers(t *testing.T, cs []comm.Communicator, params []Param, o func() Options, f func(rank int, r *Reducer) error) []error {
+	t.Helper()
+	return runRanks(cs, func(rank int, c comm.Communicator) error {
+		r, err := New(context.Background(), c, params, o())
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		return f(rank, r)
+	})
+}
+
+func wantErr(t *testing.T, err, target error, substrs ...string) {
+	t.Helper()
+	if !errors.Is(err, target) {
+		t.Fatalf("error %v, want %v", err, target)
+	}
+	for _, s := range substrs {
+		if !strings.Contains(err.Error(), s) {
+			t.Errorf("error %q does not mention %q", err, s)
+		}
+	}
+}
+
+func TestMisuseErrors(t *testing.T) {
+	checkNoLeak(t)
+	cs := newTestGroup(t, 1)
+	ctx := context.Background()
+	r, err := New(ctx, cs[0], threeParams, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	wantErr(t, r.Ready(1), ErrNoStep, `"fc.weight"`, "Begin")
+	wantErr(t, r.Wait(ctx), ErrNoStep)
+	wantErr(t, r.Ready(3), ErrIndex, "Ready(3)", "3 parameters")
+	wantErr(t, r.Ready(-1), ErrIndex)
+	if err := r.Begin(true); err != nil {
+		t.Fatal(err)
+	}
+	wantErr(t, r.Begin(true), ErrStepInProgress, "Wait")
+	wantErr(t, r.SetGrad(2, make([]float32, 5)), ErrGradSize, `"fc.bias"`, "2 elements, got 5")
+	if err := r.Ready(2); err != nil {
+		t.Fatal(err)
+	}
+	wantErr(t, r.Ready(2), ErrMarkedTwice, `"fc.bias"`, "parameter 2")
+	wantErr(t, r.SetGrad(2, make([]float32, 2)), ErrMarkedTwice, `"fc.bias"`)
+	wantErr(t, r.BroadcastParameters(ctx, nil), ErrStepInProgress)
+
+	// Wait with parameters never marked: an error naming them and the fix;
+	// the step stays open.
+	err = r.Wait(ctx)
+	wantErr(t, err, ErrUnready, `"embed.weight"`, `"fc.weight"`, "2 of 3", "FindUnusedParameters")
+	if strings.Contains(err.Error(), `"fc.bias"`) {
+		t.Errorf("error names fc.bias, which was marked: %v", err)
+	}
+	for _, i := range []int{0, 1} {
+		if err := r.Ready(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.Wait(ctx); err != nil {
+		t.Fatalf("Wait after marking the missing parameters: %v", err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	wantErr(t, r.Begin(true), ErrClosed)
+	wantErr(t, r.Ready(0), ErrClosed)
+}
+
+func TestNewErrors(t *testing.T) {
+	cs := newTestGroup(t, 1)
+	ctx := context.Background()
+	_, err := New(ctx, cs[0], nil, Options{})
+	wantErr(t, err, ErrUnsupported, "no parameters")
+	_, err = New(ctx, cs[0], []Param{{Name: "h", Shape: []int{2}, DType: comm.Float16}}, Options{})
+	wantErr(t, err, ErrUnsupported, `"h"`, "half")
+}
+
+// TestParamMismatch builds ranks with different parameters and expects
+// every rank to name the first differing parameter and rank.
+func TestParamMismatch(t *testing.T) {
+	checkNoLeak(t)
+	other := func(f func([]Param) []Param) []Param {
+		ps := append([]Param(nil), threeParams...)
+		return f(ps)
+	}
+	tests := []struct {
+		name   string
+		rank2  []Param
+		substr []string
+	}{
+		{"shape", other(func(p []Param) []Param { p[1] = Param{Name: "fc.weight", Shape: []int{3, 3}}; return p }),
+			[]string{"parameter 1", "rank 2", `"fc.weight" [2 3]`, `"fc.weight" [3 3]`}},
+		{"same numel, other shape", other(func(p []Param) []Param { p[0].Shape = []int{12}; return p }),
+			[]string{"parameter 0", "rank 2", "[4 3]", "[12]"}},
+		{"count", other(func(p []Param) []Param { return p[:2] }),
+			[]string{"parameter 2", "rank 2 has no parameter 2", "rank 0 has 3 parameters, rank 2 has 2"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cs := newTestGroup(t, 3)
+			errs := runRanks(cs, func(rank int, c comm.Communicator) error {
+				ps := threeParams
+				if rank == 2 {
+					ps = tt.rank2
+				}
+				r, err := New(context.Background(), c, ps, Options{})
+				if err == nil {
+					r.Close()
+				}
+				return err
+			})
+			for rank, err := range errs {
+				if err == nil {
+					t.Fatalf("rank %d: New succeeded", rank)
+				}
+				wantErr(t, err, ErrParamMismatch, tt.substr...)
+			}
+		})
+	}
+}
+
+// TestFindUnused leaves a parameter unmarked on one rank: with
+// FindUnusedParameters it is reduced as zero there and reported.
+func TestFindUnused(t *testing.T) {
+	checkNoLeak(t)
+	for _, copyGrads := range []bool{false, true} {
+		t.Run(fmt.Sprintf("copy=%v", copyGrads), func(t *testing.T) {
+			cs := newTestGroup(t, 2)
+			errs := withReducers(t, cs, threeParams, func() Options { return Options{FindUnusedParameters: true, CopyGrads: copyGrads} },
+				func(rank int, r *Reducer) error {
+					ctx := context.Background()
+					for step := range 3 {
+						if err := r.Begin(true); err != nil {
+							return err
+						}
+						for i := range threeParams {
+							if rank == 1 && i == 1 {
+								continue // unused on rank 1
+							}
+							g := r.Grad(i)
+							for j := range g {
+								g[j] = float32(2 + step)
+							}
+							if err := r.Ready(i); err != nil {
+								return err
+							}
+						}
+						if err := r.Wait(ctx); err != nil {
+							return err
+						}
+						for i := range threeParams {
+							want := float32(2 + step)
+							if i == 1 {
+								want /= 2
+							}
+							for _, v := range r.Grad(i) {
+								if v != want {
+									return fmt.Errorf("step %d param %d: %v, want %v", step, i, v, want)
+								}
+							}
+						}
+						st := r.Stats()
+						wantUnused := []int{}
+						if rank == 1 {
+							wantUnused = []int{1}
+						}
+						if fmt.Sprint(st.Unused) != fmt.Sprint(wantUnused) {
+							return fmt.Errorf("step %d: Unused = %v, want %v", step, st.Unused, wantUnused)
+						}
+					}
+					return nil
+				})
+			if err := firstErr(errs); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestStaticGraph: the first synced step finds the unused parameter, later
+// steps mark it at Begin, and marking it then is an error.
+func TestStaticGraph(t *testing.T) {
+	checkNoLeak(t)
+	cs := newTestGroup(t, 2)
+	errs := withReducers(t, cs, threeParams, func() Options { return Options{StaticGraph: true} },
+		func(rank int, r *Reducer) error {
+			ctx := context.Background()
+			for step := range 3 {
+				if err := r.Begin(true); err != nil {
+					return err
+				}
+				for _, i := range []int{2, 0} {
+					if err := r.SetGrad(i, make([]float32, threeParams[i].Numel())); err != nil {
+						return err
+					}
+				}
+				if step == 2 {
+					err := r.Ready(1)
+					if !errors.Is(err, ErrStaticGraph) || !strings.Contains(err.Error(), `"fc.weight"`) {
+						return fmt.Errorf("Ready of a static unused parameter: %v, want ErrStaticGraph", err)
+					}
+				}
+				if err := r.Wait(ctx); err != nil {
+					return err
+				}
+				if st := r.Stats(); len(st.Unused) != 1 || st.Unused[0] != 1 {
+					return fmt.Errorf("step %d: Unused = %v, want [1]", step, st.Unused)
+				}
+			}
+			return nil
+		})
+	if err := firstErr(errs); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCollectiveFailure injects a failed collective: Wait returns an error
+// naming the bucket and its parameters, and the Reducer stays failed.
+func TestCollectiveFailure(t *testing.T) {
+	checkNoLeak(t)
+	g, cs := newFakeGroup(2)
+	g.failSeq = 2 // 1 is New's parameter check
+	errs := withReducers(t, cs, threeParams, func() Options { return Options{} },
+		func(rank int, r *Reducer) error {
+			ctx := context.Background()
+			if err := r.Begin(true); err != nil {
+				return err
+			}
+			for i := range threeParams {
+				if err := r.Ready(i); err != nil {
+					return err
+				}
+			}
+			err := r.Wait(ctx)
+			if !errors.Is(err, comm.ErrAborted) || !strings.Contains(err.Error(), "bucket 0") || !strings.Contains(err.Error(), `"fc.bias"`) {
+				return fmt.Errorf("Wait: %v, want an abort naming bucket 0 and its parameters", err)
+			}
+			if err2 := r.Begin(true); !errors.Is(err2, comm.ErrAborted) {
+				return fmt.Errorf("Begin after a failure: %v, want the sticky error", err2)
+			}
+			if r.Err() == nil {
+				return fmt.Errorf("Err() is nil after a failure")
+			}
+			return nil
+		})
+	if err := firstErr(errs); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestTimeoutAndStall: a collective that never completes is reported as
+// a stall and then fails the step with a timeout; nothing hangs.
+func TestTimeoutAndStall(t *testing.T) {
+	checkNoLeak(t)
+	g, cs := newFakeGroup(2)
+	g.hangSeq = 2
+	var stalls atomic.Int32
+	errs := withReducers(t, cs, threeParams, func() Options {
+		return Options{Timeout: 300 * time.Millisecond, StallInterval: 20 * time.Millisecond, OnStall: func(s Stall) {
+			if s.OnWire && s.Bucket == 0 {
+				stalls.Add(1)
+			}
+		}}
+	}, func(rank int, r *Reducer) error {
+		if err := r.Begin(true); err != nil {
+			return err
+		}
+		for i := range threeParams {
+			if err := r.Ready(i); err != nil {
+				return err
+			}
+		}
+		err := r.Wait(context.Background())
+		if !errors.Is(err, comm.ErrTimeout) && !errors.Is(err, comm.ErrAborted) {
+			return fmt.Errorf("Wait: %v, want a timeout (or the peer's abort)", err)
+		}
+		return nil
+	})
+	if err := firstErr(errs); err != nil {
+		t.Fatal(err)
+	}
+	if stalls.Load() == 0 {
+		t.Errorf("no stall reported")
+	}
+}
+
+// TestWaitContext: a cancelled context ends Wait with ctx's error.
+func TestWaitContext(t *testing.T) {
+	checkNoLeak(t)
+	g, cs := newFakeGroup(2)
+	g.hangSeq = 2
+	errs := withReducers(t, cs, threeParams, func() Options { return Options{} }, func(rank int, r *Reducer) error {
+		if err := r.Begin(true); err != nil {
+			return err
+		}
+		for i := range threeParams {
+			if err := r.Ready(i); err != nil {
+				return err
+			}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+		defer cancel()
+		err := r.Wait(ctx)
+		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, comm.ErrAborted) {
+			return fmt.Errorf("Wait: %v, want the context's deadline (or the peer's abort)", err)
+		}
+		return nil
+	})
+	if err := firstErr(errs); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestBroadcastParameters(t *testing.T) {
+	checkNoLeak(t)
+	cs := newTestGroup(t, 3)
+	errs := withReducers(t, cs, threeParams, func() Options { return Options{BucketCap: 16, FirstBucketCap: 16} }, func(rank int, r *Reducer) error {
+		vals := make([][]float32, len(threeParams))
+		for i, p := range threeParams {
+			vals[i] = make([]float32, p.Numel())
+			for j := range vals[i] {
+				vals[i][j] = float32(100*rank + 10*i + j)
+			}
+		}
+		if err := r.BroadcastParameters(context.Background(), vals); err != nil {
+			return err
+		}
+		for i := range vals {
+			for j, v := range vals[i] {
+				if v != float32(10*i+j) {
+					return fmt.Errorf("param %d elem %d = %v, want rank 0's %v", i, j, v, 10*i+j)
+				}
+			}
+		}
+		bad := [][]float32{vals[0], vals[1], vals[2][:1]}
+		if err := r.BroadcastParameters(context.Background(), bad); !errors.Is(err, ErrGradSize) || !strings.Contains(err.Error(), `"fc.bias"`) {
+			return fmt.Errorf("short value slice: %v, want ErrGradSize naming fc.bias", err)
+		}
+		return nil
+	})
+	if err := firstErr(errs); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestStats checks the step statistics for consistency.
+func TestStats(t *testing.T) {
+	checkNoLeak(t)
+	cs := newTestGroup(t, 2)
+	errs := withReducers(t, cs, threeParams, func() Options { return Options{BucketCap: 24, FirstBucketCap: 8} }, func(rank int, r *Reducer) error {
+		ctx := context.Background()
+		for step := 1; step <= 3; step++ {
+			if err := r.Begin(true); err != nil {
+				return err
+			}
+			for i := len(threeParams) - 1; i >= 0; i-- {
+				if err := r.Ready(i); err != nil {
+					return err
+				}
+			}
+			if err := r.Wait(ctx); err != nil {
+				return err
+			}
+			st := r.Stats()
+			if st.Step != uint64(step) || !st.Sync {
+				return fmt.Errorf("Step %d Sync %v, want %d true", st.Step, st.Sync, step)
+			}
+			if st.Bytes != 20*4 || len(st.Buckets) != len(r.Buckets()) {
+				return fmt.Errorf("Bytes %d buckets %d, want 80 and %d", st.Bytes, len(st.Buckets), len(r.Buckets()))
+			}
+			if st.Compute != st.LastReady-st.FirstReady || st.Overlap > st.Comm || st.Comm > st.Wall || st.OverlapRatio < 0 || st.OverlapRatio > 1 {
+				return fmt.Errorf("inconsistent totals: %+v", st)
+			}
+			var prevDone time.Duration
+			for k, b := range st.Buckets {
+				if b.Index != k || b.Ready > b.Launch || b.Launch > b.CompressStart || b.CompressStart > b.CompressEnd ||
+					b.CompressEnd > b.CollectiveStart || b.CollectiveStart > b.CollectiveEnd || b.CollectiveEnd > b.DecompressEnd ||
+					b.DecompressEnd > b.Done || b.Launch < prevDone || b.Latency() < 0 {
+					return fmt.Errorf("bucket %d timeline out of order: %+v", k, b)
+				}
+				prevDone = b.Done
+			}
+			for i, tr := range st.ParamReady {
+				if tr < 0 {
+					return fmt.Errorf("param %d has no ready time", i)
+				}
+			}
+		}
+		var copy StepStats
+		r.StatsInto(&copy)
+		if copy.Step != 3 || len(copy.Buckets) != len(r.Stats().Buckets) {
+			return fmt.Errorf("StatsInto: %+v", copy)
+		}
+		return nil
+	})
+	if err := firstErr(errs); err != nil {
+		t.Fatal(err)
+	}
+}
