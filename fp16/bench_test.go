@@ -123,3 +123,36 @@ func BenchmarkSumBFloat16(b *testing.B) {
 	srcs := [][]uint16{d.b0, d.b1}
 	benchImpls(b, func(b *testing.B) { run(b, 6, func() { SumBFloat16(d.h2, srcs) }) })
 }
+
+// BenchmarkInCache runs the kernels over 32 Ki elements (128 KiB of
+// float32), which stay in the L2 cache: it measures the arithmetic rather
+// than the memory.
+func BenchmarkInCache(b *testing.B) {
+	const n = 32 << 10
+	d := benchBuffers()
+	f, f2, h, h2 := d.f32[:n], d.f32b[:n], d.h0[:n], d.h2[:n]
+	bf, srcs, bsrcs := d.b0[:n], [][]uint16{d.h0[:n], d.h1[:n]}, [][]uint16{d.b0[:n], d.b1[:n]}
+	for _, c := range []struct {
+		name string
+		f    func()
+	}{
+		{"Float32ToHalf", func() { Float32ToHalf(h2, f) }},
+		{"HalfToFloat32", func() { HalfToFloat32(f2, h) }},
+		{"Float32ToBFloat16", func() { Float32ToBFloat16(h2, f) }},
+		{"BFloat16ToFloat32", func() { BFloat16ToFloat32(f2, bf) }},
+		{"ScaleToHalf", func() { ScaleToHalf(h2, f, 0.5) }},
+		{"ScaleToBFloat16", func() { ScaleToBFloat16(h2, f, 0.5) }},
+		{"SumHalf", func() { SumHalf(h2, srcs) }},
+		{"SumBFloat16", func() { SumBFloat16(h2, bsrcs) }},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			benchImpls(b, func(b *testing.B) {
+				c.f()
+				for b.Loop() {
+					c.f()
+				}
+				b.ReportMetric(float64(n)*4*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+			})
+		})
+	}
+}

@@ -189,7 +189,10 @@ func TestFromFloat32Examples(t *testing.T) {
 		if got := refBF16.round(f); got != tt.bf16 {
 			t.Errorf("reference bf16(%#08x) = %#04x, want %#04x", tt.in, got, tt.bf16)
 		}
-		forEachImpl(t, func(t *testing.T) {
+	}
+	forEachImpl(t, func(t *testing.T) {
+		for _, tt := range tests {
+			f := math.Float32frombits(tt.in)
 			h, b := []uint16{0}, []uint16{0}
 			Float32ToHalf(h, []float32{f})
 			Float32ToBFloat16(b, []float32{f})
@@ -205,8 +208,8 @@ func TestFromFloat32Examples(t *testing.T) {
 			if b[0] != tt.bf16 || bs[13] != tt.bf16 {
 				t.Errorf("Float32ToBFloat16(%#08x) = %#04x, %#04x in a block; want %#04x", tt.in, b[0], bs[13], tt.bf16)
 			}
-		})
-	}
+		}
+	})
 }
 
 // TestScalarAgainstReference checks the scalar conversions against the
