@@ -69,6 +69,9 @@ func split(count, sz, p, parts int) (lo, hi int) {
 	per = (per + align - 1) / align * align
 	lo = min(p*per, count)
 	hi = min(lo+per, count)
+	if invariants && !(lo <= hi && (lo*sz)%64 == 0 || lo == count) {
+		violated("split(%d, %d, %d, %d) = [%d, %d)", count, sz, p, parts, lo, hi)
+	}
 	return lo, hi
 }
 

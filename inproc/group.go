@@ -267,3 +267,8 @@ func (g *group) judge(s *collSlot, k uint64) error {
 	}
 	return fmt.Errorf("%w: collective #%d: rank(s) %v differ from rank 0%s", comm.ErrMismatch, k, differ, msg)
 }
+
+// violated reports a broken invariant of the protocol (invariants builds).
+func violated(format string, args ...any) {
+	panic(fmt.Sprintf("inproc: invariant violated: "+format, args...))
+}

@@ -300,3 +300,28 @@ func TestSingleRank(t *testing.T) {
 		t.Fatalf("%v %v", err, buf)
 	}
 }
+
+// TestSplit checks that the parts of a parallel collective cover every
+// element exactly once, on cache-line boundaries.
+func TestSplit(t *testing.T) {
+	for _, sz := range []int{1, 2, 4, 8} {
+		for _, parts := range []int{1, 2, 3, 4, 7} {
+			for _, count := range []int{0, 1, 15, 16, 17, 1000, 4099, 1 << 20} {
+				next := 0
+				for p := range parts {
+					lo, hi := split(count, sz, p, parts)
+					if lo != next || hi < lo {
+						t.Fatalf("split(%d, %d, %d, %d) = [%d, %d), want to start at %d", count, sz, p, parts, lo, hi, next)
+					}
+					if lo < count && (lo*sz)%64 != 0 {
+						t.Fatalf("split(%d, %d, %d, %d) starts at byte %d, not a cache line", count, sz, p, parts, lo*sz)
+					}
+					next = hi
+				}
+				if next != count {
+					t.Fatalf("split(%d, %d, *, %d) covers %d elements", count, sz, parts, next)
+				}
+			}
+		}
+	}
+}

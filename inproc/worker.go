@@ -138,7 +138,11 @@ func (c *Comm) collective(d *desc) error {
 	s := &g.slots[k%slotCount]
 	s.d[c.rank] = *d
 	c.arrived.Store(k)
-	if g.arrivals.Add(1) == k*uint64(g.n) {
+	t := g.arrivals.Add(1)
+	if n := uint64(g.n); invariants && !(t > (k-1)*n && t <= k*n || g.failure() != nil) {
+		violated("rank %d: arrival ticket %d at collective #%d of %d ranks", c.rank, t, k, n)
+	}
+	if t == k*uint64(g.n) {
 		return c.lead(s, k, d)
 	}
 	return c.follow(s, k, d)
@@ -161,6 +165,9 @@ func (c *Comm) lead(s *collSlot, k uint64, d *desc) error {
 		cur := g.gate.Load()
 		if cur>>2 == k { // a failing rank cancelled the collective
 			return c.opErr(d, g.failure())
+		}
+		if invariants && !(cur>>2 == k-1 && cur&3 != modeClaim) {
+			violated("rank %d leads collective #%d but the gate is at #%d mode %d", c.rank, k, cur>>2, cur&3)
 		}
 		if g.gate.CompareAndSwap(cur, k<<2|mode) {
 			break
@@ -226,7 +233,11 @@ func (c *Comm) share(s *collSlot, d *desc) error {
 	c.runPart(s.d, d, c.rank, g.n)
 	c.par++
 	target := c.par * uint64(g.n)
-	if g.fin.Add(1) == target {
+	f := g.fin.Add(1)
+	if invariants && !(f > target-uint64(g.n) && f <= target) {
+		violated("rank %d: finish count %d for parallel collective %d of %d ranks", c.rank, f, c.par, g.n)
+	}
+	if f == target {
 		g.wakeAll()
 		return nil
 	}

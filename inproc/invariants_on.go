@@ -1,0 +1,5 @@
+//go:build invariants
+
+package inproc
+
+const invariants = true
