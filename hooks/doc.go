@@ -3,10 +3,13 @@
 //
 // A Hook receives a bucket of float32 gradients (a comm.Buffer over CommPool
 // memory) and must leave it holding the average over all ranks. Three hooks
-// are built in:
+// are built in, and one more for speed:
 //
 //   - AllReduce: divide by the group size N in float32, then all-reduce with
 //     Sum in place (PyTorch's allreduce_hook). No scratch.
+//   - Avg: one all-reduce with comm.Avg, so the backend divides inside its
+//     reduction pass instead of in a separate pass over the bucket (the
+//     rounded sum divided by N; unlike AllReduce the sum may overflow).
 //   - FP16: scale by 1/N in float32 and round once to IEEE binary16 into
 //     scratch, all-reduce the scratch with Sum in float16, convert the sum
 //     back into the bucket (fp16_compress_hook). Half the bytes on the wire.
@@ -25,11 +28,14 @@
 // Reduce records its phases in Bucket.Times as offsets from Bucket.Start:
 // compress (scaling and conversion), collective, decompress, the payload
 // bytes handed to the collective, and, for FP16 and BF16, Overflows: the
-// elements of this rank's compressed bucket that became ±Inf although the
-// float32 value was finite, plus the elements that were finite in this
-// rank's compressed bucket but are Inf or NaN after the sum (an overflow of
-// the sum, or of another rank's conversion). A non-zero count means the
-// gradients need scaling down before compression (or BF16).
+// elements whose reduced value is Inf or NaN although this rank's float32
+// gradient was finite. That counts this rank's conversion overflows (a
+// value beyond 65504 after scaling becomes ±Inf and makes the sum
+// non-finite), overflows of the half-precision sum, and non-finite values
+// contributed by other ranks. The common case (no non-finite value) costs
+// one word-wise scan of the reduced half-precision buffer. A non-zero
+// count means the gradients need scaling down before compression (or
+// BF16).
 //
 // # Accuracy
 //

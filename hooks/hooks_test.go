@@ -1,0 +1,343 @@
+package hooks
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"testing"
+
+	"github.com/ddpgo/ddpgo/allocator"
+	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/inproc"
+)
+
+type kind struct {
+	name   string
+	hook   func() Hook
+	u, eta float64 // unit roundoff and half the smallest subnormal of the wire type
+	wire   int     // bytes per element on the wire
+}
+
+var kinds = []kind{
+	{"allreduce", AllReduce, 0x1p-24, 0x1p-150, 4},
+	{"avg", Avg, 0x1p-24, 0x1p-150, 4},
+	{"fp16", FP16, 0x1p-11, 0x1p-25, 2},
+	{"bf16", BF16, 0x1p-8, 0x1p-134, 2},
+}
+
+// bound is the package documentation's error bound for one element, S
+// being sum_r |g_r| / n.
+func bound(k kind, n int, S float64) float64 {
+	a := k.u + 2*0x1p-24
+	m := float64(n - 1)
+	gamma := m * k.u / (1 - m*k.u)
+	return (a+gamma*(1+a))*S + 2*float64(n)*k.eta
+}
+
+// group runs f on every rank of an n-rank in-process group, each with its
+// own pool and hook, the hook set up for counts.
+func group(t *testing.T, n int, k kind, counts []int, f func(rank int, c comm.Communicator, h Hook, pool *allocator.Pool) error) {
+	t.Helper()
+	cs, err := inproc.NewGroup(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, c := range cs {
+			c.Close()
+		}
+	}()
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r, c := range cs {
+		wg.Go(func() {
+			pool, err := allocator.New(allocator.Options{})
+			if err != nil {
+				errs[r] = err
+				return
+			}
+			defer pool.Close()
+			h := k.hook()
+			if err := h.Setup(c, pool, counts); err != nil {
+				errs[r] = err
+				return
+			}
+			errs[r] = errors.Join(f(r, c, h, pool), h.Close())
+			if st := pool.Stats(); st.InUse != 0 {
+				errs[r] = errors.Join(errs[r], fmt.Errorf("rank %d: %d bytes still in use after Close", r, st.InUse))
+			}
+		})
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+}
+
+// randomGrads returns n ranks' gradients of m elements with magnitudes
+// spread over many binades (down into fp16's subnormals), and signs mixed.
+func randomGrads(rng *rand.Rand, n, m int) [][]float32 {
+	g := make([][]float32, n)
+	for r := range g {
+		g[r] = make([]float32, m)
+		for i := range g[r] {
+			g[r][i] = float32(rng.NormFloat64() * math.Pow(10, -7+9*rng.Float64()))
+		}
+	}
+	return g
+}
+
+// TestAccuracy reduces random gradients with every hook and checks each
+// element against the exact average (float64) within the derived bound,
+// and that every rank holds the same result.
+func TestAccuracy(t *testing.T) {
+	const m = 10007 // odd: exercises the kernels' tails
+	for _, k := range kinds {
+		for n := 1; n <= 4; n++ {
+			t.Run(fmt.Sprintf("%s/n=%d", k.name, n), func(t *testing.T) {
+				rng := rand.New(rand.NewPCG(uint64(n), 11))
+				in := randomGrads(rng, n, m)
+				out := make([][]float32, n)
+				group(t, n, k, []int{m, m / 2}, func(rank int, c comm.Communicator, h Hook, pool *allocator.Pool) error {
+					blk, err := pool.Get(m * 4)
+					if err != nil {
+						return err
+					}
+					defer pool.Put(blk)
+					buf := blk.Float32s()[:m]
+					copy(buf, in[rank])
+					b := &Bucket{Index: 0, Buf: comm.Float32s(buf)}
+					if err := h.Reduce(context.Background(), c, b); err != nil {
+						return err
+					}
+					if b.Times.WireBytes != int64(m*k.wire) {
+						return fmt.Errorf("WireBytes %d, want %d", b.Times.WireBytes, m*k.wire)
+					}
+					if b.Times.Overflows != 0 {
+						return fmt.Errorf("%d overflows on small gradients", b.Times.Overflows)
+					}
+					out[rank] = append([]float32(nil), buf...)
+					return nil
+				})
+				worst := 0.0
+				for i := range m {
+					var exact, S float64
+					for r := range n {
+						exact += float64(in[r][i]) / float64(n)
+						S += math.Abs(float64(in[r][i])) / float64(n)
+					}
+					got := out[0][i]
+					for r := 1; r < n; r++ {
+						if math.Float32bits(out[r][i]) != math.Float32bits(got) {
+							t.Fatalf("elem %d: rank %d has %g, rank 0 %g", i, r, out[r][i], got)
+						}
+					}
+					d, b := math.Abs(float64(got)-exact), bound(k, n, S)
+					if d > b {
+						t.Fatalf("elem %d: got %g, exact %g: error %g > bound %g (S %g)", i, got, exact, d, b, S)
+					}
+					if S > 0 {
+						worst = max(worst, d/b)
+					}
+				}
+				t.Logf("largest error / bound: %.3f", worst)
+			})
+		}
+	}
+}
+
+// TestOverflow puts values beyond the wire type's range into gradients:
+// an element counts on a rank when its reduced value is Inf or NaN although
+// that rank's input was finite.
+func TestOverflow(t *testing.T) {
+	const m = 64
+	for _, k := range kinds {
+		t.Run(k.name, func(t *testing.T) {
+			// Per rank: element 3 overflows fp16 in rank 0's conversion;
+			// element 6's halves are finite but their sum overflows fp16;
+			// element 7 is +Inf in rank 0's input (counted on rank 1 only);
+			// element 9 (MaxFloat32 on both) overflows fp16's conversion and
+			// bfloat16's sum.
+			want := map[string][2]int64{"allreduce": {0, 0}, "avg": {0, 0}, "fp16": {3, 4}, "bf16": {1, 2}}[k.name]
+			group(t, 2, k, []int{m}, func(rank int, c comm.Communicator, h Hook, pool *allocator.Pool) error {
+				blk, err := pool.Get(m * 4)
+				if err != nil {
+					return err
+				}
+				defer pool.Put(blk)
+				buf := blk.Float32s()[:m]
+				for i := range buf {
+					buf[i] = 1
+				}
+				if rank == 0 {
+					buf[3] = 2e5
+					buf[7] = float32(math.Inf(1))
+				}
+				buf[5] = 65000
+				buf[6] = 70000
+				buf[9] = math.MaxFloat32
+				b := &Bucket{Buf: comm.Float32s(buf)}
+				if err := h.Reduce(context.Background(), c, b); err != nil {
+					return err
+				}
+				if b.Times.Overflows != want[rank] {
+					return fmt.Errorf("rank %d: %d overflows, want %d (result %v)", rank, b.Times.Overflows, want[rank], buf[:10])
+				}
+				return nil
+			})
+		})
+	}
+}
+
+func TestAnyNonfinite(t *testing.T) {
+	for _, exp := range []uint16{0x7c00, 0x7f80} {
+		for n := 0; n <= 13; n++ {
+			for pos := -1; pos < n; pos++ {
+				for _, v := range []uint16{exp, exp | 1, exp | 0x8000, exp ^ 0x0400 | 0x3ff} {
+					s := make([]uint16, n)
+					for i := range s {
+						s[i] = uint16(0x3c00 + i) // finite, exponent not all ones
+					}
+					want := false
+					if pos >= 0 {
+						s[pos] = v
+						want = v&exp == exp
+					}
+					if got := anyNonfinite(s, exp); got != want {
+						t.Fatalf("exp %#x n %d pos %d value %#x: got %v, want %v", exp, n, pos, v, got, want)
+					}
+				}
+			}
+		}
+	}
+}
+
+func FuzzAnyNonfinite(f *testing.F) {
+	f.Add([]byte{0, 0x7c, 1, 2, 3, 4, 5, 6, 7, 8}, false)
+	f.Add([]byte{0x80, 0x7f, 0, 0}, true)
+	f.Fuzz(func(t *testing.T, data []byte, bf bool) {
+		exp := uint16(0x7c00)
+		if bf {
+			exp = 0x7f80
+		}
+		s := make([]uint16, len(data)/2)
+		want := false
+		for i := range s {
+			s[i] = uint16(data[2*i]) | uint16(data[2*i+1])<<8
+			want = want || s[i]&exp == exp
+		}
+		if got := anyNonfinite(s, exp); got != want {
+			t.Fatalf("%x: got %v, want %v", s, got, want)
+		}
+	})
+}
+
+func TestSetupErrors(t *testing.T) {
+	cs, err := inproc.NewGroup(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs[0].Close()
+	defer cs[1].Close()
+	pool, err := allocator.New(allocator.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	for _, k := range kinds {
+		h := k.hook()
+		b := &Bucket{Index: 4, Buf: comm.Float32s(make([]float32, 8))}
+		if err := h.Reduce(context.Background(), cs[0], b); !errors.Is(err, ErrNotSetup) {
+			t.Errorf("%s: Reduce before Setup: %v", k.name, err)
+		}
+		if err := h.Setup(cs[0], pool, []int{4}); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.Setup(cs[1], pool, []int{4}); !errors.Is(err, ErrShared) {
+			t.Errorf("%s: Setup with a second communicator: %v", k.name, err)
+		}
+		if err := h.Reduce(context.Background(), cs[0], b); !errors.Is(err, ErrTooLarge) {
+			t.Errorf("%s: Reduce of 8 elements after Setup(4): %v", k.name, err)
+		}
+		b.Buf = comm.Halves(make([]uint16, 4))
+		if err := h.Reduce(context.Background(), cs[0], b); !errors.Is(err, ErrDType) {
+			t.Errorf("%s: Reduce of a half bucket: %v", k.name, err)
+		}
+		if err := h.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.Close(); err != nil {
+			t.Fatalf("second Close: %v", err)
+		}
+		if st := pool.Stats(); st.InUse != 0 {
+			t.Errorf("%s: %d bytes in use after Close", k.name, st.InUse)
+		}
+	}
+}
+
+// TestScratchOnceNoAlloc checks that Reduce takes no pool memory and no Go
+// heap memory once set up, and that Setup with a larger layout replaces
+// the scratch.
+func TestScratchOnceNoAlloc(t *testing.T) {
+	cs, err := inproc.NewGroup(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs[0].Close()
+	pool, err := allocator.New(allocator.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	for _, k := range kinds {
+		h := k.hook()
+		if err := h.Setup(cs[0], pool, []int{100, 1000}); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]float32, 1000)
+		b := &Bucket{Buf: comm.Float32s(buf)}
+		gets := pool.Stats().Gets
+		allocs := testing.AllocsPerRun(20, func() {
+			if err := h.Reduce(context.Background(), cs[0], b); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if allocs != 0 {
+			t.Errorf("%s: %v allocations per Reduce", k.name, allocs)
+		}
+		if g := pool.Stats().Gets; g != gets {
+			t.Errorf("%s: Reduce took %d blocks from the pool", k.name, g-gets)
+		}
+		if err := h.Setup(cs[0], pool, []int{5000}); err != nil {
+			t.Fatal(err)
+		}
+		b.Buf = comm.Float32s(make([]float32, 5000))
+		if err := h.Reduce(context.Background(), cs[0], b); err != nil {
+			t.Fatalf("%s: Reduce after a larger Setup: %v", k.name, err)
+		}
+		h.Close()
+		if st := pool.Stats(); st.InUse != 0 {
+			t.Errorf("%s: %d bytes in use after Close", k.name, st.InUse)
+		}
+	}
+}
+
+func TestScale(t *testing.T) {
+	for n := range 20 {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(i) + 0.5
+		}
+		Scale(v, 0.25)
+		for i, x := range v {
+			if x != (float32(i)+0.5)*0.25 {
+				t.Fatalf("n %d: v[%d] = %v", n, i, x)
+			}
+		}
+	}
+}
