@@ -216,3 +216,5 @@ func alloc(n int) []byte {
 func buffer(b []byte, dt comm.DType) comm.Buffer {
 	return comm.HostBuffer(unsafe.Pointer(unsafe.SliceData(b)), len(b)/dt.Size(), dt)
 }
+
+func ptr(b []byte) unsafe.Pointer { return unsafe.Pointer(&b[0]) }
