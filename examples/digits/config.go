@@ -15,6 +15,8 @@ type config struct {
 	Hook     string  // gradient reduction: none, fp16, bf16
 	Seed     uint64  // split, initialisation and shuffling
 	Data     string  // CSV(.gz) path; "" = the embedded copy
+	Stats    bool    // print step timings per epoch
+	Trace    string  // timeline file; "" = none
 }
 
 func defaultConfig() config {

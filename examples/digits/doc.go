@@ -22,8 +22,14 @@
 //
 // Usage:
 //
-//	go run ./examples/digits [-ranks 4] [-epochs 20] [-batch 64] [-hidden 128] [-lr 0.05] [-momentum 0.9] [-hook none|fp16|bf16] [-seed 1] [-data file.csv.gz]
+//	go run ./examples/digits [-ranks 4] [-epochs 20] [-batch 64] [-hidden 128] [-lr 0.05] [-momentum 0.9] [-hook none|fp16|bf16] [-seed 1] [-data file.csv.gz] [-stats] [-trace out.json]
 //
 // It prints the loss and accuracy on the training and test sets after
-// every epoch.
+// every epoch; with -stats, also rank 0's mean step time, backward time,
+// communication time and the share of communication hidden behind
+// backward, from the Reducer's step statistics. -trace writes a timeline
+// of steps 2 to 4 of every rank (ddp.WriteTimeline) that ui.perfetto.dev
+// opens. Overlap needs a free core for each rank's communication
+// goroutine: with more ranks than cores, buckets wait for the training
+// goroutines to block in Wait.
 package main

@@ -7,6 +7,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
+	"time"
+
+	"github.com/ddpgo/ddpgo/ddp"
+	"github.com/ddpgo/ddpgo/trace"
 )
 
 func main() {
@@ -20,6 +25,8 @@ func main() {
 	flag.StringVar(&cfg.Hook, "hook", cfg.Hook, "gradient communication: none (fp32), fp16 or bf16")
 	flag.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the split, the initial weights and the shuffles")
 	flag.StringVar(&cfg.Data, "data", cfg.Data, "data set (CSV, optionally gzipped); default: the embedded copy")
+	flag.BoolVar(&cfg.Stats, "stats", cfg.Stats, "print rank 0's mean step timings per epoch: step, backward, communication and the share of it hidden behind backward")
+	flag.StringVar(&cfg.Trace, "trace", cfg.Trace, "write a timeline of steps 2-4 of every rank to this file (Chrome trace JSON; open in ui.perfetto.dev)")
 	flag.Parse()
 	if err := run(os.Stdout, cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "digits:", err)
@@ -63,12 +70,72 @@ func run(out io.Writer, cfg config) error {
 	}
 	fmt.Fprintf(out, "digits: %d train / %d test examples, %d ranks, batch %d (%d per rank), hook %s\n",
 		train.len(), test.len(), cfg.Ranks, cfg.Batch, cfg.Batch/cfg.Ranks, cfg.Hook)
-	report := func(epoch int, m *mlp) {
-		trLoss, trAcc := m.evaluate(train, 256)
-		teLoss, teAcc := m.evaluate(test, 256)
-		fmt.Fprintf(out, "epoch %3d  train loss %.4f acc %6.2f%%  test loss %.4f acc %6.2f%%\n",
-			epoch+1, trLoss, 100*trAcc, teLoss, 100*teAcc)
+	// Rank 0's step statistics, summed over an epoch (rank 0's callbacks
+	// all run on its own goroutine).
+	var sum struct {
+		steps                       int
+		wall, backward, comm, ovlap time.Duration
 	}
-	_, err = trainGroup(context.Background(), train, cfg, report)
-	return err
+	tl, closeTrace, err := openTrace(cfg)
+	if err != nil {
+		return err
+	}
+	params := (&mlp{in: Pixels, hidden: cfg.Hidden, out: Classes}).params()
+	obs := observer{
+		step: func(rank int, s *ddp.StepStats) {
+			if tl != nil && s.Step >= traceFrom && s.Step < traceFrom+traceSteps {
+				ddp.WriteTimeline(tl, rank, s, params)
+			}
+			if rank == 0 {
+				sum.steps++
+				sum.wall += s.Wall
+				sum.backward += s.Compute
+				sum.comm += s.Comm
+				sum.ovlap += s.Overlap
+			}
+		},
+		epoch: func(epoch int, m *mlp) {
+			trLoss, trAcc := m.evaluate(train, 256)
+			teLoss, teAcc := m.evaluate(test, 256)
+			fmt.Fprintf(out, "epoch %3d  train loss %.4f acc %6.2f%%  test loss %.4f acc %6.2f%%",
+				epoch+1, trLoss, 100*trAcc, teLoss, 100*teAcc)
+			if n := time.Duration(max(sum.steps, 1)); cfg.Stats {
+				hidden := 0.0
+				if sum.comm > 0 {
+					hidden = 100 * float64(sum.ovlap) / float64(sum.comm)
+				}
+				fmt.Fprintf(out, "  step %v  backward %v  comm %v (%.0f%% hidden)",
+					(sum.wall / n).Round(time.Microsecond), (sum.backward / n).Round(time.Microsecond),
+					(sum.comm / n).Round(time.Microsecond), hidden)
+			}
+			fmt.Fprintln(out)
+			sum.steps, sum.wall, sum.backward, sum.comm, sum.ovlap = 0, 0, 0, 0, 0
+		},
+	}
+	_, err = trainGroup(context.Background(), train, cfg, obs)
+	return errors.Join(err, closeTrace())
+}
+
+// The trace records these steps of every rank: the first step runs on the
+// initial bucket layout, which the Reducer rebuilds after it.
+const (
+	traceFrom  = 2
+	traceSteps = 3
+)
+
+// openTrace creates the trace file named by cfg.Trace, if any, and returns
+// its writer (nil if none) and a function that completes and closes it.
+func openTrace(cfg config) (*trace.Writer, func() error, error) {
+	if cfg.Trace == "" {
+		return nil, func() error { return nil }, nil
+	}
+	f, err := os.Create(cfg.Trace)
+	if err != nil {
+		return nil, nil, err
+	}
+	w := trace.New(f, trace.Options{Metadata: map[string]string{
+		"program": "digits", "ranks": strconv.Itoa(cfg.Ranks), "hook": cfg.Hook,
+		"batch": strconv.Itoa(cfg.Batch), "steps": fmt.Sprintf("%d..%d", traceFrom, traceFrom+traceSteps-1),
+	}})
+	return w, func() error { return errors.Join(w.Close(), f.Close()) }, nil
 }

@@ -19,13 +19,18 @@ import (
 // default, 25 MiB, would put the whole 38 KB model in one bucket.)
 const bucketCap = 4 << 10
 
+// observer receives what train reports; either function may be nil.
+type observer struct {
+	step  func(rank int, s *ddp.StepStats) // every rank, after every step
+	epoch func(epoch int, m *mlp)          // rank 0, after every epoch
+}
+
 // train is one rank's training loop; every rank of c runs it at the same
 // time on the same data and returns its replica, identical on all ranks.
 // Each global batch of cfg.Batch examples is cut into c.Size() equal shards
 // and this rank trains on shard c.Rank(); the Reducer averages the
-// gradients while backward runs. onEpoch, if not nil, is called by rank 0
-// after every epoch.
-func train(ctx context.Context, c comm.Communicator, data *dataset, cfg config, hook hooks.Hook, onEpoch func(int, *mlp)) (*mlp, error) {
+// gradients while backward runs.
+func train(ctx context.Context, c comm.Communicator, data *dataset, cfg config, hook hooks.Hook, obs observer) (*mlp, error) {
 	m := newMLP(cfg.Seed, Pixels, cfg.Hidden, Classes)
 	r, err := ddp.New(ctx, c, m.params(), ddp.Options{Hook: hook, FirstBucketCap: bucketCap, BucketCap: bucketCap})
 	if err != nil {
@@ -55,9 +60,13 @@ func train(ctx context.Context, c comm.Communicator, data *dataset, cfg config, 
 				return nil, err
 			}
 			opt.step(m.values(), r.Grad)
+			if obs.step != nil {
+				s := r.Stats() // timings of this step: compute, comm, overlap, per bucket
+				obs.step(c.Rank(), &s)
+			}
 		}
-		if c.Rank() == 0 && onEpoch != nil {
-			onEpoch(epoch, m)
+		if c.Rank() == 0 && obs.epoch != nil {
+			obs.epoch(epoch, m)
 		}
 	}
 	return m, nil
@@ -91,7 +100,7 @@ func newHook(name string) (hooks.Hook, error) {
 // trainGroup trains cfg.Ranks replicas at once, one goroutine per rank over
 // an in-process group, and returns every rank's model. If one rank fails,
 // its Reducer aborts the group, so the others fail too instead of waiting.
-func trainGroup(ctx context.Context, data *dataset, cfg config, onEpoch func(int, *mlp)) ([]*mlp, error) {
+func trainGroup(ctx context.Context, data *dataset, cfg config, obs observer) ([]*mlp, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -113,7 +122,7 @@ func trainGroup(ctx context.Context, data *dataset, cfg config, onEpoch func(int
 			return nil, err
 		}
 		wg.Go(func() {
-			models[rank], errs[rank] = train(ctx, c, data, cfg, hook, onEpoch)
+			models[rank], errs[rank] = train(ctx, c, data, cfg, hook, obs)
 			if errs[rank] != nil {
 				errs[rank] = fmt.Errorf("rank %d: %w", rank, errs[rank])
 			}

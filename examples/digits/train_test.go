@@ -5,9 +5,13 @@ import (
 	"context"
 	"errors"
 	"math"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/ddpgo/ddpgo/trace"
 )
 
 // testData returns the training and test sets of the default split.
@@ -49,7 +53,7 @@ func TestRanksMatchOneProcess(t *testing.T) {
 	ref := trainLocal(train, cfg, nil)
 	for _, ranks := range []int{1, 2, 4} {
 		cfg.Ranks = ranks
-		models, err := trainGroup(context.Background(), train, cfg, nil)
+		models, err := trainGroup(context.Background(), train, cfg, observer{})
 		if err != nil {
 			t.Fatalf("%d ranks: %v", ranks, err)
 		}
@@ -92,7 +96,7 @@ func TestAccuracy(t *testing.T) {
 	for _, hook := range []string{"none", "fp16", "bf16"} {
 		cfg := defaultConfig()
 		cfg.Hook = hook
-		models, err := trainGroup(context.Background(), train, cfg, nil)
+		models, err := trainGroup(context.Background(), train, cfg, observer{})
 		if err != nil {
 			t.Fatalf("hook %s: %v", hook, err)
 		}
@@ -139,5 +143,39 @@ func TestRunRejectsBadConfig(t *testing.T) {
 		if err := run(&bytes.Buffer{}, cfg); !errors.Is(err, errConfig) {
 			t.Errorf("run(%+v) = %v, want errConfig", cfg, err)
 		}
+	}
+}
+
+// TestRunWritesTrace runs the command with -stats and -trace and checks the
+// timeline strictly: every rank's steps 2..4 with an arrow per bucket.
+func TestRunWritesTrace(t *testing.T) {
+	cfg := defaultConfig()
+	cfg.Epochs, cfg.Ranks, cfg.Stats = 1, 2, true
+	cfg.Trace = filepath.Join(t.TempDir(), "trace.json")
+	var out bytes.Buffer
+	if err := run(&out, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "% hidden)") {
+		t.Errorf("-stats printed no step timings:\n%s", out.String())
+	}
+	f, err := os.Open(cfg.Trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sum, err := trace.Validate(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(sum.Pids, []int{1, 2}) {
+		t.Errorf("trace has processes %v, want ranks 0 and 1 as pids 1 and 2", sum.Pids)
+	}
+	const buckets = 2 // {b2, W2} and {b1, W1} under bucketCap
+	if want := cfg.Ranks * traceSteps * buckets; sum.Flows != want {
+		t.Errorf("trace has %d arrows, want %d", sum.Flows, want)
+	}
+	if want := cfg.Ranks * traceSteps * int(numParams); sum.Phases["i"] != want {
+		t.Errorf("trace has %d ready marks, want %d", sum.Phases["i"], want)
 	}
 }
