@@ -29,7 +29,9 @@
 // communication time and the share of communication hidden behind
 // backward, from the Reducer's step statistics. -trace writes a timeline
 // of steps 2 to 4 of every rank (ddp.WriteTimeline) that ui.perfetto.dev
-// opens. Overlap needs a free core for each rank's communication
-// goroutine: with more ranks than cores, buckets wait for the training
-// goroutines to block in Wait.
+// opens. Overlap needs each rank's communication goroutine to get a core
+// while backward runs: on a machine with fewer free cores than ranks, a
+// complete bucket may not launch until the training goroutine blocks in
+// Wait, which shows as a small hidden share and as long bucket waits in
+// the trace.
 package main
