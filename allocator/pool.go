@@ -173,21 +173,25 @@ func New(o Options) (*Pool, error) {
 // that is not enough, fails with an *ExhaustedError. After Close, Get fails
 // with ErrClosed.
 func (p *Pool) Get(n int) (Block, error) {
+	if n < 0 {
+		return Block{}, p.misuse(fmt.Errorf("%w: Get(%d): negative size", ErrMisuse, n))
+	}
 	p.mu.Lock()
 	b, err := p.get(n)
 	if invariants {
 		p.checkLocked()
 	}
 	p.mu.Unlock()
+	if invariants && p.host && err == nil && b.size > 0 {
+		// Outside the lock, so that a failed check leaves the pool usable.
+		checkPoison(b.addr, b.size, "Get", n)
+	}
 	return b, err
 }
 
 func (p *Pool) get(n int) (Block, error) {
 	if p.closed {
 		return Block{}, fmt.Errorf("%w: Get(%d) after Close", ErrClosed, n)
-	}
-	if n < 0 {
-		return Block{}, p.misuse(fmt.Errorf("%w: Get(%d): negative size", ErrMisuse, n))
 	}
 	if n == 0 {
 		p.st.Gets++
@@ -239,11 +243,7 @@ func (p *Pool) get(n int) (Block, error) {
 	p.st.Blocks++
 	p.st.InUse += int64(size)
 	p.st.Peak = max(p.st.Peak, p.st.InUse)
-	b := Block{p: p, addr: unsafe.Add(sl.region.Addr, nd.off), size: size, node: i, gen: nd.gen}
-	if invariants && p.host {
-		checkPoison(b.addr, nd.size, "Get", size)
-	}
-	return b, nil
+	return Block{p: p, addr: unsafe.Add(sl.region.Addr, nd.off), size: size, node: i, gen: nd.gen}, nil
 }
 
 // Put returns b to the pool. A Put of a block that is not live in this pool
@@ -264,12 +264,15 @@ func (p *Pool) Put(b Block) error {
 		p.checkLocked()
 	}
 	p.mu.Unlock()
-	return err
+	if err != nil {
+		return p.misuse(err)
+	}
+	return nil
 }
 
 func (p *Pool) put(b Block) error {
 	if err := p.validate(b, "Put"); err != nil {
-		return p.misuse(err)
+		return err
 	}
 	p.st.Puts++
 	if b.node == none {
