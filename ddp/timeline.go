@@ -123,33 +123,34 @@ func flowID(step uint64, rank, bucket int) uint64 {
 func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 
 // laneSplitter assigns spans to lanes of a kind so that spans on one lane
-// never overlap: the first lane of the kind that is free at the span's
-// start, else a new one. Spans must be placed in the order of their
-// starts within a kind for the assignment to be optimal; any order is
-// correct.
+// never overlap: the first lane of the kind on which the span overlaps
+// nothing, else a new one. Spans may be placed in any order (buckets are
+// visited by index, not by time).
 type laneSplitter struct {
-	ends map[int][]time.Duration // base -> per lane, the end of its spans so far
+	spans map[int][][]interval // base -> per lane, its spans so far
 }
 
+type interval struct{ start, end time.Duration }
+
 func (l *laneSplitter) place(base int, start, end time.Duration) int {
-	if l.ends == nil {
-		l.ends = make(map[int][]time.Duration)
+	if l.spans == nil {
+		l.spans = make(map[int][][]interval)
 	}
-	ends := l.ends[base]
-	for j, e := range ends {
-		if e <= start {
-			ends[j] = end
+	lanes := l.spans[base]
+	for j, lane := range lanes {
+		if !slices.ContainsFunc(lane, func(o interval) bool { return o.start < end && start < o.end }) {
+			lanes[j] = append(lane, interval{start, end})
 			return base + j
 		}
 	}
-	if len(ends) == LaneStride-1 {
-		// Out of lanes: stack on the last one. Only a step with more than
-		// a thousand simultaneously waiting buckets gets here.
-		ends[len(ends)-1] = max(ends[len(ends)-1], end)
-		return base + len(ends) - 1
+	if len(lanes) == LaneStride-1 {
+		// Out of lanes: stack on the last one. Only a step with about a
+		// thousand simultaneously waiting buckets gets here.
+		lanes[len(lanes)-1] = append(lanes[len(lanes)-1], interval{start, end})
+		return base + len(lanes) - 1
 	}
-	l.ends[base] = append(ends, end)
-	return base + len(ends)
+	l.spans[base] = append(lanes, []interval{{start, end}})
+	return base + len(lanes)
 }
 
 // writeInFlight records the bytes-in-flight counter of a step: the sum of

@@ -3,6 +3,8 @@ package ddp
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"io"
 	"slices"
 	"testing"
 	"time"
@@ -254,6 +256,8 @@ func TestLaneSplitter(t *testing.T) {
 		{8, 12, LaneWait + 1}, // touching ends share a lane
 		{10, 11, LaneWait},
 		{11, 20, LaneWait},
+		{-5, -1, LaneWait}, // earlier than everything placed: the first lane is free then
+		{7, 8, LaneWait + 3},
 	} {
 		if got := l.place(LaneWait, tc.start, tc.end); got != tc.want {
 			t.Errorf("place(%v, %v) = %d, want %d", tc.start, tc.end, got, tc.want)
@@ -262,4 +266,51 @@ func TestLaneSplitter(t *testing.T) {
 	if got := l.place(LaneCollective, 0, 1); got != LaneCollective {
 		t.Errorf("another kind got lane %d, want %d", got, LaneCollective)
 	}
+}
+
+// ExampleWriteTimeline renders one rank's step, in which bucket 1 was
+// complete before bucket 0 and two collectives overlapped, and checks the
+// trace: overlapping phases get lanes of their own.
+func ExampleWriteTimeline() {
+	s := overlappingStep() // in a program: s := r.Stats() after r.Wait(ctx)
+	var out bytes.Buffer
+	w := trace.New(&out, trace.Options{Start: s.Start})
+	WriteTimeline(w, 0, &s, []Param{{Name: "W1"}, {Name: "b1"}, {Name: "W2"}, {Name: "b2"}})
+	if err := w.EndStep(); err != nil { // after every rank's step
+		fmt.Println(err)
+	}
+	if err := w.Close(); err != nil {
+		fmt.Println(err)
+	}
+	sum, err := trace.Validate(&out)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	for _, l := range sum.Lanes {
+		fmt.Printf("%-13s %d spans, %d events\n", l.Name, l.Spans, l.Events)
+	}
+	fmt.Println("arrows:", sum.Flows)
+	// Output:
+	// compute       1 spans, 7 events
+	// bucket wait   2 spans, 2 events
+	// bucket wait 2 1 spans, 1 events
+	// compress      3 spans, 3 events
+	// collective    2 spans, 4 events
+	// collective 2  1 spans, 2 events
+	// decompress    3 spans, 3 events
+	// arrows: 3
+}
+
+func BenchmarkWriteTimeline(b *testing.B) {
+	s := overlappingStep()
+	w := trace.New(io.Discard, trace.Options{MaxSteps: -1, Start: s.Start})
+	defer w.Close()
+	for b.Loop() {
+		WriteTimeline(w, 0, &s, nil)
+		if err := w.EndStep(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/step")
 }
