@@ -19,13 +19,16 @@ func poison(addr unsafe.Pointer, size int) {
 	}
 }
 
-func checkPoison(addr unsafe.Pointer, size int, op string, n int) {
+// poisoned returns "" if size bytes at addr hold the poison, or a message
+// naming the first word that does not.
+func poisoned(addr unsafe.Pointer, size int, op string, n int) string {
 	w := unsafe.Slice((*uint64)(addr), size/8)
 	for i, v := range w {
 		if v != poisonWord {
-			panic(fmt.Sprintf("allocator: invariant: %s(%d): free memory at %p+%d was written after Put (found %#x)", op, n, addr, i*8, v))
+			return fmt.Sprintf("allocator: invariant: %s(%d): free memory at %p+%d was written after Put (found %#x)", op, n, addr, i*8, v)
 		}
 	}
+	return ""
 }
 
 // checkLocked verifies the pool's structure: every live slab is covered by

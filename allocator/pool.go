@@ -183,8 +183,12 @@ func (p *Pool) Get(n int) (Block, error) {
 	}
 	p.mu.Unlock()
 	if invariants && p.host && err == nil && b.size > 0 {
-		// Outside the lock, so that a failed check leaves the pool usable.
-		checkPoison(b.addr, b.size, "Get", n)
+		// Outside the lock; the block goes back before the panic, so the
+		// pool stays consistent for whoever recovers.
+		if msg := poisoned(b.addr, b.size, "Get", n); msg != "" {
+			p.Put(b)
+			panic(msg)
+		}
 	}
 	return b, err
 }
@@ -450,7 +454,9 @@ func (p *Pool) unmapSlab(s int32) {
 			panic(fmt.Sprintf("allocator: invariant: unmapping slab %d that is not wholly free", s))
 		}
 		if p.host {
-			checkPoison(sl.region.Addr, sl.region.Size, "unmap", sl.region.Size)
+			if msg := poisoned(sl.region.Addr, sl.region.Size, "unmap", sl.region.Size); msg != "" {
+				panic(msg)
+			}
 		}
 	}
 	p.unlinkFree(i)
