@@ -243,7 +243,7 @@ func TestScalarAgainstReference(t *testing.T) {
 	}
 }
 
-func TestHalfAllInputs(t *testing.T) {
+func TestExhaustiveHalf(t *testing.T) {
 	all := make([]uint16, 1<<16)
 	for i := range all {
 		all[i] = uint16(i)
@@ -295,7 +295,7 @@ func TestHalfAllInputs(t *testing.T) {
 	})
 }
 
-func TestBFloat16AllInputs(t *testing.T) {
+func TestExhaustiveBFloat16(t *testing.T) {
 	all := make([]uint16, 1<<16)
 	for i := range all {
 		all[i] = uint16(i)

@@ -8,14 +8,14 @@ import (
 	"testing"
 )
 
-// TestAllFloat32 converts every float32 to binary16 and to bfloat16 with
+// TestExhaustiveFloat32 converts every float32 to binary16 and to bfloat16 with
 // every implementation and compares each result with the scalar reference
 // (FromFloat32, BFloat16FromFloat32). The portable bulk kernels use
 // different code from the scalar ones (a float addition for half
 // subnormals, a rounding bias for bfloat16), so the comparison checks both.
 // Chunks are spread over GOMAXPROCS goroutines. Under the race detector
 // only every 64th chunk is walked (still every exponent and every tail).
-func TestAllFloat32(t *testing.T) {
+func TestExhaustiveFloat32(t *testing.T) {
 	if testing.Short() {
 		t.Skip("walks all 2^32 float32 values")
 	}
