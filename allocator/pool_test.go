@@ -438,3 +438,33 @@ func TestMisuse(t *testing.T) {
 	}
 	wantMisuse(t, "Put after Close", func() error { return p.Put(c) }, "pool closed", ErrMisuse)
 }
+
+// TestCheckDetectsUncoalesced makes sure the invariants check is not
+// vacuous: a Put that skipped coalescing is caught.
+func TestCheckDetectsUncoalesced(t *testing.T) {
+	p, _ := newPool(t, Options{SlabSize: 64 * kib})
+	a := mustGet(t, p, 1*kib)
+	b := mustGet(t, p, 1*kib)
+	mustPut(t, p, b) // b merges with the free rest of the slab
+
+	p.mu.Lock()
+	nd := &p.nodes[a.node]
+	nd.state = stateFree
+	p.slabs[nd.slab].used--
+	p.st.Blocks--
+	p.st.InUse -= int64(nd.req)
+	p.linkFree(a.node) // free, but not merged with its free neighbour
+	func() {
+		defer func() {
+			if msg, _ := recover().(string); !strings.Contains(msg, "not coalesced") {
+				t.Errorf("check of uncoalesced neighbours: panic %q", msg)
+			}
+		}()
+		p.checkLocked()
+	}()
+	// Repair: merge as Put would have.
+	p.unlinkFree(a.node)
+	p.linkFree(p.coalesce(a.node))
+	p.checkLocked()
+	p.mu.Unlock()
+}
