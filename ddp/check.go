@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"slices"
 
 	"github.com/ddpgo/ddpgo/comm"
 )
@@ -11,9 +12,10 @@ import (
 // checkParams verifies that every rank has the same parameters: count,
 // shapes and dtypes (names are reported but not compared, as in PyTorch).
 // One AllGather of (count, fingerprint, longest shape) settles the common
-// case; on a mismatch every rank gathers every rank's descriptors and
+// case (it carries the options that shape the collective sequence as
+// well); on a parameter mismatch every rank gathers every rank's descriptors and
 // names the first parameter and rank that differ from rank 0.
-func checkParams(ctx context.Context, c comm.Communicator, params []Param) error {
+func checkParams(ctx context.Context, c comm.Communicator, params []Param, o *Options) error {
 	n := c.Size()
 	h := fnv.New64a()
 	maxDims := 0
@@ -33,23 +35,45 @@ func checkParams(ctx context.Context, c comm.Communicator, params []Param) error
 		}
 		maxDims = max(maxDims, len(p.Shape))
 	}
-	mine := []int64{int64(len(params)), int64(h.Sum64()), int64(maxDims)}
-	all := make([]int64, 3*n)
+	// Options that decide the sequence of collectives must agree too: the
+	// hook (by name, up to 16 bytes), the bucket caps and KeepLayout.
+	var hookName [16]byte
+	copy(hookName[:], o.Hook.Name())
+	keep := int64(0)
+	if o.KeepLayout {
+		keep = 1
+	}
+	const words = 8
+	mine := []int64{int64(len(params)), int64(h.Sum64()), int64(maxDims),
+		int64(o.FirstBucketCap), int64(o.BucketCap), keep, word(hookName[:8]), word(hookName[8:])}
+	all := make([]int64, words*n)
 	if err := c.AllGather(comm.Int64s(mine), comm.Int64s(all)).Wait(ctx); err != nil {
 		return fmt.Errorf("ddp: rank %d checking parameters across ranks: %w", c.Rank(), err)
 	}
 	same := true
 	maxCount, width := 0, 0
 	for r := 0; r < n; r++ {
-		if all[3*r] != all[0] || all[3*r+1] != all[1] {
+		a := all[words*r : words*(r+1)]
+		if a[0] != all[0] || a[1] != all[1] {
 			same = false
 		}
-		maxCount = max(maxCount, int(all[3*r]))
-		width = max(width, int(all[3*r+2]))
+		maxCount = max(maxCount, int(a[0]))
+		width = max(width, int(a[2]))
 	}
 	if same {
+		for r := 1; r < n; r++ {
+			a := all[words*r : words*(r+1)]
+			if !slices.Equal(a[3:], all[3:words]) {
+				return fmt.Errorf("%w: options differ between rank 0 and rank %d: rank 0 has hook %q, bucket caps [%d %d], KeepLayout %v; rank %d has hook %q, bucket caps [%d %d], KeepLayout %v",
+					ErrParamMismatch, r, unword(all[6], all[7]), all[3], all[4], all[5] != 0, r, unword(a[6], a[7]), a[3], a[4], a[5] != 0)
+			}
+		}
 		return nil
 	}
+	for r := range n {
+		all[3*r], all[3*r+1], all[3*r+2] = all[words*r], all[words*r+1], all[words*r+2]
+	}
+	all = all[:3*n]
 
 	// Descriptors: per parameter [present, dtype, ndim, dims...], padded to
 	// maxCount parameters; names: the first nameLen bytes.
@@ -105,4 +129,27 @@ func checkParams(ctx context.Context, c comm.Communicator, params []Param) error
 		}
 	}
 	return fmt.Errorf("%w: fingerprints differ but no differing parameter was found (rank %d)", ErrParamMismatch, c.Rank())
+}
+
+// word packs 8 bytes into an int64, little-endian.
+func word(b []byte) int64 {
+	var v uint64
+	for j := 7; j >= 0; j-- {
+		v = v<<8 | uint64(b[j])
+	}
+	return int64(v)
+}
+
+// unword is the inverse of word over two words, dropping trailing zeros.
+func unword(a, b int64) string {
+	var buf [16]byte
+	for j := range 8 {
+		buf[j] = byte(uint64(a) >> (8 * j))
+		buf[8+j] = byte(uint64(b) >> (8 * j))
+	}
+	end := 0
+	for end < len(buf) && buf[end] != 0 {
+		end++
+	}
+	return string(buf[:end])
 }

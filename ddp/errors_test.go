@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/hooks"
 )
 
 var threeParams = []Param{
@@ -422,5 +423,42 @@ func TestStats(t *testing.T) {
 	})
 	if err := firstErr(errs); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestOptionsMismatch: ranks that would issue different collectives (other
+// hooks, caps or rebuild settings) fail in New, naming both sides.
+func TestOptionsMismatch(t *testing.T) {
+	checkNoLeak(t)
+	tests := []struct {
+		name   string
+		rank1  Options
+		substr []string
+	}{
+		{"hook", Options{Hook: hooks.FP16()}, []string{`rank 0 has hook "allreduce"`, `rank 1 has hook "fp16"`}},
+		{"cap", Options{BucketCap: 1 << 20}, []string{"[1048576 26214400]", "[1048576 1048576]"}},
+		{"keep", Options{KeepLayout: true}, []string{"KeepLayout false", "KeepLayout true"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cs := newTestGroup(t, 2)
+			errs := runRanks(cs, func(rank int, c comm.Communicator) error {
+				o := Options{}
+				if rank == 1 {
+					o = tt.rank1
+				}
+				r, err := New(context.Background(), c, threeParams, o)
+				if err == nil {
+					r.Close()
+				}
+				return err
+			})
+			for rank, err := range errs {
+				if err == nil {
+					t.Fatalf("rank %d: New succeeded", rank)
+				}
+				wantErr(t, err, ErrParamMismatch, tt.substr...)
+			}
+		})
 	}
 }

@@ -2,6 +2,7 @@ package ddp
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -22,18 +23,44 @@ type layout struct {
 	views    [][]float32       // per parameter: its slot in its bucket
 	bucketOf []int             // parameter -> bucket
 	hb       []hooks.Bucket    // what the hook reduces, per bucket
+	counts   []int             // elements per bucket
 	sched    *schedule
 }
 
-// adopt makes bs the current layout: it returns the old layout's blocks to
-// the pool, takes new ones, and tells the hook the new bucket sizes. The
-// new blocks are zeroed.
+// adopt makes bs the current layout: it takes new blocks from the pool,
+// tells the hook the new bucket sizes, and returns the old layout's blocks.
+// The new blocks are zeroed. It takes the new blocks before returning the
+// old ones, so that memory a stale gradient slice still points to is not
+// handed straight back (under the invariants tag the pool poisons it); if
+// the pool cannot hold both, it returns the old blocks first.
 func (r *Reducer) adopt(bs []bucket.Bucket) error {
-	if old := r.lay.Load(); old != nil {
+	old := r.lay.Load()
+	L, err := r.build(bs)
+	if err != nil && old != nil && errors.Is(err, allocator.ErrExhausted) {
+		if err := old.free(r.pool); err != nil {
+			return fmt.Errorf("ddp: returning the old bucket memory: %w", err)
+		}
+		old = nil
+		L, err = r.build(bs)
+	}
+	if err != nil {
+		return err
+	}
+	if err := r.hook.Setup(r.c, r.pool, L.counts); err != nil {
+		L.free(r.pool)
+		return fmt.Errorf("ddp: setting up hook %s: %w", r.hook.Name(), err)
+	}
+	r.lay.Store(L)
+	if old != nil {
 		if err := old.free(r.pool); err != nil {
 			return fmt.Errorf("ddp: returning the old bucket memory: %w", err)
 		}
 	}
+	return nil
+}
+
+// build takes memory for layout bs and lays the parameters out in it.
+func (r *Reducer) build(bs []bucket.Bucket) (*layout, error) {
 	L := &layout{
 		buckets:  bs,
 		enc:      bucket.Encode(bs),
@@ -44,16 +71,18 @@ func (r *Reducer) adopt(bs []bucket.Bucket) error {
 		hb:       make([]hooks.Bucket, len(bs)),
 	}
 	counts := make([]int, len(bs))
+	L.counts = counts
 	for k, b := range bs {
 		if b.DType != comm.Float32 {
-			return fmt.Errorf("%w: bucket %d is %s", ErrUnsupported, k, b.DType)
+			L.free(r.pool)
+			return nil, fmt.Errorf("%w: bucket %d is %s", ErrUnsupported, k, b.DType)
 		}
 		n := b.Bytes / 4
 		counts[k] = n
 		blk, err := r.pool.Get(max(b.Bytes, 4))
 		if err != nil {
 			L.free(r.pool)
-			return fmt.Errorf("ddp: memory for bucket %d (%d bytes): %w", k, b.Bytes, err)
+			return nil, fmt.Errorf("ddp: memory for bucket %d (%d bytes): %w", k, b.Bytes, err)
 		}
 		L.blocks = append(L.blocks, blk)
 		f := blk.Float32s()[:n]
@@ -70,12 +99,7 @@ func (r *Reducer) adopt(bs []bucket.Bucket) error {
 		}
 	}
 	L.sched = newSchedule(L.bucketOf, len(bs))
-	if err := r.hook.Setup(r.c, r.pool, counts); err != nil {
-		L.free(r.pool)
-		return fmt.Errorf("ddp: setting up hook %s: %w", r.hook.Name(), err)
-	}
-	r.lay.Store(L)
-	return nil
+	return L, nil
 }
 
 // free returns the layout's blocks to the pool.

@@ -212,7 +212,7 @@ func New(ctx context.Context, c comm.Communicator, params []Param, o Options) (*
 		r.tensors[i] = bucket.Tensor{Numel: p.Numel(), DType: p.DType}
 		total += p.Numel() * 4
 	}
-	if err := checkParams(ctx, c, r.params); err != nil {
+	if err := checkParams(ctx, c, r.params, &o); err != nil {
 		return nil, err
 	}
 
@@ -598,6 +598,13 @@ func (r *Reducer) reportStall(L *layout, k int, waited time.Duration) {
 // through Stats.
 func (r *Reducer) finish() {
 	s := r.cur
+	if invariants && s.Sync && !r.failed.Load() {
+		L := r.lay.Load()
+		if n := len(L.buckets); L.sched.launched() != n || int(r.reduced.Load()) != n || int(L.sched.nmarked.Load()) != len(r.params) {
+			panic(fmt.Sprintf("ddp: invariant: step %d finished with %d of %d buckets launched, %d reduced, %d of %d parameters marked",
+				r.stepNo, L.sched.launched(), n, r.reduced.Load(), L.sched.nmarked.Load(), len(r.params)))
+		}
+	}
 	s.Wall = time.Since(r.start)
 	s.finalize(r.lay.Load(), r.isUnused)
 	r.cur, r.last = r.last, r.cur

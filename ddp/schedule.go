@@ -2,6 +2,7 @@ package ddp
 
 import (
 	"errors"
+	"fmt"
 	"sync/atomic"
 )
 
@@ -78,7 +79,11 @@ func (s *schedule) claim(p int) error {
 // is now complete), or -1.
 func (s *schedule) arrive(p int) int {
 	b := s.bucketOf[p]
-	if s.pending[b].Add(-1) == 0 {
+	left := s.pending[b].Add(-1)
+	if invariants && (left < 0 || !s.marked[p].Load()) {
+		panic(fmt.Sprintf("ddp: invariant: parameter %d arrived at bucket %d unclaimed or twice (pending %d)", p, b, left))
+	}
+	if left == 0 {
 		s.complete[b].Store(true)
 		return int(b)
 	}
