@@ -64,3 +64,17 @@ func MinFloat32(dst, a, b []float32) {
 	a, b = a[:len(dst)], b[:len(dst)]
 	minF32AVX2(unsafe.Pointer(&dst[0]), unsafe.Pointer(&a[0]), unsafe.Pointer(&b[0]), len(dst))
 }
+
+//go:noescape
+func addF32x2AVX2(dst0, dst1, a, b unsafe.Pointer, n int)
+
+// SumFloat32Twice sets dst0[i] and dst1[i] to a[i] + b[i]: the whole
+// in-place all-reduce of two ranks in one pass. Either dst may alias a or b.
+func SumFloat32Twice(dst0, dst1, a, b []float32) {
+	if !useAVX2 || len(dst0) == 0 {
+		sumTwice(dst0, dst1, a, b)
+		return
+	}
+	dst1, a, b = dst1[:len(dst0)], a[:len(dst0)], b[:len(dst0)]
+	addF32x2AVX2(unsafe.Pointer(&dst0[0]), unsafe.Pointer(&dst1[0]), unsafe.Pointer(&a[0]), unsafe.Pointer(&b[0]), len(dst0))
+}

@@ -16,3 +16,7 @@ func MinFloat32(dst, a, b []float32) { Min(dst, a, b) }
 
 // Accelerated reports whether SIMD kernels are in use.
 func Accelerated() bool { return false }
+
+// SumFloat32Twice sets dst0[i] and dst1[i] to a[i] + b[i]: the whole
+// in-place all-reduce of two ranks in one pass. Either dst may alias a or b.
+func SumFloat32Twice(dst0, dst1, a, b []float32) { sumTwice(dst0, dst1, a, b) }

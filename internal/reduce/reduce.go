@@ -162,3 +162,12 @@ func MinHalf(dst, a, b []uint16) {
 		dst[i] = x
 	}
 }
+
+func sumTwice(dst0, dst1, a, b []float32) {
+	dst1, a, b = dst1[:len(dst0)], a[:len(dst0)], b[:len(dst0)]
+	for i := range dst0 {
+		s := a[i] + b[i]
+		dst0[i] = s
+		dst1[i] = s
+	}
+}

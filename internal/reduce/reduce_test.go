@@ -186,3 +186,20 @@ func BenchmarkSumFloat32(b *testing.B) {
 		})
 	}
 }
+
+func TestSumFloat32Twice(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	for n := 0; n < 80; n++ {
+		a, b := randF32(r, n), randF32(r, n)
+		want := make([]float32, n)
+		Sum(want, a, b)
+		// In place, as the two-rank all-reduce uses it: dst0 = a, dst1 = b.
+		x, y := append([]float32(nil), a...), append([]float32(nil), b...)
+		SumFloat32Twice(x, y, x, y)
+		for i := range want {
+			if !sameF32(x[i], want[i]) || !sameF32(y[i], want[i]) {
+				t.Fatalf("n=%d [%d]: %v, %v; want %v", n, i, x[i], y[i], want[i])
+			}
+		}
+	}
+}
