@@ -73,7 +73,8 @@ func xgetbv0() (eax, edx uint32)
 // from the cache (a bucket handed to the collective); above it the cache
 // cannot hold it anyway, and skipping the read-for-ownership of each
 // destination line saves memory bandwidth (a third for HalfToFloat32).
-const streamBytes = 2 << 20
+// It is a variable only so that a benchmark can move it.
+var streamBytes = 2 << 20
 
 // plan splits a conversion of n elements whose destination, of elemSize
 // bytes per element, starts at p: the first head elements go to the
