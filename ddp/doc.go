@@ -39,7 +39,13 @@
 // records, nothing is communicated, and Wait is optional. Gradients are
 // zeroed at Begin when the previous step was synced (or there was none),
 // like zero_grad; after a no-sync step they are not, so no-sync steps
-// accumulate and the next synced step reduces the accumulated sum.
+// accumulate and the next synced step reduces the accumulated sum. The
+// caller writes (=) or adds (+=) into Grad(i); both work after a zeroing
+// Begin. Options.NoZeroGrad skips the zeroing (a pass over all gradient
+// memory, a third of a ResNet-50 step on a small machine): the gradients
+// then hold the last average until overwritten, so the first step of each
+// accumulation window must write (=) every gradient it marks, as
+// PyTorch's zero_grad(set_to_none=True) requires of autograd.
 //
 // Errors: Ready of a parameter already marked in the step (ErrMarkedTwice),
 // of an index out of range (ErrIndex), or outside a step (ErrNoStep) name
@@ -71,7 +77,8 @@
 // New checks across ranks that every rank has the same parameters (count,
 // shapes, dtypes) with one AllGather of a fingerprint; on a mismatch it
 // gathers the descriptors and fails with ErrParamMismatch naming the first
-// differing parameter and rank. Wait honours its context and
+// differing parameter and rank. The same AllGather compares the options
+// that decide which collectives run (hook, bucket caps, KeepLayout). Wait honours its context and
 // Options.Timeout; after Options.StallInterval it reports the bucket it
 // waits for (Options.OnStall, or the log). A failed collective, a timeout
 // or a cancelled context makes the error sticky: the Reducer aborts the
@@ -80,11 +87,20 @@
 //
 // # Statistics
 //
-// Stats returns the last completed step's StepStats without allocating:
+// Stats returns the last completed step's StepStats without allocating
+// (its slices are reused: valid until the next Wait; StatsInto copies):
 // per-bucket timelines (ready, launch, compress, collective, decompress,
 // done) and per-parameter ready times relative to the step start; Compute
 // (first to last Ready), Comm (union of the buckets' busy intervals),
 // Overlap (the part of Comm before the last Ready) and OverlapRatio; bytes
 // handed to collectives; fp16 overflows; unused parameters. A warm step
 // allocates nothing on the Go heap.
+//
+// # Hooks
+//
+// Options.Hook decides how a bucket is reduced (package hooks): the
+// default hooks.AllReduce divides by N and sums; hooks.Avg lets the
+// backend divide inside its reduction pass (no separate pass over the
+// bucket); hooks.FP16 and hooks.BF16 halve the bytes on the wire. Each
+// rank needs its own Hook value; the Reducer closes it.
 package ddp

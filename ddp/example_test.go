@@ -1,0 +1,61 @@
+package ddp_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/ddpgo/ddpgo/ddp"
+	"github.com/ddpgo/ddpgo/inproc"
+)
+
+// Two ranks average the gradients of two parameters. Each rank writes its
+// gradients into the bucket views, marks them ready in the order its
+// backward produces them, and reads the averages after Wait.
+func Example() {
+	comms, err := inproc.NewGroup(2)
+	if err != nil {
+		panic(err)
+	}
+	params := []ddp.Param{
+		{Name: "fc.weight", Shape: []int{2, 2}},
+		{Name: "fc.bias", Shape: []int{2}},
+	}
+	out := make([]string, 2)
+	var wg sync.WaitGroup
+	for rank, c := range comms {
+		wg.Go(func() {
+			defer c.Close()
+			ctx := context.Background()
+			r, err := ddp.New(ctx, c, params, ddp.Options{})
+			if err != nil {
+				panic(err)
+			}
+			defer r.Close()
+			for step := range 2 {
+				if err := r.Begin(true); err != nil {
+					panic(err)
+				}
+				for i := len(params) - 1; i >= 0; i-- { // backward: last layer first
+					g := r.Grad(i)
+					for j := range g {
+						g[j] = float32(10*rank + j + step)
+					}
+					if err := r.Ready(i); err != nil {
+						panic(err)
+					}
+				}
+				if err := r.Wait(ctx); err != nil {
+					panic(err)
+				}
+			}
+			out[rank] = fmt.Sprint(r.Grad(0), r.Grad(1), r.Stats().Step)
+		})
+	}
+	wg.Wait()
+	fmt.Println(out[0])
+	fmt.Println(out[1])
+	// Output:
+	// [6 7 8 9] [6 7] 2
+	// [6 7 8 9] [6 7] 2
+}
