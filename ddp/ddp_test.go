@@ -457,3 +457,77 @@ func TestNoSync(t *testing.T) {
 		})
 	}
 }
+
+// TestConcurrentReady marks many parameters from many goroutines per rank,
+// across rebuilds and no-sync steps, and checks every average.
+func TestConcurrentReady(t *testing.T) {
+	checkNoLeak(t)
+	const n, np, workers = 4, 64, 8
+	params := make([]Param, np)
+	for i := range params {
+		params[i] = Param{Name: fmt.Sprintf("p%d", i), Shape: []int{1 + i%7, 3}}
+	}
+	cs := newTestGroup(t, n)
+	val := func(rank, step, p, j int) float32 { return float32(rank*1000 + step*100 + p + j) }
+	errs := runRanks(cs, func(rank int, c comm.Communicator) error {
+		ctx := context.Background()
+		r, err := New(ctx, c, params, Options{BucketCap: 200, FirstBucketCap: 40})
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		rng := rand.New(rand.NewPCG(uint64(rank), 5))
+		for step := range 8 {
+			synced := step%3 != 1 // every third step is a no-sync step, accumulated into the next
+			if err := r.Begin(synced); err != nil {
+				return err
+			}
+			order := rng.Perm(np)
+			errc := make(chan error, workers)
+			for w := range workers {
+				go func() {
+					for _, p := range order[w*np/workers : (w+1)*np/workers] {
+						g := r.Grad(p)
+						for j := range g {
+							g[j] += val(rank, step, p, j)
+						}
+						if err := r.Ready(p); err != nil {
+							errc <- err
+							return
+						}
+					}
+					errc <- nil
+				}()
+			}
+			for range workers {
+				if err := <-errc; err != nil {
+					return err
+				}
+			}
+			if !synced {
+				continue
+			}
+			if err := r.Wait(ctx); err != nil {
+				return err
+			}
+			for p := range params {
+				for j, v := range r.Grad(p) {
+					var want float64
+					for q := range n {
+						want += float64(val(q, step, p, j)) / n
+						if step%3 == 2 {
+							want += float64(val(q, step-1, p, j)) / n
+						}
+					}
+					if math.Abs(float64(v)-want) > 1e-6*want {
+						return fmt.Errorf("step %d param %d elem %d: %v, want %v", step, p, j, v, want)
+					}
+				}
+			}
+		}
+		return nil
+	})
+	if err := firstErr(errs); err != nil {
+		t.Fatal(err)
+	}
+}
