@@ -276,6 +276,9 @@ func (p *Pool) Put(b Block) error {
 
 func (p *Pool) put(b Block) error {
 	if err := p.validate(b, "Put"); err != nil {
+		if p.closed {
+			return fmt.Errorf("%w, after Close: %w", err, ErrClosed)
+		}
 		return err
 	}
 	p.st.Puts++
@@ -312,22 +315,18 @@ func (p *Pool) validate(b Block, op string) error {
 		}
 		return fmt.Errorf("%w: %s of a forged Block (size %d, addr %p)", ErrMisuse, op, b.size, b.addr)
 	}
-	closed := ""
-	if p.closed {
-		closed = " (pool closed)"
-	}
 	if b.node < 0 || int(b.node) >= len(p.nodes) {
-		return fmt.Errorf("%w: %s of a forged Block (size %d, addr %p)%s", ErrMisuse, op, b.size, b.addr, closed)
+		return fmt.Errorf("%w: %s of a forged Block (size %d, addr %p)", ErrMisuse, op, b.size, b.addr)
 	}
 	nd := &p.nodes[b.node]
 	if nd.gen != b.gen || nd.state != stateUsed {
 		if nd.gen == b.gen || nd.gen-b.gen < 1<<31 {
-			return fmt.Errorf("%w: %s of a block already Put (double Put or use after Put: size %d, addr %p)%s", ErrMisuse, op, b.size, b.addr, closed)
+			return fmt.Errorf("%w: %s of a block already Put (double Put or use after Put: size %d, addr %p)", ErrMisuse, op, b.size, b.addr)
 		}
-		return fmt.Errorf("%w: %s of a forged Block (size %d, addr %p)%s", ErrMisuse, op, b.size, b.addr, closed)
+		return fmt.Errorf("%w: %s of a forged Block (size %d, addr %p)", ErrMisuse, op, b.size, b.addr)
 	}
 	if unsafe.Add(p.slabs[nd.slab].region.Addr, nd.off) != b.addr || nd.req != b.size {
-		return fmt.Errorf("%w: %s of a forged Block (size %d, addr %p; the pool has size %d at that slot)%s", ErrMisuse, op, b.size, b.addr, nd.req, closed)
+		return fmt.Errorf("%w: %s of a forged Block (size %d, addr %p; the pool has size %d at that slot)", ErrMisuse, op, b.size, b.addr, nd.req)
 	}
 	return nil
 }

@@ -436,7 +436,7 @@ func TestMisuse(t *testing.T) {
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}
-	wantMisuse(t, "Put after Close", func() error { return p.Put(c) }, "pool closed", ErrMisuse)
+	wantMisuse(t, "Put after Close", func() error { return p.Put(c) }, "after Close", ErrMisuse, ErrClosed)
 }
 
 // TestCheckDetectsUncoalesced makes sure the invariants check is not
