@@ -418,6 +418,11 @@ func (p *Pool) mapSlab(n, size int, dedicated bool) (int32, error) {
 		ferr := p.src.Free(r)
 		return none, fmt.Errorf("%w: %s source returned %d bytes at %p for a slab of %d bytes (alignment %d); free: %v", ErrInvalid, p.src.Name(), r.Size, r.Addr, size, Alignment, ferr)
 	}
+	if p.st.Mapped+int64(r.Size) > p.limit {
+		// The source rounded the slab up past the limit.
+		_ = p.src.Free(r)
+		return none, p.exhausted(n, int64(r.Size))
+	}
 	var s int32
 	if k := len(p.freeSlots); k > 0 {
 		s = p.freeSlots[k-1]
