@@ -55,7 +55,7 @@ type Times struct {
 	CollectiveEnd   time.Duration // the collective completed
 	DecompressEnd   time.Duration // the result is back in Buf as float32
 	WireBytes       int64         // payload bytes given to collectives
-	Overflows       int64         // elements that became ±Inf in the wire type (FP16/BF16)
+	Overflows       int64         // FP16/BF16: elements reduced to Inf/NaN from a finite input (see the package doc)
 }
 
 // Errors returned by hooks; test with errors.Is.
