@@ -2,11 +2,14 @@ package inproc_test
 
 import (
 	"fmt"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/comm/commtest"
 	"github.com/ddpgo/ddpgo/inproc"
+	"github.com/ddpgo/ddpgo/internal/reduce"
 )
 
 func benchGroup(b *testing.B, n int) []comm.Communicator {
@@ -66,4 +69,28 @@ func name(dt comm.DType) string {
 		return "float16"
 	}
 	return dt.String()
+}
+
+// BenchmarkRoofline is the baseline for BenchmarkAllReduce/float32/2ranks:
+// the same memory traffic (two goroutines, each summing half of two
+// vectors into both) with no synchronisation beyond a WaitGroup. Compare
+// the two in the same run; the machine's memory bandwidth varies with load.
+func BenchmarkRoofline(b *testing.B) {
+	for _, size := range []int{1 << 20, 16 << 20, 64 << 20} {
+		b.Run(fmt.Sprintf("float32/2ranks/%s", commtest.SizeName(size)), func(b *testing.B) {
+			n := size / 4
+			x, y := make([]float32, n), make([]float32, n)
+			var wg sync.WaitGroup
+			for b.Loop() {
+				for p := range 2 {
+					lo, hi := p*n/2, (p+1)*n/2
+					wg.Go(func() { reduce.SumFloat32Twice(x[lo:hi], y[lo:hi], x[lo:hi], y[lo:hi]) })
+				}
+				wg.Wait()
+			}
+			d := b.Elapsed() / time.Duration(b.N)
+			b.ReportMetric(comm.BusBW(comm.KindAllReduce, 2, int64(size), d), "busbw-GB/s")
+			b.ReportMetric(float64(d.Nanoseconds())/1e3, "us/op")
+		})
+	}
 }
