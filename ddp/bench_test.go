@@ -47,14 +47,15 @@ func loadManifest(t testing.TB, path string) []Param {
 // beyond what the Reducers do.
 type pair struct {
 	rs   [2]*Reducer // rs[1] is nil for a one-rank group
-	go1  chan struct{}
+	cs   []comm.Communicator
+	go1  chan bool // true: a Reducer step; false: the floor (bare all-reduces)
 	done chan error
 	quit chan struct{}
 }
 
 func newPair(t testing.TB, cs []comm.Communicator, params []Param, opts func() Options) *pair {
 	t.Helper()
-	p := &pair{go1: make(chan struct{}), done: make(chan error), quit: make(chan struct{})}
+	p := &pair{cs: cs, go1: make(chan bool), done: make(chan error), quit: make(chan struct{})}
 	errs := runRanks(cs, func(rank int, c comm.Communicator) error {
 		var err error
 		p.rs[rank], err = New(context.Background(), c, params, opts())
@@ -72,8 +73,12 @@ func newPair(t testing.TB, cs []comm.Communicator, params []Param, opts func() O
 			select {
 			case <-p.quit:
 				return
-			case <-p.go1:
-				p.done <- benchStep(p.rs[1])
+			case step := <-p.go1:
+				if step {
+					p.done <- benchStep(p.rs[1])
+				} else {
+					p.done <- floorStep(p.rs[1], p.cs[1])
+				}
 			}
 		}
 	}()
@@ -111,8 +116,29 @@ func (p *pair) step() error {
 	if p.rs[1] == nil {
 		return benchStep(p.rs[0])
 	}
-	p.go1 <- struct{}{}
+	p.go1 <- true
 	err0 := benchStep(p.rs[0])
+	err1 := <-p.done
+	if err0 != nil {
+		return err0
+	}
+	return err1
+}
+
+// floorStep is what a step cannot beat: the bare all-reduce (Sum) of every
+// bucket of r's layout, one after the other, without the Reducer.
+func floorStep(r *Reducer, c comm.Communicator) error {
+	for _, hb := range r.lay.Load().hb {
+		if err := c.AllReduce(hb.Buf, comm.Sum).Wait(context.Background()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *pair) floor() error {
+	p.go1 <- false
+	err0 := floorStep(p.rs[0], p.cs[0])
 	err1 := <-p.done
 	if err0 != nil {
 		return err0
@@ -186,24 +212,38 @@ func BenchmarkStepResNet50(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
+			// Each iteration times a step and, right after, the floor, so
+			// that their ratio survives a machine whose load changes.
 			times := make([]time.Duration, 0, 1<<16)
+			floors := make([]time.Duration, 0, 1<<16)
 			var ms0, ms1 runtime.MemStats
-			runtime.ReadMemStats(&ms0)
+			var allocs uint64
 			steps := 0
 			for b.Loop() {
+				runtime.ReadMemStats(&ms1)
 				t0 := time.Now()
 				if err := p.step(); err != nil {
 					b.Fatal(err)
 				}
+				t1 := time.Now()
+				runtime.ReadMemStats(&ms0)
+				allocs += ms0.Mallocs - ms1.Mallocs
+				if err := p.floor(); err != nil {
+					b.Fatal(err)
+				}
 				if len(times) < cap(times) {
-					times = append(times, time.Since(t0))
+					times = append(times, t1.Sub(t0))
+					floors = append(floors, time.Since(t1))
 				}
 				steps++
 			}
-			runtime.ReadMemStats(&ms1)
 			slices.Sort(times)
-			b.ReportMetric(float64(times[len(times)/2].Microseconds())/1000, "ms/step-median")
-			b.ReportMetric(float64(ms1.Mallocs-ms0.Mallocs)/float64(steps), "allocs/step")
+			slices.Sort(floors)
+			median, floor := times[len(times)/2], floors[len(floors)/2]
+			b.ReportMetric(float64(median.Microseconds())/1000, "ms/step-median")
+			b.ReportMetric(float64(floor.Microseconds())/1000, "ms/floor-median")
+			b.ReportMetric(float64(median)/float64(floor), "step/floor")
+			b.ReportMetric(float64(allocs)/float64(steps), "allocs/step")
 			st := p.rs[0].Stats()
 			b.ReportMetric(float64(st.Bytes)/float64(st.Comm.Seconds())/1e9, "GB/s-comm")
 			b.ReportMetric(float64(len(st.Buckets)), "buckets")
