@@ -80,3 +80,71 @@ func TestScheduleClaimArrive(t *testing.T) {
 		t.Fatalf("nmarked = %d", s.nmarked.Load())
 	}
 }
+
+// FuzzSchedule marks parameters in an arbitrary order with launch attempts
+// interleaved, and checks that buckets launch exactly once each, in index
+// order, and only when complete.
+func FuzzSchedule(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3}, []byte{3, 2, 1, 0}, uint8(2))
+	f.Add([]byte{5, 0, 0, 9}, []byte{1, 0, 3, 2}, uint8(7))
+	f.Fuzz(func(t *testing.T, assign, order []byte, every uint8) {
+		np := min(len(assign), 64)
+		if np == 0 {
+			return
+		}
+		// Buckets are the distinct values of assign, renumbered densely.
+		ids := map[byte]int{}
+		bucketOf := make([]int, np)
+		for p := range np {
+			v := assign[p] % 8
+			if _, ok := ids[v]; !ok {
+				ids[v] = len(ids)
+			}
+			bucketOf[p] = ids[v]
+		}
+		nb := len(ids)
+		s := newSchedule(bucketOf, nb)
+		// The mark order: order's bytes pick among the unmarked parameters.
+		left := make([]int, np)
+		for p := range left {
+			left[p] = p
+		}
+		marked := make([]bool, np)
+		var launched []int
+		tryLaunch := func() {
+			for k := s.launch(); k >= 0; k = s.launch() {
+				if k != len(launched) {
+					t.Fatalf("launched bucket %d after %v", k, launched)
+				}
+				for p, b := range bucketOf {
+					if b == k && !marked[p] {
+						t.Fatalf("bucket %d launched before parameter %d was marked", k, p)
+					}
+				}
+				launched = append(launched, k)
+			}
+		}
+		for i := 0; len(left) > 0; i++ {
+			j := 0
+			if i < len(order) {
+				j = int(order[i]) % len(left)
+			}
+			p := left[j]
+			left = append(left[:j], left[j+1:]...)
+			if _, err := s.mark(p); err != nil {
+				t.Fatal(err)
+			}
+			marked[p] = true
+			if _, err := s.mark(p); err == nil {
+				t.Fatalf("second mark of %d succeeded", p)
+			}
+			if every == 0 || i%int(every) == 0 {
+				tryLaunch()
+			}
+		}
+		tryLaunch()
+		if len(launched) != nb {
+			t.Fatalf("launched %v of %d buckets", launched, nb)
+		}
+	})
+}
