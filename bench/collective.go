@@ -98,6 +98,9 @@ type CollectiveConfig struct {
 	Iters    int   // timed iterations per size and placement
 	Warmup   int   // untimed iterations before them
 	Check    bool  // fill inputs with a pattern and count wrong elements
+	// Timeout bounds each size's placement (warmup, timed loop and check)
+	// on every rank; 0 means no bound beyond the caller's context.
+	Timeout time.Duration
 }
 
 // Timing is one placement (out-of-place or in-place) of one size.
@@ -314,12 +317,19 @@ func issueFunc(c comm.Communicator, b *rankBufs, cfg *CollectiveConfig, count, p
 		return func() comm.Work { return c.ReduceScatter(send, o, cfg.RedOp) }, o
 	case SendRecv:
 		to, from := (r+1)%n, (r-1+n)%n
+		// Send and Recv are rendezvous operations run in issue order, so
+		// a ring alternates: even ranks send first, odd ranks receive
+		// first (with an odd number of ranks, the last even rank's send
+		// waits for rank 0's, which completes against rank 1).
+		if r%2 == 0 {
+			return func() comm.Work {
+				sw := c.Send(send, to)
+				return joinWork(sw, c.Recv(recv, from))
+			}, recv
+		}
 		return func() comm.Work {
-			// Post the receive first so a backend that matches eagerly
-			// never holds a send without its receiver.
 			rw := c.Recv(recv, from)
-			sw := c.Send(send, to)
-			return joinWork(sw, rw)
+			return joinWork(rw, c.Send(send, to))
 		}, recv
 	}
 	panic("unreachable")
@@ -341,6 +351,11 @@ func (p pair) TestOp(uint64) (bool, error) {
 }
 
 func runPlacement(ctx context.Context, comms []comm.Communicator, ranks []*rankBufs, cfg *CollectiveConfig, count, per int, inPlace bool) (Timing, error) {
+	if cfg.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cfg.Timeout)
+		defer cancel()
+	}
 	var wg sync.WaitGroup
 	for i, c := range comms {
 		b := ranks[i]

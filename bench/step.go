@@ -114,7 +114,8 @@ type Result struct {
 	Numel         int64
 	GradBytes     int64 // float32 gradient bytes per rank
 	Steps, Warmup int
-	StepTime      Dist    // seconds
+	StepTime      Dist    // seconds, Begin returned to Wait returned (the reducer's Wall)
+	IterTime      Dist    // seconds, Begin called to Wait returned (adds Begin's zeroing)
 	ComputeTime   Dist    // seconds, first to last ready mark
 	CommTime      Dist    // seconds
 	OverlapRatio  Dist    // communication hidden behind compute / communication
@@ -204,8 +205,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	// per[rank][step] holds the measured steps' statistics.
 	per := make([][]ddp.StepStats, n)
+	iters := make([][]time.Duration, n)
 	for r := range per {
 		per[r] = make([]ddp.StepStats, cfg.Steps)
+		iters[r] = make([]time.Duration, cfg.Steps)
 	}
 
 	// Two phases separated by a process-local rendezvous, so that the
@@ -218,11 +221,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		go func() {
 			defer wg.Done()
 			d := newDriver(reducers[r], cfg, r, n)
-			err := d.steps(ctx, cfg.Warmup, false, nil)
+			err := d.steps(ctx, cfg.Warmup, false, nil, nil)
 			warm.Done()
 			measured.Wait()
 			if err == nil {
-				err = d.steps(ctx, cfg.Steps, true, per[r])
+				err = d.steps(ctx, cfg.Steps, true, per[r], iters[r])
 			}
 			if err != nil {
 				errs[r] = fmt.Errorf("rank %d: %w", r, err)
@@ -241,14 +244,15 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	res.AllocsPerStep = float64(m1.Mallocs-m0.Mallocs) / float64(cfg.Steps)
 
-	var wall, compute, commT, ratio, bw []float64
+	var wall, iter, compute, commT, ratio, bw []float64
 	for s := range cfg.Steps {
-		var w, c, cm time.Duration
+		var w, it, c, cm time.Duration
 		var ov, cs time.Duration
 		var bws float64
 		for r := range n {
 			st := &per[r][s]
 			w, c, cm = max(w, st.Wall), max(c, st.Compute), max(cm, st.Comm)
+			it = max(it, iters[r][s])
 			ov += st.Overlap
 			cs += st.Comm
 			bws += comm.BusBW(comm.KindAllReduce, n, st.Bytes, st.Comm)
@@ -258,6 +262,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			}
 		}
 		wall = append(wall, w.Seconds())
+		iter = append(iter, it.Seconds())
 		compute = append(compute, c.Seconds())
 		commT = append(commT, cm.Seconds())
 		if cs > 0 {
@@ -267,6 +272,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 		bw = append(bw, bws/float64(n))
 	}
+	res.IterTime = dist(iter)
 	res.StepTime, res.ComputeTime, res.CommTime = dist(wall), dist(compute), dist(commT)
 	res.OverlapRatio, res.BusBW = dist(ratio), dist(bw)
 	res.WireBytes = per[0][cfg.Steps-1].Bytes
@@ -339,11 +345,15 @@ func newDriver(red *ddp.Reducer, cfg Config, rank, n int) *driver {
 }
 
 // steps runs k synced steps; when measured, it copies each step's
-// statistics into out.
-func (d *driver) steps(ctx context.Context, k int, measured bool, out []ddp.StepStats) error {
+// statistics into out and its duration, from calling Begin, into iters.
+func (d *driver) steps(ctx context.Context, k int, measured bool, out []ddp.StepStats, iters []time.Duration) error {
 	for s := range k {
+		t := time.Now()
 		if err := d.step(ctx); err != nil {
 			return err
+		}
+		if iters != nil {
+			iters[s] = time.Since(t)
 		}
 		if measured && !d.checked {
 			if err := d.check(); err != nil {

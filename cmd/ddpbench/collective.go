@@ -37,6 +37,7 @@ func collectiveCommand() *cli.Command {
 			intFlag("ranks", 2, "number of ranks"),
 			stringFlag("backend", "inproc", backendUsage()),
 			formatFlag("output: table (nccl-tests layout), json or csv"),
+			&cli.DurationFlag{Name: "timeout", Value: 2 * time.Minute, Usage: "deadline of each size's warmup, timed loop and check", EnvVars: envs("timeout")},
 		},
 		Action: collectiveAction,
 	}
@@ -109,6 +110,9 @@ func parseCollective(c *cli.Context) (collectiveOpts, error) {
 	if o.backend, err = lookupBackend(c.String("backend")); err != nil {
 		return o, err
 	}
+	if o.cfg.Timeout = c.Duration("timeout"); o.cfg.Timeout <= 0 {
+		return o, usagef("--timeout %v: want a positive duration", o.cfg.Timeout)
+	}
 	if o.format, err = parseFormat(c.String("format")); err != nil {
 		return o, err
 	}
@@ -162,14 +166,16 @@ func collectiveAction(c *cli.Context) error {
 type collectiveWriter struct {
 	out    io.Writer
 	o      collectiveOpts
-	rows   []bench.CollectiveRow // json collects, writes at the end
+	host   string // for the "Using devices" lines
+	pid    int
 	header func() error
 	row    func(bench.CollectiveRow) error
 	footer func([]bench.CollectiveRow) error
 }
 
 func newCollectiveWriter(out io.Writer, o collectiveOpts) *collectiveWriter {
-	w := &collectiveWriter{out: out, o: o}
+	host, _ := os.Hostname()
+	w := &collectiveWriter{out: out, o: o, host: host, pid: os.Getpid()}
 	switch o.format {
 	case "json":
 		w.header = func() error { return nil }
@@ -202,9 +208,8 @@ func (w *collectiveWriter) tableHeader() error {
 	fmt.Fprintf(b, "# nThread 1 nRanks %d minBytes %d maxBytes %d step: %s warmup iters: %d iters: %d agg iters: 1 validation: %d graph: 0\n",
 		o.ranks, cfg.MinBytes, cfg.MaxBytes, step, cfg.Warmup, cfg.Iters, validation)
 	fmt.Fprintf(b, "#\n# Using devices\n")
-	host, _ := os.Hostname()
 	for r := range o.ranks {
-		fmt.Fprintf(b, "#  Rank %2d Group  0 Pid %6d on %10s device %2d [cpu] %s rank goroutine\n", r, os.Getpid(), host, r, o.backend.name)
+		fmt.Fprintf(b, "#  Rank %2d Group  0 Pid %6d on %10s device %2d [cpu] %s rank goroutine\n", r, w.pid, w.host, r, o.backend.name)
 	}
 	fmt.Fprintf(b, "#\n")
 	if bench.EmulatedOutOfPlace(cfg.Op) {

@@ -72,18 +72,19 @@ func plotSVG(title string, pts []plotPoint) string {
 
 	// Step time: p10-p90 bars, median line and markers.
 	var line, ovl []string
-	for _, p := range pts {
+	type xy struct{ x, y float64 }
+	stepAt, ovlAt := make([]xy, len(pts)), make([]xy, len(pts))
+	for i, p := range pts {
 		x := xs(p.CapMB)
+		stepAt[i], ovlAt[i] = xy{x, ys(p.StepMS)}, xy{x, yo(min(max(p.Overlap, 0), 1))}
 		fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#1f5fa8" stroke-width="1.5"/>`+"\n", x, ys(p.StepP10), x, ys(p.StepP90))
-		line = append(line, fmt.Sprintf("%.1f,%.1f", x, ys(p.StepMS)))
-		ovl = append(ovl, fmt.Sprintf("%.1f,%.1f", x, yo(min(max(p.Overlap, 0), 1))))
+		line = append(line, fmt.Sprintf("%.1f,%.1f", stepAt[i].x, stepAt[i].y))
+		ovl = append(ovl, fmt.Sprintf("%.1f,%.1f", ovlAt[i].x, ovlAt[i].y))
 	}
 	fmt.Fprintf(b, `<polyline points="%s" fill="none" stroke="#1f5fa8" stroke-width="2"/>`+"\n", strings.Join(line, " "))
 	fmt.Fprintf(b, `<polyline points="%s" fill="none" stroke="#c0501f" stroke-width="2" stroke-dasharray="6 4"/>`+"\n", strings.Join(ovl, " "))
 	for i := range pts {
-		var sx, sy, ox, oy float64
-		fmt.Sscanf(line[i], "%g,%g", &sx, &sy)
-		fmt.Sscanf(ovl[i], "%g,%g", &ox, &oy)
+		sx, sy, ox, oy := stepAt[i].x, stepAt[i].y, ovlAt[i].x, ovlAt[i].y
 		fmt.Fprintf(b, `<circle cx="%.1f" cy="%.1f" r="3.5" fill="#1f5fa8"><title>%s MiB: %.2f ms</title></circle>`+"\n", sx, sy, trimFloat(pts[i].CapMB), pts[i].StepMS)
 		fmt.Fprintf(b, `<rect x="%.1f" y="%.1f" width="7" height="7" fill="#c0501f"><title>%s MiB: overlap %.3f</title></rect>`+"\n", ox-3.5, oy-3.5, trimFloat(pts[i].CapMB), pts[i].Overlap)
 	}

@@ -21,6 +21,7 @@ var runCSVHeader = []string{
 	"model", "ranks", "backend", "bucket_cap_mb", "first_bucket_mb", "compression", "grad_as_bucket_view",
 	"compute", "compute_target_ms", "steps", "warmup",
 	"step_ms_median", "step_ms_p10", "step_ms_p90",
+	"iter_ms_median", "iter_ms_p10", "iter_ms_p90",
 	"compute_ms_median", "compute_ms_p10", "compute_ms_p90",
 	"comm_ms_median", "comm_ms_p10", "comm_ms_p90",
 	"overlap_median", "overlap_p10", "overlap_p90",
@@ -44,6 +45,7 @@ func (r runRecord) csv() []string {
 		o.compression, fmt.Sprint(o.bucketView), o.compute.String(), fmtFloat(res.ComputeTarget * 1e3),
 		fmt.Sprint(res.Steps), fmt.Sprint(res.Warmup)}
 	rec = append(rec, ms(res.StepTime)...)
+	rec = append(rec, ms(res.IterTime)...)
 	rec = append(rec, ms(res.ComputeTime)...)
 	rec = append(rec, ms(res.CommTime)...)
 	rec = append(rec, raw(res.OverlapRatio)...)
@@ -81,6 +83,7 @@ type runJSON struct {
 	Steps            int      `json:"steps"`
 	Warmup           int      `json:"warmup"`
 	StepMS           distJSON `json:"step_ms"`
+	IterMS           distJSON `json:"iter_ms"`
 	ComputeMS        distJSON `json:"compute_ms"`
 	CommMS           distJSON `json:"comm_ms"`
 	Overlap          distJSON `json:"overlap_ratio"`
@@ -99,7 +102,7 @@ func (r runRecord) json() runJSON {
 		Ranks: o.ranks, Backend: o.backend.name, BucketCapMB: o.bucketCapMB, FirstBucketMB: o.firstMB,
 		Compression: o.compression, GradAsBucketView: o.bucketView, Compute: o.compute.String(), RateParamsPerSec: o.rate,
 		ComputeTargetMS: res.ComputeTarget * 1e3, Steps: res.Steps, Warmup: res.Warmup,
-		StepMS: toJSON(res.StepTime, 1e3), ComputeMS: toJSON(res.ComputeTime, 1e3), CommMS: toJSON(res.CommTime, 1e3),
+		StepMS: toJSON(res.StepTime, 1e3), IterMS: toJSON(res.IterTime, 1e3), ComputeMS: toJSON(res.ComputeTime, 1e3), CommMS: toJSON(res.CommTime, 1e3),
 		Overlap: toJSON(res.OverlapRatio, 1), BusBW: toJSON(res.BusBW, 1),
 		BytesPerStep: res.WireBytes, GradBytes: res.GradBytes, Buckets: res.Buckets,
 		Overflows: res.Overflows, AllocsPerStep: res.AllocsPerStep,
@@ -170,6 +173,7 @@ func (r runRecord) table() string {
 		fmt.Fprintf(b, "%-24s %10.*f %10.*f %10.*f\n", name, prec, d.Median*scale, prec, d.P10*scale, prec, d.P90*scale)
 	}
 	row("step time (ms)", res.StepTime, 1e3, 2)
+	row("  with Begin (ms)", res.IterTime, 1e3, 2)
 	row("backward compute (ms)", res.ComputeTime, 1e3, 2)
 	row("communication (ms)", res.CommTime, 1e3, 2)
 	row("overlap ratio", res.OverlapRatio, 1, 3)

@@ -1,0 +1,376 @@
+package main
+
+import (
+	"bytes"
+	"encoding/csv"
+	"encoding/json"
+	"flag"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/urfave/cli/v2"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata")
+
+// run runs ddpbench with args and returns the exit status and output.
+func run(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var o, e bytes.Buffer
+	code = runMain(append([]string{"ddpbench"}, args...), &o, &e)
+	return code, o.String(), e.String()
+}
+
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestErrors checks that every bad command line fails with one line on
+// stderr that says what is wrong, and the right exit status.
+func TestErrors(t *testing.T) {
+	badJSON := writeFile(t, "bad.json", `{"model":"x","params":[{"name":"w","shape":[4,0]}]}`)
+	syntax := writeFile(t, "syntax.json", "{\n\"model\": \"x\",\n\"params\": [,]}")
+	tests := []struct {
+		args []string
+		code int
+		want []string
+	}{
+		{[]string{"--bogus"}, 2, []string{"bogus"}},
+		{[]string{"run", "--ranks", "0"}, 2, []string{"--ranks 0"}},
+		{[]string{"run", "--ranks", "two"}, 2, []string{"two"}},
+		{[]string{"run", "--bucket-cap-mb", "-1"}, 2, []string{"--bucket-cap-mb -1"}},
+		{[]string{"run", "--first-bucket-mb", "0"}, 2, []string{"--first-bucket-mb 0"}},
+		{[]string{"run", "--compression", "fp8"}, 2, []string{`--compression "fp8"`}},
+		{[]string{"run", "--compute", "warp"}, 2, []string{`--compute "warp"`}},
+		{[]string{"run", "--compute", "sleep"}, 2, []string{"exactly one of --rate, --gflops or --compute-time"}},
+		{[]string{"run", "--compute", "sleep", "--rate", "1e9", "--gflops", "10"}, 2, []string{"exactly one"}},
+		{[]string{"run", "--compute", "spin", "--rate", "-3"}, 2, []string{"--rate -3"}},
+		{[]string{"run", "--compute", "spin", "--gflops", "10", "--batch", "0"}, 2, []string{"--batch 0"}},
+		{[]string{"run", "--rate", "1e9"}, 2, []string{"--rate needs --compute sleep or spin"}},
+		{[]string{"run", "--format", "xml"}, 2, []string{`--format "xml"`}},
+		{[]string{"run", "--steps", "0"}, 2, []string{"--steps 0"}},
+		{[]string{"run", "--warmup", "-1"}, 2, []string{"--warmup -1"}},
+		{[]string{"run", "--trace-steps", "0"}, 2, []string{"--trace-steps 0"}},
+		{[]string{"run", "--backend", "mpi"}, 2, []string{"--backend mpi", "not built", "built: inproc"}},
+		{[]string{"run", "--backend", "gloo"}, 2, []string{`--backend "gloo"`}},
+		{[]string{"run", "--model", "vgg16"}, 1, []string{"unknown model", "vgg16", "resnet50, bert-base, gpt2-small"}},
+		{[]string{"run", "--model", badJSON}, 1, []string{badJSON, "params[0].shape[1]"}},
+		{[]string{"run", "--model", syntax}, 1, []string{syntax + ":3:", "invalid character"}},
+		{[]string{"run", "extra"}, 2, []string{`unexpected argument "extra"`}},
+		{[]string{"sweep", "--caps", "1,a"}, 2, []string{`"a" is not a size`}},
+		{[]string{"sweep", "--caps", "5,2"}, 2, []string{"caps must increase"}},
+		{[]string{"collective", "-b", "0"}, 2, []string{`-b/--minbytes "0"`}},
+		{[]string{"collective", "-b", "4X"}, 2, []string{`-b/--minbytes "4X"`}},
+		{[]string{"collective", "-b", "1M", "-e", "4K"}, 2, []string{"smaller than -b/--minbytes"}},
+		{[]string{"collective", "-f", "1"}, 2, []string{"-f/--stepfactor 1"}},
+		{[]string{"collective", "-d", "int8"}, 2, []string{`-d/--datatype "int8"`}},
+		{[]string{"collective", "-o", "prod"}, 2, []string{`-o/--redop "prod"`}},
+		{[]string{"collective", "-c", "2"}, 2, []string{"-c/--check 2"}},
+		{[]string{"collective", "-n", "0"}, 2, []string{"-n/--iters 0"}},
+		{[]string{"collective", "--op", "gather"}, 2, []string{`--op "gather"`}},
+		{[]string{"collective", "--op", "broadcast", "-r", "2"}, 2, []string{"-r/--root 2"}},
+		{[]string{"collective", "--op", "sendrecv", "--ranks", "1"}, 2, []string{"sendrecv needs --ranks >= 2"}},
+		{[]string{"nosuch"}, 2, []string{`"nosuch"`}},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			code, stdout, stderr := run(t, tt.args...)
+			if code != tt.code {
+				t.Errorf("exit status %d, want %d (stderr %q)", code, tt.code, stderr)
+			}
+			if stdout != "" {
+				t.Errorf("stdout %q, want nothing", stdout)
+			}
+			if strings.Count(stderr, "\n") != 1 || !strings.HasPrefix(stderr, "ddpbench: ") {
+				t.Errorf("stderr %q: want one line starting with ddpbench:", stderr)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(stderr, w) {
+					t.Errorf("stderr %q does not contain %q", stderr, w)
+				}
+			}
+		})
+	}
+}
+
+// TestEnvVarNames checks that every flag of every command can be set
+// through DDPBENCH_<NAME>.
+func TestEnvVarNames(t *testing.T) {
+	app := newApp(&bytes.Buffer{}, &bytes.Buffer{})
+	check := func(where string, flags []cli.Flag) {
+		for _, f := range flags {
+			name := f.Names()[0]
+			ev, ok := f.(interface{ GetEnvVars() []string })
+			if !ok || !slices.Equal(ev.GetEnvVars(), []string{envName(name)}) {
+				t.Errorf("%s --%s: env vars %v, want [%s]", where, name, ev.GetEnvVars(), envName(name))
+			}
+		}
+	}
+	check("ddpbench", app.Flags)
+	for _, c := range app.Commands {
+		check(c.Name, c.Flags)
+	}
+	if got := envName("bucket-cap-mb"); got != "DDPBENCH_BUCKET_CAP_MB" {
+		t.Errorf("envName(bucket-cap-mb) = %s", got)
+	}
+}
+
+// TestEnvVars checks that the variables take effect and that the command
+// line wins over them.
+func TestEnvVars(t *testing.T) {
+	t.Run("invalid value from the environment", func(t *testing.T) {
+		t.Setenv("DDPBENCH_RANKS", "0")
+		code, _, stderr := run(t, "run")
+		if code != 2 || !strings.Contains(stderr, "--ranks 0") {
+			t.Errorf("status %d, stderr %q", code, stderr)
+		}
+	})
+	t.Run("unparsable value from the environment", func(t *testing.T) {
+		t.Setenv("DDPBENCH_STEPS", "many")
+		code, _, stderr := run(t, "run")
+		if code == 0 || !strings.Contains(stderr, "DDPBENCH_STEPS") {
+			t.Errorf("status %d, stderr %q", code, stderr)
+		}
+	})
+	t.Run("value used", func(t *testing.T) {
+		t.Setenv("DDPBENCH_FORMAT", "csv")
+		t.Setenv("DDPBENCH_MAXBYTES", "4K")
+		code, stdout, stderr := run(t, "collective", "-b", "1K", "-n", "1", "-w", "0")
+		if code != 0 {
+			t.Fatalf("status %d, stderr %q", code, stderr)
+		}
+		lines := strings.Split(strings.TrimSpace(stdout), "\n")
+		if !strings.HasPrefix(lines[0], "op,size_bytes") || len(lines) != 1+2 {
+			t.Errorf("want a CSV header and rows for 1K and 4K, got %q", stdout)
+		}
+	})
+	t.Run("command line wins", func(t *testing.T) {
+		t.Setenv("DDPBENCH_FORMAT", "xml")
+		code, stdout, stderr := run(t, "collective", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0", "--format", "json")
+		if code != 0 || !json.Valid([]byte(stdout)) {
+			t.Errorf("status %d, stderr %q, stdout %q", code, stderr, stdout)
+		}
+	})
+}
+
+func TestParseSize(t *testing.T) {
+	tests := []struct {
+		in   string
+		want int64
+	}{
+		{"8", 8}, {"4K", 4096}, {"4k", 4096}, {"4KB", 4096}, {"4KiB", 4096}, {"256M", 256 << 20}, {"1G", 1 << 30}, {" 2M ", 2 << 20},
+		{"0", 0}, {"-4K", 0}, {"K", 0}, {"4T", 0}, {"1.5M", 0}, {"", 0},
+	}
+	for _, tt := range tests {
+		got, err := parseSize("-b", tt.in)
+		if tt.want == 0 {
+			if err == nil {
+				t.Errorf("parseSize(%q) = %d, want an error", tt.in, got)
+			}
+			continue
+		}
+		if err != nil || got != tt.want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d", tt.in, got, err, tt.want)
+		}
+	}
+}
+
+func TestGroupDigits(t *testing.T) {
+	for in, want := range map[int64]string{0: "0", 999: "999", 1000: "1,000", 25557032: "25,557,032", -1234: "-1,234"} {
+		if got := groupDigits(in); got != want {
+			t.Errorf("groupDigits(%d) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestRenderBar(t *testing.T) {
+	tests := []struct {
+		done, total int
+		want        string
+	}{
+		{0, 10, "run [>         ] 0/10 2.5s"},
+		{5, 10, "run [=====>    ] 5/10 2.5s"},
+		{10, 10, "run [==========] 10/10 2.5s"},
+		{12, 10, "run [==========] 10/10 2.5s"},
+	}
+	for _, tt := range tests {
+		if got := renderBar("run", tt.done, tt.total, 2500e6, 10); got != tt.want {
+			t.Errorf("renderBar(%d/%d) = %q, want %q", tt.done, tt.total, got, tt.want)
+		}
+	}
+}
+
+// TestProgressSilent checks that the bar writes nothing to a writer that
+// is not a terminal.
+func TestProgressSilent(t *testing.T) {
+	var b bytes.Buffer
+	p := newProgress(&b, "x", 3, true)
+	p.add(3)
+	p.stop()
+	p.stop()
+	if b.Len() != 0 {
+		t.Errorf("progress wrote %q to a buffer", b.String())
+	}
+}
+
+// tinyModel is a manifest small enough for runs in tests.
+const tinyModel = `{"model":"tiny","source":"test","params":[
+ {"name":"a.weight","shape":[64,32]},{"name":"a.bias","shape":[64]},
+ {"name":"b.weight","shape":[1000,300]},{"name":"b.bias","shape":[1000]}]}`
+
+func TestRunOutputs(t *testing.T) {
+	model := writeFile(t, "tiny.json", tinyModel)
+	common := []string{"--model", model, "--steps", "3", "--warmup", "1", "--bucket-cap-mb", "0.5", "--first-bucket-mb", "0.01"}
+	t.Run("csv", func(t *testing.T) {
+		code, stdout, stderr := run(t, append([]string{"run", "--format", "csv"}, common...)...)
+		if code != 0 {
+			t.Fatalf("status %d: %s", code, stderr)
+		}
+		recs, err := csv.NewReader(strings.NewReader(stdout)).ReadAll()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(recs) != 2 || !slices.Equal(recs[0], runCSVHeader) || len(recs[1]) != len(runCSVHeader) {
+			t.Fatalf("csv shape: %q", recs)
+		}
+		row := map[string]string{}
+		for i, k := range recs[0] {
+			row[k] = recs[1][i]
+		}
+		if row["model"] != "tiny" || row["ranks"] != "2" || row["grad_bytes"] != "1212448" || row["bytes_per_step"] != "1212448" {
+			t.Errorf("csv row %v", row)
+		}
+	})
+	t.Run("json", func(t *testing.T) {
+		code, stdout, stderr := run(t, append([]string{"run", "--format", "json", "--compression", "fp16"}, common...)...)
+		if code != 0 {
+			t.Fatalf("status %d: %s", code, stderr)
+		}
+		var j runJSON
+		dec := json.NewDecoder(strings.NewReader(stdout))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&j); err != nil {
+			t.Fatal(err)
+		}
+		if j.Model != "tiny" || j.Tensors != 4 || j.Parameters != 303112 || j.Compression != "fp16" || j.Steps != 3 {
+			t.Errorf("json %+v", j)
+		}
+		if j.BytesPerStep != j.GradBytes/2 {
+			t.Errorf("fp16 bytes per step %d, want half of %d", j.BytesPerStep, j.GradBytes)
+		}
+		var sum int64
+		for _, b := range j.Buckets {
+			sum += b
+		}
+		if sum != j.GradBytes || len(j.Buckets) < 2 {
+			t.Errorf("buckets %v do not add up to %d", j.Buckets, j.GradBytes)
+		}
+	})
+	t.Run("table", func(t *testing.T) {
+		code, stdout, stderr := run(t, append([]string{"run", "--compute", "sleep", "--compute-time", "2ms"}, common...)...)
+		if code != 0 {
+			t.Fatalf("status %d: %s", code, stderr)
+		}
+		for _, w := range []string{"tiny: 4 tensors, 303,112 parameters", "step time (ms)", "overlap ratio", "busbw (GB/s)",
+			"compute sleep at", "2.00 ms of backward", "buckets", "allocations per step"} {
+			if !strings.Contains(stdout, w) {
+				t.Errorf("table lacks %q:\n%s", w, stdout)
+			}
+		}
+	})
+	t.Run("trace", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "trace.json")
+		code, _, stderr := run(t, append([]string{"run", "--trace", path, "--trace-steps", "2"}, common...)...)
+		if code != 0 {
+			t.Fatalf("status %d: %s", code, stderr)
+		}
+		checkTrace(t, path, 2, 2)
+	})
+}
+
+func TestSweepOutputs(t *testing.T) {
+	model := writeFile(t, "tiny.json", tinyModel)
+	plot := filepath.Join(t.TempDir(), "sweep.svg")
+	code, stdout, stderr := run(t, "sweep", "--model", model, "--steps", "2", "--warmup", "1", "--caps", "0.25,0.5,2", "--plot", plot)
+	if code != 0 {
+		t.Fatalf("status %d: %s", code, stderr)
+	}
+	if !strings.Contains(stdout, "best bucket cap: ") || strings.Count(stdout, "\n") < 7 {
+		t.Errorf("sweep table:\n%s", stdout)
+	}
+	svg, err := os.ReadFile(plot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkXML(t, svg)
+	code, stdout, stderr = run(t, "sweep", "--model", model, "--steps", "2", "--warmup", "0", "--caps", "0.25,2", "--format", "json")
+	if code != 0 {
+		t.Fatalf("status %d: %s", code, stderr)
+	}
+	var j sweepJSON
+	if err := json.Unmarshal([]byte(stdout), &j); err != nil || len(j.Runs) != 2 || (j.BestBucketCap != 0.25 && j.BestBucketCap != 2) {
+		t.Errorf("sweep json %+v, %v", j, err)
+	}
+}
+
+func TestInfo(t *testing.T) {
+	code, stdout, stderr := run(t, "info")
+	if code != 0 {
+		t.Fatalf("status %d: %s", code, stderr)
+	}
+	for _, w := range []string{"Go:", "GOMAXPROCS", "fp16 kernels:", "inproc   built", "mpi      not built", "nccl     not built", "GPUs:"} {
+		if !strings.Contains(stdout, w) {
+			t.Errorf("info lacks %q:\n%s", w, stdout)
+		}
+	}
+	var b bytes.Buffer
+	writeInfo(&b, gpuInfo{Err: "no NVIDIA driver found (libnvidia-ml.so.1 not loadable: x)"})
+	if !strings.Contains(b.String(), "GPUs:        no NVIDIA driver found (libnvidia-ml.so.1 not loadable: x)") {
+		t.Errorf("info without a driver:\n%s", b.String())
+	}
+	b.Reset()
+	writeInfo(&b, gpuInfo{Driver: "550.90.07", Devices: []string{"0: NVIDIA H100 80GB HBM3, 81559 MiB"}})
+	if !strings.Contains(b.String(), "GPUs:        1 (NVIDIA driver 550.90.07)\n  0: NVIDIA H100") {
+		t.Errorf("info with a driver:\n%s", b.String())
+	}
+}
+
+func TestProbeGPUs(t *testing.T) {
+	g := probeGPUs()
+	if g.Err == "" && g.Driver == "" {
+		t.Errorf("probeGPUs: neither an error nor a driver: %+v", g)
+	}
+	if g.Err != "" && !strings.HasPrefix(g.Err, "no NVIDIA driver found") && !strings.Contains(g.Err, "nvmlDeviceGetCount") {
+		t.Errorf("probeGPUs error %q", g.Err)
+	}
+}
+
+// golden compares got with testdata/name, or rewrites it with -update.
+func golden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.MkdirAll("testdata", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -update to create it)", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s differs from the golden file (go test -update rewrites it):\n--- got\n%s\n--- want\n%s", name, got, want)
+	}
+}
