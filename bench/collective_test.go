@@ -1,0 +1,171 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/inproc"
+)
+
+func group(t testing.TB, n int) []comm.Communicator {
+	t.Helper()
+	g, err := inproc.NewGroupWith(n, inproc.Options{Timeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]comm.Communicator, n)
+	for i, c := range g {
+		out[i] = c
+	}
+	t.Cleanup(func() {
+		for _, c := range out {
+			c.Close()
+		}
+	})
+	return out
+}
+
+func small(op Collective, dt comm.DType, red comm.Op) CollectiveConfig {
+	return CollectiveConfig{Op: op, DType: dt, RedOp: red, MinBytes: 96, MaxBytes: 6144, Factor: 8, Iters: 2, Warmup: 1, Check: true, Timeout: 20 * time.Second}
+}
+
+// TestCollectiveCorrect runs every collective, dtype and reduction over a
+// few sizes with checking on: the backend must produce no wrong element,
+// in place and out of place.
+func TestCollectiveCorrect(t *testing.T) {
+	for _, n := range []int{2, 3} {
+		g := group(t, n)
+		for _, op := range Collectives {
+			for _, dt := range comm.DTypes {
+				reds := []comm.Op{comm.Sum}
+				if op.Reduces() && dt != comm.Uint8 {
+					reds = comm.Ops
+				}
+				for _, red := range reds {
+					cfg := small(op, dt, red)
+					if op.Rooted() {
+						cfg.Root = n - 1
+					}
+					rows, err := RunCollective(context.Background(), g, cfg, nil)
+					if err != nil {
+						t.Fatalf("%d ranks %s %s %s: %v", n, op, dt, red, err)
+					}
+					if len(rows) != 3 {
+						t.Fatalf("%s: %d rows, want 3 (96, 768, 6144 bytes)", op, len(rows))
+					}
+					for _, r := range rows {
+						if w := r.OutOfPlace.Wrong + r.InPlace.Wrong; w != 0 {
+							t.Errorf("%d ranks %s %s %s %d bytes: %d wrong", n, op, dt, red, r.Bytes, w)
+						}
+						if !r.OutOfPlace.Valid || r.InPlace.Valid == (op == SendRecv) {
+							t.Errorf("%s: placements %v %v", op, r.OutOfPlace.Valid, r.InPlace.Valid)
+						}
+						if r.OutOfPlace.Time <= 0 || r.OutOfPlace.BusBW <= 0 {
+							t.Errorf("%s: no time measured: %+v", op, r.OutOfPlace)
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestCollectiveCountsWrong damages results through the test hook and
+// checks that exactly the damaged elements are counted.
+func TestCollectiveCountsWrong(t *testing.T) {
+	g := group(t, 2)
+	for _, op := range Collectives {
+		t.Run(op.String(), func(t *testing.T) {
+			const damaged = 5
+			corruptHook = func(rank int, inPlace bool, out comm.Buffer) {
+				if rank != 1 || !inPlace && op != SendRecv || out.Count == 0 {
+					return
+				}
+				b := out.AsBytes()
+				for i := range damaged {
+					// 0x7f in the top byte turns any element into a value
+					// the pattern never produces (a NaN, huge, or 127+).
+					b[(i*2+1)*out.DType.Size()-1] ^= 0x7f
+				}
+			}
+			defer func() { corruptHook = nil }()
+			cfg := small(op, comm.Float32, comm.Sum)
+			cfg.Root = 1
+			rows, err := RunCollective(context.Background(), g, cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range rows {
+				got := r.InPlace.Wrong
+				if op == SendRecv {
+					got = r.OutOfPlace.Wrong
+				} else if r.OutOfPlace.Wrong != 0 {
+					t.Errorf("%d bytes: %d wrong out of place, want 0", r.Bytes, r.OutOfPlace.Wrong)
+				}
+				if got != damaged {
+					t.Errorf("%d bytes: counted %d wrong, want %d", r.Bytes, got, damaged)
+				}
+			}
+			if WrongTotal(rows) != damaged*int64(len(rows)) {
+				t.Errorf("WrongTotal %d", WrongTotal(rows))
+			}
+		})
+	}
+}
+
+func TestCollectiveConfigErrors(t *testing.T) {
+	g := group(t, 2)
+	base := small(AllReduce, comm.Float32, comm.Sum)
+	tests := []struct {
+		name   string
+		mutate func(*CollectiveConfig)
+	}{
+		{"no op", func(c *CollectiveConfig) { c.Op = 0 }},
+		{"bad dtype", func(c *CollectiveConfig) { c.DType = 99 }},
+		{"bad redop", func(c *CollectiveConfig) { c.RedOp = 99 }},
+		{"zero size", func(c *CollectiveConfig) { c.MinBytes = 0 }},
+		{"max < min", func(c *CollectiveConfig) { c.MaxBytes = 8 }},
+		{"factor", func(c *CollectiveConfig) { c.Factor = 1 }},
+		{"iters", func(c *CollectiveConfig) { c.Iters = 0 }},
+		{"warmup", func(c *CollectiveConfig) { c.Warmup = -1 }},
+		{"root", func(c *CollectiveConfig) { c.Op, c.Root = Broadcast, 2 }},
+	}
+	for _, tt := range tests {
+		cfg := base
+		tt.mutate(&cfg)
+		if _, err := RunCollective(context.Background(), g, cfg, nil); !errors.Is(err, ErrConfig) {
+			t.Errorf("%s: %v, want ErrConfig", tt.name, err)
+		}
+	}
+}
+
+func TestSizes(t *testing.T) {
+	cfg := CollectiveConfig{MinBytes: 4 << 10, MaxBytes: 256 << 20, Factor: 4}
+	s := cfg.Sizes()
+	if len(s) != 9 || s[0] != 4<<10 || s[8] != 256<<20 {
+		t.Errorf("sizes %v", s)
+	}
+	cfg = CollectiveConfig{MinBytes: 1000, MaxBytes: 3000, Factor: 1, Step: 1000}
+	if s := cfg.Sizes(); fmt.Sprint(s) != "[1000 2000 3000]" {
+		t.Errorf("sizes %v", s)
+	}
+}
+
+func TestParseCollective(t *testing.T) {
+	for _, c := range Collectives {
+		got, err := ParseCollective(c.String())
+		if err != nil || got != c {
+			t.Errorf("ParseCollective(%q) = %v, %v", c, got, err)
+		}
+	}
+	if c, err := ParseCollective("all_reduce"); err != nil || c != AllReduce {
+		t.Errorf("all_reduce: %v %v", c, err)
+	}
+	if _, err := ParseCollective("alltoall"); !errors.Is(err, ErrConfig) {
+		t.Errorf("alltoall: %v", err)
+	}
+}

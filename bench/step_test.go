@@ -1,0 +1,144 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"math"
+	"runtime"
+	"testing"
+
+	"github.com/ddpgo/ddpgo/allocator"
+	"github.com/ddpgo/ddpgo/ddp"
+)
+
+func tinyParams() []ddp.Param {
+	return []ddp.Param{
+		{Name: "a.weight", Shape: []int{64, 32}}, {Name: "a.bias", Shape: []int{64}},
+		{Name: "b.weight", Shape: []int{1000, 300}}, {Name: "b.bias", Shape: []int{1000}},
+	}
+}
+
+func TestRun(t *testing.T) {
+	tests := []struct {
+		name     string
+		ranks    int
+		hook     string
+		compute  Compute
+		copy     bool
+		wireFrac int64 // grad bytes / wire bytes
+	}{
+		{"none", 2, "none", ComputeNone, false, 1},
+		{"fp16 sleep", 2, "fp16", ComputeSleep, false, 2},
+		{"bf16 spin 3 ranks copy", 3, "bf16", ComputeSpin, true, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before := runtime.NumGoroutine()
+			hook, err := NewHook(tt.hook)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var onStep [4]int
+			cfg := Config{Params: tinyParams(), Comms: group(t, tt.ranks), BucketCap: 256 << 10, FirstBucketCap: 16 << 10,
+				Hook: hook, CopyGrads: tt.copy, Steps: 4, Warmup: 2, Compute: tt.compute, Rate: 303112 / 2e-3, TraceSteps: 2,
+				OnStep: func(rank int, measured bool, s *ddp.StepStats) {
+					if measured {
+						onStep[rank]++
+					}
+				}}
+			res, err := Run(context.Background(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Numel != 303112 || res.GradBytes != 4*303112 || res.WireBytes != res.GradBytes/tt.wireFrac {
+				t.Errorf("numel %d grad bytes %d wire bytes %d", res.Numel, res.GradBytes, res.WireBytes)
+			}
+			var sum int64
+			for _, b := range res.Buckets {
+				sum += b
+			}
+			if sum != res.GradBytes || len(res.Buckets) < 2 {
+				t.Errorf("buckets %v", res.Buckets)
+			}
+			if len(res.Trace) != 2 || len(res.Trace[0]) != tt.ranks || res.Trace[1][0].Step != res.Trace[0][0].Step+1 {
+				t.Errorf("trace: %d steps", len(res.Trace))
+			}
+			for r := range tt.ranks {
+				if onStep[r] != 4 {
+					t.Errorf("rank %d: OnStep called %d times for measured steps, want 4", r, onStep[r])
+				}
+			}
+			d := res.StepTime
+			if !(d.P10 <= d.Median && d.Median <= d.P90 && d.P10 > 0) || res.IterTime.Median < d.P10 {
+				t.Errorf("step time %+v, iteration %+v", d, res.IterTime)
+			}
+			if tt.compute == ComputeNone && res.ComputeTarget != 0 || tt.compute != ComputeNone && math.Abs(res.ComputeTarget-2e-3) > 1e-9 {
+				t.Errorf("compute target %g", res.ComputeTarget)
+			}
+			if tt.compute != ComputeNone && res.ComputeTime.Median < 1.5e-3 {
+				// The schedule's last deadline is the target: the first
+				// ready mark comes after the first parameter's share.
+				t.Errorf("compute %v, want about 2ms", res.ComputeTime.Median)
+			}
+			if r := res.OverlapRatio; r.P10 < 0 || r.P90 > 1 || res.AllocsPerStep < 0 {
+				t.Errorf("overlap %+v allocs %g", r, res.AllocsPerStep)
+			}
+			// Every goroutine the run started has exited (the group's own
+			// are closed by the cleanup).
+			if n := runtime.NumGoroutine(); n > before+tt.ranks*8 {
+				t.Errorf("%d goroutines after the run, %d before", n, before)
+			}
+		})
+	}
+}
+
+func TestRunConfigErrors(t *testing.T) {
+	g := group(t, 2)
+	ok := Config{Params: tinyParams(), Comms: g, Steps: 1}
+	tests := []struct {
+		name   string
+		mutate func(*Config)
+	}{
+		{"no ranks", func(c *Config) { c.Comms = nil }},
+		{"no params", func(c *Config) { c.Params = nil }},
+		{"no steps", func(c *Config) { c.Steps = 0 }},
+		{"negative warmup", func(c *Config) { c.Warmup = -1 }},
+		{"no rate", func(c *Config) { c.Compute = ComputeSleep }},
+		{"infinite rate", func(c *Config) { c.Compute, c.Rate = ComputeSpin, math.Inf(1) }},
+		{"pools", func(c *Config) { c.Pools = make([]*allocator.Pool, 1) }},
+	}
+	for _, tt := range tests {
+		cfg := ok
+		tt.mutate(&cfg)
+		if _, err := Run(context.Background(), cfg); !errors.Is(err, ErrConfig) {
+			t.Errorf("%s: %v, want ErrConfig", tt.name, err)
+		}
+	}
+}
+
+func TestDist(t *testing.T) {
+	d := dist([]float64{5, 1, 4, 2, 3, 6, 7, 8, 9, 10})
+	if d.Median != 5.5 || d.P10 != 1 || d.P90 != 9 || d.Mean != 5.5 {
+		t.Errorf("dist %+v", d)
+	}
+	if d := dist([]float64{3}); d.Median != 3 || d.P10 != 3 || d.P90 != 3 {
+		t.Errorf("dist of one %+v", d)
+	}
+	if d := dist(nil); d != (Dist{}) {
+		t.Errorf("dist of none %+v", d)
+	}
+}
+
+func TestParseCompute(t *testing.T) {
+	for _, c := range []Compute{ComputeNone, ComputeSleep, ComputeSpin} {
+		if got, err := ParseCompute(c.String()); err != nil || got != c {
+			t.Errorf("ParseCompute(%q) = %v, %v", c, got, err)
+		}
+	}
+	if _, err := ParseCompute("busy"); !errors.Is(err, ErrConfig) {
+		t.Errorf("busy: %v", err)
+	}
+	if _, err := NewHook("int8"); !errors.Is(err, ErrConfig) {
+		t.Errorf("int8: %v", err)
+	}
+}
