@@ -22,6 +22,8 @@ func BenchmarkStreaming(b *testing.B) {
 			}{
 				{"Float32ToHalf", func() { Float32ToHalf(d.h2[:n], d.f32[:n]) }},
 				{"HalfToFloat32", func() { HalfToFloat32(d.f32b[:n], d.h0[:n]) }},
+				{"Float32ToBFloat16", func() { Float32ToBFloat16(d.h2[:n], d.f32[:n]) }},
+				{"ScaleToBFloat16", func() { ScaleToBFloat16(d.h2[:n], d.f32[:n], 0.5) }},
 			} {
 				b.Run(fmt.Sprintf("%s/%dKiB/stream=%v", c.name, size>>10, stream), func(b *testing.B) {
 					streamBytes = 1 << 62
