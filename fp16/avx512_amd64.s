@@ -263,6 +263,8 @@ loop64: \
 	LEAQ  64(BX), AX; \
 	CMPQ  AX, DX; \
 	JA    loop16; \
+	PREFETCHT0 1024(R9)(BX*2); \
+	PREFETCHT0 1088(R9)(BX*2); \
 	LOAD(0(R9)(BX*2), Z0); \
 	LOAD(32(R9)(BX*2), Z1); \
 	LOAD(64(R9)(BX*2), Z2); \
@@ -273,6 +275,8 @@ loop64: \
 	JZ    store64; \
 add64: \
 	MOVQ  (R10), R12; \
+	PREFETCHT0 1024(R12)(BX*2); \
+	PREFETCHT0 1088(R12)(BX*2); \
 	LOAD(0(R12)(BX*2), Z4); \
 	LOAD(32(R12)(BX*2), Z5); \
 	LOAD(64(R12)(BX*2), Z6); \
