@@ -1,0 +1,78 @@
+package main
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ddpgo/ddpgo/ddp"
+)
+
+func TestServeMetrics(t *testing.T) {
+	pools, err := newPools(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closePools(pools)
+	var log bytes.Buffer
+	onStep, stop, err := serveMetrics("127.0.0.1:0", pools, &log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	addr := regexp.MustCompile(`http://\S+/metrics`).FindString(log.String())
+	if addr == "" {
+		t.Fatalf("no address in %q", log.String())
+	}
+	s := ddp.StepStats{Step: 1, Sync: true, Wall: 30 * time.Millisecond, Compute: 20 * time.Millisecond,
+		Comm: 15 * time.Millisecond, OverlapRatio: 0.5, Bytes: 1000, Buckets: make([]ddp.BucketStats, 3)}
+	onStep(0, true, &s)
+	onStep(1, true, &s)
+	onStep(1, true, &s)
+	resp, err := http.Get(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	text := string(body)
+	for _, want := range []string{
+		`ddpgo_steps_total{rank="0"} 1`, `ddpgo_steps_total{rank="1"} 2`,
+		`ddpgo_comm_bytes_total{rank="1"} 2000`, `ddpgo_overlap_ratio{rank="0"} 0.5`,
+		`ddpgo_buckets{rank="1"} 3`, `ddpgo_step_seconds_count{rank="1"} 2`,
+		`ddpgo_commpool_limit_bytes{rank="1"}`,
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	stop()
+	stop()
+	if _, err := http.Get(addr); err == nil {
+		t.Error("server still answers after stop")
+	}
+}
+
+func TestMetricsAddrInUse(t *testing.T) {
+	pools, err := newPools(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closePools(pools)
+	var log bytes.Buffer
+	_, stop, err := serveMetrics("127.0.0.1:0", pools, &log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	addr := strings.TrimSuffix(strings.TrimPrefix(regexp.MustCompile(`http://\S+/metrics`).FindString(log.String()), "http://"), "/metrics")
+	pools2, _ := newPools(1)
+	defer closePools(pools2)
+	if _, _, err := serveMetrics(addr, pools2, io.Discard); err == nil || !strings.Contains(err.Error(), "--metrics-addr") {
+		t.Errorf("second server on %s: %v", addr, err)
+	}
+}
