@@ -254,3 +254,66 @@ func BenchmarkStepResNet50(b *testing.B) {
 // allocRanks are the group sizes TestStepAllocs runs: one rank on soloComm
 // (the Reducer and hooks alone) and two in-process ranks (the whole step).
 var allocRanks = []int{1, 2}
+
+// TestStepAllocsVariants asserts that no-sync accumulation, unused
+// parameters (FindUnusedParameters, StaticGraph), CopyGrads, SetGrad and
+// StatsInto allocate nothing either, on a communicator that allocates
+// nothing itself.
+func TestStepAllocsVariants(t *testing.T) {
+	checkNoLeak(t)
+	ctx := context.Background()
+	g := make([]float32, threeParams[2].Numel())
+	for _, tt := range []struct {
+		name string
+		o    func() Options
+	}{
+		{"find-unused", func() Options { return Options{FindUnusedParameters: true} }},
+		{"static-graph", func() Options { return Options{StaticGraph: true} }},
+		{"copy", func() Options { return Options{CopyGrads: true, FindUnusedParameters: true} }},
+		{"nozero-fp16", func() Options { return Options{NoZeroGrad: true, FindUnusedParameters: true, Hook: hooks.FP16()} }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := New(ctx, soloComm{}, threeParams, tt.o())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			var st StepStats
+			var stepErr error
+			step := func() {
+				for _, synced := range []bool{false, true} {
+					if err := r.Begin(synced); err != nil {
+						stepErr = err
+						return
+					}
+					if err := r.SetGrad(2, g); err != nil { // parameter 1 stays unused
+						stepErr = err
+						return
+					}
+					if err := r.Ready(0); err != nil {
+						stepErr = err
+						return
+					}
+				}
+				if err := r.Wait(ctx); err != nil {
+					stepErr = err
+					return
+				}
+				r.StatsInto(&st)
+			}
+			for range 3 {
+				step()
+			}
+			allocs := testing.AllocsPerRun(10, step)
+			if stepErr != nil {
+				t.Fatal(stepErr)
+			}
+			if allocs != 0 {
+				t.Errorf("%v allocations per step, want 0", allocs)
+			}
+			if len(st.Unused) != 1 || st.Unused[0] != 1 {
+				t.Errorf("Unused = %v, want [1]", st.Unused)
+			}
+		})
+	}
+}
