@@ -23,7 +23,9 @@ var (
 	// ErrStaticGraph: with StaticGraph, a parameter that got no gradient in
 	// the first synced step was marked ready later.
 	ErrStaticGraph = errors.New("ddp: static graph changed")
-	// ErrParamMismatch: the ranks were built with different parameters.
+	// ErrParamMismatch: the ranks were built with different parameters, or
+	// with options that would make them issue different collectives (hook,
+	// bucket caps, KeepLayout).
 	ErrParamMismatch = errors.New("ddp: parameters differ between ranks")
 	// ErrGradSize: a gradient or value slice has the wrong length.
 	ErrGradSize = errors.New("ddp: wrong gradient size")
