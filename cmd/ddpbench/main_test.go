@@ -5,6 +5,7 @@ import (
 	"encoding/csv"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -373,4 +374,26 @@ func golden(t *testing.T, name string, got []byte) {
 	if !bytes.Equal(got, want) {
 		t.Errorf("%s differs from the golden file (go test -update rewrites it):\n--- got\n%s\n--- want\n%s", name, got, want)
 	}
+}
+
+func FuzzParseSize(f *testing.F) {
+	for _, s := range []string{"8", "4K", "256M", "1G", "4KiB", "-1", "K", "99999999999999999999G"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		v, err := parseSize("-b", s)
+		if err != nil {
+			if v != 0 {
+				t.Fatalf("parseSize(%q) = %d with error %v", s, v, err)
+			}
+			return
+		}
+		if v <= 0 || v > 1<<50 {
+			t.Fatalf("parseSize(%q) = %d, outside (0, 2^50]", s, v)
+		}
+		// A size printed back in bytes parses to itself.
+		if w, err := parseSize("-b", fmt.Sprint(v)); err != nil || w != v {
+			t.Fatalf("round trip of %d: %d, %v", v, w, err)
+		}
+	})
 }
