@@ -97,6 +97,7 @@ func randomGrads(rng *rand.Rand, n, m int) [][]float32 {
 // and that every rank holds the same result.
 func TestAccuracy(t *testing.T) {
 	const m = 10007 // odd: exercises the kernels' tails
+	fp32 := map[int][]float32{} // the AllReduce hook's result, by group size
 	for _, k := range kinds {
 		for n := 1; n <= 4; n++ {
 			t.Run(fmt.Sprintf("%s/n=%d", k.name, n), func(t *testing.T) {
@@ -146,6 +147,21 @@ func TestAccuracy(t *testing.T) {
 					}
 				}
 				t.Logf("largest error / bound: %.3f", worst)
+				// Against the float32 hook: within the sum of both bounds.
+				if k.name == "allreduce" {
+					fp32[n] = out[0]
+				} else if ref := fp32[n]; ref != nil {
+					for i := range m {
+						var S float64
+						for r := range n {
+							S += math.Abs(float64(in[r][i])) / float64(n)
+						}
+						d := math.Abs(float64(out[0][i]) - float64(ref[i]))
+						if b := bound(k, n, S) + bound(kinds[0], n, S); d > b {
+							t.Fatalf("elem %d: %s %g, float32 hook %g: difference %g > %g", i, k.name, out[0][i], ref[i], d, b)
+						}
+					}
+				}
 			})
 		}
 	}
