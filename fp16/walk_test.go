@@ -3,6 +3,7 @@ package fp16
 import (
 	"math"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -53,16 +54,38 @@ func TestExhaustiveFloat32(t *testing.T) {
 					k.f32ToHalf(half[i], src)
 					k.f32ToBF16(bf16[i], src)
 				}
+				// The portable kernels (last in ks) against the scalar
+				// reference, element by element; every other kernel
+				// against the portable one, by a fast comparison.
+				g := len(ks) - 1
 				for i, f := range src {
-					wantH, wantB := FromFloat32(f), BFloat16FromFloat32(f)
-					for j := range ks {
-						if half[j][i] != wantH {
-							failures.Add(1)
-							t.Errorf("%s: half(%#08x) = %#04x, want %#04x", ks[j].name, math.Float32bits(f), half[j][i], wantH)
+					if want := FromFloat32(f); half[g][i] != want {
+						failures.Add(1)
+						t.Errorf("%s: half(%#08x) = %#04x, want %#04x", ks[g].name, math.Float32bits(f), half[g][i], want)
+					}
+					if want := BFloat16FromFloat32(f); bf16[g][i] != want {
+						failures.Add(1)
+						t.Errorf("%s: bf16(%#08x) = %#04x, want %#04x", ks[g].name, math.Float32bits(f), bf16[g][i], want)
+					}
+				}
+				for j := range g {
+					for _, c := range []struct {
+						name      string
+						got, want []uint16
+						ref       func(float32) uint16
+					}{
+						{"half", half[j], half[g], FromFloat32},
+						{"bf16", bf16[j], bf16[g], BFloat16FromFloat32},
+					} {
+						if slices.Equal(c.got, c.want) {
+							continue
 						}
-						if bf16[j][i] != wantB {
-							failures.Add(1)
-							t.Errorf("%s: bf16(%#08x) = %#04x, want %#04x", ks[j].name, math.Float32bits(f), bf16[j][i], wantB)
+						for i, f := range src {
+							if c.got[i] != c.ref(f) {
+								failures.Add(1)
+								t.Errorf("%s: %s(%#08x) = %#04x, want %#04x", ks[j].name, c.name, math.Float32bits(f), c.got[i], c.ref(f))
+								break
+							}
 						}
 					}
 				}
