@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/ddpgo/ddpgo/comm"
@@ -276,67 +277,75 @@ func TestCollectiveFailure(t *testing.T) {
 	}
 }
 
-// TestTimeoutAndStall: a collective that never completes is reported as
-// a stall and then fails the step with a timeout; nothing hangs.
+// TestTimeoutAndStall: a collective that never completes is reported as a
+// stall every StallInterval and then fails the step with a timeout; nothing
+// hangs. It runs in fake time, so the counts are exact.
 func TestTimeoutAndStall(t *testing.T) {
 	checkNoLeak(t)
-	g, cs := newFakeGroup(2)
-	g.hangSeq = 2
-	var stalls atomic.Int32
-	errs := withReducers(t, cs, threeParams, func() Options {
-		return Options{Timeout: 300 * time.Millisecond, StallInterval: 20 * time.Millisecond, OnStall: func(s Stall) {
-			if s.OnWire && s.Bucket == 0 {
-				stalls.Add(1)
-			}
-		}}
-	}, func(rank int, r *Reducer) error {
-		if err := r.Begin(true); err != nil {
-			return err
-		}
-		for i := range threeParams {
-			if err := r.Ready(i); err != nil {
+	synctest.Test(t, func(t *testing.T) {
+		g, cs := newFakeGroup(2)
+		g.hangSeq = 2
+		var stalls atomic.Int32
+		errs := withReducers(t, cs, threeParams, func() Options {
+			return Options{Timeout: 300 * time.Millisecond, StallInterval: 20 * time.Millisecond, OnStall: func(s Stall) {
+				if s.OnWire && s.Bucket == 0 && s.Waited%(20*time.Millisecond) == 0 {
+					stalls.Add(1)
+				}
+			}}
+		}, func(rank int, r *Reducer) error {
+			if err := r.Begin(true); err != nil {
 				return err
 			}
+			for i := range threeParams {
+				if err := r.Ready(i); err != nil {
+					return err
+				}
+			}
+			err := r.Wait(context.Background())
+			if !errors.Is(err, comm.ErrTimeout) && !errors.Is(err, comm.ErrAborted) {
+				return fmt.Errorf("Wait: %v, want a timeout (or the peer's abort)", err)
+			}
+			if errors.Is(err, comm.ErrTimeout) && !strings.Contains(err.Error(), "bucket 0") {
+				return fmt.Errorf("timeout error does not name the bucket: %v", err)
+			}
+			return nil
+		})
+		if err := firstErr(errs); err != nil {
+			t.Fatal(err)
 		}
-		err := r.Wait(context.Background())
-		if !errors.Is(err, comm.ErrTimeout) && !errors.Is(err, comm.ErrAborted) {
-			return fmt.Errorf("Wait: %v, want a timeout (or the peer's abort)", err)
+		if n := stalls.Load(); n != 2*14 {
+			t.Errorf("%d stall reports, want 14 per rank (every 20ms before the 300ms timeout)", n)
 		}
-		return nil
 	})
-	if err := firstErr(errs); err != nil {
-		t.Fatal(err)
-	}
-	if stalls.Load() == 0 {
-		t.Errorf("no stall reported")
-	}
 }
 
-// TestWaitContext: a cancelled context ends Wait with ctx's error.
+// TestWaitContext: a context that expires ends Wait with its error.
 func TestWaitContext(t *testing.T) {
 	checkNoLeak(t)
-	g, cs := newFakeGroup(2)
-	g.hangSeq = 2
-	errs := withReducers(t, cs, threeParams, func() Options { return Options{} }, func(rank int, r *Reducer) error {
-		if err := r.Begin(true); err != nil {
-			return err
-		}
-		for i := range threeParams {
-			if err := r.Ready(i); err != nil {
+	synctest.Test(t, func(t *testing.T) {
+		g, cs := newFakeGroup(2)
+		g.hangSeq = 2
+		errs := withReducers(t, cs, threeParams, func() Options { return Options{} }, func(rank int, r *Reducer) error {
+			if err := r.Begin(true); err != nil {
 				return err
 			}
+			for i := range threeParams {
+				if err := r.Ready(i); err != nil {
+					return err
+				}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+			defer cancel()
+			err := r.Wait(ctx)
+			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, comm.ErrAborted) {
+				return fmt.Errorf("Wait: %v, want the context's deadline (or the peer's abort)", err)
+			}
+			return nil
+		})
+		if err := firstErr(errs); err != nil {
+			t.Fatal(err)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
-		defer cancel()
-		err := r.Wait(ctx)
-		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, comm.ErrAborted) {
-			return fmt.Errorf("Wait: %v, want the context's deadline (or the peer's abort)", err)
-		}
-		return nil
 	})
-	if err := firstErr(errs); err != nil {
-		t.Fatal(err)
-	}
 }
 
 func TestBroadcastParameters(t *testing.T) {
