@@ -209,6 +209,13 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	for r := range per {
 		per[r] = make([]ddp.StepStats, cfg.Steps)
 		iters[r] = make([]time.Duration, cfg.Steps)
+		// Sized now so that copying a step's statistics allocates nothing
+		// while allocations are being counted (there are never more
+		// buckets than parameters).
+		for s := range per[r] {
+			per[r][s].Buckets = make([]ddp.BucketStats, 0, len(cfg.Params))
+			per[r][s].ParamReady = make([]time.Duration, 0, len(cfg.Params))
+		}
 	}
 
 	// Two phases separated by a process-local rendezvous, so that the

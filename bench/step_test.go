@@ -142,3 +142,23 @@ func TestParseCompute(t *testing.T) {
 		t.Errorf("int8: %v", err)
 	}
 }
+
+// raceEnabled is set by race_test.go: the race detector allocates.
+var raceEnabled bool
+
+// TestRunAllocations checks that a warm step allocates nothing: the
+// driver's own bookkeeping included, the process makes well under one
+// allocation per step.
+func TestRunAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	res, err := Run(context.Background(), Config{Params: tinyParams(), Comms: group(t, 2), BucketCap: 256 << 10,
+		FirstBucketCap: 16 << 10, Steps: 200, Warmup: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.AllocsPerStep >= 1 {
+		t.Errorf("%.2f allocations per step, want < 1", res.AllocsPerStep)
+	}
+}
