@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/hooks"
 )
@@ -204,6 +205,10 @@ func BenchmarkStepResNet50(b *testing.B) {
 		vs = append(vs, variant{w.name + "/nozero", func() Options { return Options{Hook: w.hook(), NoZeroGrad: true} }})
 	}
 	vs = append(vs, variant{"avg/zero", func() Options { return Options{Hook: hooks.Avg()} }})
+	// The Reducer's own cost: a hook that only sums (no averaging), so
+	// that step/floor compares the same collectives with and without the
+	// Reducer around them.
+	vs = append(vs, variant{"sumonly/nozero", func() Options { return Options{Hook: &sumHook{}, NoZeroGrad: true} }})
 	for _, v := range vs {
 		b.Run(v.name, func(b *testing.B) {
 			p := newPair(b, newTestGroup(b, 2), params, v.opts)
@@ -316,4 +321,21 @@ func TestStepAllocsVariants(t *testing.T) {
 			}
 		})
 	}
+}
+
+// sumHook all-reduces a bucket with Sum and nothing else: not an average,
+// only a way to measure what the Reducer adds around the collectives.
+type sumHook struct{}
+
+func (*sumHook) Name() string                                          { return "sumonly" }
+func (*sumHook) Setup(comm.Communicator, *allocator.Pool, []int) error { return nil }
+func (*sumHook) Close() error                                          { return nil }
+func (*sumHook) Reduce(ctx context.Context, c comm.Communicator, b *hooks.Bucket) error {
+	b.Times = hooks.Times{}
+	b.Times.CollectiveStart = time.Since(b.Start)
+	err := c.AllReduce(b.Buf, comm.Sum).Wait(ctx)
+	b.Times.CollectiveEnd = time.Since(b.Start)
+	b.Times.DecompressEnd = b.Times.CollectiveEnd
+	b.Times.WireBytes = int64(b.Buf.Bytes())
+	return err
 }
