@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/ddp"
 )
 
@@ -19,7 +20,7 @@ func TestServeMetrics(t *testing.T) {
 	}
 	defer closePools(pools)
 	var log bytes.Buffer
-	onStep, stop, err := serveMetrics("127.0.0.1:0", pools, &log)
+	onStep, stop, err := serveMetrics("127.0.0.1:0", pools, comm.Float16, &log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,10 +42,9 @@ func TestServeMetrics(t *testing.T) {
 	resp.Body.Close()
 	text := string(body)
 	for _, want := range []string{
-		`ddpgo_steps_total{rank="0"} 1`, `ddpgo_steps_total{rank="1"} 2`,
-		`ddpgo_comm_bytes_total{rank="1"} 2000`, `ddpgo_overlap_ratio{rank="0"} 0.5`,
-		`ddpgo_buckets{rank="1"} 3`, `ddpgo_step_seconds_count{rank="1"} 2`,
-		`ddpgo_commpool_limit_bytes{rank="1"}`,
+		`ddpgo_steps_total{rank="0",sync="true"} 1`, `ddpgo_steps_total{rank="1",sync="true"} 2`,
+		`ddpgo_collective_bytes_total{dtype="half",rank="1"} 2000`, `ddpgo_overlap_ratio{rank="0"} 0.5`,
+		`ddpgo_step_duration_seconds_count{rank="1"} 2`, `ddpgo_commpool_limit_bytes{rank="1"}`,
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("/metrics lacks %q", want)
@@ -64,7 +64,7 @@ func TestMetricsAddrInUse(t *testing.T) {
 	}
 	defer closePools(pools)
 	var log bytes.Buffer
-	_, stop, err := serveMetrics("127.0.0.1:0", pools, &log)
+	_, stop, err := serveMetrics("127.0.0.1:0", pools, comm.Float16, &log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func TestMetricsAddrInUse(t *testing.T) {
 	addr := strings.TrimSuffix(strings.TrimPrefix(regexp.MustCompile(`http://\S+/metrics`).FindString(log.String()), "http://"), "/metrics")
 	pools2, _ := newPools(1)
 	defer closePools(pools2)
-	if _, _, err := serveMetrics(addr, pools2, io.Discard); err == nil || !strings.Contains(err.Error(), "--metrics-addr") {
+	if _, _, err := serveMetrics(addr, pools2, comm.Float32, io.Discard); err == nil || !strings.Contains(err.Error(), "--metrics-addr") {
 		t.Errorf("second server on %s: %v", addr, err)
 	}
 }
