@@ -42,7 +42,7 @@ func TestCollectiveCorrect(t *testing.T) {
 		for _, op := range Collectives {
 			for _, dt := range comm.DTypes {
 				reds := []comm.Op{comm.Sum}
-				if op.Reduces() && dt != comm.Uint8 {
+				if op.Reduces() {
 					reds = comm.Ops
 				}
 				for _, red := range reds {
