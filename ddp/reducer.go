@@ -305,6 +305,7 @@ func (r *Reducer) Begin(sync bool) error {
 	}
 	L := r.lay.Load()
 	r.stale = r.prevSync && r.o.NoZeroGrad
+	z0 := time.Now()
 	if r.prevSync && !r.o.NoZeroGrad {
 		if r.copies != nil {
 			for _, g := range r.copies {
@@ -323,6 +324,7 @@ func (r *Reducer) Begin(sync bool) error {
 	clear(r.isUnused)
 	s := r.cur
 	s.reset(r.stepNo, sync, len(r.params))
+	s.Zero = time.Since(z0)
 	s.Buckets = s.Buckets[:len(L.buckets)]
 	for k := range s.Buckets {
 		s.Buckets[k] = BucketStats{Index: k, Params: len(L.buckets[k].Tensors), Bytes: int64(L.buckets[k].Bytes)}

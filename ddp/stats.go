@@ -8,6 +8,9 @@ type StepStats struct {
 	Step  uint64    // 1 for the first step begun
 	Sync  bool      // a synced step (false: no-sync, nothing communicated)
 	Start time.Time // when Begin returned
+	// Zero is the time Begin spent zeroing the gradients (before Start;
+	// 0 after a no-sync step or with NoZeroGrad).
+	Zero time.Duration
 
 	Wall       time.Duration // Begin to the end of Wait
 	FirstReady time.Duration // first parameter marked ready by the caller
