@@ -205,7 +205,6 @@ func runAction(c *cli.Context) error {
 	defer closeGroup()
 
 	cfg := o.benchConfig(g)
-	var stopMetrics func()
 	if o.metricsAddr != "" {
 		pools, err := newPools(o.ranks)
 		if err != nil {
@@ -217,7 +216,6 @@ func runAction(c *cli.Context) error {
 		if err != nil {
 			return err
 		}
-		stopMetrics = stop
 		defer stop()
 		cfg.OnStep = onStep
 	}
@@ -234,9 +232,6 @@ func runAction(c *cli.Context) error {
 	bar.stop()
 	if err != nil {
 		return err
-	}
-	if stopMetrics != nil {
-		stopMetrics()
 	}
 	if o.trace != "" {
 		if err := writeTraceFile(o.trace, &o, res); err != nil {
