@@ -2,6 +2,7 @@ package inproc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -45,11 +46,15 @@ func TestRandomSequences(t *testing.T) {
 				flush := func() bool {
 					for _, p := range queue {
 						if err := p.w.Wait(context.Background()); err != nil {
-							t.Errorf("%d ranks, rank %d, step %d: %v", n, r, p.i, err)
+							if !errors.Is(err, comm.ErrAborted) {
+								t.Errorf("%d ranks, rank %d, step %d: %v", n, r, p.i, err)
+								c.Abort(err)
+							}
 							return false
 						}
 						if msg := p.check(); msg != "" {
 							t.Errorf("%d ranks, rank %d, step %d (%v): %s", n, r, p.i, steps[p.i], msg)
+							c.Abort(errors.New(msg)) // release the other ranks
 							return false
 						}
 					}
