@@ -3,6 +3,7 @@ package allocator
 import (
 	"sync"
 	"testing"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -48,6 +49,29 @@ func BenchmarkMmap(b *testing.B) {
 				ptr, err := unix.MmapPtr(-1, 0, nil, uintptr(s.n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANON)
 				if err != nil {
 					b.Fatal(err)
+				}
+				if err := unix.MunmapPtr(ptr, uintptr(s.n)); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkMmapTouch is what a fresh buffer really costs before it can hold
+// a gradient: mmap, one write per 4 KiB page (the page faults and the
+// kernel's zeroing), munmap. A pool block is already faulted in.
+func BenchmarkMmapTouch(b *testing.B) {
+	for _, s := range benchSizes {
+		b.Run(s.name, func(b *testing.B) {
+			for b.Loop() {
+				ptr, err := unix.MmapPtr(-1, 0, nil, uintptr(s.n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANON)
+				if err != nil {
+					b.Fatal(err)
+				}
+				mem := unsafe.Slice((*byte)(ptr), s.n)
+				for i := 0; i < len(mem); i += 4096 {
+					mem[i] = 1
 				}
 				if err := unix.MunmapPtr(ptr, uintptr(s.n)); err != nil {
 					b.Fatal(err)
