@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -526,24 +527,22 @@ func (r *Reducer) handleUnready(L *layout) error {
 		return nil
 	}
 	var names []string
-	first := -1
 	for i, p := range r.params {
-		if !L.sched.isMarked(i) {
-			if first < 0 {
-				first = i
-			}
-			if len(names) < 10 {
-				names = append(names, fmt.Sprintf("%d %q (bucket %d)", i, p.Name, L.bucketOf[i]))
-			}
+		if !L.sched.isMarked(i) && len(names) < 10 {
+			names = append(names, fmt.Sprintf("%d %q (bucket %d)", i, p.Name, L.bucketOf[i]))
 		}
 	}
 	missing := len(r.params) - int(L.sched.nmarked.Load())
-	return fmt.Errorf("%w: rank %d step %d: %d of %d parameters got no Ready before Wait: %v; "+
+	list := strings.Join(names, ", ")
+	if missing > len(names) {
+		list += fmt.Sprintf(" and %d more", missing-len(names))
+	}
+	return fmt.Errorf("%w: rank %d step %d: %d of %d parameters got no Ready before Wait: %s; "+
 		"buckets are reduced only once all their parameters are ready, so this step cannot finish. "+
 		"Call Ready (or SetGrad) for every parameter, including those with a zero gradient, or, if these "+
 		"parameters really take no part in this step's loss, set Options.FindUnusedParameters "+
 		"(or Options.StaticGraph when the set never changes). The step stays open: mark them and call Wait again",
-		ErrUnready, r.c.Rank(), r.stepNo, missing, len(r.params), names)
+		ErrUnready, r.c.Rank(), r.stepNo, missing, len(r.params), list)
 }
 
 // waitDone blocks until the comm goroutine has reduced the last bucket.
