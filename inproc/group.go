@@ -59,7 +59,7 @@ func NewGroupWith(n int, o Options) ([]*Comm, error) {
 	if o.Timeout == 0 {
 		o.Timeout = 10 * time.Minute
 	}
-	g := &group{n: n, opts: o, boxes: make([]mailbox, n*n)}
+	g := &group{n: n, opts: o, boxes: make([]atomic.Pointer[mailbox], n*n)}
 	for i := range g.slots {
 		g.slots[i].d = make([]desc, n)
 	}
@@ -102,7 +102,7 @@ type group struct {
 	_        cpu.CacheLinePad
 
 	slots [slotCount]collSlot
-	boxes []mailbox // boxes[src*n+dst]
+	boxes []atomic.Pointer[mailbox] // boxes[src*n+dst], made on first use
 }
 
 type collSlot struct {
@@ -126,7 +126,16 @@ type mailbox struct {
 	_       cpu.CacheLinePad
 }
 
-func (g *group) box(src, dst int) *mailbox { return &g.boxes[src*g.n+dst] }
+// box returns the mailbox of messages from src to dst. Mailboxes are made
+// on first use, so a large group pays only for the pairs that talk.
+func (g *group) box(src, dst int) *mailbox {
+	p := &g.boxes[src*g.n+dst]
+	if b := p.Load(); b != nil {
+		return b
+	}
+	p.CompareAndSwap(nil, new(mailbox))
+	return p.Load()
+}
 
 func (g *group) failure() error {
 	if p := g.failed.Load(); p != nil {

@@ -325,3 +325,26 @@ func TestSplit(t *testing.T) {
 		}
 	}
 }
+
+// TestLargeGroup checks that a group of many ranks starts, runs a
+// collective and a message exchange, and stops.
+func TestLargeGroup(t *testing.T) {
+	const n = 256
+	cs := testGroup(t, n, Options{})
+	ws := make([]comm.Work, 0, n+2)
+	bufs := make([][]int32, n)
+	for r, c := range cs {
+		bufs[r] = []int32{1}
+		ws = append(ws, c.AllReduce(comm.Int32s(bufs[r]), comm.Sum))
+	}
+	msg := []int32{0}
+	ws = append(ws, cs[n-1].Send(comm.Int32s([]int32{42}), 0), cs[0].Recv(comm.Int32s(msg), n-1))
+	for i, err := range waitAll(t, ws) {
+		if err != nil {
+			t.Fatalf("operation %d: %v", i, err)
+		}
+	}
+	if bufs[0][0] != n || bufs[n-1][0] != n || msg[0] != 42 {
+		t.Errorf("all_reduce over %d ranks: %d, %d; message %d", n, bufs[0][0], bufs[n-1][0], msg[0])
+	}
+}
