@@ -8,8 +8,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // progress draws a bar on a terminal: "label [=====>    ] 12/40 3.1s".
@@ -33,14 +31,11 @@ type progress struct {
 // progressDelay is how long a run goes before the bar appears.
 const progressDelay = 2 * time.Second
 
-// isTerminal reports whether w is a terminal.
+// isTerminal reports whether w is a terminal: a file whose terminal
+// attributes can be read.
 func isTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
-	return err == nil
+	return ok && haveTermios(f.Fd())
 }
 
 func newProgress(w io.Writer, label string, total int, enabled bool) *progress {
