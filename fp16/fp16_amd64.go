@@ -76,6 +76,13 @@ func xgetbv0() (eax, edx uint32)
 // It is a variable only so that a benchmark can move it.
 var streamBytes = 2 << 20
 
+// maxRun bounds the elements one assembly call handles (a multiple of
+// every block size and of 64 bytes of any element size). Assembly cannot
+// be preempted, so a gigabyte-sized conversion is cut into runs of well
+// under a millisecond, and the garbage collector and scheduler never wait
+// on it for long.
+const maxRun = 1 << 20
+
 // plan splits a conversion of n elements whose destination, of elemSize
 // bytes per element, starts at p: the first head elements go to the
 // portable code so that the SIMD part's destination is 64-byte aligned
@@ -99,8 +106,8 @@ func convert[D, S any](dst []D, src []S, elemSize, block int,
 	}
 	head, body, stream := plan(unsafe.Pointer(&dst[0]), len(src), elemSize, block)
 	generic(dst[:head], src[:head])
-	if body > 0 {
-		simd(&dst[head], &src[head], body, stream)
+	for i := head; i < head+body; i += maxRun {
+		simd(&dst[i], &src[i], min(maxRun, head+body-i), stream)
 	}
 	generic(dst[head+body:], src[head+body:])
 }
@@ -113,8 +120,8 @@ func scaleConvert(dst []uint16, src []float32, scale float32, block int,
 	}
 	head, body, stream := plan(unsafe.Pointer(&dst[0]), len(src), 2, block)
 	generic(dst[:head], src[:head], scale)
-	if body > 0 {
-		simd(&dst[head], &src[head], body, scale, stream)
+	for i := head; i < head+body; i += maxRun {
+		simd(&dst[i], &src[i], min(maxRun, head+body-i), scale, stream)
 	}
 	generic(dst[head+body:], src[head+body:], scale)
 }
@@ -124,12 +131,12 @@ func scaleConvert(dst []uint16, src []float32, scale float32, block int,
 func sum(dst []uint16, srcs [][]uint16, from int, scale float32, scaled bool, block int,
 	simd func(*uint16, *[]uint16, int, int, int, float32), generic func([]uint16, [][]uint16, int, float32, bool)) {
 	hi := from + (len(dst)-from)&^(block-1)
-	if hi > from {
-		s := scale
-		if !scaled {
-			s = 1
-		}
-		simd(&dst[0], &srcs[0], len(srcs), from, hi, s)
+	s := scale
+	if !scaled {
+		s = 1
+	}
+	for lo := from; lo < hi; lo += maxRun {
+		simd(&dst[0], &srcs[0], len(srcs), lo, min(lo+maxRun, hi), s)
 	}
 	generic(dst, srcs, hi, scale, scaled)
 }

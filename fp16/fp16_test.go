@@ -637,6 +637,34 @@ func TestLarge(t *testing.T) {
 			check32("HalfToFloat32", func(i int) float32 { return ToFloat32(srcH[i]) })
 			BFloat16ToFloat32(dF, srcH)
 			check32("BFloat16ToFloat32", func(i int) float32 { return BFloat16ToFloat32Scalar(srcH[i]) })
+			srcs := [][]uint16{srcH, srcH[1:], srcH[2:]}
+			for j := range srcs {
+				srcs[j] = srcs[j][:n-2]
+			}
+			SumScaledHalf(dH[:n-2], srcs, 0.5)
+			check16("SumScaledHalf", func(i int) uint16 {
+				if i >= n-2 {
+					return dH[i] // not written by this call
+				}
+				acc := float32(ToFloat32(srcH[i]) + ToFloat32(srcH[i+1]))
+				acc = float32(acc + ToFloat32(srcH[i+2]))
+				if w := FromFloat32(float32(acc * 0.5)); !sameResult(dH[i], w, isHalfNaN) {
+					return w
+				}
+				return dH[i]
+			})
+			SumBFloat16(dH[:n-2], srcs)
+			check16("SumBFloat16", func(i int) uint16 {
+				if i >= n-2 {
+					return dH[i]
+				}
+				acc := float32(BFloat16ToFloat32Scalar(srcH[i]) + BFloat16ToFloat32Scalar(srcH[i+1]))
+				acc = float32(acc + BFloat16ToFloat32Scalar(srcH[i+2]))
+				if w := BFloat16FromFloat32(acc); !sameResult(dH[i], w, isBF16NaN) {
+					return w
+				}
+				return dH[i]
+			})
 			if a := testing.AllocsPerRun(2, func() { Float32ToHalf(dH, srcF); HalfToFloat32(dF, srcH) }); a != 0 {
 				t.Errorf("%v allocations per large conversion", a)
 			}
