@@ -90,10 +90,13 @@ const maxRun = 1 << 20
 // two) go to SIMD, and the rest to the portable code again.
 func plan(p unsafe.Pointer, n, elemSize, block int) (head, body int, stream bool) {
 	if n*elemSize >= streamBytes {
-		stream = true
-		if mis := int(uintptr(p) & 63); mis != 0 {
+		mis := int(uintptr(p) & 63)
+		if mis != 0 {
 			head = min((64-mis)/elemSize, n)
 		}
+		// A destination not aligned to its own element size (possible
+		// only through unsafe) cannot be brought to a 64-byte boundary.
+		stream = (mis+head*elemSize)&63 == 0
 	}
 	return head, (n - head) &^ (block - 1), stream
 }

@@ -4,7 +4,9 @@ package fp16
 
 import (
 	"fmt"
+	"math"
 	"testing"
+	"unsafe"
 )
 
 // BenchmarkStreaming compares plain and non-temporal stores across sizes,
@@ -39,4 +41,25 @@ func BenchmarkStreaming(b *testing.B) {
 			}
 		}
 	}
+}
+
+// TestStreamingMisaligned converts into a float32 destination that is not
+// 4-byte aligned (only unsafe can make one): the kernels must not use
+// aligned streaming stores there, and must still be right.
+func TestStreamingMisaligned(t *testing.T) {
+	n := streamBytes/4 + 99
+	src := make([]uint16, n)
+	for i := range src {
+		src[i] = uint16(i * 7919)
+	}
+	raw := make([]float32, n+1)
+	dst := unsafe.Slice((*float32)(unsafe.Add(unsafe.Pointer(&raw[0]), 2)), n)
+	forEachImpl(t, func(t *testing.T) {
+		HalfToFloat32(dst, src)
+		for i, h := range src {
+			if math.Float32bits(dst[i]) != math.Float32bits(ToFloat32(h)) {
+				t.Fatalf("[%d] = %#08x, want %#08x", i, math.Float32bits(dst[i]), math.Float32bits(ToFloat32(h)))
+			}
+		}
+	})
 }
