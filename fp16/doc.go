@@ -27,5 +27,7 @@
 // for concurrent use on disjoint memory. On amd64 they run AVX2+F16C or
 // AVX-512 code chosen once at start-up from CPUID (see Impl and
 // CPUFeatures); elsewhere, or with the purego build tag, portable Go code
-// that gives identical results.
+// that gives identical results. On amd64 a conversion whose destination is
+// 2 MiB or larger writes it with non-temporal stores: it goes to memory
+// without passing through (and evicting) the cache.
 package fp16
