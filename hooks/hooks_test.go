@@ -96,7 +96,7 @@ func randomGrads(rng *rand.Rand, n, m int) [][]float32 {
 // element against the exact average (float64) within the derived bound,
 // and that every rank holds the same result.
 func TestAccuracy(t *testing.T) {
-	const m = 10007 // odd: exercises the kernels' tails
+	const m = 10007             // odd: exercises the kernels' tails
 	fp32 := map[int][]float32{} // the AllReduce hook's result, by group size
 	for _, k := range kinds {
 		for n := 1; n <= 4; n++ {
