@@ -29,6 +29,9 @@
 // operation that has already started moving data is allowed to finish
 // first, so no buffer is written after its Work has completed.
 //
+// A rank may have at most 256 operations issued and not yet completed;
+// issuing one more waits until the oldest completes.
+//
 // Send and Recv are rendezvous operations: the sender's worker waits until
 // the receiver has copied the message. Programs that exchange messages in
 // a ring must therefore alternate the order (even ranks send first, odd

@@ -22,8 +22,8 @@ type Options struct {
 	// fails with comm.ErrTimeout and the group is aborted. Zero means 10 min.
 	Timeout time.Duration
 	// OnStall receives stall reports. It is called on the waiting rank's
-	// worker goroutine and must not block for long. Nil logs them with the
-	// standard logger.
+	// worker goroutine and must not block for long or call Close. Nil logs
+	// them with the standard logger.
 	OnStall func(Stall)
 }
 
