@@ -78,10 +78,15 @@ func split(count, sz, p, parts int) (lo, hi int) {
 // reduceInto reduces m elements at srcs into dsts[0] and copies the result
 // to the other dsts, chunk by chunk so the copies read from L1.
 func (c *Comm) reduceInto(dsts, srcs []unsafe.Pointer, dt comm.DType, op comm.Op, m int) {
-	if dt == comm.Float32 && op == comm.Sum && len(srcs) == 2 && len(dsts) == 2 {
-		// The two-rank all-reduce: one pass, both outputs stored at once.
+	if dt == comm.Float32 && (op == comm.Sum || op == comm.Avg) && len(srcs) == 2 && len(dsts) == 2 {
+		// The two-rank all-reduce: one pass, both outputs stored at once;
+		// Avg halves in the same pass (exactly: halving a float is exact).
 		f := func(p unsafe.Pointer) []float32 { return unsafe.Slice((*float32)(p), m) }
-		reduce.SumFloat32Twice(f(dsts[0]), f(dsts[1]), f(srcs[0]), f(srcs[1]))
+		if op == comm.Sum {
+			reduce.SumFloat32Twice(f(dsts[0]), f(dsts[1]), f(srcs[0]), f(srcs[1]))
+		} else {
+			reduce.AvgFloat32Twice(f(dsts[0]), f(dsts[1]), f(srcs[0]), f(srcs[1]))
+		}
 		return
 	}
 	sz := dt.Size()

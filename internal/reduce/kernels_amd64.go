@@ -78,3 +78,18 @@ func SumFloat32Twice(dst0, dst1, a, b []float32) {
 	dst1, a, b = dst1[:len(dst0)], a[:len(dst0)], b[:len(dst0)]
 	addF32x2AVX2(unsafe.Pointer(&dst0[0]), unsafe.Pointer(&dst1[0]), unsafe.Pointer(&a[0]), unsafe.Pointer(&b[0]), len(dst0))
 }
+
+//go:noescape
+func avgF32x2AVX2(dst0, dst1, a, b unsafe.Pointer, n int)
+
+// AvgFloat32Twice sets dst0[i] and dst1[i] to (a[i] + b[i]) / 2: the whole
+// in-place Avg all-reduce of two ranks in one pass, so averaging costs what
+// summing costs. Either dst may alias a or b.
+func AvgFloat32Twice(dst0, dst1, a, b []float32) {
+	if !useAVX2 || len(dst0) == 0 {
+		avgTwice(dst0, dst1, a, b)
+		return
+	}
+	dst1, a, b = dst1[:len(dst0)], a[:len(dst0)], b[:len(dst0)]
+	avgF32x2AVX2(unsafe.Pointer(&dst0[0]), unsafe.Pointer(&dst1[0]), unsafe.Pointer(&a[0]), unsafe.Pointer(&b[0]), len(dst0))
+}

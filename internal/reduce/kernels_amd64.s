@@ -289,3 +289,62 @@ tail9:
 done9:
 	VZEROUPPER
 	RET
+
+// func avgF32x2AVX2(dst0, dst1, a, b unsafe.Pointer, n int)
+// dst0[i] = dst1[i] = (a[i] + b[i]) * 0.5: the two-rank average, exact as
+// (a+b)/2 because halving is exact; the dsts may alias a or b.
+TEXT ·avgF32x2AVX2(SB), NOSPLIT, $0-40
+	MOVQ dst0+0(FP), DI
+	MOVQ dst1+8(FP), R8
+	MOVQ a+16(FP), SI
+	MOVQ b+24(FP), DX
+	MOVQ n+32(FP), CX
+	MOVL $0x3f000000, AX
+	MOVL AX, X7
+	VBROADCASTSS X7, Y7
+loop10:
+	CMPQ CX, $32
+	JLT  tail10
+	VMOVUPS 0(SI), Y0
+	VMOVUPS 32(SI), Y1
+	VMOVUPS 64(SI), Y2
+	VMOVUPS 96(SI), Y3
+	VADDPS 0(DX), Y0, Y0
+	VADDPS 32(DX), Y1, Y1
+	VADDPS 64(DX), Y2, Y2
+	VADDPS 96(DX), Y3, Y3
+	VMULPS Y7, Y0, Y0
+	VMULPS Y7, Y1, Y1
+	VMULPS Y7, Y2, Y2
+	VMULPS Y7, Y3, Y3
+	VMOVUPS Y0, 0(DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	VMOVUPS Y0, 0(R8)
+	VMOVUPS Y1, 32(R8)
+	VMOVUPS Y2, 64(R8)
+	VMOVUPS Y3, 96(R8)
+	ADDQ $128, SI
+	ADDQ $128, DX
+	ADDQ $128, DI
+	ADDQ $128, R8
+	SUBQ $32, CX
+	JMP  loop10
+tail10:
+	TESTQ CX, CX
+	JEQ  done10
+	VMOVSS 0(SI), X0
+	VADDSS 0(DX), X0, X0
+	VMULSS X7, X0, X0
+	VMOVSS X0, 0(DI)
+	VMOVSS X0, 0(R8)
+	ADDQ $4, SI
+	ADDQ $4, DX
+	ADDQ $4, DI
+	ADDQ $4, R8
+	DECQ CX
+	JMP  tail10
+done10:
+	VZEROUPPER
+	RET

@@ -20,3 +20,6 @@ func Accelerated() bool { return false }
 // SumFloat32Twice sets dst0[i] and dst1[i] to a[i] + b[i]: the whole
 // in-place all-reduce of two ranks in one pass. Either dst may alias a or b.
 func SumFloat32Twice(dst0, dst1, a, b []float32) { sumTwice(dst0, dst1, a, b) }
+
+// AvgFloat32Twice sets dst0[i] and dst1[i] to (a[i] + b[i]) / 2.
+func AvgFloat32Twice(dst0, dst1, a, b []float32) { avgTwice(dst0, dst1, a, b) }

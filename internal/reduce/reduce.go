@@ -171,3 +171,12 @@ func sumTwice(dst0, dst1, a, b []float32) {
 		dst1[i] = s
 	}
 }
+
+func avgTwice(dst0, dst1, a, b []float32) {
+	dst1, a, b = dst1[:len(dst0)], a[:len(dst0)], b[:len(dst0)]
+	for i := range dst0 {
+		s := (a[i] + b[i]) * 0.5
+		dst0[i] = s
+		dst1[i] = s
+	}
+}

@@ -203,3 +203,20 @@ func TestSumFloat32Twice(t *testing.T) {
 		}
 	}
 }
+
+func TestAvgFloat32Twice(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	for n := 0; n < 80; n++ {
+		a, b := randF32(r, n), randF32(r, n)
+		want := make([]float32, n)
+		Sum(want, a, b)
+		Div(want, 2)
+		x, y := append([]float32(nil), a...), append([]float32(nil), b...)
+		AvgFloat32Twice(x, y, x, y)
+		for i := range want {
+			if !sameF32(x[i], want[i]) || !sameF32(y[i], want[i]) {
+				t.Fatalf("n=%d [%d]: %v, %v; want %v", n, i, x[i], y[i], want[i])
+			}
+		}
+	}
+}
