@@ -55,7 +55,7 @@ func ParseCompute(s string) (Compute, error) {
 func NewHook(compression string) (func() hooks.Hook, error) {
 	switch compression {
 	case "", "none":
-		return hooks.AllReduce, nil
+		return hooks.Avg, nil
 	case "fp16":
 		return hooks.FP16, nil
 	case "bf16":
@@ -74,7 +74,7 @@ type Config struct {
 	Pools []*allocator.Pool
 
 	BucketCap, FirstBucketCap int // bytes; 0 -> ddp's defaults
-	// Hook returns a new hook for one rank; nil -> hooks.AllReduce.
+	// Hook returns a new hook for one rank; nil -> hooks.Avg.
 	Hook      func() hooks.Hook
 	CopyGrads bool // false: gradients are bucket views (the default)
 
@@ -156,7 +156,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	newHook := cfg.Hook
 	if newHook == nil {
-		newHook = hooks.AllReduce
+		newHook = hooks.Avg
 	}
 
 	// Build the reducers: New is collective, so every rank in its own goroutine.

@@ -444,7 +444,7 @@ func TestOptionsMismatch(t *testing.T) {
 		rank1  Options
 		substr []string
 	}{
-		{"hook", Options{Hook: hooks.FP16()}, []string{`rank 0 has hook "allreduce"`, `rank 1 has hook "fp16"`}},
+		{"hook", Options{Hook: hooks.FP16()}, []string{`rank 0 has hook "avg"`, `rank 1 has hook "fp16"`}},
 		{"cap", Options{BucketCap: 1 << 20}, []string{"[1048576 26214400]", "[1048576 1048576]"}},
 		{"keep", Options{KeepLayout: true}, []string{"KeepLayout false", "KeepLayout true"}},
 	}

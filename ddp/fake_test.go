@@ -26,6 +26,7 @@ type fakeGroup struct {
 
 type fakeSlot struct {
 	kind  comm.Kind
+	op    comm.Op
 	bufs  []comm.Buffer
 	sends []comm.Buffer
 	root  int
@@ -52,14 +53,14 @@ func newFakeGroup(n int) (*fakeGroup, []comm.Communicator) {
 func (c *fakeComm) Rank() int { return c.rank }
 func (c *fakeComm) Size() int { return c.g.n }
 
-func (c *fakeComm) issue(k comm.Kind, send, buf comm.Buffer, root int) comm.Work {
+func (c *fakeComm) issue(k comm.Kind, send, buf comm.Buffer, root int, op comm.Op) comm.Work {
 	g := c.g
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	c.seq++
 	s := g.slots[c.seq]
 	if s == nil {
-		s = &fakeSlot{kind: k, bufs: make([]comm.Buffer, g.n), sends: make([]comm.Buffer, g.n), root: root, done: make(chan struct{})}
+		s = &fakeSlot{kind: k, op: op, bufs: make([]comm.Buffer, g.n), sends: make([]comm.Buffer, g.n), root: root, done: make(chan struct{})}
 		g.slots[c.seq] = s
 	}
 	if s.kind != k || s.bufs[0].Count != 0 && s.bufs[0].Count != buf.Count && k != comm.KindAllGather {
@@ -89,6 +90,11 @@ func (s *fakeSlot) compute() error {
 			for _, b := range s.bufs {
 				for i, v := range b.AsFloat32() {
 					sum[i] += v
+				}
+			}
+			if s.op == comm.Avg {
+				for i := range sum {
+					sum[i] /= float32(len(s.bufs))
 				}
 			}
 			for _, b := range s.bufs {
@@ -156,16 +162,16 @@ func (c *fakeComm) TestOp(id uint64) (bool, error) {
 }
 
 func (c *fakeComm) AllReduce(buf comm.Buffer, op comm.Op) comm.Work {
-	if op != comm.Sum {
-		return comm.FailedWork(fmt.Errorf("%w: fake supports only sum", comm.ErrInvalid))
+	if op != comm.Sum && op != comm.Avg {
+		return comm.FailedWork(fmt.Errorf("%w: fake supports only sum and avg", comm.ErrInvalid))
 	}
-	return c.issue(comm.KindAllReduce, buf, buf, 0)
+	return c.issue(comm.KindAllReduce, buf, buf, 0, op)
 }
 func (c *fakeComm) Broadcast(buf comm.Buffer, root int) comm.Work {
-	return c.issue(comm.KindBroadcast, buf, buf, root)
+	return c.issue(comm.KindBroadcast, buf, buf, root, 0)
 }
 func (c *fakeComm) AllGather(send, recv comm.Buffer) comm.Work {
-	return c.issue(comm.KindAllGather, send, recv, 0)
+	return c.issue(comm.KindAllGather, send, recv, 0, 0)
 }
 func (c *fakeComm) Reduce(send, recv comm.Buffer, op comm.Op, root int) comm.Work {
 	return comm.FailedWork(comm.ErrInvalid)
@@ -176,7 +182,7 @@ func (c *fakeComm) ReduceScatter(send, recv comm.Buffer, op comm.Op) comm.Work {
 func (c *fakeComm) Send(buf comm.Buffer, peer int) comm.Work { return comm.FailedWork(comm.ErrInvalid) }
 func (c *fakeComm) Recv(buf comm.Buffer, peer int) comm.Work { return comm.FailedWork(comm.ErrInvalid) }
 func (c *fakeComm) Barrier() comm.Work {
-	return c.issue(comm.KindBarrier, comm.Buffer{}, comm.Buffer{}, 0)
+	return c.issue(comm.KindBarrier, comm.Buffer{}, comm.Buffer{}, 0, 0)
 }
 func (c *fakeComm) Abort(err error) {
 	g := c.g

@@ -46,8 +46,9 @@ type Options struct {
 	// BucketCap and FirstBucketCap are byte limits of the buckets; 0 means
 	// DefaultBucketCap and DefaultFirstBucketCap.
 	BucketCap, FirstBucketCap int
-	// Hook reduces each bucket; nil means hooks.AllReduce(). The Reducer
-	// owns the hook and closes it. Each rank needs its own Hook value.
+	// Hook reduces each bucket; nil means hooks.Avg(), which averages
+	// inside the backend's reduction pass. The Reducer owns the hook and
+	// closes it. Each rank needs its own Hook value.
 	Hook hooks.Hook
 	// Pool provides bucket and scratch memory; nil means a pool owned (and
 	// closed) by the Reducer.
@@ -190,7 +191,7 @@ func New(ctx context.Context, c comm.Communicator, params []Param, o Options) (*
 		o.StallInterval = DefaultStallInterval
 	}
 	if o.Hook == nil {
-		o.Hook = hooks.AllReduce()
+		o.Hook = hooks.Avg()
 	}
 	r := &Reducer{c: c, o: o, hook: o.Hook, prevSync: true}
 	r.params = make([]Param, len(params))
