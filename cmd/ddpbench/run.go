@@ -47,7 +47,7 @@ func stepFlags() []cli.Flag {
 		floatFlag("first-bucket-mb", 1, "first bucket's size limit in MiB"),
 		stringFlag("compression", "none", "gradient compression: none, fp16 or bf16"),
 		intFlag("steps", 20, "measured steps"),
-		intFlag("warmup", 5, "steps before measuring (the first rebuilds the buckets)"),
+		intFlag("warmup", 40, "steps before measuring (the first rebuilds the buckets; the rest let the runtime settle: parked goroutines allocate until its caches are warm)"),
 		boolFlag("grad-as-bucket-view", true, "gradients are views of the bucket memory (false: copied in and out)"),
 		stringFlag("compute", "none", "simulated backward: none, sleep (CPU free) or spin (CPU busy)"),
 		floatFlag("rate", 0, "backward speed in parameters per second per rank"),
