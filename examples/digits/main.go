@@ -22,7 +22,7 @@ func main() {
 	flag.IntVar(&cfg.Hidden, "hidden", cfg.Hidden, "hidden units")
 	flag.Float64Var(&cfg.LR, "lr", cfg.LR, "learning rate")
 	flag.Float64Var(&cfg.Momentum, "momentum", cfg.Momentum, "SGD momentum")
-	flag.StringVar(&cfg.Hook, "hook", cfg.Hook, "gradient communication: none (fp32), fp16 or bf16")
+	flag.StringVar(&cfg.Hook, "hook", cfg.Hook, "gradient communication: none (fp32 average), allreduce (fp32, divide then sum), fp16 or bf16")
 	flag.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the split, the initial weights and the shuffles")
 	flag.StringVar(&cfg.Data, "data", cfg.Data, "data set (CSV, optionally gzipped); default: the embedded copy")
 	flag.BoolVar(&cfg.Stats, "stats", cfg.Stats, "print rank 0's mean step timings per epoch: step, backward, communication and the share of it hidden behind backward")

@@ -87,14 +87,16 @@ func (m *mlp) params() []ddp.Param {
 // rank, since a hook belongs to one rank.
 func newHook(name string) (hooks.Hook, error) {
 	switch name {
-	case "none", "", "allreduce":
+	case "none", "":
+		return hooks.Avg(), nil
+	case "allreduce":
 		return hooks.AllReduce(), nil
 	case "fp16":
 		return hooks.FP16(), nil
 	case "bf16":
 		return hooks.BF16(), nil
 	}
-	return nil, fmt.Errorf("%w: -hook %q, want none, fp16 or bf16", errConfig, name)
+	return nil, fmt.Errorf("%w: -hook %q, want none, allreduce, fp16 or bf16", errConfig, name)
 }
 
 // trainGroup trains cfg.Ranks replicas at once, one goroutine per rank over

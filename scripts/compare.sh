@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# compare.sh runs ddpgo's speed measurements and the peer baselines of
+# ../shared/peers (memory roofline, Open MPI, PyTorch gloo, numpy, PyTorch
+# DDP) in one session on one machine, writes every raw result under
+# results/ (or $OUT) and prints the rows of the README's results table.
+# Speed goals are ratios between numbers taken in the same run: these
+# machines are shared and noisy, so never compare with another day's file.
+#
+# Needs (Debian): python3-torch python3-torchvision python3-numpy openmpi-bin
+# libopenmpi-dev gcc; `make peers-deps` installs them.
+#
+# Usage: scripts/compare.sh [PEERS_DIR]      (default ../shared/peers)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+peers=$(cd "${1:-../shared/peers}" && pwd)
+out=${OUT:-results}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cp -r "$peers"/. "$work"/   # the peers write beside themselves; keep the original read-only
+py=/usr/bin/python3
+
+step() { printf '\n== %s\n$ %s\n' "$1" "$2" >&2; }
+
+step "memory roofline" "gcc -O3 -march=native -pthread -o memcpy_bw memcpy_bw.c && ./memcpy_bw memcpy_bw.csv"
+gcc -O3 -march=native -pthread -o "$work/memcpy_bw" "$work/memcpy_bw.c"
+"$work/memcpy_bw" "$out/memcpy_bw.csv" > "$out/memcpy_bw.txt"
+
+step "Open MPI MPI_Allreduce, 2 ranks" "bash run_mpi.sh mpi_allreduce.csv"
+bash "$work/run_mpi.sh" "$out/mpi_allreduce.csv" > "$out/mpi_allreduce.txt" 2>&1
+
+step "PyTorch gloo all_reduce, 2 ranks" "python3 gloo_allreduce.py --out gloo.csv"
+$py "$work/gloo_allreduce.py" --out "$out/gloo_allreduce.csv" > "$out/gloo_allreduce.txt" 2>&1
+
+step "numpy float32<->float16" "python3 fp16_convert.py --out fp16.csv"
+$py "$work/fp16_convert.py" --out "$out/fp16_convert.csv" > "$out/fp16_convert.txt" 2>&1
+
+step "PyTorch DDP ResNet-50 step, 2 ranks" "python3 ddp_step.py --out ddp_step.csv"
+$py "$work/ddp_step.py" --out "$out/ddp_step.csv" > "$out/ddp_step.txt" 2>&1
+
+step "ddpgo fp16 kernels" "go test -run '^\$' -bench 'Float32ToHalf\$|HalfToFloat32\$|Copy\$' -benchtime 20x -count 5 ./fp16/"
+go test -run '^$' -bench 'Float32ToHalf$|HalfToFloat32$|Copy$' -benchtime 20x -count 5 ./fp16/ > "$out/go_fp16.txt"
+
+step "ddpgo CommPool" "go test -run '^\$' -bench 'GetPut\$|Mmap' -count 5 ./allocator/"
+go test -run '^$' -bench 'GetPut$|Mmap' -count 5 ./allocator/ > "$out/go_allocator.txt"
+
+step "ddpgo inproc all_reduce, 2 ranks" "go test -run '^\$' -bench 'AllReduce/float32/2ranks/(4KiB|64MiB)' -benchtime 300ms -count 10 ./inproc/"
+go test -run '^$' -bench 'AllReduce/float32/2ranks/(4KiB|64MiB)' -benchtime 300ms -count 10 ./inproc/ > "$out/go_inproc.txt"
+
+go build -o "$work/ddpbench" ./cmd/ddpbench
+step "ddpbench ResNet-50 step, 2 ranks" "ddpbench run --steps 40 --format json"
+"$work/ddpbench" run --steps 40 --format json > "$out/ddpbench_resnet50.json"
+step "ddpbench ResNet-50 step, fp16" "ddpbench run --steps 40 --compression fp16 --format json"
+"$work/ddpbench" run --steps 40 --compression fp16 --format json > "$out/ddpbench_resnet50_fp16.json"
+step "ddpbench ResNet-50 step, compute sleep 10ms" "ddpbench run --steps 40 --compute sleep --compute-time 10ms --format json"
+"$work/ddpbench" run --steps 40 --compute sleep --compute-time 10ms --format json > "$out/ddpbench_resnet50_sleep.json"
+step "ddpbench collective" "ddpbench collective -b 4K -e 256M -f 4"
+"$work/ddpbench" collective -b 4K -e 256M -f 4 > "$out/ddpbench_collective.txt"
+
+go run ./scripts/summarize "$out"

@@ -1,0 +1,256 @@
+// Command summarize reads the results directory that scripts/compare.sh
+// fills (the peers' CSV files, Go benchmark output, ddpbench JSON) and
+// prints the README's results table: each ddpgo figure beside its baseline
+// measured in the same run, with the ratio and the goal.
+//
+// Usage: go run ./scripts/summarize DIR
+package main
+
+import (
+	"bufio"
+	"encoding/csv"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+func main() {
+	if len(os.Args) != 2 {
+		fmt.Fprintln(os.Stderr, "usage: summarize RESULTS_DIR")
+		os.Exit(2)
+	}
+	s := &summary{dir: os.Args[1]}
+	s.print(os.Stdout)
+	if len(s.missing) > 0 {
+		fmt.Fprintf(os.Stderr, "summarize: could not read: %s\n", strings.Join(s.missing, "; "))
+		os.Exit(1)
+	}
+}
+
+type summary struct {
+	dir     string
+	missing []string
+}
+
+func (s *summary) fail(what string, err error) float64 {
+	s.missing = append(s.missing, fmt.Sprintf("%s: %v", what, err))
+	return 0
+}
+
+// csvValue returns column col of the first row of file whose columns
+// match every key=value in where.
+func (s *summary) csvValue(file, col string, where map[string]string) float64 {
+	f, err := os.Open(filepath.Join(s.dir, file))
+	if err != nil {
+		return s.fail(file, err)
+	}
+	defer f.Close()
+	cr := csv.NewReader(f)
+	cr.FieldsPerRecord = -1 // the peers do not quote commas inside names
+	rows, err := cr.ReadAll()
+	if err != nil || len(rows) == 0 {
+		return s.fail(file, fmt.Errorf("not a CSV file with a header: %v", err))
+	}
+	idx := map[string]int{}
+	for i, h := range rows[0] {
+		idx[h] = i
+	}
+	if _, ok := idx[col]; !ok {
+		return s.fail(file, fmt.Errorf("no column %q", col))
+	}
+next:
+	for _, r := range rows[1:] {
+		for k, v := range where {
+			i, ok := idx[k]
+			if !ok || i >= len(r) || r[i] != v {
+				continue next
+			}
+		}
+		v, err := strconv.ParseFloat(r[idx[col]], 64)
+		if err != nil {
+			return s.fail(file, err)
+		}
+		return v
+	}
+	return s.fail(file, fmt.Errorf("no row with %v", where))
+}
+
+// benchMedian returns the median of metric unit over the lines of a Go
+// benchmark output file whose name matches re.
+func (s *summary) benchMedian(file, name, unit string) float64 {
+	f, err := os.Open(filepath.Join(s.dir, file))
+	if err != nil {
+		return s.fail(file, err)
+	}
+	defer f.Close()
+	re := regexp.MustCompile(`^Benchmark` + name + `(-\d+)?\s`)
+	var vals []float64
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		if !re.MatchString(line) {
+			continue
+		}
+		fs := strings.Fields(line)
+		for i := 3; i < len(fs); i += 2 {
+			if fs[i] == unit {
+				if v, err := strconv.ParseFloat(fs[i-1], 64); err == nil {
+					vals = append(vals, v)
+				}
+			}
+		}
+	}
+	if len(vals) == 0 {
+		return s.fail(file, fmt.Errorf("no %s lines with %s", name, unit))
+	}
+	return median(vals)
+}
+
+// jsonValue returns a number from a ddpbench JSON result by a dotted path.
+func (s *summary) jsonValue(file, path string) float64 {
+	b, err := os.ReadFile(filepath.Join(s.dir, file))
+	if err != nil {
+		return s.fail(file, err)
+	}
+	var v any
+	if err := json.Unmarshal(b, &v); err != nil {
+		return s.fail(file, err)
+	}
+	for _, k := range strings.Split(path, ".") {
+		m, ok := v.(map[string]any)
+		if !ok {
+			return s.fail(file, fmt.Errorf("no %s", path))
+		}
+		v = m[k]
+	}
+	x, ok := v.(float64)
+	if !ok {
+		return s.fail(file, fmt.Errorf("%s is not a number", path))
+	}
+	return x
+}
+
+// footer returns the number after "Avg bus bandwidth" and after "Out of
+// bounds values" in ddpbench collective's output.
+func (s *summary) footer(file string) (busbw, wrong float64) {
+	b, err := os.ReadFile(filepath.Join(s.dir, file))
+	if err != nil {
+		s.fail(file, err)
+		return 0, -1
+	}
+	wrong = -1
+	for _, line := range strings.Split(string(b), "\n") {
+		if _, rest, ok := strings.Cut(line, "Avg bus bandwidth"); ok {
+			busbw, _ = strconv.ParseFloat(strings.TrimSpace(strings.TrimLeft(rest, " :")), 64)
+		}
+		if _, rest, ok := strings.Cut(line, "Out of bounds values"); ok {
+			f := strings.Fields(strings.TrimLeft(rest, " :"))
+			if len(f) > 0 {
+				wrong, _ = strconv.ParseFloat(f[0], 64)
+			}
+		}
+	}
+	return busbw, wrong
+}
+
+// fp16Impl returns the fp16 implementation the package chooses at run
+// time on this machine: the best one benchmarked, in the order of
+// preference of its dispatch.
+func (s *summary) fp16Impl() string {
+	b, err := os.ReadFile(filepath.Join(s.dir, "go_fp16.txt"))
+	if err != nil {
+		s.fail("go_fp16.txt", err)
+		return ""
+	}
+	for _, impl := range []string{"avx512", "avx2+f16c", "purego"} {
+		if strings.Contains(string(b), "BenchmarkFloat32ToHalf/"+impl+"-") {
+			return impl
+		}
+	}
+	s.fail("go_fp16.txt", fmt.Errorf("no Float32ToHalf benchmark"))
+	return ""
+}
+
+func median(v []float64) float64 {
+	v = slices.Clone(v)
+	slices.Sort(v)
+	n := len(v)
+	if n%2 == 1 {
+		return v[n/2]
+	}
+	return (v[n/2-1] + v[n/2]) / 2
+}
+
+func ratio(a, b float64) string {
+	if a == 0 || b == 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.1fx", a/b)
+}
+
+func (s *summary) print(w io.Writer) {
+	const mpi, gloo, memcpy, np, ddp = "mpi_allreduce.csv", "gloo_allreduce.csv", "memcpy_bw.csv", "fp16_convert.csv", "ddp_step.csv"
+	vader := func(bytes, col string) float64 {
+		return s.csvValue(mpi, col, map[string]string{"label": "vader", "mode": "inplace", "bytes": bytes})
+	}
+	glooAt := func(bytes, col string) float64 {
+		return s.csvValue(gloo, col, map[string]string{"dtype": "float32", "bytes": bytes})
+	}
+	const mib64 = "67108864"
+
+	impl := s.fp16Impl()
+	toHalf := s.benchMedian("go_fp16.txt", `Float32ToHalf/`+regexp.QuoteMeta(impl), "GB/s")
+	toFloat := s.benchMedian("go_fp16.txt", `HalfToFloat32/`+regexp.QuoteMeta(impl), "GB/s")
+	cp := s.benchMedian("go_fp16.txt", `Copy`, "GB/s")
+	npTo := s.csvValue(np, "GBps_median", map[string]string{"lib": "numpy", "op": "f32->f16 alloc (astype)"})
+	npFrom := s.csvValue(np, "GBps_median", map[string]string{"lib": "numpy", "op": "f16->f32 alloc (astype)"})
+
+	getput := s.benchMedian("go_allocator.txt", `GetPut/25MiB`, "ns/op")
+	mmap := s.benchMedian("go_allocator.txt", `Mmap/25MiB`, "ns/op")
+	mmapTouch := s.benchMedian("go_allocator.txt", `MmapTouch/25MiB`, "ns/op")
+
+	ar4k := s.benchMedian("go_inproc.txt", `AllReduce/float32/2ranks/4KiB`, "us/op")
+	ar64 := s.benchMedian("go_inproc.txt", `AllReduce/float32/2ranks/64MiB`, "busbw-GB/s")
+	mpi4k, mpi64 := vader("4096", "median_us"), vader(mib64, "busbw_GBps")
+	gloo4k, gloo64 := glooAt("4096", "median_us"), glooAt(mib64, "busbw_GBps")
+	addInplace := s.csvValue(memcpy, "copy_GBps_median", map[string]string{"kernel": "add_inplace", "threads": "2"})
+	copy1 := s.csvValue(memcpy, "copy_GBps_median", map[string]string{"kernel": "memcpy_glibc", "threads": "1"})
+
+	ptA := s.csvValue(ddp, "median_ms", map[string]string{"config": "a"})
+	ptD := s.csvValue(ddp, "median_ms", map[string]string{"config": "d"})
+	ptE := s.csvValue(ddp, "median_ms", map[string]string{"config": "e"})
+	step := s.jsonValue("ddpbench_resnet50.json", "step_ms.median")
+	stepAllocs := s.jsonValue("ddpbench_resnet50.json", "allocs_per_step")
+	stepFP16 := s.jsonValue("ddpbench_resnet50_fp16.json", "step_ms.median")
+	sleepStep := s.jsonValue("ddpbench_resnet50_sleep.json", "step_ms.median")
+	sleepCompute := s.jsonValue("ddpbench_resnet50_sleep.json", "compute_ms.median")
+	sleepComm := s.jsonValue("ddpbench_resnet50_sleep.json", "comm_ms.median")
+	collBW, collWrong := s.footer("ddpbench_collective.txt")
+
+	fmt.Fprintln(w, "| measurement | ddpgo | baseline (same run) | ratio | goal |")
+	fmt.Fprintln(w, "|---|---|---|---|---|")
+	fmt.Fprintf(w, "| float32->fp16, 64 MiB (%s) | %.1f GB/s | numpy astype %.2f GB/s; Go copy %.1f GB/s | %s; %s of copy | >= 10 GB/s, >= 5x numpy, >= 0.8x copy |\n",
+		impl, toHalf, npTo, cp, ratio(toHalf, npTo), ratio(toHalf, cp))
+	fmt.Fprintf(w, "| fp16->float32, 64 MiB (%s) | %.1f GB/s | numpy astype %.2f GB/s; Go copy %.1f GB/s | %s; %s of copy | >= 10 GB/s, >= 5x numpy, >= 0.8x copy |\n",
+		impl, toFloat, npFrom, cp, ratio(toFloat, npFrom), ratio(toFloat, cp))
+	fmt.Fprintf(w, "| CommPool Get+Put, 25 MiB | %.0f ns | mmap+munmap %.0f ns; mmap+first touch+munmap %.0f ns | %s; %s | >= 100x |\n",
+		getput, mmap, mmapTouch, ratio(mmap, getput), ratio(mmapTouch, getput))
+	fmt.Fprintf(w, "| all_reduce float32 4 KiB, 2 ranks | %.2f us | Open MPI shm %.2f us; gloo %.0f us | %s; %s | <= 3 us |\n",
+		ar4k, mpi4k, gloo4k, ratio(mpi4k, ar4k), ratio(gloo4k, ar4k))
+	fmt.Fprintf(w, "| all_reduce float32 64 MiB busbw, 2 ranks | %.1f GB/s | Open MPI shm %.2f GB/s; gloo %.2f GB/s; roofline a+=b 2 threads %.1f GB/s | %s; %s | >= 8 GB/s, >= 3x MPI |\n",
+		ar64, mpi64, gloo64, addInplace, ratio(ar64, mpi64), ratio(ar64, gloo64))
+	fmt.Fprintf(w, "| DDP step, ResNet-50, 2 ranks, 25 MiB buckets | %.1f ms (%.1f allocs/step) | PyTorch DDP %.1f ms - no-DDP %.1f ms = %.1f ms sync overhead | %s | <= 25 ms, <= 1/4 of PyTorch's overhead |\n",
+		step, stepAllocs, ptA, ptE, ptA-ptE, ratio(ptA-ptE, step))
+	fmt.Fprintf(w, "| DDP step, ResNet-50, fp16 compression | %.1f ms | PyTorch fp16_compress_hook %.1f ms - %.1f ms = %.1f ms | %s | - |\n",
+		stepFP16, ptD, ptE, ptD-ptE, ratio(ptD-ptE, stepFP16))
+	fmt.Fprintf(w, "| DDP step with 10 ms of backward (sleep) | %.1f ms = %.2f x max(compute %.1f, comm %.1f) | - | - | <= 1.15x |\n",
+		sleepStep, sleepStep/max(sleepCompute, sleepComm), sleepCompute, sleepComm)
+	fmt.Fprintf(w, "| ddpbench collective -b 4K -e 256M -f 4 | avg busbw %.2f GB/s, %v wrong | memcpy 1 thread %.1f GB/s | - | #wrong 0 |\n",
+		collBW, collWrong, copy1)
+}
