@@ -20,8 +20,8 @@ type backend struct {
 // info prints them.
 var backends = []backend{
 	{name: "inproc", built: true, newGroup: newInprocGroup},
-	{name: "mpi", note: "not built (needs the mpi build tag and an MPI library)"},
-	{name: "nccl", note: "not built (needs the nccl build tag and libnccl.so.2 at run time)"},
+	{name: "mpi", note: "not built: this release has no MPI backend yet (planned: cgo over Open MPI or MPICH)"},
+	{name: "nccl", note: "not built: this release has no NCCL backend yet (planned: libnccl.so.2 opened at run time; needs a GPU)"},
 }
 
 func newInprocGroup(n int) ([]comm.Communicator, error) {
