@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/uuid"
 	"github.com/urfave/cli/v2"
 )
 
@@ -249,6 +250,9 @@ func TestRunOutputs(t *testing.T) {
 		if row["model"] != "tiny" || row["ranks"] != "2" || row["grad_bytes"] != "1212448" || row["bytes_per_step"] != "1212448" {
 			t.Errorf("csv row %v", row)
 		}
+		if _, err := uuid.Parse(row["run_id"]); err != nil {
+			t.Errorf("run_id %q: %v", row["run_id"], err)
+		}
 	})
 	t.Run("json", func(t *testing.T) {
 		code, stdout, stderr := run(t, append([]string{"run", "--format", "json", "--compression", "fp16"}, common...)...)
@@ -263,6 +267,9 @@ func TestRunOutputs(t *testing.T) {
 		}
 		if j.Model != "tiny" || j.Tensors != 4 || j.Parameters != 303112 || j.Compression != "fp16" || j.Steps != 3 {
 			t.Errorf("json %+v", j)
+		}
+		if _, err := uuid.Parse(j.RunID); err != nil {
+			t.Errorf("run_id %q: %v", j.RunID, err)
 		}
 		if j.BytesPerStep != j.GradBytes/2 {
 			t.Errorf("fp16 bytes per step %d, want half of %d", j.BytesPerStep, j.GradBytes)

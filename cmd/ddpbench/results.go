@@ -18,7 +18,7 @@ type runRecord struct {
 // runCSVHeader names the CSV columns of run and sweep. Times are in
 // milliseconds, bandwidth in GB/s (1e9 bytes), sizes in bytes.
 var runCSVHeader = []string{
-	"model", "ranks", "backend", "bucket_cap_mb", "first_bucket_mb", "compression", "grad_as_bucket_view",
+	"run_id", "model", "ranks", "backend", "bucket_cap_mb", "first_bucket_mb", "compression", "grad_as_bucket_view",
 	"compute", "compute_target_ms", "steps", "warmup",
 	"step_ms_median", "step_ms_p10", "step_ms_p90",
 	"iter_ms_median", "iter_ms_p10", "iter_ms_p90",
@@ -41,7 +41,7 @@ func (r runRecord) csv() []string {
 	for i, b := range res.Buckets {
 		sizes[i] = fmt.Sprint(b)
 	}
-	rec := []string{o.model.Model, fmt.Sprint(o.ranks), o.backend.name, fmtFloat(o.bucketCapMB), fmtFloat(o.firstMB),
+	rec := []string{o.runID, o.model.Model, fmt.Sprint(o.ranks), o.backend.name, fmtFloat(o.bucketCapMB), fmtFloat(o.firstMB),
 		o.compression, fmt.Sprint(o.bucketView), o.compute.String(), fmtFloat(res.ComputeTarget * 1e3),
 		fmt.Sprint(res.Steps), fmt.Sprint(res.Warmup)}
 	rec = append(rec, ms(res.StepTime)...)
@@ -67,6 +67,7 @@ func toJSON(d bench.Dist, scale float64) distJSON {
 
 // runJSON is one run in the JSON output.
 type runJSON struct {
+	RunID            string   `json:"run_id"`
 	Model            string   `json:"model"`
 	ModelSource      string   `json:"model_source"`
 	Tensors          int      `json:"tensors"`
@@ -98,7 +99,7 @@ type runJSON struct {
 func (r runRecord) json() runJSON {
 	o, res := r.o, r.res
 	return runJSON{
-		Model: o.model.Model, ModelSource: o.model.Source, Tensors: len(o.model.Params), Parameters: o.model.Numel(),
+		RunID: o.runID, Model: o.model.Model, ModelSource: o.model.Source, Tensors: len(o.model.Params), Parameters: o.model.Numel(),
 		Ranks: o.ranks, Backend: o.backend.name, BucketCapMB: o.bucketCapMB, FirstBucketMB: o.firstMB,
 		Compression: o.compression, GradAsBucketView: o.bucketView, Compute: o.compute.String(), RateParamsPerSec: o.rate,
 		ComputeTargetMS: res.ComputeTarget * 1e3, Steps: res.Steps, Warmup: res.Warmup,

@@ -11,6 +11,7 @@ import (
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/ddp"
 	"github.com/ddpgo/ddpgo/models"
+	"github.com/google/uuid"
 	"github.com/urfave/cli/v2"
 )
 
@@ -61,6 +62,7 @@ func stepFlags() []cli.Flag {
 
 // runOpts is the parsed command line of run (and of each run of sweep).
 type runOpts struct {
+	runID       string // names this invocation in every output (a random UUID)
 	model       *models.Manifest
 	modelName   string
 	ranks       int
@@ -84,6 +86,7 @@ type runOpts struct {
 func parseStepFlags(c *cli.Context) (runOpts, error) {
 	var o runOpts
 	var err error
+	o.runID = uuid.NewString()
 	o.modelName = c.String("model")
 	if o.model, err = models.Load(o.modelName); err != nil {
 		return o, err

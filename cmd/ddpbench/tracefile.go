@@ -32,7 +32,7 @@ func writeTraceFile(path string, o *runOpts, res *bench.Result) error {
 
 func writeTrace(out io.Writer, o *runOpts, res *bench.Result) error {
 	opts := trace.Options{MaxSteps: -1, Metadata: map[string]string{
-		"model": o.model.Model, "ranks": fmt.Sprint(o.ranks), "backend": o.backend.name,
+		"run_id": o.runID, "model": o.model.Model, "ranks": fmt.Sprint(o.ranks), "backend": o.backend.name,
 		"bucket_cap_mb": fmt.Sprint(o.bucketCapMB), "first_bucket_mb": fmt.Sprint(o.firstMB),
 		"compression": o.compression, "compute": o.compute.String(),
 	}}
