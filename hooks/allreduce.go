@@ -11,18 +11,32 @@ import (
 // AllReduce returns the plain averaging hook, PyTorch's allreduce_hook:
 // divide the bucket by the group size in float32, then all-reduce it with
 // Sum in place. It needs no scratch memory. Dividing before summing keeps
-// the partial sums in the range of the gradients themselves.
-func AllReduce() Hook { return &allReduce{} }
+// the partial sums in the range of the gradients themselves, at the cost
+// of a separate pass over the bucket.
+func AllReduce() Hook { return &plain{name: "allreduce", prescale: true} }
 
-type allReduce struct {
-	c      comm.Communicator
-	max    int
-	closed bool
+// Avg returns the fused averaging hook (the Reducer's default): one
+// all-reduce with comm.Avg in place, so the backend divides by N inside
+// its reduction pass (inproc while the data is in cache, NCCL with
+// ncclAvg) instead of in a separate pass over the bucket. Its result is
+// the rounded sum divided by N, which differs from AllReduce's sum of
+// divided values by at most one rounding per element; for N a power of two
+// the two agree exactly unless a value is subnormal or the sum overflows.
+// It needs no scratch.
+func Avg() Hook { return &plain{name: "avg"} }
+
+// plain is the uncompressed hook: AllReduce with prescale, Avg without.
+type plain struct {
+	name     string
+	prescale bool
+	c        comm.Communicator
+	max      int
+	closed   bool
 }
 
-func (h *allReduce) Name() string { return "allreduce" }
+func (h *plain) Name() string { return h.name }
 
-func (h *allReduce) Setup(c comm.Communicator, _ *allocator.Pool, counts []int) error {
+func (h *plain) Setup(c comm.Communicator, _ *allocator.Pool, counts []int) error {
 	if h.c != nil && h.c != c {
 		return fmt.Errorf("%w: %s hook set up on rank %d, then given rank %d's communicator", ErrShared, h.Name(), h.c.Rank(), c.Rank())
 	}
@@ -30,19 +44,23 @@ func (h *allReduce) Setup(c comm.Communicator, _ *allocator.Pool, counts []int) 
 	return nil
 }
 
-func (h *allReduce) Reduce(ctx context.Context, c comm.Communicator, b *Bucket) error {
+func (h *plain) Reduce(ctx context.Context, c comm.Communicator, b *Bucket) error {
 	if err := check(h.Name(), h.c, h.closed, h.max, c, b); err != nil {
 		return err
 	}
 	t := &b.Times
 	*t = Times{}
 	t.CompressStart = since(b.Start)
-	if n := c.Size(); n > 1 {
-		Scale(b.Buf.AsFloat32(), 1/float32(n))
+	op := comm.Avg
+	if h.prescale {
+		op = comm.Sum
+		if n := c.Size(); n > 1 {
+			Scale(b.Buf.AsFloat32(), 1/float32(n))
+		}
 	}
 	t.CompressEnd = since(b.Start)
 	t.CollectiveStart = t.CompressEnd
-	err := c.AllReduce(b.Buf, comm.Sum).Wait(ctx)
+	err := c.AllReduce(b.Buf, op).Wait(ctx)
 	t.CollectiveEnd = since(b.Start)
 	t.DecompressEnd = t.CollectiveEnd
 	t.WireBytes = int64(b.Buf.Bytes())
@@ -52,7 +70,7 @@ func (h *allReduce) Reduce(ctx context.Context, c comm.Communicator, b *Bucket) 
 	return nil
 }
 
-func (h *allReduce) Close() error {
+func (h *plain) Close() error {
 	h.closed = true
 	return nil
 }
