@@ -1,9 +1,11 @@
 package inproc
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,6 +55,12 @@ type Comm struct {
 	waiters []chan struct{}
 	spare   []chan struct{}
 
+	// failed operations, for Waits after their slot has been reused
+	fmu       sync.Mutex
+	fails     []failure // in sequence order
+	forgotten uint64    // fails up to this sequence number were dropped
+	failFrom  uint64    // the first failure after the group failed; every later operation failed too
+
 	// owned by the worker goroutine
 	coll, par   uint64   // collectives joined, of which parallel
 	sent, recvd []uint64 // messages per peer
@@ -65,9 +73,27 @@ type Comm struct {
 }
 
 type doneSlot struct {
-	done atomic.Uint64 // sequence number of the last operation completed in this slot
+	// done is the sequence number of the last operation completed in this
+	// slot; while the slot is being rewritten for operation s it is
+	// s|writing, so a reader never pairs one operation's number with the
+	// next one's error.
+	done atomic.Uint64
 	err  atomic.Pointer[error]
 }
+
+// writing marks a doneSlot whose result is being rewritten.
+const writing = 1 << 63
+
+// failure is a failed operation, kept for Waits that come after its ring
+// slot has been reused.
+type failure struct {
+	seq uint64
+	err error
+}
+
+// failLogMax bounds the failures a rank keeps; beyond it the older half is
+// forgotten.
+const failLogMax = 4096
 
 func newComm(g *group, rank int) *Comm {
 	c := &Comm{
@@ -248,10 +274,10 @@ func (c *Comm) TestOp(id uint64) (bool, error) {
 	}
 	s := &c.slots[id%ringSize]
 	done := s.done.Load()
-	if done < id {
+	switch {
+	case done&^writing < id || done == id|writing:
 		return false, nil
-	}
-	if done == id {
+	case done == id:
 		ep := s.err.Load()
 		if s.done.Load() == id {
 			if ep == nil {
@@ -260,8 +286,25 @@ func (c *Comm) TestOp(id uint64) (bool, error) {
 			return true, *ep
 		}
 	}
-	// The slot has been reused since: only the group's failure is left.
-	return true, c.g.failure()
+	// The slot has been reused since operation id completed.
+	return true, c.oldResult(id)
+}
+
+// oldResult returns the result of operation id, completed long enough ago
+// that its ring slot has been reused.
+func (c *Comm) oldResult(id uint64) error {
+	c.fmu.Lock()
+	defer c.fmu.Unlock()
+	i, found := slices.BinarySearchFunc(c.fails, id, func(f failure, id uint64) int { return cmp.Compare(f.seq, id) })
+	switch {
+	case found:
+		return c.fails[i].err
+	case c.failFrom != 0 && id > c.failFrom:
+		return fmt.Errorf("inproc: rank %d: operation #%d: %w", c.rank, id, c.g.failure())
+	case id <= c.forgotten:
+		return fmt.Errorf("%w: inproc: rank %d: operation #%d completed more than %d failures ago; its result is no longer kept", comm.ErrInvalid, c.rank, id, failLogMax/2)
+	}
+	return nil
 }
 
 // WaitOp waits until operation id has completed or ctx is done.
@@ -301,9 +344,11 @@ func (c *Comm) WaitOp(ctx context.Context, id uint64) error {
 // complete records the result of operation seq and wakes its waiters.
 func (c *Comm) complete(seq uint64, err error) {
 	s := &c.slots[seq%ringSize]
+	s.done.Store(seq | writing)
 	if err != nil {
 		e := err // a heap copy only on failure
 		s.err.Store(&e)
+		c.logFailure(seq, err)
 	} else {
 		s.err.Store(nil)
 	}
@@ -317,6 +362,25 @@ func (c *Comm) complete(seq uint64, err error) {
 			}
 		}
 		c.wmu.Unlock()
+	}
+}
+
+// logFailure keeps the error of operation seq for Waits that come after
+// its slot has been reused. Once the group has failed every later
+// operation fails with the group's error, so those need no entry.
+func (c *Comm) logFailure(seq uint64, err error) {
+	c.fmu.Lock()
+	defer c.fmu.Unlock()
+	if c.failFrom != 0 {
+		return
+	}
+	if len(c.fails) == failLogMax {
+		c.forgotten = c.fails[failLogMax/2-1].seq
+		c.fails = c.fails[:copy(c.fails, c.fails[failLogMax/2:])]
+	}
+	c.fails = append(c.fails, failure{seq, err})
+	if c.g.failure() != nil {
+		c.failFrom = seq
 	}
 }
 
