@@ -134,9 +134,17 @@ func (cfg *CollectiveConfig) Sizes() []int64 {
 	var out []int64
 	for s := cfg.MinBytes; s <= cfg.MaxBytes && s > 0; {
 		out = append(out, s)
+		// Stop before the next size would pass MaxBytes, so that a huge
+		// factor or step cannot wrap around int64 into a small size again.
 		if cfg.Factor > 1 {
+			if s > cfg.MaxBytes/int64(cfg.Factor) {
+				break
+			}
 			s *= int64(cfg.Factor)
 		} else {
+			if cfg.Step <= 0 || s > cfg.MaxBytes-cfg.Step {
+				break
+			}
 			s += cfg.Step
 		}
 	}
@@ -617,6 +625,21 @@ func AvgBusBW(rows []CollectiveRow) float64 {
 		return 0
 	}
 	return sum / float64(k)
+}
+
+// WrongTests returns the number of checked placements (one size, out of
+// place or in place) that had at least one wrong element: what
+// nccl-tests' "Out of bounds values" footer counts.
+func WrongTests(rows []CollectiveRow) int {
+	var k int
+	for _, r := range rows {
+		for _, t := range []Timing{r.OutOfPlace, r.InPlace} {
+			if t.Valid && t.Wrong > 0 {
+				k++
+			}
+		}
+	}
+	return k
 }
 
 // WrongTotal returns the wrong elements over all rows.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -113,6 +114,9 @@ func TestCollectiveCountsWrong(t *testing.T) {
 			if WrongTotal(rows) != damaged*int64(len(rows)) {
 				t.Errorf("WrongTotal %d", WrongTotal(rows))
 			}
+			if WrongTests(rows) != len(rows) {
+				t.Errorf("WrongTests %d, want %d (one damaged placement per size)", WrongTests(rows), len(rows))
+			}
 		})
 	}
 }
@@ -152,6 +156,18 @@ func TestSizes(t *testing.T) {
 	cfg = CollectiveConfig{MinBytes: 1000, MaxBytes: 3000, Factor: 1, Step: 1000}
 	if s := cfg.Sizes(); fmt.Sprint(s) != "[1000 2000 3000]" {
 		t.Errorf("sizes %v", s)
+	}
+	// A factor or step so large that the next size wraps around int64
+	// (4096 * (2^62+1) is 4096 again) ends the sweep instead of looping.
+	for _, c := range []CollectiveConfig{
+		{MinBytes: 4096, MaxBytes: 1 << 30, Factor: 1<<62 + 1},
+		{MinBytes: 4096, MaxBytes: 1 << 30, Factor: math.MaxInt},
+		{MinBytes: 4096, MaxBytes: 1 << 30, Factor: 1, Step: math.MaxInt64},
+		{MinBytes: 1 << 50, MaxBytes: 1 << 50, Factor: 2},
+	} {
+		if s := c.Sizes(); len(s) != 1 || s[0] != c.MinBytes {
+			t.Errorf("%+v: sizes %v, want [%d]", c, s, c.MinBytes)
+		}
 	}
 }
 

@@ -156,7 +156,7 @@ func collectiveAction(c *cli.Context) error {
 		return err
 	}
 	if wrong := bench.WrongTotal(rows); wrong > 0 {
-		return fmt.Errorf("%w: %d wrong elements in the %s sweep", bench.ErrWrong, wrong, o.cfg.Op)
+		return fmt.Errorf("%w: %d wrong elements in %d of the %s sweep's tests", bench.ErrWrong, wrong, bench.WrongTests(rows), o.cfg.Op)
 	}
 	return nil
 }
@@ -267,7 +267,9 @@ func (w *collectiveWriter) tableRow(r bench.CollectiveRow) error {
 }
 
 func (w *collectiveWriter) tableFooter(rows []bench.CollectiveRow) error {
-	wrong := bench.WrongTotal(rows)
+	// nccl-tests counts the tests (a size in one placement) that had wrong
+	// elements, not the elements; the rows' #wrong columns hold those.
+	wrong := bench.WrongTests(rows)
 	status := "OK"
 	if wrong > 0 {
 		status = "FAILED"
@@ -327,7 +329,8 @@ type collectiveJSON struct {
 	OutOfPlaceIsCopy bool            `json:"out_of_place_is_copy_plus_in_place"`
 	Rows             []collectiveRow `json:"rows"`
 	AvgBusBW         float64         `json:"avg_busbw_gbs"`
-	Wrong            int64           `json:"wrong"`
+	Wrong            int64           `json:"wrong"`        // wrong elements, all rows
+	FailedTests      int             `json:"failed_tests"` // placements with wrong elements ("Out of bounds values")
 }
 
 type collectiveRow struct {
@@ -361,7 +364,7 @@ func (w *collectiveWriter) jsonFooter(rows []bench.CollectiveRow) error {
 	cfg := &w.o.cfg
 	j := collectiveJSON{Op: cfg.Op.String(), Backend: w.o.backend.name, Ranks: w.o.ranks, DType: cfg.DType.String(),
 		RedOp: cfg.RedOp.String(), Iters: cfg.Iters, Warmup: cfg.Warmup, Check: cfg.Check,
-		OutOfPlaceIsCopy: bench.EmulatedOutOfPlace(cfg.Op), AvgBusBW: bench.AvgBusBW(rows), Wrong: bench.WrongTotal(rows),
+		OutOfPlaceIsCopy: bench.EmulatedOutOfPlace(cfg.Op), AvgBusBW: bench.AvgBusBW(rows), Wrong: bench.WrongTotal(rows), FailedTests: bench.WrongTests(rows),
 		Rows: []collectiveRow{}}
 	for _, r := range rows {
 		j.Rows = append(j.Rows, collectiveRow{Bytes: r.Bytes, Count: r.Count, Root: r.Root, OutOfPlace: timingOut(r.OutOfPlace), InPlace: timingOut(r.InPlace)})
