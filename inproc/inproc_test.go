@@ -348,3 +348,47 @@ func TestLargeGroup(t *testing.T) {
 		t.Errorf("all_reduce over %d ranks: %d, %d; message %d", n, bufs[0][0], bufs[n-1][0], msg[0])
 	}
 }
+
+// TestAllocsWhenParked checks that waiting allocates nothing when both
+// the waiting goroutine and the rank's worker have to park: rank 0 issues
+// an all-reduce and waits; rank 1 joins only once rank 0's Wait is parked
+// on its channel and rank 0's worker is parked (with its deadline timer)
+// in the collective. Blocking on a channel takes a runtime sudog, which is
+// cached once the runtime has seen as many blocked goroutines; the warm-up
+// steps fill that cache.
+func TestAllocsWhenParked(t *testing.T) {
+	if testing.CoverMode() != "" {
+		t.Skip("coverage instrumentation allocates")
+	}
+	cs := testGroup(t, 2, Options{})
+	ctx := context.Background()
+	bufs := [][]float32{make([]float32, 256), make([]float32, 256)}
+	start, done := make(chan struct{}), make(chan error)
+	go func() {
+		for range start {
+			// Wait until rank 0's worker has joined the collective and
+			// parked, and a Wait on rank 0 is parked.
+			for cs[0].arrived.Load() != cs[0].issued.Load() || !cs[0].parked.Load() || cs[0].nwait.Load() == 0 {
+				runtime.Gosched()
+			}
+			done <- cs[1].AllReduce(comm.Float32s(bufs[1]), comm.Sum).Wait(ctx)
+		}
+	}()
+	defer close(start)
+	step := func() {
+		w := cs[0].AllReduce(comm.Float32s(bufs[0]), comm.Sum)
+		start <- struct{}{}
+		if err := w.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 10 {
+		step()
+	}
+	if a := testing.AllocsPerRun(50, step); a != 0 {
+		t.Errorf("%v allocations per all_reduce + Wait with the waiter and the worker parked, want 0", a)
+	}
+}
