@@ -73,8 +73,12 @@ type Options struct {
 	// step every gradient still holds the last average, so the first
 	// step of each accumulation window must overwrite (=) every gradient it
 	// marks ready, or use SetGrad; later no-sync steps add (+=) as usual.
-	// It saves one pass over the gradient memory per step. Parameters the
-	// Reducer marks unused are still zeroed.
+	// It saves one pass over the gradient memory per step. A parameter
+	// the Reducer marks unused (FindUnusedParameters, StaticGraph) that the
+	// caller has not marked since the last synced step is zeroed before it
+	// is reduced, so a stale average is never reduced again. Without
+	// CopyGrads, the Begin that adopts a rebuilt layout (the second synced
+	// step) hands out fresh, zeroed bucket memory.
 	NoZeroGrad bool
 	// KeepLayout disables the rebuild of buckets after the first synced
 	// step: the initial layout stays.
@@ -139,7 +143,11 @@ type Reducer struct {
 	order    []atomic.Int32 // ready order of the current step
 	nready   atomic.Int32
 	isUnused []bool // marked by the Reducer (unused) in this step
-	stale    bool   // NoZeroGrad: gradients were not zeroed at Begin
+	// stale[i]: with NoZeroGrad, parameter i's gradient still holds the
+	// last synced step's average: no Ready of the caller has marked it
+	// since. Set at every Begin after a synced step, cleared by the
+	// caller's Ready; the Reducer zeroes a stale gradient it marks unused.
+	stale    []bool
 	static   []bool // StaticGraph: unused in the first synced step
 	staticOK bool   // static set known
 	reduced  atomic.Int32
@@ -246,6 +254,7 @@ func New(ctx context.Context, c comm.Communicator, params []Param, o Options) (*
 	n := len(params)
 	r.order = make([]atomic.Int32, n)
 	r.isUnused = make([]bool, n)
+	r.stale = make([]bool, n)
 	r.static = make([]bool, n)
 	for i := range r.statsBuf {
 		s := &r.statsBuf[i]
@@ -306,7 +315,11 @@ func (r *Reducer) Begin(sync bool) error {
 		}
 	}
 	L := r.lay.Load()
-	r.stale = r.prevSync && r.o.NoZeroGrad
+	if r.prevSync && r.o.NoZeroGrad {
+		for i := range r.stale {
+			r.stale[i] = true
+		}
+	}
 	z0 := time.Now()
 	if r.prevSync && !r.o.NoZeroGrad {
 		if r.copies != nil {
@@ -392,6 +405,7 @@ func (r *Reducer) Ready(i int) error {
 		}
 		return fmt.Errorf("%w: step %d: parameter %d (%q)", ErrMarkedTwice, r.stepNo, i, r.params[i].Name)
 	}
+	r.stale[i] = false
 	r.arrive(L, i, st == syncing)
 	return nil
 }
@@ -462,7 +476,8 @@ func (r *Reducer) markUnused(L *layout, i int) {
 		return
 	}
 	r.isUnused[i] = true
-	if r.stale {
+	if r.stale[i] {
+		r.stale[i] = false
 		clear(r.Grad(i))
 	}
 	r.cur.Unused = append(r.cur.Unused, i)
