@@ -67,6 +67,9 @@ func parseCollective(c *cli.Context) (collectiveOpts, error) {
 		return o, usagef("-e/--maxbytes %d is smaller than -b/--minbytes %d", o.cfg.MaxBytes, o.cfg.MinBytes)
 	}
 	o.cfg.Factor = c.Int("stepfactor")
+	if c.IsSet("stepfactor") && c.String("stepbytes") != "" {
+		return o, usagef("-f/--stepfactor %d and -i/--stepbytes %q: give one of them", o.cfg.Factor, c.String("stepbytes"))
+	}
 	if s := c.String("stepbytes"); s != "" {
 		if o.cfg.Step, err = parseSize("-i/--stepbytes", s); err != nil {
 			return o, err
@@ -107,6 +110,13 @@ func parseCollective(c *cli.Context) (collectiveOpts, error) {
 	if o.cfg.Op == bench.SendRecv && o.ranks < 2 {
 		return o, usagef("--op sendrecv needs --ranks >= 2")
 	}
+	// The largest size must hold an element (all_gather and reduce_scatter:
+	// one per rank); smaller sizes are skipped, as nccl-tests prints them
+	// with no data.
+	if need := minBytes(o.cfg.Op, o.cfg.DType, o.ranks); o.cfg.MaxBytes < need {
+		return o, usagef("-e/--maxbytes %d: smaller than the %d bytes of one %s element per rank that %s needs",
+			o.cfg.MaxBytes, need, o.cfg.DType, o.cfg.Op)
+	}
 	if o.backend, err = lookupBackend(c.String("backend")); err != nil {
 		return o, err
 	}
@@ -117,6 +127,14 @@ func parseCollective(c *cli.Context) (collectiveOpts, error) {
 		return o, err
 	}
 	return o, nil
+}
+
+// minBytes is the smallest size for which op moves any data.
+func minBytes(op bench.Collective, dt comm.DType, ranks int) int64 {
+	if op == bench.AllGather || op == bench.ReduceScatter {
+		return int64(dt.Size() * ranks)
+	}
+	return int64(dt.Size())
 }
 
 func collectiveAction(c *cli.Context) error {
@@ -204,7 +222,7 @@ func (w *collectiveWriter) tableHeader() error {
 	if cfg.Factor == 1 {
 		step = fmt.Sprintf("%d(bytes)", cfg.Step)
 	}
-	fmt.Fprintf(b, "# Collective test: %s, backend %s\n", cfg.Op.Kind(), o.backend.name)
+	fmt.Fprintf(b, "# Collective test: %s, backend %s\n", ncclTestName(cfg.Op), o.backend.name)
 	fmt.Fprintf(b, "# nThread 1 nRanks %d minBytes %d maxBytes %d step: %s warmup iters: %d iters: %d agg iters: 1 validation: %d graph: 0\n",
 		o.ranks, cfg.MinBytes, cfg.MaxBytes, step, cfg.Warmup, cfg.Iters, validation)
 	fmt.Fprintf(b, "#\n# Using devices\n")
@@ -227,6 +245,15 @@ func (w *collectiveWriter) tableHeader() error {
 	fmt.Fprintf(b, "  %7s  %6s  %6s  %5s\n", "(us)", "(GB/s)", "(GB/s)", "")
 	_, err := io.WriteString(w.out, b.String())
 	return err
+}
+
+// ncclTestName returns the name of op's nccl-tests binary without
+// "_perf" (sendrecv_perf times a send and a receive together).
+func ncclTestName(op bench.Collective) string {
+	if op == bench.SendRecv {
+		return "sendrecv"
+	}
+	return op.Kind().String()
 }
 
 // formatRow renders one row exactly as nccl-tests does.

@@ -147,3 +147,15 @@ func TestCollectiveTableRun(t *testing.T) {
 		t.Errorf("table:\n%s", stdout)
 	}
 }
+
+// TestNCCLTestName checks the header names each collective as nccl-tests'
+// binary is named.
+func TestNCCLTestName(t *testing.T) {
+	want := map[bench.Collective]string{bench.AllReduce: "all_reduce", bench.Broadcast: "broadcast", bench.Reduce: "reduce",
+		bench.AllGather: "all_gather", bench.ReduceScatter: "reduce_scatter", bench.SendRecv: "sendrecv"}
+	for _, op := range bench.Collectives {
+		if got := ncclTestName(op); got != want[op] {
+			t.Errorf("%s: %q, want %q", op, got, want[op])
+		}
+	}
+}
