@@ -3,7 +3,9 @@ package commtest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -157,43 +159,54 @@ func (s *suite) abort(t *testing.T, n int) {
 	}
 }
 
-// mismatchCases issue collectives that disagree between ranks; every rank
-// must get ErrMismatch.
+// mismatchCases issue collectives that disagree between ranks at the
+// same sequence number; every rank must get ErrMismatch in an *OpError
+// that carries its rank, the sequence number and its own operation, and
+// whose message names the odd rank and both sides of the disagreement.
 func (s *suite) mismatchCases(t *testing.T, n int) {
 	f := func(k int) comm.Buffer { return comm.Float32s(make([]float32, k)) }
 	cases := []struct {
 		name  string
-		issue func(c comm.Communicator) comm.Work
+		odd   int          // the rank whose call differs from the others'
+		names []string     // what the message must name: both values that differ
+		kinds [2]comm.Kind // the operations of the odd rank and of the others
+		issue func(c comm.Communicator, odd bool) comm.Work
 	}{
-		{"op", func(c comm.Communicator) comm.Work {
-			if c.Rank() == 0 {
+		{"op", 0, []string{comm.Sum.String(), comm.Max.String()}, [2]comm.Kind{comm.KindAllReduce, comm.KindAllReduce}, func(c comm.Communicator, odd bool) comm.Work {
+			if odd {
 				return c.AllReduce(f(7), comm.Sum)
 			}
 			return c.AllReduce(f(7), comm.Max)
 		}},
-		{"count", func(c comm.Communicator) comm.Work {
-			if c.Rank() == c.Size()-1 {
+		{"count", n - 1, []string{"7", "8"}, [2]comm.Kind{comm.KindAllReduce, comm.KindAllReduce}, func(c comm.Communicator, odd bool) comm.Work {
+			if odd {
 				return c.AllReduce(f(8), comm.Sum)
 			}
 			return c.AllReduce(f(7), comm.Sum)
 		}},
-		{"dtype", func(c comm.Communicator) comm.Work {
-			if c.Rank() == 0 {
+		{"dtype", 0, []string{comm.Int32.String(), comm.Float32.String()}, [2]comm.Kind{comm.KindAllReduce, comm.KindAllReduce}, func(c comm.Communicator, odd bool) comm.Work {
+			if odd {
 				return c.AllReduce(comm.Int32s(make([]int32, 7)), comm.Sum)
 			}
 			return c.AllReduce(f(7), comm.Sum)
 		}},
-		{"kind", func(c comm.Communicator) comm.Work {
-			if c.Rank() == 0 {
+		{"kind", 0, []string{comm.KindAllReduce.String(), comm.KindBroadcast.String()}, [2]comm.Kind{comm.KindAllReduce, comm.KindBroadcast}, func(c comm.Communicator, odd bool) comm.Work {
+			if odd {
 				return c.AllReduce(f(7), comm.Sum)
 			}
 			return c.Broadcast(f(7), 0)
 		}},
-		{"root", func(c comm.Communicator) comm.Work {
-			if c.Rank() == 0 {
+		{"root", 0, []string{"0", "1"}, [2]comm.Kind{comm.KindBroadcast, comm.KindBroadcast}, func(c comm.Communicator, odd bool) comm.Work {
+			if odd {
 				return c.Broadcast(f(7), 0)
 			}
 			return c.Broadcast(f(7), 1)
+		}},
+		{"reduce op", n / 2, []string{comm.Min.String(), comm.Sum.String()}, [2]comm.Kind{comm.KindReduce, comm.KindReduce}, func(c comm.Communicator, odd bool) comm.Work {
+			if odd {
+				return c.Reduce(f(5), f(5), comm.Min, 0)
+			}
+			return c.Reduce(f(5), f(5), comm.Sum, 0)
 		}},
 	}
 	for _, tc := range cases {
@@ -207,15 +220,32 @@ func (s *suite) mismatchCases(t *testing.T, n int) {
 			}
 			s.waitOK(t, ws)
 			for r, c := range cs {
-				ws[r] = tc.issue(c)
+				ws[r] = tc.issue(c, r == tc.odd)
 			}
 			for r, err := range s.wait(t, ws) {
 				var oe *comm.OpError
+				kind := tc.kinds[1]
+				if r == tc.odd {
+					kind = tc.kinds[0]
+				}
 				switch {
 				case !errors.Is(err, comm.ErrMismatch):
 					t.Errorf("rank %d: %v; want ErrMismatch", r, err)
+					continue
 				case !errors.As(err, &oe) || oe.Rank != r:
 					t.Errorf("rank %d: %v; want an *OpError of rank %d", r, err, r)
+					continue
+				case oe.Seq != 2 || oe.Kind != kind:
+					t.Errorf("rank %d: %v: OpError for %s #%d; want %s #2 (the rank's second operation)", r, err, oe.Kind, oe.Seq, kind)
+				}
+				msg := err.Error()
+				if r != tc.odd && !strings.Contains(msg, fmt.Sprintf("rank %d", tc.odd)) {
+					t.Errorf("rank %d: %q does not name rank %d, the one that differs", r, msg, tc.odd)
+				}
+				for _, w := range tc.names {
+					if !strings.Contains(msg, w) {
+						t.Errorf("rank %d: %q does not name %q", r, msg, w)
+					}
 				}
 			}
 		})

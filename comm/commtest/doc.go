@@ -10,13 +10,20 @@
 // Run checks every collective (AllReduce; Broadcast from each root; Reduce
 // to each root, in and out of place; AllGather and ReduceScatter, in and
 // out of place; Send and Recv in a ring; Barrier) for every dtype, every
-// reduction op and the sizes 0, 1, 7, 4 KiB+3 elements and 8 MiB, on groups
-// of 1, 2, 3 and 4 ranks. It also checks that a rank's operations run in
+// reduction op and the sizes 0, 1, 7 and 4 KiB+3 elements, on groups of 1,
+// 2, 3 and 4 ranks. The 8 MiB messages run on groups of 2 and 3 ranks (see
+// Large), for every dtype and op of AllReduce, Broadcast, AllGather and
+// Send/Recv, and for Sum of Reduce (to the first and last root) and
+// ReduceScatter; under the race detector only for float32, and not at all
+// with go test -short. It also checks that a rank's operations run in
 // issue order, that communicators of different groups can be used
 // concurrently, that Wait honours its context's deadline, that Abort on one
-// rank fails every rank, that ranks which disagree on a collective all get
-// comm.ErrMismatch, that bad arguments give comm.ErrInvalid and that Close
-// is idempotent and fails later operations with comm.ErrClosed.
+// rank fails every rank, that ranks which disagree on a collective (its
+// kind, reduction op, count, dtype or root) all get comm.ErrMismatch in a
+// *comm.OpError carrying the rank, the sequence number and the operation,
+// with a message that names the rank that differs and both sides of the
+// disagreement, that bad arguments give comm.ErrInvalid and that Close is
+// idempotent and fails later operations with comm.ErrClosed.
 //
 // Inputs are small integers (or, for the half-precision rounding check,
 // exactly representable fractions), so the expected value of every element
