@@ -40,6 +40,8 @@ func writeFile(t *testing.T, name, content string) string {
 func TestErrors(t *testing.T) {
 	badJSON := writeFile(t, "bad.json", `{"model":"x","params":[{"name":"w","shape":[4,0]}]}`)
 	syntax := writeFile(t, "syntax.json", "{\n\"model\": \"x\",\n\"params\": [,]}")
+	dir := t.TempDir()
+	missingDir := filepath.Join(dir, "missing", "t.json")
 	tests := []struct {
 		args []string
 		code int
@@ -84,6 +86,10 @@ func TestErrors(t *testing.T) {
 		{[]string{"collective", "--op", "broadcast", "-r", "2"}, 2, []string{"-r/--root 2"}},
 		{[]string{"collective", "--op", "sendrecv", "--ranks", "1"}, 2, []string{"sendrecv needs --ranks >= 2"}},
 		{[]string{"nosuch"}, 2, []string{`"nosuch"`}},
+		// Output paths are checked before the benchmark runs.
+		{[]string{"run", "--trace", missingDir}, 2, []string{fmt.Sprintf("--trace %q", missingDir), "no such file or directory"}},
+		{[]string{"run", "--trace", dir}, 2, []string{fmt.Sprintf("--trace %q: is a directory", dir)}},
+		{[]string{"sweep", "--plot", missingDir}, 2, []string{fmt.Sprintf("--plot %q", missingDir), "no such file or directory"}},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

@@ -190,6 +190,11 @@ func parseRun(c *cli.Context) (runOpts, error) {
 	if o.traceSteps < 1 {
 		return o, usagef("--trace-steps %d: want >= 1", o.traceSteps)
 	}
+	if o.trace != "" {
+		if err := checkOutputPath("--trace", o.trace); err != nil {
+			return o, err
+		}
+	}
 	return o, nil
 }
 

@@ -54,6 +54,11 @@ func sweepAction(c *cli.Context) error {
 		return err
 	}
 	plot := c.String("plot")
+	if plot != "" {
+		if err := checkOutputPath("--plot", plot); err != nil {
+			return err
+		}
+	}
 	g, closeGroup, err := startGroup(o.backend, o.ranks)
 	if err != nil {
 		return err
