@@ -1,0 +1,88 @@
+package inproc
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ddpgo/ddpgo/comm"
+)
+
+func TestDefaultOptions(t *testing.T) {
+	cs := testGroup(t, 2, Options{})
+	if o := cs[0].g.opts; o.StallInterval != 60*time.Second || o.Timeout != 10*time.Minute {
+		t.Errorf("defaults: stall interval %v, timeout %v; want 60s and 10m", o.StallInterval, o.Timeout)
+	}
+}
+
+// TestStallReports leaves two of four ranks out of a collective, and one
+// rank out of a message, long enough for stall reports; each report names
+// the waiting rank and exactly the missing ones, and the operations then
+// complete normally once the missing ranks join.
+func TestStallReports(t *testing.T) {
+	const interval = time.Millisecond
+	stalls := make(chan Stall, 1024)
+	cs := testGroup(t, 4, Options{StallInterval: interval, Timeout: time.Hour, OnStall: func(s Stall) {
+		select {
+		case stalls <- s:
+		default:
+		}
+	}})
+	bufs := make([][]int32, 4)
+	for r := range bufs {
+		bufs[r] = []int32{int32(r), 1}
+	}
+	ws := []comm.Work{cs[0].AllReduce(comm.Int32s(bufs[0]), comm.Sum), cs[1].AllReduce(comm.Int32s(bufs[1]), comm.Sum)}
+	for seen := map[int]bool{}; len(seen) < 2; {
+		s := <-stalls
+		if s.Kind != comm.KindAllReduce || s.Seq != 1 || !slices.Equal(s.Missing, []int{2, 3}) || s.Rank > 1 || s.Waited < interval {
+			t.Fatalf("stall report %+v; want rank 0 or 1 waiting at least %v in all_reduce #1 for ranks [2 3]", s, interval)
+		}
+		if !strings.Contains(s.String(), "[2 3]") {
+			t.Errorf("%q does not name the missing ranks", s)
+		}
+		seen[s.Rank] = true
+	}
+	ws = append(ws, cs[2].AllReduce(comm.Int32s(bufs[2]), comm.Sum), cs[3].AllReduce(comm.Int32s(bufs[3]), comm.Sum))
+	for r, err := range waitAll(t, ws) {
+		if err != nil || bufs[r][0] != 6 || bufs[r][1] != 4 {
+			t.Fatalf("rank %d after the stall: %v, %v; want nil, [6 4]", r, err, bufs[r])
+		}
+	}
+	for len(stalls) > 0 {
+		<-stalls
+	}
+	msg := []int32{7}
+	send := cs[3].Send(comm.Int32s(msg), 1)
+	for {
+		s := <-stalls
+		if s.Rank != 3 {
+			continue // a late report of the all-reduce
+		}
+		if s.Kind != comm.KindSend || s.Seq != 2 || !slices.Equal(s.Missing, []int{1}) {
+			t.Fatalf("stall report %+v; want rank 3 waiting in send #2 for rank 1", s)
+		}
+		break
+	}
+	got := []int32{0}
+	if errs := waitAll(t, []comm.Work{send, cs[1].Recv(comm.Int32s(got), 3)}); errs[0] != nil || errs[1] != nil || got[0] != 7 {
+		t.Fatalf("message after the stall: %v, %d", errs, got[0])
+	}
+}
+
+// TestStallIntervalLongerThanTimeout: with a stall interval longer than
+// the timeout there is no stall report, and the timeout error itself names
+// the missing rank.
+func TestStallIntervalLongerThanTimeout(t *testing.T) {
+	reports := 0
+	cs := testGroup(t, 2, Options{StallInterval: time.Hour, Timeout: 20 * time.Millisecond, OnStall: func(Stall) { reports++ }})
+	err := waitAll(t, []comm.Work{cs[0].Barrier()})[0]
+	if !errors.Is(err, comm.ErrTimeout) || !strings.Contains(err.Error(), "for rank(s) [1]") {
+		t.Errorf("%v; want ErrTimeout naming rank 1", err)
+	}
+	if reports != 0 {
+		t.Errorf("%d stall reports with a stall interval of an hour", reports)
+	}
+}
