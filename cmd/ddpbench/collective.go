@@ -126,6 +126,11 @@ func parseCollective(c *cli.Context) (collectiveOpts, error) {
 	if o.format, err = parseFormat(c.String("format")); err != nil {
 		return o, err
 	}
+	// Each rank holds a send and a receive buffer of the largest size.
+	if err := checkMemory(2*o.cfg.MaxBytes*int64(o.ranks), fmt.Sprintf("-e/--maxbytes %d with --ranks %d (a send and a receive buffer per rank)",
+		o.cfg.MaxBytes, o.ranks)); err != nil {
+		return o, err
+	}
 	return o, nil
 }
 

@@ -39,6 +39,7 @@ func writeFile(t *testing.T, name, content string) string {
 // stderr that says what is wrong, and the right exit status.
 func TestErrors(t *testing.T) {
 	badJSON := writeFile(t, "bad.json", `{"model":"x","params":[{"name":"w","shape":[4,0]}]}`)
+	half := writeFile(t, "half.json", `{"model":"h","dtype":"float16","params":[{"name":"w","shape":[4]}]}`)
 	syntax := writeFile(t, "syntax.json", "{\n\"model\": \"x\",\n\"params\": [,]}")
 	dir := t.TempDir()
 	missingDir := filepath.Join(dir, "missing", "t.json")
@@ -68,6 +69,7 @@ func TestErrors(t *testing.T) {
 		{[]string{"run", "--model", "vgg16"}, 1, []string{"unknown model", "vgg16", "resnet50, bert-base, gpt2-small"}},
 		{[]string{"run", "--model", badJSON}, 1, []string{badJSON, "params[0].shape[1]"}},
 		{[]string{"run", "--model", syntax}, 1, []string{syntax + ":3:", "invalid character"}},
+		{[]string{"run", "--model", half}, 1, []string{half, `dtype "float16"`, "float32 gradients only"}},
 		{[]string{"run", "extra"}, 2, []string{`unexpected argument "extra"`}},
 		{[]string{"sweep", "--caps", "1,a"}, 2, []string{`"a" is not a size`}},
 		{[]string{"sweep", "--caps", "5,2"}, 2, []string{"caps must increase"}},
@@ -412,4 +414,38 @@ func FuzzParseSize(f *testing.F) {
 			t.Fatalf("round trip of %d: %d, %v", v, w, err)
 		}
 	})
+}
+
+// TestMemoryCheck checks that a run or sweep that would need more memory
+// than the machine has fails at once, naming the flags, instead of
+// meeting the OOM killer.
+func TestMemoryCheck(t *testing.T) {
+	defer func(f func() (int64, bool)) { availableMemory = f }(availableMemory)
+	availableMemory = func() (int64, bool) { return 1 << 30, true }
+	tests := []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"run", "--ranks", "16"}, []string{"--ranks 16 with --model resnet50", "97.49 MiB", "1.52 GiB", "more than the 1.00 GiB available"}},
+		{[]string{"run", "--ranks", "8", "--compression", "fp16", "--grad-as-bucket-view=false"}, []string{"--ranks 8", "1.90 GiB"}},
+		{[]string{"sweep", "--ranks", "16"}, []string{"--ranks 16"}},
+		{[]string{"collective", "-e", "256M", "--ranks", "4"}, []string{"-e/--maxbytes 268435456 with --ranks 4", "2.00 GiB"}},
+	}
+	for _, tt := range tests {
+		code, stdout, stderr := run(t, tt.args...)
+		if code != 2 || stdout != "" || strings.Count(stderr, "\n") != 1 {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q: want 2, nothing, one line", tt.args, code, stdout, stderr)
+		}
+		for _, w := range tt.want {
+			if !strings.Contains(stderr, w) {
+				t.Errorf("%v: stderr %q does not contain %q", tt.args, stderr, w)
+			}
+		}
+	}
+	if got := runMemory(100, 3, true, "none"); got != 300 {
+		t.Errorf("runMemory = %d, want 300", got)
+	}
+	if avail, ok := memAvailable(); ok && avail <= 0 {
+		t.Errorf("memAvailable = %d, true", avail)
+	}
 }

@@ -91,6 +91,10 @@ func parseStepFlags(c *cli.Context) (runOpts, error) {
 	if o.model, err = models.Load(o.modelName); err != nil {
 		return o, err
 	}
+	if o.model.Elem != comm.Float32 {
+		return o, fmt.Errorf("--model %s: dtype %q: the reducer averages float32 gradients only (fp16 and bf16 are a --compression)",
+			o.modelName, o.model.DType)
+	}
 	o.ranks = c.Int("ranks")
 	if o.ranks < 1 || o.ranks > 1024 {
 		return o, usagef("--ranks %d: want 1..1024", o.ranks)
@@ -128,6 +132,11 @@ func parseStepFlags(c *cli.Context) (runOpts, error) {
 	}
 	if o.timeout = c.Duration("timeout"); o.timeout <= 0 {
 		return o, usagef("--timeout %v: want a positive duration", o.timeout)
+	}
+	need := runMemory(4*o.model.Numel(), o.ranks, o.bucketView, o.compression)
+	if err := checkMemory(need, fmt.Sprintf("--ranks %d with --model %s (%s of float32 gradients per rank)",
+		o.ranks, o.modelName, fmtBytes(4*o.model.Numel()))); err != nil {
+		return o, err
 	}
 	return o, nil
 }
