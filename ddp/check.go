@@ -15,7 +15,10 @@ import (
 // case (it carries the options that shape the collective sequence as
 // well); on a parameter mismatch every rank gathers every rank's descriptors and
 // names the first parameter and rank that differ from rank 0.
-func checkParams(ctx context.Context, c comm.Communicator, params []Param, o *Options) error {
+//
+// A rank that failed to prepare its Reducer (bad is true) still takes part
+// in the AllGather, so that every other rank learns of it and fails too.
+func checkParams(ctx context.Context, c comm.Communicator, params []Param, o *Options, bad bool) error {
 	n := c.Size()
 	h := fnv.New64a()
 	maxDims := 0
@@ -43,12 +46,25 @@ func checkParams(ctx context.Context, c comm.Communicator, params []Param, o *Op
 	if o.KeepLayout {
 		keep = 1
 	}
-	const words = 8
+	failed := int64(0)
+	if bad {
+		failed = 1
+	}
+	const words = 9
 	mine := []int64{int64(len(params)), int64(h.Sum64()), int64(maxDims),
-		int64(o.FirstBucketCap), int64(o.BucketCap), keep, word(hookName[:8]), word(hookName[8:])}
+		int64(o.FirstBucketCap), int64(o.BucketCap), keep, word(hookName[:8]), word(hookName[8:]), failed}
 	all := make([]int64, words*n)
 	if err := c.AllGather(comm.Int64s(mine), comm.Int64s(all)).Wait(ctx); err != nil {
 		return fmt.Errorf("ddp: rank %d checking parameters across ranks: %w", c.Rank(), err)
+	}
+	if bad {
+		return nil // the caller returns its own error
+	}
+	for r := range n {
+		if all[words*r+8] != 0 {
+			return fmt.Errorf("%w: rank %d could not build its reducer (its own error says why: an unsupported parameter, bad options or no memory), so rank %d cannot proceed either",
+				ErrParamMismatch, r, c.Rank())
+		}
 	}
 	same := true
 	maxCount, width := 0, 0
@@ -63,7 +79,7 @@ func checkParams(ctx context.Context, c comm.Communicator, params []Param, o *Op
 	if same {
 		for r := 1; r < n; r++ {
 			a := all[words*r : words*(r+1)]
-			if !slices.Equal(a[3:], all[3:words]) {
+			if !slices.Equal(a[3:8], all[3:8]) {
 				return fmt.Errorf("%w: options differ between rank 0 and rank %d: rank 0 has hook %q, bucket caps [%d %d], KeepLayout %v; rank %d has hook %q, bucket caps [%d %d], KeepLayout %v",
 					ErrParamMismatch, r, unword(all[6], all[7]), all[3], all[4], all[5] != 0, r, unword(a[6], a[7]), a[3], a[4], a[5] != 0)
 			}

@@ -32,6 +32,9 @@ var (
 	// ErrUnsupported: a parameter's dtype is not supported (only Float32
 	// gradients are reduced today).
 	ErrUnsupported = errors.New("ddp: unsupported parameter")
+	// ErrOptions: an Options field is out of range (a negative bucket
+	// cap).
+	ErrOptions = errors.New("ddp: invalid options")
 	// ErrClosed: the Reducer was closed.
 	ErrClosed = errors.New("ddp: reducer closed")
 )

@@ -104,6 +104,60 @@ func TestNewErrors(t *testing.T) {
 	wantErr(t, err, ErrUnsupported, `"h"`, "half")
 }
 
+// TestNewLocalFailure: a rank that rejects its own parameters or options
+// still joins New's cross-rank check, so its peers fail at once with an
+// error naming it instead of waiting in the check's collective.
+func TestNewLocalFailure(t *testing.T) {
+	checkNoLeak(t)
+	tests := []struct {
+		name   string
+		params []Param
+		o      Options
+		target error
+		substr []string
+	}{
+		{"dtype", []Param{threeParams[0], {Name: "fc.weight", Shape: []int{2, 3}, DType: comm.Float16}, threeParams[2]}, Options{}, ErrUnsupported,
+			[]string{"rank 1", "parameter 1", `"fc.weight"`, "half"}},
+		{"shape", []Param{threeParams[0], threeParams[1], {Name: "fc.bias", Shape: []int{-2}}}, Options{}, ErrUnsupported,
+			[]string{"rank 1", "parameter 2", `"fc.bias"`, "[-2]"}},
+		{"no parameters", nil, Options{}, ErrUnsupported, []string{"rank 1", "no parameters"}},
+		{"caps", threeParams, Options{BucketCap: -1}, ErrOptions, []string{"rank 1", "bucket caps 1048576 (first) and -1"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cs := newTestGroup(t, 3)
+			// Generous: without the fix the peers would wait here for the
+			// context (the backend's deadline is 10 minutes).
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			errs := runRanks(cs, func(rank int, c comm.Communicator) error {
+				ps, o := threeParams, Options{}
+				if rank == 1 {
+					ps, o = tt.params, tt.o
+				}
+				r, err := New(ctx, c, ps, o)
+				if err == nil {
+					r.Close()
+				}
+				return err
+			})
+			for rank, err := range errs {
+				if err == nil {
+					t.Fatalf("rank %d: New succeeded", rank)
+				}
+				if errors.Is(err, context.DeadlineExceeded) {
+					t.Fatalf("rank %d waited for the failed rank: %v", rank, err)
+				}
+				if rank == 1 {
+					wantErr(t, err, tt.target, tt.substr...)
+					continue
+				}
+				wantErr(t, err, ErrParamMismatch, "rank 1 could not build")
+			}
+		})
+	}
+}
+
 // TestParamMismatch builds ranks with different parameters and expects
 // every rank to name the first differing parameter and rank.
 func TestParamMismatch(t *testing.T) {

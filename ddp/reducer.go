@@ -175,22 +175,18 @@ type Reducer struct {
 // it with the same parameters (count, shapes and dtypes) and options that
 // agree on the bucket caps and the hook kind. It checks the parameters
 // across ranks and fails with ErrParamMismatch naming the first parameter
-// and rank that differ.
+// and rank that differ. A rank that cannot build its Reducer (a parameter
+// it does not support, bad options, no memory) still takes part in the
+// check, so that every rank fails together instead of waiting for it.
 func New(ctx context.Context, c comm.Communicator, params []Param, o Options) (*Reducer, error) {
 	if c == nil {
 		return nil, fmt.Errorf("ddp: nil communicator")
-	}
-	if len(params) == 0 {
-		return nil, fmt.Errorf("%w: no parameters", ErrUnsupported)
 	}
 	if o.BucketCap == 0 {
 		o.BucketCap = DefaultBucketCap
 	}
 	if o.FirstBucketCap == 0 {
 		o.FirstBucketCap = DefaultFirstBucketCap
-	}
-	if o.BucketCap < 0 || o.FirstBucketCap < 0 {
-		return nil, fmt.Errorf("ddp: bucket caps %d and %d: want positive byte counts", o.FirstBucketCap, o.BucketCap)
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = DefaultTimeout
@@ -202,28 +198,55 @@ func New(ctx context.Context, c comm.Communicator, params []Param, o Options) (*
 		o.Hook = hooks.Avg()
 	}
 	r := &Reducer{c: c, o: o, hook: o.Hook, prevSync: true}
+	local := r.prepare(params)
+	if err := checkParams(ctx, c, r.params, &o, local != nil); err != nil || local != nil {
+		r.release()
+		if local != nil {
+			return nil, local
+		}
+		return nil, err
+	}
+	r.poke = make(chan struct{}, 1)
+	r.done = make(chan struct{}, 1)
+	r.quit = make(chan struct{})
+	r.exited = make(chan struct{})
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	r.timer = time.NewTimer(time.Hour)
+	r.timer.Stop()
+	go r.loop()
+	return r, nil
+}
+
+// prepare checks the parameters and options of one rank and builds its
+// initial layout. Its error is this rank's alone; New still runs the
+// cross-rank check with it, so that the peers learn of it.
+func (r *Reducer) prepare(params []Param) error {
+	o := &r.o
 	r.params = make([]Param, len(params))
 	r.tensors = make([]bucket.Tensor, len(params))
+	if len(params) == 0 {
+		return fmt.Errorf("%w: rank %d: no parameters", ErrUnsupported, r.c.Rank())
+	}
+	if o.BucketCap < 0 || o.FirstBucketCap < 0 {
+		return fmt.Errorf("%w: rank %d: bucket caps %d (first) and %d: want positive byte counts", ErrOptions, r.c.Rank(), o.FirstBucketCap, o.BucketCap)
+	}
 	total := 0
 	for i, p := range params {
 		if p.DType == 0 {
 			p.DType = comm.Float32
 		}
+		p.Shape = append([]int(nil), p.Shape...)
+		r.params[i] = p
 		if p.DType != comm.Float32 {
-			return nil, fmt.Errorf("%w: parameter %d (%q) is %s; only float gradients (float32) are reduced", ErrUnsupported, i, p.Name, p.DType)
+			return fmt.Errorf("%w: rank %d: parameter %d (%q) is %s; only float gradients (float32) are reduced", ErrUnsupported, r.c.Rank(), i, p.Name, p.DType)
 		}
 		for _, d := range p.Shape {
 			if d < 0 {
-				return nil, fmt.Errorf("%w: parameter %d (%q) has shape %v", ErrUnsupported, i, p.Name, p.Shape)
+				return fmt.Errorf("%w: rank %d: parameter %d (%q) has shape %v", ErrUnsupported, r.c.Rank(), i, p.Name, p.Shape)
 			}
 		}
-		p.Shape = append([]int(nil), p.Shape...)
-		r.params[i] = p
 		r.tensors[i] = bucket.Tensor{Numel: p.Numel(), DType: p.DType}
 		total += p.Numel() * 4
-	}
-	if err := checkParams(ctx, c, r.params, &o); err != nil {
-		return nil, err
 	}
 
 	// Initial layout: buckets over the parameters in reverse registration
@@ -234,14 +257,14 @@ func New(ctx context.Context, c comm.Communicator, params []Param, o Options) (*
 	}
 	bs, err := bucket.Assign(r.tensors, []int{o.FirstBucketCap, o.BucketCap}, rev)
 	if err != nil {
-		return nil, fmt.Errorf("ddp: assigning buckets: %w", err)
+		return fmt.Errorf("ddp: rank %d: assigning buckets: %w", r.c.Rank(), err)
 	}
 
 	r.pool = o.Pool
 	if r.pool == nil {
 		limit := max(allocator.DefaultLimit, 3*int64(total)+64<<20)
 		if r.pool, err = allocator.New(allocator.Options{Limit: limit}); err != nil {
-			return nil, fmt.Errorf("ddp: creating the pool: %w", err)
+			return fmt.Errorf("ddp: rank %d: creating the pool: %w", r.c.Rank(), err)
 		}
 		r.ownPool = true
 	}
@@ -265,20 +288,10 @@ func New(ctx context.Context, c comm.Communicator, params []Param, o Options) (*
 	r.cur, r.last = &r.statsBuf[0], &r.statsBuf[1]
 	r.last.Buckets = r.last.Buckets[:0]
 	r.last.ParamReady = r.last.ParamReady[:0]
-
 	if err := r.adopt(bs); err != nil {
-		r.release()
-		return nil, err
+		return fmt.Errorf("ddp: rank %d: %w", r.c.Rank(), err)
 	}
-	r.poke = make(chan struct{}, 1)
-	r.done = make(chan struct{}, 1)
-	r.quit = make(chan struct{})
-	r.exited = make(chan struct{})
-	r.ctx, r.cancel = context.WithCancel(context.Background())
-	r.timer = time.NewTimer(time.Hour)
-	r.timer.Stop()
-	go r.loop()
-	return r, nil
+	return nil
 }
 
 // Rank returns the rank of the Reducer's communicator.
@@ -770,7 +783,7 @@ func (r *Reducer) release() error {
 	if L := r.lay.Load(); L != nil {
 		keep(L.free(r.pool))
 	}
-	if r.ownPool {
+	if r.ownPool && r.pool != nil {
 		keep(r.pool.Close())
 	}
 	return first
