@@ -164,8 +164,7 @@ func collectiveAction(c *cli.Context) error {
 	rows, err := bench.RunCollective(c.Context, g, o.cfg, func(r bench.CollectiveRow) {
 		bar.add(1)
 		if werr == nil {
-			bar.clear()
-			werr = w.row(r)
+			bar.above(func() { werr = w.row(r) })
 		}
 	})
 	bar.stop()

@@ -449,3 +449,18 @@ func TestMemoryCheck(t *testing.T) {
 		t.Errorf("memAvailable = %d, true", avail)
 	}
 }
+
+// TestProgressAbove checks that output printed above a drawn bar comes
+// after the bar is erased, and that nothing is erased when no bar is
+// drawn.
+func TestProgressAbove(t *testing.T) {
+	var b bytes.Buffer
+	p := &progress{w: &b, label: "x", total: 3}
+	p.draw()
+	p.above(func() { b.WriteString("row\n") })
+	p.above(func() { b.WriteString("row2\n") })
+	want := "\r" + renderBar("x", 0, 3, 0, 30)
+	if got := b.String(); !strings.HasPrefix(got, "\rx [") || !strings.HasSuffix(got, "\r\033[Krow\nrow2\n") || strings.Count(got, "\033[K") != 1 {
+		t.Errorf("output %q; want the bar (%q), one erase, then the rows", got, want)
+	}
+}

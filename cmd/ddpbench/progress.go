@@ -86,6 +86,19 @@ func (p *progress) clear() {
 	}
 }
 
+// above erases the bar and runs print, which writes output that must not
+// share a line with the bar, while holding the lock that drawing takes,
+// so that no redraw lands between the erase and the output.
+func (p *progress) above(print func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.drawn {
+		fmt.Fprint(p.w, "\r\033[K")
+		p.drawn = false
+	}
+	print()
+}
+
 // stop ends the bar and erases it. It is idempotent.
 func (p *progress) stop() {
 	p.once.Do(func() { close(p.quit) })
