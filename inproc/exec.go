@@ -80,7 +80,8 @@ func split(count, sz, p, parts int) (lo, hi int) {
 func (c *Comm) reduceInto(dsts, srcs []unsafe.Pointer, dt comm.DType, op comm.Op, m int) {
 	if dt == comm.Float32 && (op == comm.Sum || op == comm.Avg) && len(srcs) == 2 && len(dsts) == 2 {
 		// The two-rank all-reduce: one pass, both outputs stored at once;
-		// Avg halves in the same pass (exactly: halving a float is exact).
+		// Avg halves in the same pass; times 0.5 rounds as the general
+		// path's Sum then Div by 2 does, so the result is the same.
 		f := func(p unsafe.Pointer) []float32 { return unsafe.Slice((*float32)(p), m) }
 		if op == comm.Sum {
 			reduce.SumFloat32Twice(f(dsts[0]), f(dsts[1]), f(srcs[0]), f(srcs[1]))

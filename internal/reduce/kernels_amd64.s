@@ -291,8 +291,9 @@ done9:
 	RET
 
 // func avgF32x2AVX2(dst0, dst1, a, b unsafe.Pointer, n int)
-// dst0[i] = dst1[i] = (a[i] + b[i]) * 0.5: the two-rank average, exact as
-// (a+b)/2 because halving is exact; the dsts may alias a or b.
+// dst0[i] = dst1[i] = (a[i] + b[i]) * 0.5: the two-rank average. Multiplying
+// by 0.5 gives the correctly rounded half, as dividing by 2 does (exact but
+// for subnormal sums, which both round alike); the dsts may alias a or b.
 TEXT ·avgF32x2AVX2(SB), NOSPLIT, $0-40
 	MOVQ dst0+0(FP), DI
 	MOVQ dst1+8(FP), R8

@@ -220,3 +220,119 @@ func TestAvgFloat32Twice(t *testing.T) {
 		}
 	}
 }
+
+// randEdgeF32 is randF32 with the values where halving and overflow bite:
+// subnormals (halving rounds), the largest finite values (a sum
+// overflows), infinities and signed zeros.
+func randEdgeF32(r *rand.Rand, n int) []float32 {
+	s := randF32(r, n)
+	for i := range s {
+		switch r.IntN(8) {
+		case 0:
+			s[i] = math.Float32frombits(r.Uint32() & 0x807fffff) // subnormal or zero
+		case 1:
+			s[i] = float32(math.Copysign(math.MaxFloat32, float64(r.IntN(2)*2-1)))
+		case 2:
+			s[i] = float32(math.Inf(r.IntN(2)*2 - 1))
+		case 3:
+			s[i] = math.Float32frombits(r.Uint32()) // anything, NaNs included
+		}
+	}
+	return s
+}
+
+// TestTwiceKernels checks SumFloat32Twice and AvgFloat32Twice against Sum
+// (and Sum then Div by 2) bit for bit, for every length across the vector
+// block and the scalar tail, at unaligned starts, with the destinations
+// separate from the inputs, in place, swapped, and one of them aliased.
+func TestTwiceKernels(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 10))
+	kernels := []struct {
+		name string
+		fast func(dst0, dst1, a, b []float32)
+		avg  bool
+	}{{"SumFloat32Twice", SumFloat32Twice, false}, {"AvgFloat32Twice", AvgFloat32Twice, true}}
+	aliases := []string{"separate", "in place", "swapped", "dst0=a", "dst1=b", "dst0=b dst1=a"}
+	for _, k := range kernels {
+		for n := 0; n < 140; n++ {
+			for off := range 3 {
+				a, b := randEdgeF32(r, n+off)[off:], randEdgeF32(r, n+off)[off:]
+				want := make([]float32, n)
+				Sum(want, a, b)
+				if k.avg {
+					Div(want, 2)
+				}
+				for _, alias := range aliases {
+					aa, bb := append([]float32(nil), a...), append([]float32(nil), b...)
+					d0, d1 := make([]float32, n+off)[off:], make([]float32, n+off)[off:]
+					switch alias {
+					case "in place":
+						d0, d1 = aa, bb
+					case "swapped":
+						d0, d1 = bb, aa
+					case "dst0=a":
+						d0 = aa
+					case "dst1=b":
+						d1 = bb
+					case "dst0=b dst1=a":
+						d0, d1 = bb, aa
+					}
+					k.fast(d0, d1, aa, bb)
+					for i := range want {
+						if !sameF32(d0[i], want[i]) || !sameF32(d1[i], want[i]) {
+							t.Fatalf("%s n=%d offset %d %s: [%d] = %v, %v; want %v (a=%v b=%v)", k.name, n, off, alias, i, d0[i], d1[i], want[i], a[i], b[i])
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestTwiceKernelsLong writes past no end: the destinations are the
+// prefixes of longer slices whose tails must stay untouched.
+func TestTwiceKernelsLong(t *testing.T) {
+	for _, k := range []func(dst0, dst1, a, b []float32){SumFloat32Twice, AvgFloat32Twice} {
+		for _, n := range []int{0, 1, 31, 32, 33, 4099} {
+			a, b := make([]float32, n), make([]float32, n)
+			for i := range a {
+				a[i], b[i] = float32(i), 1
+			}
+			d0, d1 := make([]float32, n+40), make([]float32, n+40)
+			for i := n; i < n+40; i++ {
+				d0[i], d1[i] = -7, -7
+			}
+			k(d0[:n], d1[:n], a, b)
+			for i := n; i < n+40; i++ {
+				if d0[i] != -7 || d1[i] != -7 {
+					t.Fatalf("n=%d: element %d past the end was written", n, i)
+				}
+			}
+		}
+	}
+}
+
+func FuzzTwiceKernels(f *testing.F) {
+	f.Add([]byte{1, 2, 3, 4, 5, 6, 7, 8}, false)
+	f.Fuzz(func(t *testing.T, raw []byte, avg bool) {
+		n := len(raw) / 8
+		a, b := make([]float32, n), make([]float32, n)
+		for i := range n {
+			a[i] = math.Float32frombits(uint32(raw[8*i]) | uint32(raw[8*i+1])<<8 | uint32(raw[8*i+2])<<16 | uint32(raw[8*i+3])<<24)
+			b[i] = math.Float32frombits(uint32(raw[8*i+4]) | uint32(raw[8*i+5])<<8 | uint32(raw[8*i+6])<<16 | uint32(raw[8*i+7])<<24)
+		}
+		want := make([]float32, n)
+		Sum(want, a, b)
+		k := SumFloat32Twice
+		if avg {
+			Div(want, 2)
+			k = AvgFloat32Twice
+		}
+		k(a, b, a, b)
+		for i := range want {
+			if !sameF32(a[i], want[i]) || !sameF32(b[i], want[i]) {
+				t.Fatalf("avg %v [%d]: %v, %v; want %v", avg, i, a[i], b[i], want[i])
+			}
+		}
+	})
+}
