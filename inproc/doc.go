@@ -30,7 +30,19 @@
 // first, so no buffer is written after its Work has completed.
 //
 // A rank may have at most 256 operations issued and not yet completed;
-// issuing one more waits until the oldest completes.
+// issuing one more waits until the oldest completes. A Work may be waited
+// for again long after it completed: once its slot in the ring has been
+// reused, a rank still knows which operations failed (every one once the
+// group has failed; before that, the last 2048 or more failures, and an
+// operation older than those is reported as no longer known), so a failure
+// is never reported as a success.
+//
+// Mismatches are detected between collectives (every rank's call at the
+// same collective number) and between the two ends of a message. Ranks
+// whose collectives and messages interleave differently, or a rank that
+// issues fewer collectives than the others, are not a mismatch the group
+// can see: the ranks left waiting report the stall and fail at the
+// timeout.
 //
 // Send and Recv are rendezvous operations: the sender's worker waits until
 // the receiver has copied the message. Programs that exchange messages in
