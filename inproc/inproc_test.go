@@ -98,31 +98,77 @@ func TestAllocs(t *testing.T) {
 }
 
 // TestCloseLeavesNoGoroutine checks that Close stops every worker and is
-// idempotent.
+// idempotent: after completed work, with a collective and a message
+// pending (their workers parked), after a timeout aborted the group, and
+// with ranks closed from several goroutines at once.
 func TestCloseLeavesNoGoroutine(t *testing.T) {
-	before := runtime.NumGoroutine()
-	cs, err := NewGroup(4)
-	if err != nil {
-		t.Fatal(err)
+	cases := []struct {
+		name string
+		o    Options
+		run  func(t *testing.T, cs []*Comm) []comm.Work
+	}{
+		{"completed", Options{}, func(t *testing.T, cs []*Comm) []comm.Work {
+			ws := make([]comm.Work, len(cs))
+			for r, c := range cs {
+				ws[r] = c.AllReduce(comm.Float32s(make([]float32, 100)), comm.Sum)
+			}
+			for r, err := range waitAll(t, ws) {
+				if err != nil {
+					t.Fatalf("rank %d: %v", r, err)
+				}
+			}
+			return nil
+		}},
+		{"pending", Options{}, func(t *testing.T, cs []*Comm) []comm.Work {
+			ws := []comm.Work{
+				cs[0].AllReduce(comm.Float32s(make([]float32, 100<<10)), comm.Sum),
+				cs[1].AllReduce(comm.Float32s(make([]float32, 100<<10)), comm.Sum),
+				cs[3].Send(comm.Float32s(make([]float32, 4)), 2),
+			}
+			for !cs[0].parked.Load() || !cs[3].parked.Load() {
+				runtime.Gosched()
+			}
+			return ws
+		}},
+		{"timed out", Options{Timeout: time.Millisecond}, func(t *testing.T, cs []*Comm) []comm.Work {
+			w := cs[2].Barrier()
+			if err := waitAll(t, []comm.Work{w})[0]; !errors.Is(err, comm.ErrTimeout) {
+				t.Fatalf("%v, want ErrTimeout", err)
+			}
+			return nil
+		}},
 	}
-	ws := make([]comm.Work, 4)
-	for r, c := range cs {
-		ws[r] = c.AllReduce(comm.Float32s(make([]float32, 100)), comm.Sum)
-	}
-	waitAll(t, ws)
-	for _, c := range cs {
-		if err := c.Close(); err != nil {
-			t.Fatal(err)
-		}
-		if err := c.Close(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for i := 0; runtime.NumGoroutine() > before; i++ {
-		if i == 1000 {
-			t.Fatalf("%d goroutines after Close, %d before NewGroup", runtime.NumGoroutine(), before)
-		}
-		time.Sleep(time.Millisecond)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			before := runtime.NumGoroutine()
+			cs, err := NewGroupWith(4, tc.o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pending := tc.run(t, cs)
+			var wg sync.WaitGroup
+			for _, c := range cs {
+				wg.Go(func() {
+					for range 2 {
+						if err := c.Close(); err != nil {
+							t.Error(err)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			for i, err := range waitAll(t, pending) {
+				if !errors.Is(err, comm.ErrClosed) {
+					t.Errorf("operation %d pending at Close: %v, want ErrClosed", i, err)
+				}
+			}
+			for i := 0; runtime.NumGoroutine() > before; i++ {
+				if i == 1000 {
+					t.Fatalf("%d goroutines after Close, %d before NewGroup", runtime.NumGoroutine(), before)
+				}
+				time.Sleep(time.Millisecond)
+			}
+		})
 	}
 }
 
