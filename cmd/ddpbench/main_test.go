@@ -6,11 +6,13 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/urfave/cli/v2"
@@ -462,5 +464,15 @@ func TestProgressAbove(t *testing.T) {
 	want := "\r" + renderBar("x", 0, 3, 0, 30)
 	if got := b.String(); !strings.HasPrefix(got, "\rx [") || !strings.HasSuffix(got, "\r\033[Krow\nrow2\n") || strings.Count(got, "\033[K") != 1 {
 		t.Errorf("output %q; want the bar (%q), one erase, then the rows", got, want)
+	}
+}
+
+// TestProgressDrawAllocs checks that redrawing the bar allocates nothing:
+// it runs during the measured steps, whose allocations are reported.
+func TestProgressDrawAllocs(t *testing.T) {
+	p := &progress{w: io.Discard, label: "run", total: 1000, start: time.Now()}
+	p.draw()
+	if a := testing.AllocsPerRun(100, func() { p.add(1); p.draw() }); a != 0 {
+		t.Errorf("draw allocates %v times, want 0", a)
 	}
 }

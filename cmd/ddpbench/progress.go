@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,6 +26,7 @@ type progress struct {
 	once   sync.Once
 	mu     sync.Mutex // serializes drawing and clearing
 	drawn  bool
+	buf    []byte // the line being drawn, reused: drawing allocates nothing
 }
 
 // progressDelay is how long a run goes before the bar appears.
@@ -68,10 +69,15 @@ func (p *progress) loop() {
 // add counts n more units done.
 func (p *progress) add(n int) { p.done.Add(int64(n)) }
 
+// draw redraws the bar. It allocates nothing once its buffer has grown,
+// because it runs during the measured steps, whose allocations ddpbench
+// counts for the whole process.
 func (p *progress) draw() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	fmt.Fprint(p.w, "\r"+renderBar(p.label, int(p.done.Load()), p.total, time.Since(p.start), 30))
+	p.buf = append(p.buf[:0], '\r')
+	p.buf = appendBar(p.buf, p.label, int(p.done.Load()), p.total, time.Since(p.start), 30)
+	p.w.Write(p.buf)
 	p.drawn = true
 }
 
@@ -108,14 +114,34 @@ func (p *progress) stop() {
 
 // renderBar returns the text of a bar width characters wide.
 func renderBar(label string, done, total int, elapsed time.Duration, width int) string {
+	return string(appendBar(nil, label, done, total, elapsed, width))
+}
+
+// appendBar appends the text of a bar width characters wide to dst:
+// "label [=====>    ] 12/40 3.1s".
+func appendBar(dst []byte, label string, done, total int, elapsed time.Duration, width int) []byte {
 	done = min(max(done, 0), total)
 	fill := 0
 	if total > 0 {
 		fill = done * width / total
 	}
-	bar := strings.Repeat("=", fill)
-	if fill < width {
-		bar += ">" + strings.Repeat(" ", width-fill-1)
+	dst = append(dst, label...)
+	dst = append(dst, " ["...)
+	for i := range width {
+		switch {
+		case i < fill:
+			dst = append(dst, '=')
+		case i == fill:
+			dst = append(dst, '>')
+		default:
+			dst = append(dst, ' ')
+		}
 	}
-	return fmt.Sprintf("%s [%s] %d/%d %.1fs", label, bar, done, total, elapsed.Seconds())
+	dst = append(dst, "] "...)
+	dst = strconv.AppendInt(dst, int64(done), 10)
+	dst = append(dst, '/')
+	dst = strconv.AppendInt(dst, int64(total), 10)
+	dst = append(dst, ' ')
+	dst = strconv.AppendFloat(dst, elapsed.Seconds(), 'f', 1, 64)
+	return append(dst, 's')
 }
