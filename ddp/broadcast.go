@@ -12,8 +12,10 @@ import (
 // have parameter i's element count on every rank. It is collective and
 // must not run during a synced step. The values travel bucket by bucket
 // through a scratch block from the pool, so the collectives see pool
-// memory only.
-func (r *Reducer) BroadcastParameters(ctx context.Context, values [][]float32) error {
+// memory only. It honours ctx and Options.Timeout. Any failure, including
+// values of the wrong size (which leave this rank out of collectives its
+// peers are waiting in), aborts the group and is sticky, as in Wait.
+func (r *Reducer) BroadcastParameters(parent context.Context, values [][]float32) error {
 	if err := r.usable(); err != nil {
 		return err
 	}
@@ -21,13 +23,15 @@ func (r *Reducer) BroadcastParameters(ctx context.Context, values [][]float32) e
 		return fmt.Errorf("%w: BroadcastParameters during synced step %d", ErrStepInProgress, r.stepNo)
 	}
 	if len(values) != len(r.params) {
-		return fmt.Errorf("%w: BroadcastParameters: %d value slices for %d parameters", ErrGradSize, len(values), len(r.params))
+		return r.fail(fmt.Errorf("%w: rank %d: BroadcastParameters: %d value slices for %d parameters", ErrGradSize, r.c.Rank(), len(values), len(r.params)))
 	}
 	for i, v := range values {
 		if n := r.tensors[i].Numel; len(v) != n {
-			return fmt.Errorf("%w: BroadcastParameters: parameter %d (%q) has %d elements, got %d", ErrGradSize, i, r.params[i].Name, n, len(v))
+			return r.fail(fmt.Errorf("%w: rank %d: BroadcastParameters: parameter %d (%q) has %d elements, got %d", ErrGradSize, r.c.Rank(), i, r.params[i].Name, n, len(v)))
 		}
 	}
+	ctx, cancel, explain := bounded(parent, r.o.Timeout)
+	defer cancel()
 	L := r.lay.Load()
 	largest := 4
 	for _, b := range L.buckets {
@@ -50,7 +54,7 @@ func (r *Reducer) BroadcastParameters(ctx context.Context, values [][]float32) e
 				copy(buf[b.Offsets[j]/4:], values[p])
 			}
 		}
-		if err := r.c.Broadcast(comm.HostBuffer(blk.Addr(), n, comm.Float32), 0).Wait(ctx); err != nil {
+		if err := explain(r.c.Broadcast(comm.HostBuffer(blk.Addr(), n, comm.Float32), 0).Wait(ctx)); err != nil {
 			return r.fail(fmt.Errorf("ddp: rank %d broadcasting parameters of bucket %d (%s): %w", r.c.Rank(), k, L.describe(k, r.params), err))
 		}
 		if !root {

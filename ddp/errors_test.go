@@ -427,11 +427,79 @@ func TestBroadcastParameters(t *testing.T) {
 		if err := r.BroadcastParameters(context.Background(), bad); !errors.Is(err, ErrGradSize) || !strings.Contains(err.Error(), `"fc.bias"`) {
 			return fmt.Errorf("short value slice: %v, want ErrGradSize naming fc.bias", err)
 		}
+		if err := r.Begin(true); !errors.Is(err, ErrGradSize) {
+			return fmt.Errorf("Begin after a failed BroadcastParameters: %v, want the sticky error", err)
+		}
 		return nil
 	})
 	if err := firstErr(errs); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestBroadcastParametersOneBadRank: a rank whose values have the wrong
+// size fails at once and aborts the group, so its peers, waiting in the
+// broadcast it never joins, fail too instead of hanging.
+func TestBroadcastParametersOneBadRank(t *testing.T) {
+	checkNoLeak(t)
+	cs := newTestGroup(t, 3)
+	errs := withReducers(t, cs, threeParams, func() Options { return Options{} }, func(rank int, r *Reducer) error {
+		vals := make([][]float32, len(threeParams))
+		for i, p := range threeParams {
+			vals[i] = make([]float32, p.Numel())
+		}
+		if rank == 1 {
+			vals[2] = vals[2][:1]
+		}
+		// Generous: without the abort the peers would wait for this.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		err := r.BroadcastParameters(ctx, vals)
+		switch {
+		case rank == 1 && (!errors.Is(err, ErrGradSize) || !strings.Contains(err.Error(), `rank 1: BroadcastParameters: parameter 2 ("fc.bias") has 2 elements, got 1`)):
+			return fmt.Errorf("BroadcastParameters with a short slice: %v", err)
+		case rank != 1 && !errors.Is(err, comm.ErrAborted):
+			return fmt.Errorf("BroadcastParameters while rank 1 failed: %v, want the group aborted", err)
+		case r.Err() == nil:
+			return fmt.Errorf("the failure is not sticky")
+		}
+		return nil
+	})
+	if err := firstErr(errs); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRebuildTimeout: the broadcasts of the rebuild (inside the first synced
+// step's Wait) are bounded by Options.Timeout like the step's own
+// collectives; in fake time.
+func TestRebuildTimeout(t *testing.T) {
+	checkNoLeak(t)
+	synctest.Test(t, func(t *testing.T) {
+		g, cs := newFakeGroup(2)
+		g.hangSeq = 3 // 1: New's check, 2: the only bucket, 3: the rebuild's first broadcast
+		errs := withReducers(t, cs, threeParams, func() Options { return Options{Timeout: time.Second} }, func(rank int, r *Reducer) error {
+			if err := r.Begin(true); err != nil {
+				return err
+			}
+			for i := range threeParams {
+				if err := r.Ready(i); err != nil {
+					return err
+				}
+			}
+			err := r.Wait(context.Background())
+			if !errors.Is(err, comm.ErrTimeout) && !errors.Is(err, comm.ErrAborted) {
+				return fmt.Errorf("Wait: %v, want a timeout (or the peer's abort)", err)
+			}
+			if errors.Is(err, comm.ErrTimeout) && !strings.Contains(err.Error(), "rebuilt layout") {
+				return fmt.Errorf("timeout error does not say what timed out: %v", err)
+			}
+			return nil
+		})
+		if err := firstErr(errs); err != nil {
+			t.Fatal(err)
+		}
+	})
 }
 
 // TestStats checks the step statistics for consistency.

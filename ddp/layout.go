@@ -142,7 +142,9 @@ func (L *layout) describe(k int, params []Param) string {
 // bucket is reduced, so the collectives it issues are in the same place of
 // every rank's sequence. The memory swap waits for the next Begin, so
 // gradient slices handed out in this step stay valid until then.
-func (r *Reducer) rebuild(ctx context.Context) error {
+func (r *Reducer) rebuild(parent context.Context) error {
+	ctx, cancel, explain := bounded(parent, r.o.Timeout)
+	defer cancel()
 	n := len(r.params)
 	var enc []int64
 	size := []int64{0}
@@ -161,7 +163,7 @@ func (r *Reducer) rebuild(ctx context.Context) error {
 			size[0] = int64(len(enc))
 		}
 	}
-	if err := r.c.Broadcast(comm.Int64s(size), 0).Wait(ctx); err != nil {
+	if err := explain(r.c.Broadcast(comm.Int64s(size), 0).Wait(ctx)); err != nil {
 		return fmt.Errorf("ddp: rank %d broadcasting the rebuilt layout's size: %w", r.c.Rank(), err)
 	}
 	if buildErr != nil {
@@ -173,7 +175,7 @@ func (r *Reducer) rebuild(ctx context.Context) error {
 	if enc == nil {
 		enc = make([]int64, size[0])
 	}
-	if err := r.c.Broadcast(comm.Int64s(enc), 0).Wait(ctx); err != nil {
+	if err := explain(r.c.Broadcast(comm.Int64s(enc), 0).Wait(ctx)); err != nil {
 		return fmt.Errorf("ddp: rank %d broadcasting the rebuilt layout: %w", r.c.Rank(), err)
 	}
 	bs, err := bucket.Decode(r.tensors, enc)

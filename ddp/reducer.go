@@ -2,6 +2,7 @@ package ddp
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"strings"
@@ -199,7 +200,10 @@ func New(ctx context.Context, c comm.Communicator, params []Param, o Options) (*
 	}
 	r := &Reducer{c: c, o: o, hook: o.Hook, prevSync: true}
 	local := r.prepare(params)
-	if err := checkParams(ctx, c, r.params, &o, local != nil); err != nil || local != nil {
+	cctx, cancel, explain := bounded(ctx, o.Timeout)
+	err := explain(checkParams(cctx, c, r.params, &o, local != nil))
+	cancel()
+	if err != nil || local != nil {
 		r.release()
 		if local != nil {
 			return nil, local
@@ -741,6 +745,21 @@ func (r *Reducer) Err() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.err
+}
+
+// bounded returns parent limited to Options.Timeout, for the collectives
+// the Reducer waits for outside Wait's own loop (New's check, the
+// rebuild, BroadcastParameters), and a function that marks an expiry of
+// that limit (not of parent) as comm.ErrTimeout.
+func bounded(parent context.Context, d time.Duration) (context.Context, context.CancelFunc, func(error) error) {
+	ctx, cancel := context.WithTimeout(parent, d)
+	explain := func(err error) error {
+		if err != nil && parent.Err() == nil && ctx.Err() != nil && errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("%w after Options.Timeout %v: %w", comm.ErrTimeout, d, err)
+		}
+		return err
+	}
+	return ctx, cancel, explain
 }
 
 func (r *Reducer) usable() error {
