@@ -106,7 +106,7 @@ type CollectiveConfig struct {
 // Timing is one placement (out-of-place or in-place) of one size.
 type Timing struct {
 	Valid   bool          // false: the placement does not exist for this collective
-	Time    time.Duration // per iteration, slowest rank
+	Time    time.Duration // per iteration, averaged over ranks (nccl-tests' default, -a 1)
 	AlgBW   float64       // GB/s
 	BusBW   float64       // GB/s
 	Wrong   int64         // wrong elements summed over ranks (when checked)
@@ -205,7 +205,8 @@ var corruptHook func(rank int, inPlace bool, out comm.Buffer)
 // row, if not nil, as each size completes. Every rank issues the same
 // sequence. Each iteration is issued and waited before the next (a CPU
 // backend has no stream to queue work on); a placement's time is the
-// timed loop divided by Iters, of the slowest rank.
+// timed loop divided by Iters, averaged over the ranks as nccl-tests
+// does by default.
 func RunCollective(ctx context.Context, comms []comm.Communicator, cfg CollectiveConfig, row func(CollectiveRow)) ([]CollectiveRow, error) {
 	n := len(comms)
 	if err := cfg.validate(n); err != nil {
@@ -379,21 +380,27 @@ func runPlacement(ctx context.Context, comms []comm.Communicator, ranks []*rankB
 		}()
 	}
 	wg.Wait()
+	return combine(ranks, cfg, int64(count*cfg.DType.Size()))
+}
+
+// combine makes one placement's Timing from every rank's: the time is the
+// mean over ranks (nccl-tests' default, -a 1), wrong elements are summed,
+// and the bandwidths are those of bytes in that time.
+func combine(ranks []*rankBufs, cfg *CollectiveConfig, bytes int64) (Timing, error) {
 	t := Timing{Valid: true, Checked: cfg.Check}
-	var errs []error
-	for _, b := range ranks {
-		if b.err != nil {
-			errs = append(errs, b.err)
-		}
-		t.Time = max(t.Time, b.elapsed)
+	var sum time.Duration
+	errs := make([]error, len(ranks))
+	for i, b := range ranks {
+		errs[i] = b.err
+		sum += b.elapsed
 		t.Wrong += b.wrong
 	}
-	if len(errs) > 0 {
-		return t, errs[0]
+	if err := firstErr(errs); err != nil {
+		return t, err // the root cause rather than the aborts it caused
 	}
-	bytes := int64(count * cfg.DType.Size())
+	t.Time = sum / time.Duration(len(ranks))
 	t.AlgBW = comm.AlgBW(bytes, t.Time)
-	t.BusBW = comm.BusBW(cfg.Op.Kind(), len(comms), bytes, t.Time)
+	t.BusBW = comm.BusBW(cfg.Op.Kind(), len(ranks), bytes, t.Time)
 	return t, nil
 }
 

@@ -185,3 +185,32 @@ func TestParseCollective(t *testing.T) {
 		t.Errorf("alltoall: %v", err)
 	}
 }
+
+// TestCombine checks how one placement's ranks make its row: the mean
+// time over ranks (nccl-tests' default), summed wrong elements, and the
+// bus bandwidth factor of the collective.
+func TestCombine(t *testing.T) {
+	ranks := []*rankBufs{{elapsed: 10 * time.Microsecond, wrong: 1}, {elapsed: 30 * time.Microsecond, wrong: 2},
+		{elapsed: 20 * time.Microsecond}, {elapsed: 20 * time.Microsecond}}
+	for _, tt := range []struct {
+		op     Collective
+		factor float64
+	}{{AllReduce, 1.5}, {AllGather, 0.75}, {ReduceScatter, 0.75}, {Broadcast, 1}, {Reduce, 1}, {SendRecv, 1}} {
+		cfg := &CollectiveConfig{Op: tt.op, Check: true}
+		got, err := combine(ranks, cfg, 40000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Time != 20*time.Microsecond || got.Wrong != 3 || !got.Valid || !got.Checked {
+			t.Errorf("%s: %+v, want 20µs and 3 wrong", tt.op, got)
+		}
+		if math.Abs(got.AlgBW-2) > 1e-12 || math.Abs(got.BusBW-2*tt.factor) > 1e-12 {
+			t.Errorf("%s: algbw %g busbw %g, want 2 and %g GB/s", tt.op, got.AlgBW, got.BusBW, 2*tt.factor)
+		}
+	}
+	failed := errors.New("rank failed")
+	aborted := fmt.Errorf("rank 0: %w", comm.ErrAborted)
+	if _, err := combine([]*rankBufs{{err: aborted}, {err: failed}}, &CollectiveConfig{Op: AllReduce}, 8); err != failed {
+		t.Errorf("combine with a failed rank: %v, want the failure, not the abort it caused", err)
+	}
+}

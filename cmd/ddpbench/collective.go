@@ -17,7 +17,7 @@ func collectiveCommand() *cli.Command {
 		Name:  "collective",
 		Usage: "nccl-tests style sweep of one collective over message sizes",
 		Description: "Columns and footer follow nccl-tests (all_reduce_perf and friends): size and count\n" +
-			"of the larger buffer, out-of-place and in-place time per iteration (slowest rank),\n" +
+			"of the larger buffer, out-of-place and in-place time per iteration (mean over ranks),\n" +
 			"algbw = size/time, busbw = algbw x the collective's factor, #wrong = elements that\n" +
 			"differ from the exact result (with -c 1). all_reduce and broadcast are in place in\n" +
 			"ddpgo's contract: their out-of-place column times a copy into the result buffer\n" +
