@@ -118,7 +118,7 @@ type CollectiveRow struct {
 	Bytes      int64 // nccl-tests' size: the larger of the send and receive buffers
 	Count      int   // elements in that buffer
 	DType      comm.DType
-	RedOp      string // "sum", ... or "none"
+	RedOp      string // "sum", ... or "none" (as nccl-tests prints it)
 	Root       int    // -1 when the collective has no root
 	OutOfPlace Timing
 	InPlace    Timing
@@ -226,7 +226,9 @@ func RunCollective(ctx context.Context, comms []comm.Communicator, cfg Collectiv
 			continue
 		}
 		res := CollectiveRow{Bytes: int64(count * es), Count: count, DType: cfg.DType, RedOp: "none", Root: -1}
-		if cfg.Op.Reduces() {
+		// sendrecv_perf prints the -o operation though nothing is reduced;
+		// the other collectives without a reduction print "none".
+		if cfg.Op.Reduces() || cfg.Op == SendRecv {
 			res.RedOp = cfg.RedOp.String()
 		}
 		if cfg.Op.Rooted() {

@@ -214,3 +214,25 @@ func TestCombine(t *testing.T) {
 		t.Errorf("combine with a failed rank: %v, want the failure, not the abort it caused", err)
 	}
 }
+
+// TestRowRedOpAndRoot checks the redop and root columns of each
+// collective against what nccl-tests' binaries print.
+func TestRowRedOpAndRoot(t *testing.T) {
+	g := group(t, 2)
+	want := map[Collective]struct {
+		redop string
+		root  int
+	}{AllReduce: {"max", -1}, Broadcast: {"none", 1}, Reduce: {"max", 1}, AllGather: {"none", -1},
+		ReduceScatter: {"max", -1}, SendRecv: {"max", -1}}
+	for _, op := range Collectives {
+		cfg := small(op, comm.Float32, comm.Max)
+		cfg.MaxBytes, cfg.Root = cfg.MinBytes, 1
+		rows, err := RunCollective(context.Background(), g, cfg, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rows) != 1 || rows[0].RedOp != want[op].redop || rows[0].Root != want[op].root {
+			t.Errorf("%s: rows %+v, want redop %q root %d", op, rows, want[op].redop, want[op].root)
+		}
+	}
+}
