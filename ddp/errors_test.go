@@ -593,3 +593,89 @@ func TestOptionsMismatch(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseMidStep closes rank 1's Reducer while its step is in flight: its
+// bucket is on the wire, waiting for rank 0, which has not begun. Close
+// returns (the communication goroutine is stopped, not left waiting), and
+// rank 0's step then fails with the abort instead of waiting for rank 1.
+// A Wait blocked on another goroutine of rank 1 returns when Close runs.
+func TestCloseMidStep(t *testing.T) {
+	checkNoLeak(t)
+	cs := newTestGroup(t, 2)
+	closed := make(chan struct{})
+	errs := runRanks(cs, func(rank int, c comm.Communicator) error {
+		ctx := context.Background()
+		r, err := New(ctx, c, threeParams, Options{})
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		if rank == 1 {
+			if err := r.Begin(true); err != nil {
+				return err
+			}
+			for i := range threeParams {
+				if err := r.Ready(i); err != nil {
+					return err
+				}
+			}
+			waited := make(chan error, 1)
+			go func() { waited <- r.Wait(ctx) }()
+			if err := r.Close(); err != nil {
+				return fmt.Errorf("Close during a step: %v", err)
+			}
+			close(closed)
+			if err := <-waited; !errors.Is(err, ErrClosed) {
+				return fmt.Errorf("Wait ended by Close: %v, want ErrClosed", err)
+			}
+			return nil
+		}
+		<-closed
+		if err := r.Begin(true); err != nil {
+			return err
+		}
+		for i := range threeParams {
+			if err := r.Ready(i); err != nil {
+				return err
+			}
+		}
+		err = r.Wait(ctx)
+		if !errors.Is(err, comm.ErrAborted) || !strings.Contains(err.Error(), "rank 1 closed during step 1") {
+			return fmt.Errorf("Wait after the peer closed mid-step: %v, want the abort naming rank 1", err)
+		}
+		return nil
+	})
+	if err := firstErr(errs); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestWaitCancelledAfterDone: a step whose buckets are all reduced stands
+// even if Wait's context is already cancelled: Wait returns nil instead of
+// failing (and aborting the group) over a race it has no reason to lose.
+func TestWaitCancelledAfterDone(t *testing.T) {
+	checkNoLeak(t)
+	synctest.Test(t, func(t *testing.T) {
+		r, err := New(context.Background(), soloComm{}, threeParams, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		cancelled, cancel := context.WithCancel(context.Background())
+		cancel()
+		for step := range 20 {
+			if err := r.Begin(true); err != nil {
+				t.Fatal(err)
+			}
+			for i := range threeParams {
+				if err := r.Ready(i); err != nil {
+					t.Fatal(err)
+				}
+			}
+			synctest.Wait() // the communication goroutine has reduced every bucket
+			if err := r.Wait(cancelled); err != nil {
+				t.Fatalf("step %d: Wait with a cancelled context after the step finished: %v", step, err)
+			}
+		}
+	})
+}

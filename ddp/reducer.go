@@ -595,12 +595,22 @@ func (r *Reducer) waitDone(ctx context.Context, L *layout) error {
 			return nil
 		case <-ctx.Done():
 			r.timer.Stop()
+			select {
+			case <-r.done: // the step finished as ctx ended: it stands
+				return nil
+			default:
+			}
 			k := int(r.reduced.Load())
 			return r.fail(fmt.Errorf("ddp: rank %d step %d: waiting for bucket %d of %d: %w", r.c.Rank(), r.stepNo, k, len(L.buckets), ctx.Err()))
 		case <-r.timer.C:
 			waited = time.Since(began)
 			k := int(r.reduced.Load())
 			if waited >= r.o.Timeout {
+				select {
+				case <-r.done:
+					return nil
+				default:
+				}
 				return r.fail(fmt.Errorf("%w: ddp: rank %d step %d: bucket %d of %d (%s) not reduced after %v",
 					comm.ErrTimeout, r.c.Rank(), r.stepNo, k, len(L.buckets), L.describe(k, r.params), r.o.Timeout))
 			}
