@@ -193,8 +193,33 @@ func decodeError(file string, data []byte, err error) error {
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		return fmt.Errorf("%w: %s: truncated JSON", ErrInvalid, file)
 	}
-	// Unknown fields come back as `json: unknown field "x"`.
-	return fmt.Errorf("%w: %s: %v", ErrInvalid, file, strings.TrimPrefix(err.Error(), "json: "))
+	// Unknown fields come back as `json: unknown field "x"`, without an
+	// offset: point at the first key of that name.
+	msg := strings.TrimPrefix(err.Error(), "json: ")
+	if name, ok := strings.CutPrefix(msg, "unknown field "); ok {
+		if off := keyOffset(data, name); off >= 0 {
+			line, col := position(data, int64(off))
+			return fmt.Errorf("%w: %s:%d:%d: %s", ErrInvalid, file, line, col, msg)
+		}
+	}
+	return fmt.Errorf("%w: %s: %v", ErrInvalid, file, msg)
+}
+
+// keyOffset returns the offset of the first object key spelt quoted (a
+// JSON string literal, quotes included) in data, or -1.
+func keyOffset(data []byte, quoted string) int {
+	for from := 0; ; {
+		i := bytes.Index(data[from:], []byte(quoted))
+		if i < 0 {
+			return -1
+		}
+		i += from
+		rest := bytes.TrimLeft(data[i+len(quoted):], " \t\r\n")
+		if len(rest) > 0 && rest[0] == ':' {
+			return i
+		}
+		from = i + 1
+	}
 }
 
 // position converts a byte offset into a 1-based line and column.
