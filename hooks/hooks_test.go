@@ -357,3 +357,55 @@ func TestScale(t *testing.T) {
 		}
 	}
 }
+
+// TestAvgMatchesAllReduce checks Avg's documented relation to AllReduce:
+// for a group size that is a power of two, and values far from float32's
+// subnormals and overflow, the two give the same bits on every rank; for
+// other sizes they stay within one rounding of each other per element
+// (plus the summation's roundings, bounded by TestAccuracy).
+func TestAvgMatchesAllReduce(t *testing.T) {
+	const m = 4099
+	for n := 1; n <= 4; n++ {
+		t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(n), 23))
+			in := randomGrads(rng, n, m)
+			res := map[string][][]float32{}
+			for _, k := range kinds[:2] { // allreduce, avg
+				out := make([][]float32, n)
+				group(t, n, k, []int{m}, func(rank int, c comm.Communicator, h Hook, pool *allocator.Pool) error {
+					blk, err := pool.Get(m * 4)
+					if err != nil {
+						return err
+					}
+					defer pool.Put(blk)
+					buf := blk.Float32s()[:m]
+					copy(buf, in[rank])
+					if err := h.Reduce(context.Background(), c, &Bucket{Buf: comm.Float32s(buf)}); err != nil {
+						return err
+					}
+					out[rank] = append([]float32(nil), buf...)
+					return nil
+				})
+				res[k.name] = out
+			}
+			for r := range n {
+				for i := range m {
+					a, b := res["allreduce"][r][i], res["avg"][r][i]
+					if n&(n-1) == 0 {
+						if math.Float32bits(a) != math.Float32bits(b) {
+							t.Fatalf("rank %d elem %d: allreduce %g, avg %g: want the same bits for n=%d", r, i, a, b, n)
+						}
+						continue
+					}
+					var S float64
+					for q := range n {
+						S += math.Abs(float64(in[q][i])) / float64(n)
+					}
+					if d := math.Abs(float64(a) - float64(b)); d > 2*bound(kinds[0], n, S) {
+						t.Fatalf("rank %d elem %d: allreduce %g, avg %g differ by %g", r, i, a, b, d)
+					}
+				}
+			}
+		})
+	}
+}
