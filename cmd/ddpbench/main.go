@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"strings"
 
 	"github.com/urfave/cli/v2"
@@ -27,14 +28,45 @@ func main() {
 // error is reported as one line on stderr.
 func runMain(args []string, stdout, stderr io.Writer) int {
 	if err := newApp(stdout, stderr).Run(args); err != nil {
-		fmt.Fprintf(stderr, "ddpbench: %s\n", oneLine(err))
+		msg := oneLine(err)
 		var u usageError
 		if errors.As(err, &u) {
+			fmt.Fprintf(stderr, "ddpbench: %s%s\n", msg, fromEnv(msg, args))
 			return 2
 		}
+		fmt.Fprintf(stderr, "ddpbench: %s\n", msg)
 		return 1
 	}
 	return 0
+}
+
+// flagAtStart matches the flag a usage error begins with: "--ranks" or
+// "-b/--minbytes".
+var flagAtStart = regexp.MustCompile(`^(?:-([A-Za-z])/)?--([a-z0-9-]+)\b`)
+
+// fromEnv says which variable set the value a usage error complains
+// about, when the flag it names is not on the command line but its
+// DDPBENCH_ variable is set: otherwise "--ranks 0" would puzzle a user
+// who never typed --ranks.
+func fromEnv(msg string, args []string) string {
+	m := flagAtStart.FindStringSubmatch(msg)
+	if m == nil {
+		return ""
+	}
+	env := envName(m[2])
+	if _, set := os.LookupEnv(env); !set {
+		return ""
+	}
+	for _, a := range args[min(1, len(args)):] {
+		if a == "--" {
+			break
+		}
+		name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if strings.HasPrefix(a, "-") && (name == m[2] || m[1] != "" && name == m[1]) {
+			return ""
+		}
+	}
+	return " (from " + env + ")"
 }
 
 func newApp(stdout, stderr io.Writer) *cli.App {

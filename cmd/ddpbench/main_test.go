@@ -144,8 +144,20 @@ func TestEnvVars(t *testing.T) {
 	t.Run("invalid value from the environment", func(t *testing.T) {
 		t.Setenv("DDPBENCH_RANKS", "0")
 		code, _, stderr := run(t, "run")
-		if code != 2 || !strings.Contains(stderr, "--ranks 0") {
+		if code != 2 || stderr != "ddpbench: --ranks 0: want 1..1024 (from DDPBENCH_RANKS)\n" {
 			t.Errorf("status %d, stderr %q", code, stderr)
+		}
+		// On the command line, the flag is named alone.
+		code, _, stderr = run(t, "run", "--ranks=0")
+		if code != 2 || stderr != "ddpbench: --ranks 0: want 1..1024\n" {
+			t.Errorf("status %d, stderr %q", code, stderr)
+		}
+		t.Setenv("DDPBENCH_MINBYTES", "4X")
+		for _, args := range [][]string{{"collective"}, {"collective", "-b", "4X"}, {"collective", "--minbytes", "4X"}} {
+			_, _, stderr = run(t, args...)
+			if got := strings.Contains(stderr, "(from DDPBENCH_MINBYTES)"); got != (len(args) == 1) {
+				t.Errorf("%v: stderr %q", args, stderr)
+			}
 		}
 	})
 	t.Run("unparsable value from the environment", func(t *testing.T) {
