@@ -365,14 +365,33 @@ func TestInfo(t *testing.T) {
 		}
 	}
 	var b bytes.Buffer
-	writeInfo(&b, gpuInfo{Err: "no NVIDIA driver found (libnvidia-ml.so.1 not loadable: x)"})
-	if !strings.Contains(b.String(), "GPUs:        no NVIDIA driver found (libnvidia-ml.so.1 not loadable: x)") {
+	writeInfo(&b, "table", collectInfo(gpuInfo{Err: "no NVIDIA driver found (libnvidia-ml.so.1 not loadable: x)"}))
+	if !strings.Contains(b.String(), "GPUs:         no NVIDIA driver found (libnvidia-ml.so.1 not loadable: x)") {
 		t.Errorf("info without a driver:\n%s", b.String())
 	}
 	b.Reset()
-	writeInfo(&b, gpuInfo{Driver: "550.90.07", Devices: []string{"0: NVIDIA H100 80GB HBM3, 81559 MiB"}})
-	if !strings.Contains(b.String(), "GPUs:        1 (NVIDIA driver 550.90.07)\n  0: NVIDIA H100") {
+	writeInfo(&b, "table", collectInfo(gpuInfo{Driver: "550.90.07", Devices: []string{"0: NVIDIA H100 80GB HBM3, 81559 MiB"}}))
+	if !strings.Contains(b.String(), "GPUs:         1 (NVIDIA driver 550.90.07)\n  0: NVIDIA H100") {
 		t.Errorf("info with a driver:\n%s", b.String())
+	}
+
+	code, stdout, stderr = run(t, "info", "--format", "json")
+	var j infoData
+	if err := json.Unmarshal([]byte(stdout), &j); code != 0 || err != nil {
+		t.Fatalf("info json: status %d, %v, stderr %q", code, err, stderr)
+	}
+	if j.GoVersion == "" || len(j.Backends) != len(backends) || !j.Backends[0].Built || j.Backends[1].Built || j.GPUs.Devices == nil {
+		t.Errorf("info json: %+v", j)
+	}
+	code, stdout, _ = run(t, "info", "--format", "csv")
+	recs, err := csv.NewReader(strings.NewReader(stdout)).ReadAll()
+	if code != 0 || err != nil || len(recs) < 10 || recs[0][0] != "key" || recs[1][0] != "go_version" {
+		t.Errorf("info csv: status %d, %v, %q", code, err, recs)
+	}
+	for _, args := range [][]string{{"info", "extra"}, {"info", "--format", "xml"}} {
+		if code, stdout, stderr := run(t, args...); code != 2 || stdout != "" || strings.Count(stderr, "\n") != 1 {
+			t.Errorf("%v: status %d, stdout %q, stderr %q", args, code, stdout, stderr)
+		}
 	}
 }
 
