@@ -44,8 +44,17 @@
 // Begin. Options.NoZeroGrad skips the zeroing (a pass over all gradient
 // memory, a third of a ResNet-50 step on a small machine): the gradients
 // then hold the last average until overwritten, so the first step of each
-// accumulation window must write (=) every gradient it marks, as
-// PyTorch's zero_grad(set_to_none=True) requires of autograd.
+// accumulation window that marks a parameter must write (=) its gradient,
+// as PyTorch's zero_grad(set_to_none=True) requires of autograd. A
+// parameter that the caller leaves unmarked through a whole window and the
+// Reducer marks unused (below) is zeroed before it is reduced, never
+// reduced again with its stale average.
+//
+// Ready may be called from any goroutine, but every Ready of a step (and
+// every write into a gradient) must have returned before Wait is called:
+// Wait decides which parameters are missing. Close may be called from
+// another goroutine to end a Wait that is blocked (Wait then returns
+// ErrClosed); it must not run concurrently with Begin, Grad or Ready.
 //
 // Errors: Ready of a parameter already marked in the step (ErrMarkedTwice),
 // of an index out of range (ErrIndex), or outside a step (ErrNoStep) name
@@ -62,11 +71,12 @@
 // After the first synced step, Wait rebuilds the buckets from the order in
 // which gradients became ready (limits [FirstBucketCap, BucketCap]), as
 // PyTorch does: rank 0 computes the layout and broadcasts it (bucket.Encode)
-// and every rank adopts it. The new layout takes effect at the next Begin,
-// which zeroes gradients anyway, so a slice taken during the first step
-// still shows the reduced gradient after Wait; after that Begin it refers
-// to memory returned to the pool (under the invariants build tag the pool
-// poisons freed memory with NaNs, so stale use shows). Options.KeepLayout
+// and every rank adopts it. The new layout takes effect at the next Begin
+// (whose gradients start at zero, fresh memory, even with NoZeroGrad), so
+// a slice taken during the first step still shows the reduced gradient
+// after Wait; after that Begin it refers to memory returned to the pool
+// (under the invariants build tag the pool poisons freed memory with NaNs,
+// so stale use shows). Options.KeepLayout
 // disables the rebuild. The initial layout assigns buckets over the
 // parameters in reverse registration order with limits [FirstBucketCap,
 // BucketCap], so bucket 0 holds the last layers, whose gradients backward
@@ -78,12 +88,18 @@
 // shapes, dtypes) with one AllGather of a fingerprint; on a mismatch it
 // gathers the descriptors and fails with ErrParamMismatch naming the first
 // differing parameter and rank. The same AllGather compares the options
-// that decide which collectives run (hook, bucket caps, KeepLayout). Wait honours its context and
-// Options.Timeout; after Options.StallInterval it reports the bucket it
-// waits for (Options.OnStall, or the log). A failed collective, a timeout
-// or a cancelled context makes the error sticky: the Reducer aborts the
-// group (so peers fail fast instead of hanging) and returns the error,
-// naming the bucket and its parameters, from every later call until Close.
+// that decide which collectives run (hook, bucket caps, KeepLayout), and
+// carries a rank's own failure to build (an unsupported parameter, bad
+// options, no memory), so that its peers fail with it instead of waiting.
+// Every wait for a collective honours its context and Options.Timeout:
+// Wait's, and those of New's check, the rebuild and BroadcastParameters.
+// While Wait waits, after every Options.StallInterval it reports the
+// bucket it waits for (Options.OnStall, or the log). A failed collective,
+// a timeout or a cancelled context makes the error sticky: the Reducer
+// aborts the group (so peers fail fast instead of hanging) and returns the
+// error, naming the rank, step, bucket and the bucket's parameters, from
+// every later call until Close. A step that has finished when the context
+// ends stands. Close during a synced step aborts the group too.
 //
 // # Statistics
 //

@@ -311,7 +311,8 @@ func (r *Reducer) Params() []Param { return r.params }
 // Wait is optional.
 //
 // Begin zeroes every gradient unless the previous step was a no-sync step
-// (so a no-sync step followed by a synced one accumulates), adopts a
+// (so a no-sync step followed by a synced one accumulates) or
+// Options.NoZeroGrad is set, adopts a
 // rebuilt bucket layout if one is pending, and invalidates every slice
 // Grad returned before it.
 func (r *Reducer) Begin(sync bool) error {
@@ -403,7 +404,8 @@ func (r *Reducer) Grad(i int) []float32 {
 // network: when i completes a bucket and every earlier bucket has launched,
 // the bucket's reduction starts on the rank's communication goroutine.
 // Marking a parameter twice in a step, an index out of range, or Ready
-// outside a step are errors naming the parameter.
+// outside a step are errors naming the parameter. Every Ready of a step
+// must return before Wait is called.
 func (r *Reducer) Ready(i int) error {
 	if i < 0 || i >= len(r.params) {
 		return fmt.Errorf("%w: Ready(%d): the reducer has %d parameters", ErrIndex, i, len(r.params))
@@ -506,9 +508,10 @@ func (r *Reducer) markUnused(L *layout, i int) {
 // ends the step. It fails with ErrUnready (naming the parameters) if some
 // parameters were never marked ready and FindUnusedParameters is off; the
 // step then stays open, so the caller may mark them and call Wait again.
-// Wait honours ctx and Options.Timeout; on expiry, or when a collective
-// fails, the Reducer aborts the group, and it and every later call return
-// that error until Close.
+// Wait honours ctx and Options.Timeout (a step already finished when ctx
+// ends stands); on expiry, or when a collective fails, the Reducer aborts
+// the group, and it and every later call return that error until Close.
+// A Close from another goroutine ends a blocked Wait with ErrClosed.
 func (r *Reducer) Wait(ctx context.Context) error {
 	if err := r.usable(); err != nil {
 		return err

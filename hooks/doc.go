@@ -48,6 +48,8 @@
 // where η is half the wire type's smallest subnormal (2^-25 for float16,
 // 2^-134 for bfloat16, 2^-150 for float32): one rounding of g·(1/N) with
 // 1/N itself rounded, one conversion to the wire type, and at most N-1
-// roundings in the sum whatever order the backend adds in. The tests assert
-// this bound on random gradients.
+// roundings in the sum whatever order the backend adds in. Avg rounds in
+// the other order (N-1 roundings in the sum, then one in the division by
+// N) and stays within the same bound; for N a power of two it gives
+// AllReduce's bits exactly. The tests assert these on random gradients.
 package hooks

@@ -20,7 +20,8 @@ import (
 // run.
 type Hook interface {
 	// Name identifies the hook in statistics and errors ("allreduce",
-	// "fp16", "bf16").
+	// "avg", "fp16", "bf16"). The Reducer compares it across ranks: every
+	// rank must use a hook of the same name.
 	Name() string
 	// Setup prepares the hook for buckets of the given element counts on
 	// communicator c: a hook that needs scratch memory takes it from pool
