@@ -20,7 +20,7 @@ func (r *Reducer) BroadcastParameters(parent context.Context, values [][]float32
 		return err
 	}
 	if r.state.Load() == syncing {
-		return fmt.Errorf("%w: BroadcastParameters during synced step %d", ErrStepInProgress, r.stepNo)
+		return fmt.Errorf("%w: rank %d: BroadcastParameters during synced step %d", ErrStepInProgress, r.c.Rank(), r.stepNo)
 	}
 	if len(values) != len(r.params) {
 		return r.fail(fmt.Errorf("%w: rank %d: BroadcastParameters: %d value slices for %d parameters", ErrGradSize, r.c.Rank(), len(values), len(r.params)))
@@ -39,7 +39,7 @@ func (r *Reducer) BroadcastParameters(parent context.Context, values [][]float32
 	}
 	blk, err := r.pool.Get(largest)
 	if err != nil {
-		return fmt.Errorf("ddp: BroadcastParameters scratch of %d bytes: %w", largest, err)
+		return r.fail(fmt.Errorf("ddp: rank %d: BroadcastParameters scratch of %d bytes: %w", r.c.Rank(), largest, err))
 	}
 	defer r.pool.Put(blk)
 	buf := blk.Float32s()

@@ -54,19 +54,21 @@ func TestMisuseErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	wantErr(t, r.Ready(1), ErrNoStep, `"fc.weight"`, "Begin")
-	wantErr(t, r.Wait(ctx), ErrNoStep)
-	wantErr(t, r.Ready(3), ErrIndex, "Ready(3)", "3 parameters")
+	wantErr(t, r.Ready(1), ErrNoStep, `rank 0: Ready of parameter 1 ("fc.weight") outside a step`, "Begin")
+	wantErr(t, r.SetGrad(1, make([]float32, 6)), ErrNoStep, `rank 0: SetGrad of parameter 1 ("fc.weight") outside a step`)
+	wantErr(t, r.Wait(ctx), ErrNoStep, "rank 0")
+	wantErr(t, r.Ready(3), ErrIndex, "rank 0: Ready(3)", "3 parameters")
+	wantErr(t, r.AddGrad(-2, nil), ErrIndex, "rank 0: AddGrad(-2)", "3 parameters")
 	wantErr(t, r.Ready(-1), ErrIndex)
 	if err := r.Begin(true); err != nil {
 		t.Fatal(err)
 	}
-	wantErr(t, r.Begin(true), ErrStepInProgress, "Wait")
-	wantErr(t, r.SetGrad(2, make([]float32, 5)), ErrGradSize, `"fc.bias"`, "2 elements, got 5")
+	wantErr(t, r.Begin(true), ErrStepInProgress, "rank 0", "step 1", "Wait")
+	wantErr(t, r.SetGrad(2, make([]float32, 5)), ErrGradSize, `rank 0: SetGrad: parameter 2 ("fc.bias", shape [2]) has 2 elements, got 5`)
 	if err := r.Ready(2); err != nil {
 		t.Fatal(err)
 	}
-	wantErr(t, r.Ready(2), ErrMarkedTwice, `"fc.bias"`, "parameter 2")
+	wantErr(t, r.Ready(2), ErrMarkedTwice, `Ready: rank 0 step 1: parameter 2 ("fc.bias") is already marked ready`)
 	wantErr(t, r.SetGrad(2, make([]float32, 2)), ErrMarkedTwice, `"fc.bias"`)
 	wantErr(t, r.BroadcastParameters(ctx, nil), ErrStepInProgress)
 
@@ -279,8 +281,12 @@ func TestStaticGraph(t *testing.T) {
 				}
 				if step == 2 {
 					err := r.Ready(1)
-					if !errors.Is(err, ErrStaticGraph) || !strings.Contains(err.Error(), `"fc.weight"`) {
+					if !errors.Is(err, ErrStaticGraph) || !strings.Contains(err.Error(), `parameter 1 ("fc.weight")`) {
 						return fmt.Errorf("Ready of a static unused parameter: %v, want ErrStaticGraph", err)
+					}
+					err = r.SetGrad(1, make([]float32, 6))
+					if !errors.Is(err, ErrStaticGraph) || !strings.Contains(err.Error(), `SetGrad: rank `+fmt.Sprint(rank)+` step 3: parameter 1 ("fc.weight")`) {
+						return fmt.Errorf("SetGrad of a static unused parameter: %v, want ErrStaticGraph", err)
 					}
 				}
 				if err := r.Wait(ctx); err != nil {
@@ -393,6 +399,9 @@ func TestWaitContext(t *testing.T) {
 			err := r.Wait(ctx)
 			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, comm.ErrAborted) {
 				return fmt.Errorf("Wait: %v, want the context's deadline (or the peer's abort)", err)
+			}
+			if want := fmt.Sprintf(`rank %d step 1: waiting for bucket 0 of 1 (3 parameters: "fc.bias", "fc.weight", "embed.weight")`, rank); !errors.Is(err, comm.ErrAborted) && !strings.Contains(err.Error(), want) {
+				return fmt.Errorf("Wait: %v, want it to say %q", err, want)
 			}
 			return nil
 		})

@@ -321,7 +321,7 @@ func (r *Reducer) Begin(sync bool) error {
 	}
 	switch r.state.Load() {
 	case syncing:
-		return fmt.Errorf("%w: Begin(%v) while synced step %d is running: call Wait first", ErrStepInProgress, sync, r.stepNo)
+		return fmt.Errorf("%w: rank %d: Begin(%v) while synced step %d is running: call Wait first", ErrStepInProgress, r.c.Rank(), sync, r.stepNo)
 	case local:
 		r.finish()
 	}
@@ -329,7 +329,7 @@ func (r *Reducer) Begin(sync bool) error {
 		bs := r.next
 		r.next = nil
 		if err := r.adopt(bs); err != nil {
-			return r.fail(err)
+			return r.fail(fmt.Errorf("ddp: rank %d: adopting the rebuilt layout at step %d: %w", r.c.Rank(), r.stepNo+1, err))
 		}
 	}
 	L := r.lay.Load()
@@ -408,21 +408,18 @@ func (r *Reducer) Grad(i int) []float32 {
 // must return before Wait is called.
 func (r *Reducer) Ready(i int) error {
 	if i < 0 || i >= len(r.params) {
-		return fmt.Errorf("%w: Ready(%d): the reducer has %d parameters", ErrIndex, i, len(r.params))
+		return fmt.Errorf("%w: rank %d: Ready(%d): the reducer has %d parameters", ErrIndex, r.c.Rank(), i, len(r.params))
 	}
 	if err := r.usable(); err != nil {
 		return err
 	}
 	st := r.state.Load()
 	if st == idle {
-		return fmt.Errorf("%w: Ready(%d) for parameter %q outside a step: call Begin first", ErrNoStep, i, r.params[i].Name)
+		return fmt.Errorf("%w: rank %d: Ready of parameter %d (%q) outside a step: call Begin first", ErrNoStep, r.c.Rank(), i, r.params[i].Name)
 	}
 	L := r.lay.Load()
 	if err := L.sched.claim(i); err != nil {
-		if r.static[i] && r.staticOK {
-			return fmt.Errorf("%w: step %d: parameter %d (%q) got no gradient in the first synced step but was marked ready now; drop StaticGraph or keep the set of unused parameters fixed", ErrStaticGraph, r.stepNo, i, r.params[i].Name)
-		}
-		return fmt.Errorf("%w: step %d: parameter %d (%q)", ErrMarkedTwice, r.stepNo, i, r.params[i].Name)
+		return r.markedErr("Ready", i)
 	}
 	r.stale[i] = false
 	r.arrive(L, i, st == syncing)
@@ -454,21 +451,31 @@ func (r *Reducer) AddGrad(i int, g []float32) error {
 
 func (r *Reducer) gradFor(op string, i int, g []float32) ([]float32, error) {
 	if i < 0 || i >= len(r.params) {
-		return nil, fmt.Errorf("%w: %s(%d): the reducer has %d parameters", ErrIndex, op, i, len(r.params))
+		return nil, fmt.Errorf("%w: rank %d: %s(%d): the reducer has %d parameters", ErrIndex, r.c.Rank(), op, i, len(r.params))
 	}
 	if err := r.usable(); err != nil {
 		return nil, err
 	}
 	if r.state.Load() == idle {
-		return nil, fmt.Errorf("%w: %s(%d) for parameter %q outside a step: call Begin first", ErrNoStep, op, i, r.params[i].Name)
+		return nil, fmt.Errorf("%w: rank %d: %s of parameter %d (%q) outside a step: call Begin first", ErrNoStep, r.c.Rank(), op, i, r.params[i].Name)
 	}
 	if n := r.tensors[i].Numel; len(g) != n {
-		return nil, fmt.Errorf("%w: %s(%d): parameter %q has %d elements, got %d", ErrGradSize, op, i, r.params[i].Name, n, len(g))
+		return nil, fmt.Errorf("%w: rank %d: %s: parameter %d (%q, shape %v) has %d elements, got %d", ErrGradSize, r.c.Rank(), op, i, r.params[i].Name, r.params[i].Shape, n, len(g))
 	}
 	if r.lay.Load().sched.isMarked(i) {
-		return nil, fmt.Errorf("%w: %s: step %d: parameter %d (%q) is already marked ready", ErrMarkedTwice, op, r.stepNo, i, r.params[i].Name)
+		return nil, r.markedErr(op, i)
 	}
 	return r.Grad(i), nil
+}
+
+// markedErr explains why parameter i, already marked in this step, cannot
+// be marked by op.
+func (r *Reducer) markedErr(op string, i int) error {
+	if r.static[i] && r.staticOK && r.state.Load() == syncing {
+		return fmt.Errorf("%w: %s: rank %d step %d: parameter %d (%q) got no gradient in the first synced step, so the Reducer marks it; "+
+			"drop StaticGraph or keep the set of unused parameters fixed", ErrStaticGraph, op, r.c.Rank(), r.stepNo, i, r.params[i].Name)
+	}
+	return fmt.Errorf("%w: %s: rank %d step %d: parameter %d (%q) is already marked ready", ErrMarkedTwice, op, r.c.Rank(), r.stepNo, i, r.params[i].Name)
 }
 
 // arrive records claimed parameter i and counts it towards its bucket.
@@ -518,7 +525,7 @@ func (r *Reducer) Wait(ctx context.Context) error {
 	}
 	switch r.state.Load() {
 	case idle:
-		return fmt.Errorf("%w: Wait without a step: call Begin first", ErrNoStep)
+		return fmt.Errorf("%w: rank %d: Wait without a step (the last was step %d): call Begin first", ErrNoStep, r.c.Rank(), r.stepNo)
 	case local:
 		r.finish()
 		return nil
@@ -604,7 +611,7 @@ func (r *Reducer) waitDone(ctx context.Context, L *layout) error {
 			default:
 			}
 			k := int(r.reduced.Load())
-			return r.fail(fmt.Errorf("ddp: rank %d step %d: waiting for bucket %d of %d: %w", r.c.Rank(), r.stepNo, k, len(L.buckets), ctx.Err()))
+			return r.fail(fmt.Errorf("ddp: rank %d step %d: waiting for bucket %d of %d (%s): %w", r.c.Rank(), r.stepNo, k, len(L.buckets), L.describe(k, r.params), ctx.Err()))
 		case <-r.timer.C:
 			waited = time.Since(began)
 			k := int(r.reduced.Load())

@@ -103,3 +103,47 @@ func TestStepOverflows(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestEmptyAndScalarParams: a parameter with no elements (alone in its
+// bucket, or sharing one) and a scalar go through every hook.
+func TestEmptyAndScalarParams(t *testing.T) {
+	checkNoLeak(t)
+	params := []Param{{Name: "a", Shape: []int{3}}, {Name: "empty", Shape: []int{4, 0}}, {Name: "scalar"}}
+	for _, w := range wires {
+		for _, caps := range [][2]int{{4, 4}, {0, 0}} { // one parameter per bucket; one bucket
+			t.Run(fmt.Sprintf("%s/cap=%d", w.name, caps[0]), func(t *testing.T) {
+				cs := newTestGroup(t, 2)
+				errs := withReducers(t, cs, params, func() Options {
+					return Options{Hook: w.hook(), BucketCap: caps[0], FirstBucketCap: caps[1]}
+				}, func(rank int, r *Reducer) error {
+					for step := range 3 {
+						if err := r.Begin(true); err != nil {
+							return err
+						}
+						for i := range params {
+							if n := len(r.Grad(i)); n != params[i].Numel() {
+								return fmt.Errorf("Grad(%d) has %d elements, want %d", i, n, params[i].Numel())
+							}
+							for j := range r.Grad(i) {
+								r.Grad(i)[j] = float32(2*rank + j)
+							}
+							if err := r.Ready(i); err != nil {
+								return err
+							}
+						}
+						if err := r.Wait(context.Background()); err != nil {
+							return fmt.Errorf("step %d: %w", step, err)
+						}
+						if a, s := r.Grad(0), r.Grad(2); a[0] != 1 || a[2] != 3 || s[0] != 1 {
+							return fmt.Errorf("step %d: a %v scalar %v, want [1 2 3] and [1]", step, a, s)
+						}
+					}
+					return nil
+				})
+				if err := firstErr(errs); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
+	}
+}
