@@ -101,12 +101,49 @@ type CollectiveConfig struct {
 	// Timeout bounds each size's placement (warmup, timed loop and check)
 	// on every rank; 0 means no bound beyond the caller's context.
 	Timeout time.Duration
+	// Average is how the ranks' times make a row's time (nccl-tests' -a);
+	// the zero value is the mean, nccl-tests' default.
+	Average Average
+}
+
+// Average says how the ranks' times of one placement combine into its
+// reported time, as nccl-tests' -a option does.
+type Average uint8
+
+// The ways of combining ranks' times. nccl-tests numbers them 0 (rank 0),
+// 1 (mean), 2 (min) and 3 (max); see ParseAverage.
+const (
+	AverageMean Average = iota
+	AverageRank0
+	AverageMin
+	AverageMax
+)
+
+// ParseAverage maps nccl-tests' -a values (0 rank 0, 1 mean, 2 min, 3 max)
+// to an Average.
+func ParseAverage(a int) (Average, error) {
+	switch a {
+	case 0:
+		return AverageRank0, nil
+	case 1:
+		return AverageMean, nil
+	case 2:
+		return AverageMin, nil
+	case 3:
+		return AverageMax, nil
+	}
+	return 0, fmt.Errorf("%w: average %d: want 0 (rank 0), 1 (mean), 2 (min) or 3 (max)", ErrConfig, a)
+}
+
+// NCCLTests returns the -a value nccl-tests uses for a.
+func (a Average) NCCLTests() int {
+	return [...]int{AverageMean: 1, AverageRank0: 0, AverageMin: 2, AverageMax: 3}[a]
 }
 
 // Timing is one placement (out-of-place or in-place) of one size.
 type Timing struct {
 	Valid   bool          // false: the placement does not exist for this collective
-	Time    time.Duration // per iteration, averaged over ranks (nccl-tests' default, -a 1)
+	Time    time.Duration // per iteration, combined over ranks as CollectiveConfig.Average says
 	AlgBW   float64       // GB/s
 	BusBW   float64       // GB/s
 	Wrong   int64         // wrong elements summed over ranks (when checked)
@@ -205,8 +242,8 @@ var corruptHook func(rank int, inPlace bool, out comm.Buffer)
 // row, if not nil, as each size completes. Every rank issues the same
 // sequence. Each iteration is issued and waited before the next (a CPU
 // backend has no stream to queue work on); a placement's time is the
-// timed loop divided by Iters, averaged over the ranks as nccl-tests
-// does by default.
+// timed loop divided by Iters, combined over the ranks as cfg.Average
+// says (the mean by default, as nccl-tests).
 func RunCollective(ctx context.Context, comms []comm.Communicator, cfg CollectiveConfig, row func(CollectiveRow)) ([]CollectiveRow, error) {
 	n := len(comms)
 	if err := cfg.validate(n); err != nil {
@@ -385,22 +422,34 @@ func runPlacement(ctx context.Context, comms []comm.Communicator, ranks []*rankB
 	return combine(ranks, cfg, int64(count*cfg.DType.Size()))
 }
 
-// combine makes one placement's Timing from every rank's: the time is the
-// mean over ranks (nccl-tests' default, -a 1), wrong elements are summed,
-// and the bandwidths are those of bytes in that time.
+// combine makes one placement's Timing from every rank's: the time is
+// combined as cfg.Average says (by default the mean over ranks, as
+// nccl-tests), wrong elements are summed, and the bandwidths are those of
+// bytes in that time.
 func combine(ranks []*rankBufs, cfg *CollectiveConfig, bytes int64) (Timing, error) {
 	t := Timing{Valid: true, Checked: cfg.Check}
 	var sum time.Duration
+	lo, hi := ranks[0].elapsed, ranks[0].elapsed
 	errs := make([]error, len(ranks))
 	for i, b := range ranks {
 		errs[i] = b.err
 		sum += b.elapsed
+		lo, hi = min(lo, b.elapsed), max(hi, b.elapsed)
 		t.Wrong += b.wrong
 	}
 	if err := firstErr(errs); err != nil {
 		return t, err // the root cause rather than the aborts it caused
 	}
-	t.Time = sum / time.Duration(len(ranks))
+	switch cfg.Average {
+	case AverageRank0:
+		t.Time = ranks[0].elapsed
+	case AverageMin:
+		t.Time = lo
+	case AverageMax:
+		t.Time = hi
+	default:
+		t.Time = sum / time.Duration(len(ranks))
+	}
 	t.AlgBW = comm.AlgBW(bytes, t.Time)
 	t.BusBW = comm.BusBW(cfg.Op.Kind(), len(ranks), bytes, t.Time)
 	return t, nil

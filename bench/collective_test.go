@@ -208,6 +208,22 @@ func TestCombine(t *testing.T) {
 			t.Errorf("%s: algbw %g busbw %g, want 2 and %g GB/s", tt.op, got.AlgBW, got.BusBW, 2*tt.factor)
 		}
 	}
+	for _, tt := range []struct {
+		a    int
+		want time.Duration
+	}{{0, 10 * time.Microsecond}, {1, 20 * time.Microsecond}, {2, 10 * time.Microsecond}, {3, 30 * time.Microsecond}} {
+		avg, err := ParseAverage(tt.a)
+		if err != nil || avg.NCCLTests() != tt.a {
+			t.Fatalf("ParseAverage(%d) = %v, %v", tt.a, avg, err)
+		}
+		got, _ := combine(ranks, &CollectiveConfig{Op: AllReduce, Average: avg}, 8)
+		if got.Time != tt.want {
+			t.Errorf("-a %d: time %v, want %v", tt.a, got.Time, tt.want)
+		}
+	}
+	if _, err := ParseAverage(4); !errors.Is(err, ErrConfig) {
+		t.Errorf("ParseAverage(4): %v", err)
+	}
 	failed := errors.New("rank failed")
 	aborted := fmt.Errorf("rank 0: %w", comm.ErrAborted)
 	if _, err := combine([]*rankBufs{{err: aborted}, {err: failed}}, &CollectiveConfig{Op: AllReduce}, 8); err != failed {

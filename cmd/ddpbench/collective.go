@@ -17,10 +17,10 @@ func collectiveCommand() *cli.Command {
 		Name:  "collective",
 		Usage: "nccl-tests style sweep of one collective over message sizes",
 		Description: "Columns and footer follow nccl-tests (all_reduce_perf and friends): size and count\n" +
-			"of the larger buffer, out-of-place and in-place time per iteration (mean over ranks),\n" +
-			"algbw = size/time, busbw = algbw x the collective's factor, #wrong = elements that\n" +
-			"differ from the exact result (with -c 1). all_reduce and broadcast are in place in\n" +
-			"ddpgo's contract: their out-of-place column times a copy into the result buffer\n" +
+			"of the larger buffer, out-of-place and in-place time per iteration (mean over ranks;\n" +
+			"-a as nccl-tests), algbw = size/time, busbw = algbw x the collective's factor, #wrong =\n" +
+			"elements that differ from the exact result (with -c 1). all_reduce and broadcast are in\n" +
+			"place in ddpgo's contract: their out-of-place column times a copy into the result buffer\n" +
 			"followed by the in-place collective. sendrecv has no in-place form.",
 		Flags: []cli.Flag{
 			stringFlag("op", "allreduce", "collective: allreduce, broadcast, reduce, allgather, reducescatter or sendrecv"),
@@ -34,6 +34,7 @@ func collectiveCommand() *cli.Command {
 			intFlag("iters", 20, "timed iterations per size", "n"),
 			intFlag("warmup", 5, "untimed iterations per size", "w"),
 			intFlag("check", 1, "1: verify every result and count wrong elements; 0: don't", "c"),
+			intFlag("average", 1, "time reported from the ranks' times: 0 rank 0, 1 mean, 2 min, 3 max", "a"),
 			intFlag("ranks", 2, "number of ranks"),
 			stringFlag("backend", "inproc", backendUsage()),
 			formatFlag("output: table (nccl-tests layout), json or csv"),
@@ -93,6 +94,9 @@ func parseCollective(c *cli.Context) (collectiveOpts, error) {
 		o.cfg.Check = true
 	default:
 		return o, usagef("-c/--check %d: want 0 or 1", c.Int("check"))
+	}
+	if o.cfg.Average, err = bench.ParseAverage(c.Int("average")); err != nil {
+		return o, usagef("-a/--average %d: want 0 (rank 0), 1 (mean), 2 (min) or 3 (max)", c.Int("average"))
 	}
 	if o.cfg.Iters < 1 {
 		return o, usagef("-n/--iters %d: want >= 1", o.cfg.Iters)
@@ -357,6 +361,7 @@ type collectiveJSON struct {
 	Iters            int             `json:"iters"`
 	Warmup           int             `json:"warmup"`
 	Check            bool            `json:"check"`
+	Average          int             `json:"average"` // nccl-tests' -a: 0 rank 0, 1 mean, 2 min, 3 max
 	OutOfPlaceIsCopy bool            `json:"out_of_place_is_copy_plus_in_place"`
 	Rows             []collectiveRow `json:"rows"`
 	AvgBusBW         float64         `json:"avg_busbw_gbs"`
@@ -394,7 +399,7 @@ func timingOut(t bench.Timing) *timingJSON {
 func (w *collectiveWriter) jsonFooter(rows []bench.CollectiveRow) error {
 	cfg := &w.o.cfg
 	j := collectiveJSON{Op: cfg.Op.String(), Backend: w.o.backend.name, Ranks: w.o.ranks, DType: cfg.DType.String(),
-		RedOp: cfg.RedOp.String(), Iters: cfg.Iters, Warmup: cfg.Warmup, Check: cfg.Check,
+		RedOp: cfg.RedOp.String(), Iters: cfg.Iters, Warmup: cfg.Warmup, Check: cfg.Check, Average: cfg.Average.NCCLTests(),
 		OutOfPlaceIsCopy: bench.EmulatedOutOfPlace(cfg.Op), AvgBusBW: bench.AvgBusBW(rows), Wrong: bench.WrongTotal(rows), FailedTests: bench.WrongTests(rows),
 		Rows: []collectiveRow{}}
 	for _, r := range rows {

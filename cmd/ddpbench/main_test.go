@@ -86,6 +86,7 @@ func TestErrors(t *testing.T) {
 		{[]string{"collective", "-o", "prod"}, 2, []string{`-o/--redop "prod"`}},
 		{[]string{"collective", "-c", "2"}, 2, []string{"-c/--check 2"}},
 		{[]string{"collective", "-n", "0"}, 2, []string{"-n/--iters 0"}},
+		{[]string{"collective", "-a", "4"}, 2, []string{"-a/--average 4"}},
 		{[]string{"collective", "--op", "gather"}, 2, []string{`--op "gather"`}},
 		{[]string{"collective", "--op", "broadcast", "-r", "2"}, 2, []string{"-r/--root 2"}},
 		{[]string{"collective", "--op", "sendrecv", "--ranks", "1"}, 2, []string{"sendrecv needs --ranks >= 2"}},
