@@ -86,3 +86,18 @@ func TestStallIntervalLongerThanTimeout(t *testing.T) {
 		t.Errorf("%d stall reports with a stall interval of an hour", reports)
 	}
 }
+
+// TestTimeoutReportsStall: a rank that times out reports the stall first
+// when the stall interval is not longer than the timeout, however late
+// the rank wakes up (here both are due at the same moment).
+func TestTimeoutReportsStall(t *testing.T) {
+	var reports []Stall
+	cs := testGroup(t, 2, Options{StallInterval: 5 * time.Millisecond, Timeout: 5 * time.Millisecond, OnStall: func(s Stall) { reports = append(reports, s) }})
+	err := waitAll(t, []comm.Work{cs[0].Barrier()})[0]
+	if !errors.Is(err, comm.ErrTimeout) {
+		t.Fatalf("%v; want ErrTimeout", err)
+	}
+	if len(reports) != 1 || reports[0].Rank != 0 || !slices.Equal(reports[0].Missing, []int{1}) || reports[0].Kind != comm.KindBarrier {
+		t.Errorf("stall reports %v; want one from rank 0 waiting in barrier #1 for rank 1", reports)
+	}
+}

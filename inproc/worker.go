@@ -80,16 +80,19 @@ func (c *Comm) await(ready func() bool, w *waitFor) error {
 				report = start.Add(g.opts.StallInterval)
 				deadline = start.Add(g.opts.Timeout)
 			}
-			if !now.Before(deadline) {
-				err := fmt.Errorf("%w after %v: rank %d waited in %s #%d for rank(s) %v", comm.ErrTimeout, now.Sub(start).Round(time.Millisecond), c.rank, w.d.kind, w.d.seq, c.missing(w))
-				g.abort(fmt.Errorf("%w: %w", comm.ErrAborted, err))
-				return err
-			}
+			// A stall that is due is reported even when the deadline has
+			// passed too (a late wake-up), so a timeout is always preceded
+			// by a report when the stall interval is the shorter.
 			if !now.Before(report) {
 				g.reportStall(Stall{Rank: c.rank, Seq: w.d.seq, Kind: w.d.kind, Missing: c.missing(w), Waited: now.Sub(start)})
 				for !now.Before(report) {
 					report = report.Add(g.opts.StallInterval)
 				}
+			}
+			if !now.Before(deadline) {
+				err := fmt.Errorf("%w after %v: rank %d waited in %s #%d for rank(s) %v", comm.ErrTimeout, now.Sub(start).Round(time.Millisecond), c.rank, w.d.kind, w.d.seq, c.missing(w))
+				g.abort(fmt.Errorf("%w: %w", comm.ErrAborted, err))
+				return err
 			}
 			next := report
 			if deadline.Before(next) {
