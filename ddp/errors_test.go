@@ -688,3 +688,63 @@ func TestWaitCancelledAfterDone(t *testing.T) {
 		}
 	})
 }
+
+// TestReadyRacesAbort: while rank 1 marks its gradients from several
+// goroutines (so buckets launch as they complete), rank 0 abandons the
+// step. Every call of rank 1 returns, either nil (a Ready that came first)
+// or the abort, and its Wait reports the abort: nothing hangs, and nothing
+// reports success for a step that was not reduced.
+func TestReadyRacesAbort(t *testing.T) {
+	checkNoLeak(t)
+	const np, workers = 48, 4
+	params := make([]Param, np)
+	for i := range params {
+		params[i] = Param{Name: fmt.Sprintf("layer%d.weight", i), Shape: []int{1 + i%5, 4}}
+	}
+	for round := range 10 {
+		cs := newTestGroup(t, 2)
+		errs := runRanks(cs, func(rank int, c comm.Communicator) error {
+			ctx := context.Background()
+			r, err := New(ctx, c, params, Options{BucketCap: 64, FirstBucketCap: 32, KeepLayout: true})
+			if err != nil {
+				return err
+			}
+			defer r.Close()
+			if err := r.Begin(true); err != nil {
+				return err
+			}
+			if rank == 0 {
+				for i := range round * np / 10 {
+					if err := r.Ready(np - 1 - i); err != nil {
+						return err
+					}
+				}
+				return r.Close() // abandons the step: aborts the group
+			}
+			errc := make(chan error, workers)
+			for w := range workers {
+				go func() {
+					for p := w; p < np; p += workers {
+						if err := r.Ready(np - 1 - p); err != nil && !errors.Is(err, comm.ErrAborted) {
+							errc <- fmt.Errorf("Ready(%d): %v, want nil or the abort", np-1-p, err)
+							return
+						}
+					}
+					errc <- nil
+				}()
+			}
+			for range workers {
+				if err := <-errc; err != nil {
+					return err
+				}
+			}
+			if err := r.Wait(ctx); !errors.Is(err, comm.ErrAborted) {
+				return fmt.Errorf("Wait after the peer abandoned the step: %v, want the abort", err)
+			}
+			return nil
+		})
+		if err := firstErr(errs); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+	}
+}
