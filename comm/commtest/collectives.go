@@ -154,7 +154,7 @@ func (s *suite) reduce(t *testing.T, cs []comm.Communicator, sizes []int, large 
 				t.Run(fmt.Sprintf("%s/%s/root%d", dt, op, root), func(t *testing.T) {
 					sz := dt.Size()
 					cnts := sizes
-					if op == comm.Sum && (root == 0 || root == n-1) {
+					if root == n-1 || op == comm.Sum && root == 0 {
 						cnts = counts(sizes, large, dt, 1)
 					}
 					for _, count := range cnts {
@@ -251,11 +251,7 @@ func (s *suite) reduceScatter(t *testing.T, cs []comm.Communicator, sizes []int,
 					in[r] = table(dt, func(j int) float64 { return v[r][j] })
 				}
 				want := table(dt, func(j int) float64 { return combine(dt, op, v, j) })
-				cnts := sizes
-				if op == comm.Sum {
-					cnts = counts(sizes, large, dt, n)
-				}
-				for _, count := range cnts {
+				for _, count := range counts(sizes, large, dt, n) {
 					for _, inPlace := range []bool{false, true} {
 						for r, c := range cs {
 							sb := send.get(r, n*count*sz)

@@ -12,10 +12,9 @@
 // out of place; Send and Recv in a ring; Barrier) for every dtype, every
 // reduction op and the sizes 0, 1, 7 and 4 KiB+3 elements, on groups of 1,
 // 2, 3 and 4 ranks. The 8 MiB messages run on groups of 2 and 3 ranks (see
-// Large), for every dtype and op of AllReduce, Broadcast, AllGather and
-// Send/Recv, and for Sum of Reduce (to the first and last root) and
-// ReduceScatter; under the race detector only for float32, and not at all
-// with go test -short. It also checks that a rank's operations run in
+// Large), for every dtype and op of every collective (Reduce to the last
+// root, and for Sum to the first root too); under the race detector only
+// for float32, and not at all with go test -short. It also checks that a rank's operations run in
 // issue order, that communicators of different groups can be used
 // concurrently, that Wait honours its context's deadline, that Abort on one
 // rank fails every rank, that ranks which disagree on a collective (its
