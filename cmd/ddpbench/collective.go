@@ -173,7 +173,7 @@ func collectiveAction(c *cli.Context) error {
 	})
 	bar.stop()
 	if err != nil {
-		return err
+		return timeoutHint(err, o.cfg.Timeout)
 	}
 	if werr != nil {
 		return werr

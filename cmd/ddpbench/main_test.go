@@ -2,8 +2,10 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/csv"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -14,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ddpgo/ddpgo/comm"
 	"github.com/google/uuid"
 	"github.com/urfave/cli/v2"
 )
@@ -508,3 +511,41 @@ func TestProgressDrawAllocs(t *testing.T) {
 		t.Errorf("draw allocates %v times, want 0", a)
 	}
 }
+
+// TestTimeoutNamed checks that a collective cut short by --timeout says
+// so, on a backend whose all-reduce always misses its deadline.
+func TestTimeoutNamed(t *testing.T) {
+	saved := backends
+	defer func() { backends = saved }()
+	backends = append([]backend{{name: "late", built: true, newGroup: func(n int) ([]comm.Communicator, error) {
+		g, err := newInprocGroup(n)
+		for i := range g {
+			g[i] = lateComm{g[i]}
+		}
+		return g, err
+	}}}, saved...)
+	code, _, stderr := run(t, "collective", "--backend", "late", "--timeout", "3s", "-b", "4K", "-e", "4K")
+	if code != 1 || !strings.HasPrefix(stderr, "ddpbench: --timeout 3s exceeded: ") || strings.Count(stderr, "\n") != 1 {
+		t.Errorf("status %d, stderr %q", code, stderr)
+	}
+	if err := timeoutHint(fmt.Errorf("x: %w", comm.ErrTimeout), time.Second); !strings.HasPrefix(err.Error(), "--timeout 1s exceeded: x: ") {
+		t.Errorf("timeoutHint(ErrTimeout) = %v", err)
+	}
+	if err := timeoutHint(errors.New("other"), time.Second); err.Error() != "other" {
+		t.Errorf("timeoutHint changed an unrelated error: %v", err)
+	}
+}
+
+// lateComm is a communicator whose all-reduce never completes in time.
+type lateComm struct{ comm.Communicator }
+
+func (c lateComm) AllReduce(comm.Buffer, comm.Op) comm.Work {
+	return comm.NewWork(late{}, 0)
+}
+
+type late struct{}
+
+func (late) WaitOp(context.Context, uint64) error {
+	return fmt.Errorf("waiting: %w", context.DeadlineExceeded)
+}
+func (late) TestOp(uint64) (bool, error) { return true, context.DeadlineExceeded }

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -248,7 +250,7 @@ func runAction(c *cli.Context) error {
 	res, err := bench.Run(c.Context, cfg)
 	bar.stop()
 	if err != nil {
-		return err
+		return timeoutHint(err, o.timeout)
 	}
 	if o.trace != "" {
 		if err := writeTraceFile(o.trace, &o, res); err != nil {
@@ -273,6 +275,15 @@ func (o *runOpts) benchConfig(g []comm.Communicator) bench.Config {
 		Compute: o.compute, Rate: o.rate,
 		Timeout: o.timeout,
 	}
+}
+
+// timeoutHint names --timeout in an error caused by it, so that the user
+// sees which flag to raise.
+func timeoutHint(err error, d time.Duration) error {
+	if errors.Is(err, comm.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("--timeout %v exceeded: %w", d, err)
+	}
+	return err
 }
 
 func chainOnStep(a, b func(int, bool, *ddp.StepStats)) func(int, bool, *ddp.StepStats) {

@@ -78,7 +78,7 @@ func sweepAction(c *cli.Context) error {
 		}
 		res, err := bench.Run(c.Context, cfg)
 		if err != nil {
-			return fmt.Errorf("bucket cap %g MiB: %w", capMB, err)
+			return fmt.Errorf("bucket cap %g MiB: %w", capMB, timeoutHint(err, o.timeout))
 		}
 		recs = append(recs, runRecord{o: ro, res: res})
 	}
