@@ -9,12 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/ddp"
 )
 
 func TestServeMetrics(t *testing.T) {
-	pools, err := newPools(2)
+	pools, err := newPools(2, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +59,7 @@ func TestServeMetrics(t *testing.T) {
 }
 
 func TestMetricsAddrInUse(t *testing.T) {
-	pools, err := newPools(1)
+	pools, err := newPools(1, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,9 +71,31 @@ func TestMetricsAddrInUse(t *testing.T) {
 	}
 	defer stop()
 	addr := strings.TrimSuffix(strings.TrimPrefix(regexp.MustCompile(`http://\S+/metrics`).FindString(log.String()), "http://"), "/metrics")
-	pools2, _ := newPools(1)
+	pools2, _ := newPools(1, 0)
 	defer closePools(pools2)
 	if _, _, err := serveMetrics(addr, pools2, comm.Float32, io.Discard); err == nil || !strings.Contains(err.Error(), "--metrics-addr") {
 		t.Errorf("second server on %s: %v", addr, err)
+	}
+}
+
+// TestPoolsFitLargeModels checks that the pools --metrics-addr supplies
+// hold a model whose gradients pass the allocator's default limit, as the
+// pools a Reducer makes for itself do.
+func TestPoolsFitLargeModels(t *testing.T) {
+	const grads = 1600 << 20 // 1.56 GiB of gradients: one bucket of it
+	pools, err := newPools(1, grads)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closePools(pools)
+	b, err := pools[0].Get(grads) // mapped, never touched: cheap
+	if err != nil {
+		t.Fatalf("Get(%d): %v", grads, err)
+	}
+	if err := pools[0].Put(b); err != nil {
+		t.Fatal(err)
+	}
+	if got := poolLimit(0); got != allocator.DefaultLimit {
+		t.Errorf("poolLimit(0) = %d, want the default %d", got, allocator.DefaultLimit)
 	}
 }

@@ -225,7 +225,7 @@ func runAction(c *cli.Context) error {
 
 	cfg := o.benchConfig(g)
 	if o.metricsAddr != "" {
-		pools, err := newPools(o.ranks)
+		pools, err := newPools(o.ranks, 4*o.model.Numel())
 		if err != nil {
 			return err
 		}
@@ -293,10 +293,14 @@ func chainOnStep(a, b func(int, bool, *ddp.StepStats)) func(int, bool, *ddp.Step
 	return func(r int, m bool, s *ddp.StepStats) { a(r, m, s); b(r, m, s) }
 }
 
-func newPools(n int) ([]*allocator.Pool, error) {
+// newPools makes one CommPool per rank for gradBytes of float32
+// gradients, with the limit a Reducer gives the pool it makes itself:
+// room for the buckets, a rebuilt layout and a hook's scratch.
+func newPools(n int, gradBytes int64) ([]*allocator.Pool, error) {
 	pools := make([]*allocator.Pool, n)
+	limit := poolLimit(gradBytes)
 	for r := range pools {
-		p, err := allocator.New(allocator.Options{})
+		p, err := allocator.New(allocator.Options{Limit: limit})
 		if err != nil {
 			closePools(pools)
 			return nil, fmt.Errorf("rank %d CommPool: %w", r, err)
@@ -304,6 +308,12 @@ func newPools(n int) ([]*allocator.Pool, error) {
 		pools[r] = p
 	}
 	return pools, nil
+}
+
+// poolLimit is the byte limit of a rank's pool for gradBytes of
+// gradients: as ddp.New sizes the pools it owns.
+func poolLimit(gradBytes int64) int64 {
+	return max(allocator.DefaultLimit, 3*gradBytes+64<<20)
 }
 
 func closePools(pools []*allocator.Pool) {
