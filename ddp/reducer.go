@@ -312,9 +312,8 @@ func (r *Reducer) Params() []Param { return r.params }
 //
 // Begin zeroes every gradient unless the previous step was a no-sync step
 // (so a no-sync step followed by a synced one accumulates) or
-// Options.NoZeroGrad is set, adopts a
-// rebuilt bucket layout if one is pending, and invalidates every slice
-// Grad returned before it.
+// Options.NoZeroGrad is set, adopts a rebuilt bucket layout if one is
+// pending, and invalidates every slice Grad returned before it.
 func (r *Reducer) Begin(sync bool) error {
 	if err := r.usable(); err != nil {
 		return err
