@@ -12,6 +12,7 @@ import (
 	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/ddp"
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 )
 
 func TestServeMetrics(t *testing.T) {
@@ -50,6 +51,14 @@ func TestServeMetrics(t *testing.T) {
 		if !strings.Contains(text, want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
+	}
+	// What a Prometheus server scrapes lints clean.
+	problems, err := promlint.New(strings.NewReader(text)).Lint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("lint: %s: %s", p.Metric, p.Text)
 	}
 	stop()
 	stop()
