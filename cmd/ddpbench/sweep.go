@@ -159,6 +159,9 @@ func writePlotFile(path string, o *runOpts, recs []runRecord) error {
 			StepP10: r.res.StepTime.P10 * 1e3, StepP90: r.res.StepTime.P90 * 1e3, Overlap: r.res.OverlapRatio.Median}
 	}
 	title := fmt.Sprintf("%s, %d ranks (%s), compression %s, compute %s", o.model.Model, o.ranks, o.backend.name, o.compression, o.compute)
+	if o.compute != bench.ComputeNone && len(recs) > 0 {
+		title += fmt.Sprintf(" (%.2f ms per step)", recs[0].res.ComputeTarget*1e3)
+	}
 	if err := os.WriteFile(path, []byte(plotSVG(title, pts)), 0o644); err != nil {
 		return fmt.Errorf("--plot: %w", err)
 	}
