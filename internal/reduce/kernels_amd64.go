@@ -13,6 +13,15 @@ var useAVX2 = cpu.X86.HasAVX2
 // Accelerated reports whether SIMD kernels are in use.
 func Accelerated() bool { return useAVX2 }
 
+// maxRun bounds the elements one assembly call handles. Assembly cannot
+// be preempted, so a reduction of a large buffer is cut into runs of well
+// under a millisecond, and the garbage collector and the scheduler never
+// wait on it for long.
+const maxRun = 1 << 18
+
+// at returns the address of element i of s.
+func at[T any](s []T, i int) unsafe.Pointer { return unsafe.Pointer(&s[i]) }
+
 //go:noescape
 func addF32AVX2(dst, a, b unsafe.Pointer, n int)
 
@@ -32,7 +41,9 @@ func SumFloat32(dst, a, b []float32) {
 		return
 	}
 	a, b = a[:len(dst)], b[:len(dst)]
-	addF32AVX2(unsafe.Pointer(&dst[0]), unsafe.Pointer(&a[0]), unsafe.Pointer(&b[0]), len(dst))
+	for i := 0; i < len(dst); i += maxRun {
+		addF32AVX2(at(dst, i), at(a, i), at(b, i), min(maxRun, len(dst)-i))
+	}
 }
 
 // SumFloat64 sets dst[i] = a[i] + b[i].
@@ -42,7 +53,9 @@ func SumFloat64(dst, a, b []float64) {
 		return
 	}
 	a, b = a[:len(dst)], b[:len(dst)]
-	addF64AVX2(unsafe.Pointer(&dst[0]), unsafe.Pointer(&a[0]), unsafe.Pointer(&b[0]), len(dst))
+	for i := 0; i < len(dst); i += maxRun {
+		addF64AVX2(at(dst, i), at(a, i), at(b, i), min(maxRun, len(dst)-i))
+	}
 }
 
 // MaxFloat32 sets dst[i] = max(a[i], b[i]) with the NaN rule of Max.
@@ -52,7 +65,9 @@ func MaxFloat32(dst, a, b []float32) {
 		return
 	}
 	a, b = a[:len(dst)], b[:len(dst)]
-	maxF32AVX2(unsafe.Pointer(&dst[0]), unsafe.Pointer(&a[0]), unsafe.Pointer(&b[0]), len(dst))
+	for i := 0; i < len(dst); i += maxRun {
+		maxF32AVX2(at(dst, i), at(a, i), at(b, i), min(maxRun, len(dst)-i))
+	}
 }
 
 // MinFloat32 sets dst[i] = min(a[i], b[i]) with the NaN rule of Min.
@@ -62,7 +77,9 @@ func MinFloat32(dst, a, b []float32) {
 		return
 	}
 	a, b = a[:len(dst)], b[:len(dst)]
-	minF32AVX2(unsafe.Pointer(&dst[0]), unsafe.Pointer(&a[0]), unsafe.Pointer(&b[0]), len(dst))
+	for i := 0; i < len(dst); i += maxRun {
+		minF32AVX2(at(dst, i), at(a, i), at(b, i), min(maxRun, len(dst)-i))
+	}
 }
 
 //go:noescape
@@ -76,7 +93,9 @@ func SumFloat32Twice(dst0, dst1, a, b []float32) {
 		return
 	}
 	dst1, a, b = dst1[:len(dst0)], a[:len(dst0)], b[:len(dst0)]
-	addF32x2AVX2(unsafe.Pointer(&dst0[0]), unsafe.Pointer(&dst1[0]), unsafe.Pointer(&a[0]), unsafe.Pointer(&b[0]), len(dst0))
+	for i := 0; i < len(dst0); i += maxRun {
+		addF32x2AVX2(at(dst0, i), at(dst1, i), at(a, i), at(b, i), min(maxRun, len(dst0)-i))
+	}
 }
 
 //go:noescape
@@ -91,5 +110,7 @@ func AvgFloat32Twice(dst0, dst1, a, b []float32) {
 		return
 	}
 	dst1, a, b = dst1[:len(dst0)], a[:len(dst0)], b[:len(dst0)]
-	avgF32x2AVX2(unsafe.Pointer(&dst0[0]), unsafe.Pointer(&dst1[0]), unsafe.Pointer(&a[0]), unsafe.Pointer(&b[0]), len(dst0))
+	for i := 0; i < len(dst0); i += maxRun {
+		avgF32x2AVX2(at(dst0, i), at(dst1, i), at(a, i), at(b, i), min(maxRun, len(dst0)-i))
+	}
 }

@@ -336,3 +336,58 @@ func FuzzTwiceKernels(f *testing.F) {
 		}
 	})
 }
+
+// TestLongRuns checks every SIMD kernel on a buffer that spans several of
+// the runs one assembly call is limited to, with a ragged end.
+func TestLongRuns(t *testing.T) {
+	n := 2*(1<<18) + 37
+	r := rand.New(rand.NewPCG(11, 12))
+	a, b := randF32(r, n), randF32(r, n)
+	kernels := []struct {
+		name       string
+		fast, slow Binary[float32]
+	}{
+		{"sum", SumFloat32, Sum[float32]},
+		{"max", MaxFloat32, Max[float32]},
+		{"min", MinFloat32, Min[float32]},
+		{"sum twice", func(dst, a, b []float32) {
+			other := make([]float32, len(dst))
+			SumFloat32Twice(dst, other, a, b)
+			for i := range dst {
+				if !sameF32(dst[i], other[i]) {
+					t.Fatalf("sum twice: dst1[%d] = %v, dst0 %v", i, other[i], dst[i])
+				}
+			}
+		}, Sum[float32]},
+		{"avg twice", func(dst, a, b []float32) { AvgFloat32Twice(dst, make([]float32, len(dst)), a, b) }, func(dst, a, b []float32) {
+			Sum(dst, a, b)
+			Div(dst, 2)
+		}},
+	}
+	for _, k := range kernels {
+		got, want := make([]float32, n+1), make([]float32, n)
+		got[n] = 42
+		k.fast(got[:n], a, b)
+		k.slow(want, a, b)
+		for i := range want {
+			if !sameF32(got[i], want[i]) {
+				t.Fatalf("%s: [%d] = %v, want %v", k.name, i, got[i], want[i])
+			}
+		}
+		if got[n] != 42 {
+			t.Fatalf("%s wrote past the end", k.name)
+		}
+	}
+	x, y := make([]float64, n), make([]float64, n)
+	for i := range x {
+		x[i], y[i] = r.NormFloat64(), r.NormFloat64()
+	}
+	got, want := make([]float64, n), make([]float64, n)
+	SumFloat64(got, x, y)
+	Sum(want, x, y)
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("float64 sum: [%d] = %v, want %v", i, got[i], want[i])
+		}
+	}
+}
