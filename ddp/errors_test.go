@@ -748,3 +748,51 @@ func TestReadyRacesAbort(t *testing.T) {
 		}
 	}
 }
+
+// TestNewCancelled: a rank whose New fails in the check's collective (its
+// context is cancelled) aborts the group, so a peer whose New completed
+// fails its first step at once instead of waiting for this rank.
+func TestNewCancelled(t *testing.T) {
+	checkNoLeak(t)
+	cs := newTestGroup(t, 2)
+	failed := make(chan struct{})
+	errs := runRanks(cs, func(rank int, c comm.Communicator) error {
+		if rank == 1 {
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			_, err := New(ctx, c, threeParams, Options{})
+			close(failed)
+			if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "rank 1") {
+				return fmt.Errorf("New with a cancelled context: %v", err)
+			}
+			return nil
+		}
+		<-failed
+		// Generous: without the abort this rank would wait here for rank 1.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		r, err := New(ctx, c, threeParams, Options{})
+		if err != nil {
+			if !errors.Is(err, comm.ErrAborted) {
+				return fmt.Errorf("New after the peer's failed New: %v, want the abort", err)
+			}
+			return nil
+		}
+		defer r.Close()
+		if err := r.Begin(true); err != nil {
+			return err
+		}
+		for i := range threeParams {
+			if err := r.Ready(i); err != nil {
+				return err
+			}
+		}
+		if err := r.Wait(ctx); !errors.Is(err, comm.ErrAborted) {
+			return fmt.Errorf("first step after the peer's failed New: %v, want the abort", err)
+		}
+		return nil
+	})
+	if err := firstErr(errs); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -203,6 +203,13 @@ func New(ctx context.Context, c comm.Communicator, params []Param, o Options) (*
 	cctx, cancel, explain := bounded(ctx, o.Timeout)
 	err := explain(checkParams(cctx, c, r.params, &o, local != nil))
 	cancel()
+	if err != nil && local == nil && !errors.Is(err, ErrParamMismatch) {
+		// The check's collective failed here (a cancelled context, a
+		// timeout) but may have completed on the peers, which would go on
+		// to wait for this rank's buckets: abort the group, as a failed
+		// step does.
+		c.Abort(err)
+	}
 	if err != nil || local != nil {
 		r.release()
 		if local != nil {
