@@ -92,7 +92,9 @@
 // carries a rank's own failure to build (an unsupported parameter, bad
 // options, no memory), so that its peers fail with it instead of waiting.
 // Every wait for a collective honours its context and Options.Timeout:
-// Wait's, and those of New's check, the rebuild and BroadcastParameters.
+// Wait's, and those of New's check, the rebuild and BroadcastParameters;
+// when one fails the Reducer aborts the group, since its peers may have
+// got past that collective and would wait for this rank's next one.
 // While Wait waits, after every Options.StallInterval it reports the
 // bucket it waits for (Options.OnStall, or the log). A failed collective,
 // a timeout or a cancelled context makes the error sticky: the Reducer
