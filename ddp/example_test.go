@@ -25,7 +25,6 @@ func Example() {
 	var wg sync.WaitGroup
 	for rank, c := range comms {
 		wg.Go(func() {
-			defer c.Close()
 			ctx := context.Background()
 			r, err := ddp.New(ctx, c, params, ddp.Options{})
 			if err != nil {
@@ -53,6 +52,9 @@ func Example() {
 		})
 	}
 	wg.Wait()
+	for _, c := range comms { // after every rank is done: closing one aborts the group
+		c.Close()
+	}
 	fmt.Println(out[0])
 	fmt.Println(out[1])
 	// Output:
