@@ -173,9 +173,29 @@ func combineT[T reduce.Elem](c *Comm, k reduce.Binary[T], dst unsafe.Pointer, sr
 	reduce.N(k, unsafe.Slice((*T)(dst), m), views[T](c, srcs, m), unsafe.Slice((*T)(c.tmp), m))
 }
 
+// maxMove bounds the bytes of one copy: the runtime's memmove cannot be
+// preempted, so a large copy is cut into pieces of well under a
+// millisecond, and the garbage collector and the scheduler never wait on
+// it for long.
+const maxMove = 1 << 20
+
+// memmove copies n bytes from src to dst, which may overlap.
 func memmove(dst, src unsafe.Pointer, n int) {
 	if n == 0 || dst == src {
 		return
 	}
-	copy(unsafe.Slice((*byte)(dst), n), unsafe.Slice((*byte)(src), n))
+	piece := func(off int) {
+		k := min(maxMove, n-off)
+		copy(unsafe.Slice((*byte)(unsafe.Add(dst, off)), k), unsafe.Slice((*byte)(unsafe.Add(src, off)), k))
+	}
+	if uintptr(dst) > uintptr(src) && uintptr(dst) < uintptr(src)+uintptr(n) {
+		// dst overlaps the end of src: copy the last piece first.
+		for off := (n - 1) / maxMove * maxMove; off >= 0; off -= maxMove {
+			piece(off)
+		}
+		return
+	}
+	for off := 0; off < n; off += maxMove {
+		piece(off)
+	}
 }

@@ -1,6 +1,7 @@
 package inproc
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"runtime"
@@ -8,6 +9,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/ddpgo/ddpgo/comm"
 )
@@ -436,5 +438,27 @@ func TestAllocsWhenParked(t *testing.T) {
 	}
 	if a := testing.AllocsPerRun(50, step); a != 0 {
 		t.Errorf("%v allocations per all_reduce + Wait with the waiter and the worker parked, want 0", a)
+	}
+}
+
+// TestMemmove checks the piecewise copy against copy for sizes around the
+// piece size, with the destination before, after and overlapping the
+// source either way.
+func TestMemmove(t *testing.T) {
+	for _, n := range []int{0, 1, 100, maxMove - 1, maxMove, maxMove + 1, 2*maxMove + 77} {
+		for _, shift := range []int{-maxMove - 3, -5, 0, 5, maxMove + 3, 3 * maxMove} {
+			mem := make([]byte, n+2*maxMove+4*maxMove)
+			for i := range mem {
+				mem[i] = byte(i*7 + i>>8)
+			}
+			want := append([]byte(nil), mem...)
+			src := 2 * maxMove
+			dst := src + shift
+			copy(want[dst:dst+n], want[src:src+n])
+			memmove(unsafe.Pointer(&mem[dst]), unsafe.Pointer(&mem[src]), n)
+			if !bytes.Equal(mem, want) {
+				t.Fatalf("n=%d, dst-src=%d: differs from copy", n, shift)
+			}
+		}
 	}
 }
