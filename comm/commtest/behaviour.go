@@ -118,7 +118,14 @@ func (s *suite) waitDeadline(t *testing.T, cs []comm.Communicator) {
 		ws[r] = cs[r].AllReduce(comm.Float32s(bufs[r]), comm.Sum)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-	err := ws[0].Wait(ctx)
+	errc := make(chan error, 1)
+	go func() { errc <- ws[0].Wait(ctx) }()
+	var err error
+	select {
+	case err = <-errc:
+	case <-time.After(s.cfg.waitTimeout):
+		t.Fatalf("Wait with a context that expired after 20ms has not returned after %v", s.cfg.waitTimeout)
+	}
 	cancel()
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Wait on a collective that rank %d has not joined, with an expiring context = %v; want context.DeadlineExceeded", n-1, err)
