@@ -275,6 +275,11 @@ func RunCollective(ctx context.Context, comms []comm.Communicator, cfg Collectiv
 			if inPlace && cfg.Op == SendRecv {
 				continue // a rank cannot send and receive one buffer at once
 			}
+			// A collective that completes without blocking may not look
+			// at ctx: stop between placements once it is done.
+			if err := ctx.Err(); err != nil {
+				return rows, err
+			}
 			t, err := runPlacement(ctx, comms, ranks, &cfg, count, per, inPlace)
 			if err != nil {
 				return rows, fmt.Errorf("bench: %s %d bytes (%s): %w", cfg.Op, res.Bytes, placeName(inPlace), err)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/ddp"
 	"github.com/ddpgo/ddpgo/inproc"
 )
 
@@ -250,5 +251,19 @@ func TestRowRedOpAndRoot(t *testing.T) {
 		if len(rows) != 1 || rows[0].RedOp != want[op].redop || rows[0].Root != want[op].root {
 			t.Errorf("%s: rows %+v, want redop %q root %d", op, rows, want[op].redop, want[op].root)
 		}
+	}
+}
+
+// TestCancelled checks that a cancelled context stops a sweep and a run,
+// even when no collective has to block and so would not look at it.
+func TestCancelled(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := RunCollective(ctx, group(t, 2), small(AllReduce, comm.Float32, comm.Sum), nil); !errors.Is(err, context.Canceled) {
+		t.Errorf("RunCollective: %v, want context.Canceled", err)
+	}
+	_, err := Run(ctx, Config{Params: []ddp.Param{{Name: "w", Shape: []int{4}}}, Comms: group(t, 2), Steps: 1})
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("Run: %v, want context.Canceled", err)
 	}
 }

@@ -355,6 +355,10 @@ func newDriver(red *ddp.Reducer, cfg Config, rank, n int) *driver {
 // statistics into out and its duration, from calling Begin, into iters.
 func (d *driver) steps(ctx context.Context, k int, measured bool, out []ddp.StepStats, iters []time.Duration) error {
 	for s := range k {
+		// Wait need not look at ctx when nothing is left to wait for.
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		t := time.Now()
 		if err := d.step(ctx); err != nil {
 			return err

@@ -10,24 +10,47 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"regexp"
 	"strings"
+	"syscall"
 
 	"github.com/urfave/cli/v2"
 )
 
 func main() {
-	os.Exit(runMain(os.Args, os.Stdout, os.Stderr))
+	// The first interrupt cancels the run, which then stops its ranks,
+	// erases the progress bar and exits; a second one kills at once.
+	ctx, cancel := context.WithCancel(context.Background())
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sig
+		signal.Stop(sig)
+		cancel()
+	}()
+	os.Exit(runMainContext(ctx, os.Args, os.Stdout, os.Stderr))
 }
 
 // runMain runs the command line args and returns the exit status. Every
 // error is reported as one line on stderr.
 func runMain(args []string, stdout, stderr io.Writer) int {
-	if err := newApp(stdout, stderr).Run(args); err != nil {
+	return runMainContext(context.Background(), args, stdout, stderr)
+}
+
+// runMainContext is runMain with a context whose cancellation interrupts
+// the run: exit status 130, as a shell reports an interrupted command.
+func runMainContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if err := newApp(stdout, stderr).RunContext(ctx, args); err != nil {
+		if ctx.Err() != nil {
+			fmt.Fprintf(stderr, "ddpbench: interrupted\n")
+			return 130
+		}
 		msg := oneLine(err)
 		var u usageError
 		if errors.As(err, &u) {

@@ -549,3 +549,20 @@ func (late) WaitOp(context.Context, uint64) error {
 	return fmt.Errorf("waiting: %w", context.DeadlineExceeded)
 }
 func (late) TestOp(uint64) (bool, error) { return true, context.DeadlineExceeded }
+
+// TestInterrupted checks that a cancelled run stops with status 130 and
+// one line, from the parse of its flags to its collectives.
+func TestInterrupted(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, args := range [][]string{
+		{"collective", "-b", "4K", "-e", "4K"},
+		{"run", "--steps", "1", "--warmup", "0", "--model", writeFile(t, "m.json", `{"model":"m","params":[{"name":"w","shape":[4]}]}`)},
+	} {
+		var o, e bytes.Buffer
+		code := runMainContext(ctx, append([]string{"ddpbench"}, args...), &o, &e)
+		if code != 130 || e.String() != "ddpbench: interrupted\n" {
+			t.Errorf("%v: status %d, stderr %q", args, code, e.String())
+		}
+	}
+}
