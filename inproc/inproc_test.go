@@ -395,6 +395,19 @@ func TestLargeGroup(t *testing.T) {
 	if bufs[0][0] != n || bufs[n-1][0] != n || msg[0] != 42 {
 		t.Errorf("all_reduce over %d ranks: %d, %d; message %d", n, bufs[0][0], bufs[n-1][0], msg[0])
 	}
+	// A uint8 average over more ranks than a uint8 can count: the sum
+	// wraps and its quotient by 256 is 0 (it must not divide by zero).
+	ws = ws[:0]
+	small := make([][]uint8, n)
+	for r, c := range cs {
+		small[r] = []uint8{1, 255}
+		ws = append(ws, c.AllReduce(comm.Uint8s(small[r]), comm.Avg))
+	}
+	for r, err := range waitAll(t, ws) {
+		if err != nil || small[r][0] != 0 || small[r][1] != 0 {
+			t.Fatalf("rank %d: uint8 avg over %d ranks: %v, %v; want nil, [0 0]", r, n, err, small[r])
+		}
+	}
 }
 
 // TestAllocsWhenParked checks that waiting allocates nothing when both

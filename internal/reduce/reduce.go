@@ -116,11 +116,17 @@ func Min[T Elem](dst, a, b []T) {
 	}
 }
 
-// Div divides every element of dst by n: the final step of Avg. Floats
-// divide in their own precision (one rounding); integers truncate toward
-// zero.
+// Div divides every element of dst by n >= 1: the final step of Avg.
+// Floats divide in their own precision (one rounding); integers truncate
+// toward zero, and when n does not fit in the integer type (a uint8
+// average over 256 ranks or more) every element is smaller than n, so the
+// quotient is 0.
 func Div[T Elem](dst []T, n int) {
 	d := T(n)
+	if one := T(1); one/2 == 0 && int64(d) != int64(n) {
+		clear(dst)
+		return
+	}
 	for i := range dst {
 		dst[i] /= d
 	}

@@ -133,6 +133,23 @@ func TestDiv(t *testing.T) {
 	if f[0] != float32(1)/3 || f[1] != float32(2)/3 {
 		t.Errorf("float32 Div: %v", f)
 	}
+	// A divisor that does not fit in the element type: every element is
+	// smaller than it, so the quotient is 0 (and nothing divides by zero).
+	for _, n := range []int{255, 256, 257, 1000} {
+		u := []uint8{255, 254, 1, 0}
+		Div(u, n)
+		for i, v := range u {
+			if want := uint8([]int{255, 254, 1, 0}[i] / n); v != want {
+				t.Errorf("uint8 Div by %d: %v, want element %d = %d", n, u, i, want)
+			}
+		}
+	}
+	// A float divisor rounded to the type is still a divisor, not 0.
+	g := []float32{1 << 25}
+	Div(g, 1<<24+1)
+	if g[0] != float32(1<<25)/float32(1<<24+1) {
+		t.Errorf("float32 Div by 2^24+1: %v", g)
+	}
 }
 
 func TestHalfOrder(t *testing.T) {
