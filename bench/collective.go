@@ -153,7 +153,7 @@ type Timing struct {
 // CollectiveRow is one size of a sweep.
 type CollectiveRow struct {
 	Bytes      int64 // nccl-tests' size: the larger of the send and receive buffers
-	Count      int   // elements in that buffer
+	Count      int   // nccl-tests' count: the collective's count argument (per rank for all_gather and reduce_scatter)
 	DType      comm.DType
 	RedOp      string // "sum", ... or "none" (as nccl-tests prints it)
 	Root       int    // -1 when the collective has no root
@@ -221,14 +221,18 @@ func (cfg *CollectiveConfig) validate(n int) error {
 }
 
 // geometry returns, for a requested size, the element counts nccl-tests
-// uses: count is the element count of the larger buffer (rounded down to
-// a multiple of n for the gather and scatter collectives), per the count
-// each rank contributes to them.
+// uses: count is the element count of the larger buffer and per the count
+// each rank contributes to (all_gather) or receives from (reduce_scatter)
+// the gather and scatter collectives, which nccl-tests rounds down to a
+// multiple of 16 bytes ((count/nranks) & -(16/eltSize)); for the other
+// collectives per is count.
 func geometry(op Collective, dt comm.DType, size int64, n int) (count, per int) {
 	count = int(size / int64(dt.Size()))
 	if op == AllGather || op == ReduceScatter {
-		count -= count % n
-		return count, count / n
+		align := max(1, 16/dt.Size())
+		per = count / n
+		per -= per % align
+		return per * n, per
 	}
 	return count, count
 }
@@ -262,7 +266,9 @@ func RunCollective(ctx context.Context, comms []comm.Communicator, cfg Collectiv
 		if per == 0 {
 			continue
 		}
-		res := CollectiveRow{Bytes: int64(count * es), Count: count, DType: cfg.DType, RedOp: "none", Root: -1}
+		// nccl-tests' count column is the count passed to the collective:
+		// per rank for all_gather and reduce_scatter.
+		res := CollectiveRow{Bytes: int64(count * es), Count: per, DType: cfg.DType, RedOp: "none", Root: -1}
 		// sendrecv_perf prints the -o operation though nothing is reduced;
 		// the other collectives without a reduction print "none".
 		if cfg.Op.Reduces() || cfg.Op == SendRecv {

@@ -267,3 +267,41 @@ func TestCancelled(t *testing.T) {
 		t.Errorf("Run: %v, want context.Canceled", err)
 	}
 }
+
+// TestGeometry checks the sizes and counts of each collective against
+// nccl-tests' GetCollByteCount: all_gather and reduce_scatter split the
+// size over the ranks, rounded down to 16 bytes per rank, and their count
+// column is the per-rank count.
+func TestGeometry(t *testing.T) {
+	tests := []struct {
+		op         Collective
+		dt         comm.DType
+		size       int64
+		n          int
+		count, per int
+	}{
+		{AllReduce, comm.Float32, 4096, 3, 1024, 1024},
+		{Broadcast, comm.Float16, 4098, 2, 2049, 2049},
+		{AllGather, comm.Float32, 4096, 3, 1020, 340},    // 341 floats per rank -> 340
+		{ReduceScatter, comm.Float64, 4096, 3, 510, 170}, // 170.67 -> 170 (2 doubles = 16 B)
+		{AllGather, comm.Uint8, 4096, 3, 4080, 1360},     // 1365 bytes -> 1360
+		{ReduceScatter, comm.BFloat16, 1 << 20, 8, 1 << 19, 1 << 16},
+		{AllGather, comm.Float32, 40, 3, 0, 0}, // 3 floats per rank: below 16 B
+	}
+	for _, tt := range tests {
+		count, per := geometry(tt.op, tt.dt, tt.size, tt.n)
+		if count != tt.count || per != tt.per {
+			t.Errorf("%s %s %d B %d ranks: count %d per %d, want %d and %d", tt.op, tt.dt, tt.size, tt.n, count, per, tt.count, tt.per)
+		}
+	}
+	g := group(t, 3)
+	cfg := small(AllGather, comm.Float32, comm.Sum)
+	cfg.MinBytes, cfg.MaxBytes = 4096, 4096
+	rows, err := RunCollective(context.Background(), g, cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 || rows[0].Bytes != 4080 || rows[0].Count != 340 || rows[0].InPlace.Wrong != 0 {
+		t.Errorf("all_gather 4096 B on 3 ranks: %+v, want 4080 bytes, count 340", rows)
+	}
+}

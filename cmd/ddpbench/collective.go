@@ -114,12 +114,11 @@ func parseCollective(c *cli.Context) (collectiveOpts, error) {
 	if o.cfg.Op == bench.SendRecv && o.ranks < 2 {
 		return o, usagef("--op sendrecv needs --ranks >= 2")
 	}
-	// The largest size must hold an element (all_gather and reduce_scatter:
-	// one per rank); smaller sizes are skipped, as nccl-tests prints them
-	// with no data.
+	// The largest size must move some data; smaller sizes are skipped
+	// (nccl-tests prints them with no data).
 	if need := minBytes(o.cfg.Op, o.cfg.DType, o.ranks); o.cfg.MaxBytes < need {
-		return o, usagef("-e/--maxbytes %d: smaller than the %d bytes of one %s element per rank that %s needs",
-			o.cfg.MaxBytes, need, o.cfg.DType, o.cfg.Op)
+		return o, usagef("-e/--maxbytes %d: %s of %s with %d ranks needs at least %d bytes",
+			o.cfg.MaxBytes, o.cfg.Op, o.cfg.DType, o.ranks, need)
 	}
 	if o.backend, err = lookupBackend(c.String("backend")); err != nil {
 		return o, err
@@ -138,10 +137,12 @@ func parseCollective(c *cli.Context) (collectiveOpts, error) {
 	return o, nil
 }
 
-// minBytes is the smallest size for which op moves any data.
+// minBytes is the smallest size for which op moves any data: one element,
+// or for all_gather and reduce_scatter one 16-byte-aligned slice per rank
+// (nccl-tests rounds their per-rank count down to 16 bytes).
 func minBytes(op bench.Collective, dt comm.DType, ranks int) int64 {
 	if op == bench.AllGather || op == bench.ReduceScatter {
-		return int64(dt.Size() * ranks)
+		return int64(max(16, dt.Size()) * ranks)
 	}
 	return int64(dt.Size())
 }
