@@ -198,23 +198,24 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if cfg.Compute != ComputeNone {
 		res.ComputeTarget = float64(res.Numel) / cfg.Rate
 	}
-	trace := min(cfg.TraceSteps, cfg.Steps)
+	trace := min(max(cfg.TraceSteps, 0), cfg.Steps)
 	res.Trace = make([][]ddp.StepStats, trace)
 	for s := range res.Trace {
 		res.Trace[s] = make([]ddp.StepStats, n)
 	}
-	// per[rank][step] holds the measured steps' statistics.
-	per := make([][]ddp.StepStats, n)
-	iters := make([][]time.Duration, n)
+	// per[rank][step] holds what the results need of each measured step:
+	// a few numbers, so that long runs stay small. Every rank's full
+	// statistics are kept only for the traced steps, in res.Trace, sized
+	// now so that copying them allocates nothing while allocations are
+	// being counted (there are never more buckets than parameters).
+	per := make([][]stepSummary, n)
 	for r := range per {
-		per[r] = make([]ddp.StepStats, cfg.Steps)
-		iters[r] = make([]time.Duration, cfg.Steps)
-		// Sized now so that copying a step's statistics allocates nothing
-		// while allocations are being counted (there are never more
-		// buckets than parameters).
-		for s := range per[r] {
-			per[r][s].Buckets = make([]ddp.BucketStats, 0, len(cfg.Params))
-			per[r][s].ParamReady = make([]time.Duration, 0, len(cfg.Params))
+		per[r] = make([]stepSummary, cfg.Steps)
+	}
+	for s := range res.Trace {
+		for r := range res.Trace[s] {
+			res.Trace[s][r].Buckets = make([]ddp.BucketStats, 0, len(cfg.Params))
+			res.Trace[s][r].ParamReady = make([]time.Duration, 0, len(cfg.Params))
 		}
 	}
 
@@ -232,7 +233,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			warm.Done()
 			measured.Wait()
 			if err == nil {
-				err = d.steps(ctx, cfg.Steps, true, per[r], iters[r])
+				err = d.steps(ctx, cfg.Steps, true, per[r], res.Trace)
 			}
 			if err != nil {
 				errs[r] = fmt.Errorf("rank %d: %w", r, err)
@@ -258,15 +259,12 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		var bws float64
 		for r := range n {
 			st := &per[r][s]
-			w, c, cm = max(w, st.Wall), max(c, st.Compute), max(cm, st.Comm)
-			it = max(it, iters[r][s])
-			ov += st.Overlap
-			cs += st.Comm
-			bws += comm.BusBW(comm.KindAllReduce, n, st.Bytes, st.Comm)
-			res.Overflows += st.Overflows
-			if s < trace {
-				res.Trace[s][r] = *st
-			}
+			w, c, cm = max(w, st.wall), max(c, st.compute), max(cm, st.comm)
+			it = max(it, st.iter)
+			ov += st.overlap
+			cs += st.comm
+			bws += comm.BusBW(comm.KindAllReduce, n, st.bytes, st.comm)
+			res.Overflows += st.overflows
 		}
 		wall = append(wall, w.Seconds())
 		iter = append(iter, it.Seconds())
@@ -282,7 +280,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	res.IterTime = dist(iter)
 	res.StepTime, res.ComputeTime, res.CommTime = dist(wall), dist(compute), dist(commT)
 	res.OverlapRatio, res.BusBW = dist(ratio), dist(bw)
-	res.WireBytes = per[0][cfg.Steps-1].Bytes
+	res.WireBytes = per[0][cfg.Steps-1].bytes
 	for _, b := range reducers[0].Buckets() {
 		res.Buckets = append(res.Buckets, int64(b.Bytes))
 	}
@@ -351,9 +349,16 @@ func newDriver(red *ddp.Reducer, cfg Config, rank, n int) *driver {
 	return d
 }
 
-// steps runs k synced steps; when measured, it copies each step's
-// statistics into out and its duration, from calling Begin, into iters.
-func (d *driver) steps(ctx context.Context, k int, measured bool, out []ddp.StepStats, iters []time.Duration) error {
+// stepSummary is what Result needs of one rank's measured step.
+type stepSummary struct {
+	wall, iter, compute, comm, overlap time.Duration
+	bytes, overflows                   int64
+}
+
+// steps runs k synced steps; when measured, it summarizes each step into
+// out (with its duration from calling Begin) and copies the statistics of
+// the first len(trace) steps into trace[step][rank].
+func (d *driver) steps(ctx context.Context, k int, measured bool, out []stepSummary, trace [][]ddp.StepStats) error {
 	for s := range k {
 		// Wait need not look at ctx when nothing is left to wait for.
 		if err := ctx.Err(); err != nil {
@@ -363,9 +368,7 @@ func (d *driver) steps(ctx context.Context, k int, measured bool, out []ddp.Step
 		if err := d.step(ctx); err != nil {
 			return err
 		}
-		if iters != nil {
-			iters[s] = time.Since(t)
-		}
+		iter := time.Since(t)
 		if measured && !d.checked {
 			if err := d.check(); err != nil {
 				return err
@@ -374,7 +377,12 @@ func (d *driver) steps(ctx context.Context, k int, measured bool, out []ddp.Step
 		}
 		d.red.StatsInto(&d.stats)
 		if out != nil {
-			d.red.StatsInto(&out[s])
+			st := &d.stats
+			out[s] = stepSummary{wall: st.Wall, iter: iter, compute: st.Compute, comm: st.Comm,
+				overlap: st.Overlap, bytes: st.Bytes, overflows: st.Overflows}
+		}
+		if s < len(trace) {
+			d.red.StatsInto(&trace[s][d.rank])
 		}
 		if d.cfg.OnStep != nil {
 			d.cfg.OnStep(d.rank, measured, &d.stats)

@@ -63,6 +63,13 @@ func TestRun(t *testing.T) {
 			if len(res.Trace) != 2 || len(res.Trace[0]) != tt.ranks || res.Trace[1][0].Step != res.Trace[0][0].Step+1 {
 				t.Errorf("trace: %d steps", len(res.Trace))
 			}
+			for s := range res.Trace {
+				for r, st := range res.Trace[s] {
+					if st.Wall <= 0 || len(st.Buckets) != len(res.Buckets) || len(st.ParamReady) != 4 {
+						t.Errorf("trace step %d rank %d: wall %v, %d buckets, %d ready marks", s, r, st.Wall, len(st.Buckets), len(st.ParamReady))
+					}
+				}
+			}
 			for r := range tt.ranks {
 				if onStep[r] != 4 {
 					t.Errorf("rank %d: OnStep called %d times for measured steps, want 4", r, onStep[r])
@@ -89,6 +96,20 @@ func TestRun(t *testing.T) {
 				t.Errorf("%d goroutines after the run, %d before", n, before)
 			}
 		})
+	}
+}
+
+// TestRunNoTrace checks that a run keeps no per-step statistics when it
+// traces nothing, whatever TraceSteps says.
+func TestRunNoTrace(t *testing.T) {
+	for _, ts := range []int{0, -1} {
+		res, err := Run(context.Background(), Config{Params: tinyParams(), Comms: group(t, 2), Steps: 2, TraceSteps: ts})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Trace) != 0 || res.StepTime.Median <= 0 {
+			t.Errorf("TraceSteps %d: %d traced steps, step time %v", ts, len(res.Trace), res.StepTime)
+		}
 	}
 }
 
