@@ -206,6 +206,7 @@ func TestEquivalence(t *testing.T) {
 				cfg  trainConfig
 			}{
 				{"view", nil, trainConfig{}},
+				{"view-nozero", func(o *Options) { o.NoZeroGrad = true }, trainConfig{}},
 				{"view-keep", func(o *Options) { o.KeepLayout = true }, trainConfig{concurrent: true}},
 				{"copy", func(o *Options) { o.CopyGrads = true }, trainConfig{concurrent: true}},
 				{"copy-setgrad", func(o *Options) { o.CopyGrads = true }, trainConfig{setGrad: true}},

@@ -45,7 +45,9 @@
 // memory, a third of a ResNet-50 step on a small machine): the gradients
 // then hold the last average until overwritten, so the first step of each
 // accumulation window that marks a parameter must write (=) its gradient,
-// as PyTorch's zero_grad(set_to_none=True) requires of autograd. A
+// as PyTorch's zero_grad(set_to_none=True) requires of autograd (SetGrad
+// overwrites, and AddGrad overwrites a gradient still holding the last
+// average, so both are always right). A
 // parameter that the caller leaves unmarked through a whole window and the
 // Reducer marks unused (below) is zeroed before it is reduced, never
 // reduced again with its stale average.

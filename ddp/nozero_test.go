@@ -125,3 +125,57 @@ func TestNoZeroGrad(t *testing.T) {
 		})
 	}
 }
+
+// TestNoZeroGradAddGrad: with NoZeroGrad, AddGrad accumulates from zero in
+// the first step of a window (the stale average is overwritten, not added
+// to) and adds in later steps, so a window of AddGrad calls reduces the
+// average of the local sums.
+func TestNoZeroGradAddGrad(t *testing.T) {
+	checkNoLeak(t)
+	for _, copyGrads := range []bool{false, true} {
+		t.Run(fmt.Sprintf("copy=%v", copyGrads), func(t *testing.T) {
+			cs := newTestGroup(t, 2)
+			errs := withReducers(t, cs, threeParams, func() Options {
+				return Options{NoZeroGrad: true, CopyGrads: copyGrads, KeepLayout: true}
+			}, func(rank int, r *Reducer) error {
+				ctx := context.Background()
+				local := func(q, step, p, j int) float32 { return float32(100*step + 10*q + p + j) }
+				for window := range 3 {
+					steps := []int{2 * window, 2*window + 1} // a no-sync step, then a synced one
+					for k, step := range steps {
+						if err := r.Begin(k == 1); err != nil {
+							return err
+						}
+						for p := range threeParams {
+							g := make([]float32, threeParams[p].Numel())
+							for j := range g {
+								g[j] = local(rank, step, p, j)
+							}
+							if err := r.AddGrad(p, g); err != nil {
+								return err
+							}
+						}
+					}
+					if err := r.Wait(ctx); err != nil {
+						return err
+					}
+					for p := range threeParams {
+						for j, x := range r.Grad(p) {
+							var want float32
+							for q := range 2 {
+								want += (local(q, steps[0], p, j) + local(q, steps[1], p, j)) / 2
+							}
+							if x != want {
+								return fmt.Errorf("window %d parameter %d elem %d: %v, want %v", window, p, j, x, want)
+							}
+						}
+					}
+				}
+				return nil
+			})
+			if err := firstErr(errs); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

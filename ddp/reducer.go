@@ -73,7 +73,8 @@ type Options struct {
 	// zero_grad(set_to_none=True) instead of zero_grad()): after a synced
 	// step every gradient still holds the last average, so the first
 	// step of each accumulation window must overwrite (=) every gradient it
-	// marks ready, or use SetGrad; later no-sync steps add (+=) as usual.
+	// marks ready, or use SetGrad or AddGrad (which know); later no-sync
+	// steps add (+=) as usual.
 	// It saves one pass over the gradient memory per step. A parameter
 	// the Reducer marks unused (FindUnusedParameters, StaticGraph) that the
 	// caller has not marked since the last synced step is zeroed before it
@@ -443,14 +444,21 @@ func (r *Reducer) SetGrad(i int, g []float32) error {
 	return r.Ready(i)
 }
 
-// AddGrad adds g into parameter i's gradient and marks it ready.
+// AddGrad adds g into parameter i's gradient and marks it ready. With
+// Options.NoZeroGrad, a gradient that still holds the last synced step's
+// average (not marked since) is overwritten instead, so AddGrad
+// accumulates correctly in every step of a window.
 func (r *Reducer) AddGrad(i int, g []float32) error {
 	dst, err := r.gradFor("AddGrad", i, g)
 	if err != nil {
 		return err
 	}
-	for j, v := range g {
-		dst[j] += v
+	if r.stale[i] {
+		copy(dst, g)
+	} else {
+		for j, v := range g {
+			dst[j] += v
+		}
 	}
 	return r.Ready(i)
 }
