@@ -261,20 +261,41 @@ func (g *group) judge(s *collSlot, k uint64) error {
 		}
 		return fmt.Errorf("%w: collective #%d: invalid call on rank(s) %v%s", comm.ErrInvalid, k, invalid, msg)
 	}
-	var differ []int
-	for r := 1; r < len(s.d); r++ {
-		if !s.d[r].matches(&s.d[0]) {
-			differ = append(differ, r)
+	agree := true
+	for r := 1; r < len(s.d) && agree; r++ {
+		agree = s.d[r].matches(&s.d[0])
+	}
+	if agree {
+		return nil
+	}
+	// Name the ranks that differ from the call most ranks made (on a tie,
+	// the lowest rank's), so that one odd rank is named as the odd one
+	// even when it is rank 0.
+	ref, best := 0, 0
+	for r := range s.d {
+		votes := 0
+		for q := range s.d {
+			if s.d[q].matches(&s.d[r]) {
+				votes++
+			}
+		}
+		if votes > best {
+			ref, best = r, votes
 		}
 	}
-	if len(differ) == 0 {
-		return nil
+	var same, differ []int
+	for r := range s.d {
+		if s.d[r].matches(&s.d[ref]) {
+			same = append(same, r)
+		} else {
+			differ = append(differ, r)
+		}
 	}
 	msg := ""
 	for r := range s.d {
 		msg += fmt.Sprintf("; rank %d: %s", r, &s.d[r])
 	}
-	return fmt.Errorf("%w: collective #%d: rank(s) %v differ from rank 0%s", comm.ErrMismatch, k, differ, msg)
+	return fmt.Errorf("%w: collective #%d: rank(s) %v differ from rank(s) %v%s", comm.ErrMismatch, k, differ, same, msg)
 }
 
 // violated reports a broken invariant of the protocol (invariants builds).

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -471,6 +472,36 @@ func TestMemmove(t *testing.T) {
 			memmove(unsafe.Pointer(&mem[dst]), unsafe.Pointer(&mem[src]), n)
 			if !bytes.Equal(mem, want) {
 				t.Fatalf("n=%d, dst-src=%d: differs from copy", n, shift)
+			}
+		}
+	}
+}
+
+// TestMismatchNamesOddRank: the ranks named as differing are those that
+// differ from the call most ranks made, whichever rank that is.
+func TestMismatchNamesOddRank(t *testing.T) {
+	for _, tc := range []struct {
+		n    int
+		odd  []int
+		want string
+	}{
+		{4, []int{0}, "rank(s) [0] differ from rank(s) [1 2 3]"},
+		{4, []int{3}, "rank(s) [3] differ from rank(s) [0 1 2]"},
+		{5, []int{1, 4}, "rank(s) [1 4] differ from rank(s) [0 2 3]"},
+		{2, []int{0}, "rank(s) [1] differ from rank(s) [0]"}, // a tie: the lowest rank's call is the reference
+	} {
+		cs := testGroup(t, tc.n, Options{})
+		ws := make([]comm.Work, tc.n)
+		for r, c := range cs {
+			op := comm.Sum
+			if slices.Contains(tc.odd, r) {
+				op = comm.Min
+			}
+			ws[r] = c.AllReduce(comm.Float64s(make([]float64, 3)), op)
+		}
+		for r, err := range waitAll(t, ws) {
+			if !errors.Is(err, comm.ErrMismatch) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%d ranks, odd %v: rank %d: %v; want ErrMismatch saying %q", tc.n, tc.odd, r, err, tc.want)
 			}
 		}
 	}
