@@ -796,3 +796,33 @@ func TestNewCancelled(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestSharedHook: one Hook value given to two ranks is refused (each rank
+// needs its own): one rank fails with hooks.ErrShared, the others learn of
+// it in New's check; nothing races.
+func TestSharedHook(t *testing.T) {
+	checkNoLeak(t)
+	for _, mk := range []func() hooks.Hook{hooks.Avg, hooks.FP16} {
+		h := mk()
+		cs := newTestGroup(t, 2)
+		errs := runRanks(cs, func(rank int, c comm.Communicator) error {
+			r, err := New(context.Background(), c, threeParams, Options{Hook: h})
+			if err == nil {
+				r.Close()
+			}
+			return err
+		})
+		shared := 0
+		for rank, err := range errs {
+			switch {
+			case errors.Is(err, hooks.ErrShared):
+				shared++
+			case !errors.Is(err, ErrParamMismatch):
+				t.Fatalf("%s: rank %d: %v, want ErrShared or ErrParamMismatch", h.Name(), rank, err)
+			}
+		}
+		if shared != 1 {
+			t.Fatalf("%s: %d ranks failed with ErrShared, want 1: %v", h.Name(), shared, errs)
+		}
+	}
+}

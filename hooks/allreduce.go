@@ -3,6 +3,7 @@ package hooks
 import (
 	"context"
 	"fmt"
+	"sync"
 
 	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
@@ -29,6 +30,7 @@ func Avg() Hook { return &plain{name: "avg"} }
 type plain struct {
 	name     string
 	prescale bool
+	mu       sync.Mutex // Setup and Close: a value shared by mistake fails cleanly
 	c        comm.Communicator
 	max      int
 	closed   bool
@@ -37,6 +39,8 @@ type plain struct {
 func (h *plain) Name() string { return h.name }
 
 func (h *plain) Setup(c comm.Communicator, _ *allocator.Pool, counts []int) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	if h.c != nil && h.c != c {
 		return fmt.Errorf("%w: %s hook set up on rank %d, then given rank %d's communicator", ErrShared, h.Name(), h.c.Rank(), c.Rank())
 	}
@@ -71,6 +75,8 @@ func (h *plain) Reduce(ctx context.Context, c comm.Communicator, b *Bucket) erro
 }
 
 func (h *plain) Close() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	h.closed = true
 	return nil
 }

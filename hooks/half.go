@@ -3,6 +3,7 @@ package hooks
 import (
 	"context"
 	"fmt"
+	"sync"
 	"unsafe"
 
 	"github.com/ddpgo/ddpgo/allocator"
@@ -40,6 +41,7 @@ type half struct {
 	compress   func(dst []uint16, src []float32, scale float32)
 	decompress func(dst []float32, src []uint16)
 
+	mu      sync.Mutex // Setup and Close: a value shared by mistake fails cleanly
 	c       comm.Communicator
 	pool    *allocator.Pool
 	scratch allocator.Block
@@ -51,6 +53,8 @@ type half struct {
 func (h *half) Name() string { return h.name }
 
 func (h *half) Setup(c comm.Communicator, pool *allocator.Pool, counts []int) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	if h.c != nil && h.c != c {
 		return fmt.Errorf("%w: %s hook set up on rank %d, then given rank %d's communicator", ErrShared, h.name, h.c.Rank(), c.Rank())
 	}
@@ -154,6 +158,8 @@ func isInf(f float32) bool { return f > maxFloat32 || f < -maxFloat32 }
 const maxFloat32 = 3.40282346638528859811704183484516925440e+38
 
 func (h *half) Close() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	h.closed = true
 	if !h.have {
 		return nil

@@ -409,3 +409,49 @@ func TestAvgMatchesAllReduce(t *testing.T) {
 		})
 	}
 }
+
+// TestSharedConcurrentSetup: two ranks setting up one Hook value at the
+// same time (a value shared by mistake): exactly one succeeds, the other
+// fails with ErrShared, without a data race; Close from both is safe.
+func TestSharedConcurrentSetup(t *testing.T) {
+	for _, k := range kinds {
+		cs, err := inproc.NewGroup(2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pool, err := allocator.New(allocator.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := k.hook()
+		errs := make([]error, 2)
+		var wg sync.WaitGroup
+		for r, c := range cs {
+			wg.Go(func() { errs[r] = h.Setup(c, pool, []int{64}) })
+		}
+		wg.Wait()
+		if (errs[0] == nil) == (errs[1] == nil) {
+			t.Fatalf("%s: Setup errors %v, want exactly one", k.name, errs)
+		}
+		for _, err := range errs {
+			if err != nil && !errors.Is(err, ErrShared) {
+				t.Fatalf("%s: %v, want ErrShared", k.name, err)
+			}
+		}
+		for range 2 {
+			wg.Go(func() {
+				if err := h.Close(); err != nil {
+					t.Errorf("%s: Close: %v", k.name, err)
+				}
+			})
+		}
+		wg.Wait()
+		if st := pool.Stats(); st.InUse != 0 {
+			t.Errorf("%s: %d bytes in use after Close", k.name, st.InUse)
+		}
+		pool.Close()
+		for _, c := range cs {
+			c.Close()
+		}
+	}
+}
