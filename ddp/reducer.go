@@ -682,7 +682,9 @@ func (r *Reducer) finish() {
 // Stats returns the statistics of the last completed step. It allocates
 // nothing: the slices in the result are the Reducer's own and stay valid
 // until the next Wait returns (or the next Begin after a no-sync step);
-// use StatsInto to keep a copy.
+// use StatsInto to keep a copy. Like StatsInto, it must not run
+// concurrently with Wait or Begin: call it from the training goroutine
+// (a metrics exporter on another goroutine takes the copy it is handed).
 func (r *Reducer) Stats() StepStats { return *r.last }
 
 // StatsInto copies the statistics of the last completed step into dst,
