@@ -25,7 +25,8 @@ var (
 	ErrStaticGraph = errors.New("ddp: static graph changed")
 	// ErrParamMismatch: the ranks were built with different parameters, or
 	// with options that would make them issue different collectives (hook,
-	// bucket caps, KeepLayout).
+	// bucket caps, KeepLayout), or another rank could not build its
+	// Reducer at all (its own error says why).
 	ErrParamMismatch = errors.New("ddp: parameters differ between ranks")
 	// ErrGradSize: a gradient or value slice has the wrong length.
 	ErrGradSize = errors.New("ddp: wrong gradient size")
