@@ -41,8 +41,9 @@ const (
 )
 
 // Options configures a Reducer. The zero value gives PyTorch DDP's
-// defaults: 25 MiB buckets (1 MiB for the first), plain averaging,
-// gradients as bucket views.
+// bucket sizes (25 MiB, 1 MiB for the first), averaging with hooks.Avg,
+// and gradients as bucket views (PyTorch's gradient_as_bucket_view=True,
+// which is not PyTorch's default).
 type Options struct {
 	// BucketCap and FirstBucketCap are byte limits of the buckets; 0 means
 	// DefaultBucketCap and DefaultFirstBucketCap.
