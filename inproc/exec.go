@@ -78,6 +78,14 @@ func split(count, sz, p, parts int) (lo, hi int) {
 // reduceInto reduces m elements at srcs into dsts[0] and copies the result
 // to the other dsts, chunk by chunk so the copies read from L1.
 func (c *Comm) reduceInto(dsts, srcs []unsafe.Pointer, dt comm.DType, op comm.Op, m int) {
+	if len(srcs) == 1 {
+		// One rank: every op (Avg divides by 1) leaves the input as it is,
+		// so the reduction is at most a copy, and in place nothing at all.
+		for _, dst := range dsts {
+			memmove(dst, srcs[0], m*dt.Size())
+		}
+		return
+	}
 	if dt == comm.Float32 && (op == comm.Sum || op == comm.Avg) && len(srcs) == 2 && len(dsts) == 2 {
 		// The two-rank all-reduce: one pass, both outputs stored at once;
 		// Avg halves in the same pass; times 0.5 rounds as the general
