@@ -154,8 +154,8 @@ func (o *runOpts) describe() string {
 	if !o.bucketView {
 		view = "gradients copied into buckets"
 	}
-	fmt.Fprintf(b, "%d ranks (%s), bucket cap %g MiB (first %g MiB), compression %s, %s\n",
-		o.ranks, o.backend.name, o.bucketCapMB, o.firstMB, o.compression, view)
+	fmt.Fprintf(b, "%s (%s), bucket cap %g MiB (first %g MiB), compression %s, %s\n",
+		rankCount(o.ranks), o.backend.name, o.bucketCapMB, o.firstMB, o.compression, view)
 	return b.String()
 }
 
@@ -206,4 +206,12 @@ func groupDigits(n int64) string {
 		return "-" + string(out)
 	}
 	return string(out)
+}
+
+// rankCount is "1 rank" or "N ranks".
+func rankCount(n int) string {
+	if n == 1 {
+		return "1 rank"
+	}
+	return fmt.Sprintf("%d ranks", n)
 }

@@ -132,8 +132,8 @@ func writeSweepTable(w io.Writer, recs []runRecord) error {
 	sb := &strings.Builder{}
 	// The configuration line, without the cap, which varies.
 	desc := strings.SplitN(o.describe(), "\n", 3)
-	fmt.Fprintf(sb, "%s\n%d ranks (%s), first bucket %g MiB, compression %s, compute %s",
-		desc[0], o.ranks, o.backend.name, o.firstMB, o.compression, o.compute)
+	fmt.Fprintf(sb, "%s\n%s (%s), first bucket %g MiB, compression %s, compute %s",
+		desc[0], rankCount(o.ranks), o.backend.name, o.firstMB, o.compression, o.compute)
 	if o.compute != bench.ComputeNone {
 		fmt.Fprintf(sb, " (%.2f ms per step)", recs[0].res.ComputeTarget*1e3)
 	}
@@ -158,7 +158,7 @@ func writePlotFile(path string, o *runOpts, recs []runRecord) error {
 		pts[i] = plotPoint{CapMB: r.o.bucketCapMB, StepMS: r.res.StepTime.Median * 1e3,
 			StepP10: r.res.StepTime.P10 * 1e3, StepP90: r.res.StepTime.P90 * 1e3, Overlap: r.res.OverlapRatio.Median}
 	}
-	title := fmt.Sprintf("%s, %d ranks (%s), compression %s, compute %s", o.model.Model, o.ranks, o.backend.name, o.compression, o.compute)
+	title := fmt.Sprintf("%s, %s (%s), compression %s, compute %s", o.model.Model, rankCount(o.ranks), o.backend.name, o.compression, o.compute)
 	if o.compute != bench.ComputeNone && len(recs) > 0 {
 		title += fmt.Sprintf(" (%.2f ms per step)", recs[0].res.ComputeTarget*1e3)
 	}
