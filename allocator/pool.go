@@ -355,6 +355,11 @@ func (p *Pool) trimLocked() int64 {
 	return released
 }
 
+// Host reports whether the pool's memory is host memory that Go code may
+// read and write (Block.Bytes and the other views work), as its Source
+// says.
+func (p *Pool) Host() bool { return p.src.Host() }
+
 // Stats returns a snapshot of the pool's counters.
 func (p *Pool) Stats() Stats {
 	p.mu.Lock()

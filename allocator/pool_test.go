@@ -14,6 +14,9 @@ const (
 
 func TestGetAlignmentAndSize(t *testing.T) {
 	p, _ := newPool(t, Options{})
+	if !p.Host() {
+		t.Error("the default pool says Host() = false")
+	}
 	sizes := []struct {
 		n, want int
 	}{
@@ -284,6 +287,9 @@ func TestSteadyStateAllocations(t *testing.T) {
 func TestDeviceSource(t *testing.T) {
 	src := &countingSource{device: true}
 	p, _ := newPool(t, Options{Source: src, SlabSize: 64 * kib})
+	if p.Host() {
+		t.Error("a pool over a device source says Host() = true")
+	}
 	b := mustGet(t, p, 1000)
 	if b.Addr() == nil || uintptr(b.Addr())%Alignment != 0 || b.Size() != 1024 {
 		t.Errorf("device block %p+%d", b.Addr(), b.Size())

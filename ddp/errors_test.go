@@ -10,6 +10,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/hooks"
 )
@@ -109,8 +110,19 @@ func TestNewErrors(t *testing.T) {
 // TestNewLocalFailure: a rank that rejects its own parameters or options
 // still joins New's cross-rank check, so its peers fail at once with an
 // error naming it instead of waiting in the check's collective.
+// deviceSource maps host memory but says it is device memory, as a CUDA
+// source would.
+type deviceSource struct{ allocator.Source }
+
+func (deviceSource) Host() bool { return false }
+
 func TestNewLocalFailure(t *testing.T) {
 	checkNoLeak(t)
+	devPool, err := allocator.New(allocator.Options{Source: deviceSource{allocator.HostSource()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer devPool.Close()
 	tests := []struct {
 		name   string
 		params []Param
@@ -124,6 +136,7 @@ func TestNewLocalFailure(t *testing.T) {
 			[]string{"rank 1", "parameter 2", `"fc.bias"`, "[-2]"}},
 		{"no parameters", nil, Options{}, ErrUnsupported, []string{"rank 1", "no parameters"}},
 		{"caps", threeParams, Options{BucketCap: -1}, ErrOptions, []string{"rank 1", "bucket caps 1048576 (first) and -1"}},
+		{"device pool", threeParams, Options{Pool: devPool}, ErrOptions, []string{"rank 1", "device memory"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

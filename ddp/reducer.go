@@ -274,6 +274,11 @@ func (r *Reducer) prepare(params []Param) error {
 	}
 
 	r.pool = o.Pool
+	if r.pool != nil && !r.pool.Host() {
+		// The Reducer zeroes, copies and hands out gradients as Go slices;
+		// device memory needs a device backend, which this release lacks.
+		return fmt.Errorf("%w: rank %d: Options.Pool holds device memory; the Reducer needs a host pool", ErrOptions, r.c.Rank())
+	}
 	if r.pool == nil {
 		limit := max(allocator.DefaultLimit, 3*int64(total)+64<<20)
 		if r.pool, err = allocator.New(allocator.Options{Limit: limit}); err != nil {
