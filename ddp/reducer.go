@@ -70,13 +70,15 @@ type Options struct {
 	// FindUnusedParameters does; later steps mark them ready at Begin, so
 	// their buckets need not wait for Wait.
 	StaticGraph bool
-	// NoZeroGrad skips zeroing the gradients at Begin (PyTorch's
+	// NoZeroGrad skips zeroing the gradients (PyTorch's
 	// zero_grad(set_to_none=True) instead of zero_grad()): after a synced
 	// step every gradient still holds the last average, so the first
 	// step of each accumulation window must overwrite (=) every gradient it
 	// marks ready, or use SetGrad or AddGrad (which know); later no-sync
 	// steps add (+=) as usual.
-	// It saves one pass over the gradient memory per step. A parameter
+	// It saves the zeroing Grad does the first time it hands out a
+	// gradient in a window (one pass over each gradient written, close
+	// to where the caller writes it, not a pass at Begin). A parameter
 	// the Reducer marks unused (FindUnusedParameters, StaticGraph) that the
 	// caller has not marked since the last synced step is zeroed before it
 	// is reduced, so a stale average is never reduced again. Without
@@ -146,11 +148,22 @@ type Reducer struct {
 	order    []atomic.Int32 // ready order of the current step
 	nready   atomic.Int32
 	isUnused []bool // marked by the Reducer (unused) in this step
-	// stale[i]: with NoZeroGrad, parameter i's gradient still holds the
-	// last synced step's average: no Ready of the caller has marked it
-	// since. Set at every Begin after a synced step, cleared by the
-	// caller's Ready; the Reducer zeroes a stale gradient it marks unused.
-	stale    []bool
+	// Lazy zeroing. gen is the zeroing generation: every Begin after a
+	// synced step increments it, which makes every gradient stale at
+	// once. fresh[i] == gen says parameter i's gradient holds this
+	// accumulation window's value; otherwise it still holds the last
+	// synced step's average and reads, logically, as zero (as the last
+	// average with NoZeroGrad). Grad zeroes a stale gradient as it hands
+	// it out, SetGrad and AddGrad overwrite it, and the communication
+	// goroutine zeroes those of a complete bucket that are still stale
+	// just before reducing it. The words are atomic because the
+	// communication goroutine reads and writes them; each parameter's
+	// word is touched by one goroutine at a time (its owner until Ready,
+	// the communication goroutine after). A synced step leaves every
+	// parameter fresh, so only gen and gen-1 ever meet: the counter may
+	// wrap.
+	gen      atomic.Uint32
+	fresh    []atomic.Uint32
 	static   []bool // StaticGraph: unused in the first synced step
 	staticOK bool   // static set known
 	reduced  atomic.Int32
@@ -295,7 +308,7 @@ func (r *Reducer) prepare(params []Param) error {
 	n := len(params)
 	r.order = make([]atomic.Int32, n)
 	r.isUnused = make([]bool, n)
-	r.stale = make([]bool, n)
+	r.fresh = make([]atomic.Uint32, n)
 	r.static = make([]bool, n)
 	for i := range r.statsBuf {
 		s := &r.statsBuf[i]
@@ -327,7 +340,12 @@ func (r *Reducer) Params() []Param { return r.params }
 // Begin zeroes every gradient unless the previous step was a no-sync step
 // (so a no-sync step followed by a synced one accumulates) or
 // Options.NoZeroGrad is set, adopts a rebuilt bucket layout if one is
-// pending, and invalidates every slice Grad returned before it.
+// pending, and invalidates every slice Grad returned before it. The
+// zeroing is lazy: Begin marks every gradient stale in O(1), and each is
+// zeroed when first handed out by Grad, overwritten by SetGrad or AddGrad,
+// or, if marked ready untouched, zeroed on the communication goroutine
+// just before its bucket is reduced. A caller sees no difference: every
+// gradient reads as zero the first time it looks.
 func (r *Reducer) Begin(sync bool) error {
 	if err := r.usable(); err != nil {
 		return err
@@ -346,22 +364,10 @@ func (r *Reducer) Begin(sync bool) error {
 		}
 	}
 	L := r.lay.Load()
-	if r.prevSync && r.o.NoZeroGrad {
-		for i := range r.stale {
-			r.stale[i] = true
-		}
-	}
 	z0 := time.Now()
-	if r.prevSync && !r.o.NoZeroGrad {
-		if r.copies != nil {
-			for _, g := range r.copies {
-				clear(g)
-			}
-		} else {
-			for _, v := range L.flat {
-				clear(v)
-			}
-		}
+	if r.prevSync {
+		// zero_grad, lazily: every gradient becomes stale in O(1).
+		r.gen.Add(1)
 	}
 	r.stepNo++
 	L.sched.reset()
@@ -402,15 +408,38 @@ func (r *Reducer) Begin(sync bool) error {
 // the average over ranks. The slice is valid until the next Begin; keep no
 // slice across steps. Grad panics if i is out of range, like indexing a
 // slice, and returns nil after Close.
+//
+// The first Grad(i) of an accumulation window zeroes the gradient (unless
+// Options.NoZeroGrad): Begin only marks the gradients stale, so the cost
+// of zeroing is paid here, parameter by parameter, just before the caller
+// writes into the same memory. Grad(i) may run concurrently with Grad and
+// Ready of other parameters; it must not be called for a parameter
+// already marked ready in a synced step until Wait returns.
 func (r *Reducer) Grad(i int) []float32 {
 	if r.closed.Load() {
 		return nil
 	}
+	g := r.grad(i)
+	if !r.o.NoZeroGrad {
+		if gen := r.gen.Load(); r.fresh[i].Load() != gen {
+			clear(g)
+			r.fresh[i].Store(gen)
+		}
+	}
+	return g
+}
+
+// grad returns parameter i's gradient memory as it is, stale or not.
+func (r *Reducer) grad(i int) []float32 {
 	if r.copies != nil {
 		return r.copies[i]
 	}
 	return r.lay.Load().views[i]
 }
+
+// isStale reports whether parameter i's gradient still holds the last
+// synced step's average (see Reducer.gen).
+func (r *Reducer) isStale(i int) bool { return r.fresh[i].Load() != r.gen.Load() }
 
 // Ready marks parameter i's gradient as complete for this step. It may be
 // called from any goroutine, in any order, and never waits for the
@@ -434,7 +463,11 @@ func (r *Reducer) Ready(i int) error {
 	if err := L.sched.claim(i); err != nil {
 		return r.markedErr("Ready", i)
 	}
-	r.stale[i] = false
+	if r.o.NoZeroGrad {
+		// The caller vouches for the gradient as it stands (it
+		// overwrote the last average): nothing will zero it.
+		r.fresh[i].Store(r.gen.Load())
+	}
 	r.arrive(L, i, st == syncing)
 	return nil
 }
@@ -447,20 +480,23 @@ func (r *Reducer) SetGrad(i int, g []float32) error {
 		return err
 	}
 	copy(dst, g)
+	r.fresh[i].Store(r.gen.Load())
 	return r.Ready(i)
 }
 
-// AddGrad adds g into parameter i's gradient and marks it ready. With
-// Options.NoZeroGrad, a gradient that still holds the last synced step's
-// average (not marked since) is overwritten instead, so AddGrad
-// accumulates correctly in every step of a window.
+// AddGrad adds g into parameter i's gradient and marks it ready. A
+// gradient not yet written in this accumulation window (logically zero,
+// not zeroed yet, or with Options.NoZeroGrad still holding the last
+// average) is overwritten instead, so AddGrad accumulates correctly in
+// every step of a window and never pays for zeroing.
 func (r *Reducer) AddGrad(i int, g []float32) error {
 	dst, err := r.gradFor("AddGrad", i, g)
 	if err != nil {
 		return err
 	}
-	if r.stale[i] {
+	if gen := r.gen.Load(); r.fresh[i].Load() != gen {
 		copy(dst, g)
+		r.fresh[i].Store(gen)
 	} else {
 		for j, v := range g {
 			dst[j] += v
@@ -485,7 +521,7 @@ func (r *Reducer) gradFor(op string, i int, g []float32) ([]float32, error) {
 	if r.lay.Load().sched.isMarked(i) {
 		return nil, r.markedErr(op, i)
 	}
-	return r.Grad(i), nil
+	return r.grad(i), nil
 }
 
 // markedErr explains why parameter i, already marked in this step, cannot
@@ -505,7 +541,9 @@ func (r *Reducer) arrive(L *layout, i int, sync bool) {
 	if !sync {
 		return
 	}
-	if r.copies != nil {
+	if r.copies != nil && !r.isStale(i) {
+		// A stale gradient is not copied: the communication goroutine
+		// zeroes its bucket slot instead.
 		copy(L.views[i], r.copies[i])
 	}
 	if L.sched.arrive(i) >= 0 {
@@ -521,11 +559,9 @@ func (r *Reducer) markUnused(L *layout, i int) {
 	if L.sched.claim(i) != nil {
 		return
 	}
+	// A stale gradient (the caller wrote nothing in this window) is
+	// zeroed by the communication goroutine before the bucket is reduced.
 	r.isUnused[i] = true
-	if r.stale[i] {
-		r.stale[i] = false
-		clear(r.Grad(i))
-	}
 	r.cur.Unused = append(r.cur.Unused, i)
 	r.arrive(L, i, true)
 }
@@ -678,6 +714,12 @@ func (r *Reducer) finish() {
 			panic(fmt.Sprintf("ddp: invariant: step %d finished with %d of %d buckets launched, %d reduced, %d of %d parameters marked",
 				r.stepNo, L.sched.launched(), n, r.reduced.Load(), L.sched.nmarked.Load(), len(r.params)))
 		}
+		for i := range r.fresh {
+			if r.isStale(i) {
+				panic(fmt.Sprintf("ddp: invariant: step %d finished with parameter %d (%q) stale (generation %d, current %d)",
+					r.stepNo, i, r.params[i].Name, r.fresh[i].Load(), r.gen.Load()))
+			}
+		}
 	}
 	s.Wall = time.Since(r.start)
 	s.finalize(r.lay.Load(), r.isUnused)
@@ -728,6 +770,7 @@ func (r *Reducer) drain() {
 		s := &r.cur.Buckets[k]
 		hb := &L.hb[k]
 		s.Launch = time.Since(hb.Start)
+		r.zeroStale(L, k, s)
 		err := r.hook.Reduce(r.ctx, r.c, hb)
 		s.Done = time.Since(hb.Start)
 		t := hb.Times
@@ -748,6 +791,30 @@ func (r *Reducer) drain() {
 		if int(r.reduced.Add(1)) == len(L.buckets) {
 			r.signal()
 		}
+	}
+}
+
+// zeroStale zeroes the bucket slots of bucket k's parameters that are
+// still stale: marked ready (by the caller or as unused) without a Grad,
+// SetGrad or AddGrad in this accumulation window, so their gradient is
+// zero. It runs on the communication goroutine after every Ready of the
+// bucket (the bucket's pending count orders them), so that Ready stays
+// O(1) on the caller's goroutine.
+func (r *Reducer) zeroStale(L *layout, k int, s *BucketStats) {
+	gen := r.gen.Load()
+	var t0 time.Time
+	for _, p := range L.buckets[k].Tensors {
+		if r.fresh[p].Load() == gen {
+			continue
+		}
+		if t0.IsZero() {
+			t0 = time.Now()
+		}
+		clear(L.views[p])
+		r.fresh[p].Store(gen) // with CopyGrads, the copy back after the hook follows
+	}
+	if !t0.IsZero() {
+		s.Zero = time.Since(t0)
 	}
 }
 

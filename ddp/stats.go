@@ -8,9 +8,17 @@ type StepStats struct {
 	Step  uint64    // 1 for the first step begun
 	Sync  bool      // a synced step (false: no-sync, nothing communicated)
 	Start time.Time // when Begin returned
-	// Zero is the time Begin spent zeroing the gradients (before Start;
-	// 0 after a no-sync step or with NoZeroGrad).
+	// Zero is the time Begin spent zeroing the gradients (before Start).
+	// Begin only marks them stale, in O(1), so it is close to 0: the
+	// zeroing happens in Grad, parameter by parameter on the caller's
+	// goroutines (part of Compute), and for gradients marked ready
+	// without a Grad on the communication goroutine (ZeroComm).
 	Zero time.Duration
+	// ZeroComm is the time the communication goroutine spent zeroing
+	// stale gradients (parameters marked ready, by the caller or as
+	// unused, with no Grad, SetGrad or AddGrad since the last synced
+	// step) before reducing their buckets: the sum of BucketStats.Zero.
+	ZeroComm time.Duration
 
 	Wall       time.Duration // Begin to the end of Wait
 	FirstReady time.Duration // first parameter marked ready by the caller
@@ -45,8 +53,11 @@ type BucketStats struct {
 	Params int   // parameters in the bucket
 	Bytes  int64 // float32 gradient bytes in the bucket
 
-	Ready           time.Duration // the bucket's last parameter was marked ready
-	Launch          time.Duration // the communication goroutine took it up
+	Ready  time.Duration // the bucket's last parameter was marked ready
+	Launch time.Duration // the communication goroutine took it up
+	// Zero is the time spent, after Launch and before the hook, zeroing
+	// the bucket's stale gradients (see StepStats.ZeroComm).
+	Zero            time.Duration
 	CompressStart   time.Duration // hook phases (see hooks.Times)
 	CompressEnd     time.Duration
 	CollectiveStart time.Duration
@@ -103,6 +114,7 @@ func (s *StepStats) finalize(L *layout, unused []bool) {
 			b.Ready = max(b.Ready, s.ParamReady[p])
 		}
 		s.Bytes += b.WireBytes
+		s.ZeroComm += b.Zero
 		s.Overflows += b.Overflows
 		lo, hi := max(b.Launch, end), b.Done
 		if hi <= lo {
