@@ -52,6 +52,9 @@ type pair struct {
 	go1  chan bool // true: a Reducer step; false: the floor (bare all-reduces)
 	done chan error
 	quit chan struct{}
+	// stepFn is the step both ranks run; nil means benchStep. Set it
+	// before the first step.
+	stepFn func(*Reducer) error
 }
 
 func newPair(t testing.TB, cs []comm.Communicator, params []Param, opts func() Options) *pair {
@@ -76,7 +79,7 @@ func newPair(t testing.TB, cs []comm.Communicator, params []Param, opts func() O
 				return
 			case step := <-p.go1:
 				if step {
-					p.done <- benchStep(p.rs[1])
+					p.done <- p.run(p.rs[1])
 				} else {
 					p.done <- floorStep(p.rs[1], p.cs[1])
 				}
@@ -113,12 +116,64 @@ func benchStep(r *Reducer) error {
 	return nil
 }
 
+// run is one step of r with the pair's step function.
+func (p *pair) run(r *Reducer) error {
+	if p.stepFn != nil {
+		return p.stepFn(r)
+	}
+	return benchStep(r)
+}
+
+// writeStep is benchStep with every element of every gradient written:
+// add, as accumulating backward does after a zeroing Begin, or, with
+// assign, overwrite (what NoZeroGrad requires of the first step of a
+// window).
+func writeStep(assign bool) func(*Reducer) error {
+	return func(r *Reducer) error {
+		if err := r.Begin(true); err != nil {
+			return err
+		}
+		for i := len(r.params) - 1; i >= 0; i-- {
+			g := r.Grad(i)
+			if assign {
+				for j := range g {
+					g[j] = 1
+				}
+			} else {
+				for j := range g {
+					g[j] += 1
+				}
+			}
+			if err := r.Ready(i); err != nil {
+				return err
+			}
+		}
+		return r.Wait(context.Background())
+	}
+}
+
+// addGradStep is benchStep with every gradient given by AddGrad, from
+// src[i].
+func addGradStep(src [][]float32) func(*Reducer) error {
+	return func(r *Reducer) error {
+		if err := r.Begin(true); err != nil {
+			return err
+		}
+		for i := len(r.params) - 1; i >= 0; i-- {
+			if err := r.AddGrad(i, src[i]); err != nil {
+				return err
+			}
+		}
+		return r.Wait(context.Background())
+	}
+}
+
 func (p *pair) step() error {
 	if p.rs[1] == nil {
-		return benchStep(p.rs[0])
+		return p.run(p.rs[0])
 	}
 	p.go1 <- true
-	err0 := benchStep(p.rs[0])
+	err0 := p.run(p.rs[0])
 	err1 := <-p.done
 	if err0 != nil {
 		return err0
@@ -199,19 +254,33 @@ func BenchmarkStepResNet50(b *testing.B) {
 	type variant struct {
 		name string
 		opts func() Options
+		step func(*Reducer) error // nil: benchStep
 	}
-	vs := []variant{{"default", func() Options { return Options{} }}}
+	src := make([][]float32, len(params))
+	for i := range src {
+		src[i] = make([]float32, params[i].Numel())
+		for j := range src[i] {
+			src[i][j] = 1
+		}
+	}
+	vs := []variant{{"default", func() Options { return Options{} }, nil}}
+	// Backward writing whole gradients: adding after a zeroing Begin,
+	// AddGrad, and assigning without zeroing (the floor of the three).
+	vs = append(vs, variant{"default/add-all", func() Options { return Options{} }, writeStep(false)})
+	vs = append(vs, variant{"default/addgrad", func() Options { return Options{} }, addGradStep(src)})
+	vs = append(vs, variant{"nozero/assign-all", func() Options { return Options{NoZeroGrad: true} }, writeStep(true)})
 	for _, w := range wires {
-		vs = append(vs, variant{w.name + "/nozero", func() Options { return Options{Hook: w.hook(), NoZeroGrad: true} }})
+		vs = append(vs, variant{w.name + "/nozero", func() Options { return Options{Hook: w.hook(), NoZeroGrad: true} }, nil})
 	}
-	vs = append(vs, variant{"avg/zero", func() Options { return Options{Hook: hooks.Avg()} }})
+	vs = append(vs, variant{"avg/zero", func() Options { return Options{Hook: hooks.Avg()} }, nil})
 	// The Reducer's own cost: a hook that only sums (no averaging), so
 	// that step/floor compares the same collectives with and without the
 	// Reducer around them.
-	vs = append(vs, variant{"sumonly/nozero", func() Options { return Options{Hook: &sumHook{}, NoZeroGrad: true} }})
+	vs = append(vs, variant{"sumonly/nozero", func() Options { return Options{Hook: &sumHook{}, NoZeroGrad: true} }, nil})
 	for _, v := range vs {
 		b.Run(v.name, func(b *testing.B) {
 			p := newPair(b, newTestGroup(b, 2), params, v.opts)
+			p.stepFn = v.step
 			for range 3 {
 				if err := p.step(); err != nil {
 					b.Fatal(err)
