@@ -132,7 +132,9 @@
 // done) and per-parameter ready times relative to the step start; Compute
 // (first to last Ready), Comm (union of the buckets' busy intervals),
 // Overlap (the part of Comm before the last Ready) and OverlapRatio; bytes
-// handed to collectives; fp16 overflows; unused parameters. A warm step
+// handed to collectives; fp16 overflows; unused parameters; the time the
+// communication goroutine spent zeroing stale gradients (ZeroComm, per
+// bucket BucketStats.Zero). A warm step
 // allocates nothing on the Go heap.
 //
 // # Hooks
