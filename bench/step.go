@@ -77,6 +77,11 @@ type Config struct {
 	// Hook returns a new hook for one rank; nil -> hooks.Avg.
 	Hook      func() hooks.Hook
 	CopyGrads bool // false: gradients are bucket views (the default)
+	// ZeroGrad makes the simulated backward accumulate (+=) into zeroed
+	// gradients, so every step pays for zeroing them. By default it
+	// assigns its gradients, as autograd does after PyTorch's
+	// zero_grad(set_to_none=True), and the Reducer runs with NoZeroGrad.
+	ZeroGrad bool
 
 	Steps  int // measured steps, >= 1
 	Warmup int // steps before them (the first also rebuilds the buckets)
@@ -168,7 +173,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		go func() {
 			defer wg.Done()
 			o := ddp.Options{BucketCap: cfg.BucketCap, FirstBucketCap: cfg.FirstBucketCap, Hook: newHook(),
-				CopyGrads: cfg.CopyGrads, Timeout: cfg.Timeout}
+				CopyGrads: cfg.CopyGrads, NoZeroGrad: !cfg.ZeroGrad, Timeout: cfg.Timeout}
 			if cfg.Pools != nil {
 				o.Pool = cfg.Pools[r]
 			}

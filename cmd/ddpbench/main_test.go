@@ -284,7 +284,7 @@ func TestRunOutputs(t *testing.T) {
 		}
 	})
 	t.Run("json", func(t *testing.T) {
-		code, stdout, stderr := run(t, append([]string{"run", "--format", "json", "--compression", "fp16"}, common...)...)
+		code, stdout, stderr := run(t, append([]string{"run", "--format", "json", "--compression", "fp16", "--zero-grad"}, common...)...)
 		if code != 0 {
 			t.Fatalf("status %d: %s", code, stderr)
 		}
@@ -296,6 +296,9 @@ func TestRunOutputs(t *testing.T) {
 		}
 		if j.Model != "tiny" || j.Tensors != 4 || j.Parameters != 303112 || j.Compression != "fp16" || j.Steps != 3 {
 			t.Errorf("json %+v", j)
+		}
+		if !j.ZeroGrad {
+			t.Error("--zero-grad is not in the json output")
 		}
 		if _, err := uuid.Parse(j.RunID); err != nil {
 			t.Errorf("run_id %q: %v", j.RunID, err)

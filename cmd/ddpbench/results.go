@@ -18,7 +18,7 @@ type runRecord struct {
 // runCSVHeader names the CSV columns of run and sweep. Times are in
 // milliseconds, bandwidth in GB/s (1e9 bytes), sizes in bytes.
 var runCSVHeader = []string{
-	"run_id", "model", "ranks", "backend", "bucket_cap_mb", "first_bucket_mb", "compression", "grad_as_bucket_view",
+	"run_id", "model", "ranks", "backend", "bucket_cap_mb", "first_bucket_mb", "compression", "grad_as_bucket_view", "zero_grad",
 	"compute", "compute_target_ms", "steps", "warmup",
 	"step_ms_median", "step_ms_p10", "step_ms_p90",
 	"iter_ms_median", "iter_ms_p10", "iter_ms_p90",
@@ -42,7 +42,7 @@ func (r runRecord) csv() []string {
 		sizes[i] = fmt.Sprint(b)
 	}
 	rec := []string{o.runID, o.model.Model, fmt.Sprint(o.ranks), o.backend.name, fmtFloat(o.bucketCapMB), fmtFloat(o.firstMB),
-		o.compression, fmt.Sprint(o.bucketView), o.compute.String(), fmtFloat(res.ComputeTarget * 1e3),
+		o.compression, fmt.Sprint(o.bucketView), fmt.Sprint(o.zeroGrad), o.compute.String(), fmtFloat(res.ComputeTarget * 1e3),
 		fmt.Sprint(res.Steps), fmt.Sprint(res.Warmup)}
 	rec = append(rec, ms(res.StepTime)...)
 	rec = append(rec, ms(res.IterTime)...)
@@ -78,6 +78,7 @@ type runJSON struct {
 	FirstBucketMB    float64  `json:"first_bucket_mb"`
 	Compression      string   `json:"compression"`
 	GradAsBucketView bool     `json:"grad_as_bucket_view"`
+	ZeroGrad         bool     `json:"zero_grad"`
 	Compute          string   `json:"compute"`
 	RateParamsPerSec float64  `json:"rate_params_per_s,omitempty"`
 	ComputeTargetMS  float64  `json:"compute_target_ms"`
@@ -101,7 +102,7 @@ func (r runRecord) json() runJSON {
 	return runJSON{
 		RunID: o.runID, Model: o.model.Model, ModelSource: o.model.Source, Tensors: len(o.model.Params), Parameters: o.model.Numel(),
 		Ranks: o.ranks, Backend: o.backend.name, BucketCapMB: o.bucketCapMB, FirstBucketMB: o.firstMB,
-		Compression: o.compression, GradAsBucketView: o.bucketView, Compute: o.compute.String(), RateParamsPerSec: o.rate,
+		Compression: o.compression, GradAsBucketView: o.bucketView, ZeroGrad: o.zeroGrad, Compute: o.compute.String(), RateParamsPerSec: o.rate,
 		ComputeTargetMS: res.ComputeTarget * 1e3, Steps: res.Steps, Warmup: res.Warmup,
 		StepMS: toJSON(res.StepTime, 1e3), IterMS: toJSON(res.IterTime, 1e3), ComputeMS: toJSON(res.ComputeTime, 1e3), CommMS: toJSON(res.CommTime, 1e3),
 		Overlap: toJSON(res.OverlapRatio, 1), BusBW: toJSON(res.BusBW, 1),
@@ -153,6 +154,11 @@ func (o *runOpts) describe() string {
 	view := "gradients as bucket views"
 	if !o.bucketView {
 		view = "gradients copied into buckets"
+	}
+	if o.zeroGrad {
+		view += ", accumulated into zeroed gradients"
+	} else {
+		view += ", assigned (no zeroing)"
 	}
 	fmt.Fprintf(b, "%s (%s), bucket cap %g MiB (first %g MiB), compression %s, %s\n",
 		rankCount(o.ranks), o.backend.name, o.bucketCapMB, o.firstMB, o.compression, view)

@@ -52,6 +52,7 @@ func stepFlags() []cli.Flag {
 		intFlag("steps", 20, "measured steps"),
 		intFlag("warmup", 40, "steps before measuring (the first rebuilds the buckets; the rest let the runtime settle: parked goroutines allocate until its caches are warm)"),
 		boolFlag("grad-as-bucket-view", true, "gradients are views of the bucket memory (false: copied in and out)"),
+		boolFlag("zero-grad", false, "the simulated backward accumulates (+=) into zeroed gradients (false: it assigns them, like autograd after zero_grad(set_to_none=True))"),
 		stringFlag("compute", "none", "simulated backward: none, sleep (CPU free) or spin (CPU busy)"),
 		floatFlag("rate", 0, "backward speed in parameters per second per rank"),
 		floatFlag("gflops", 0, "backward speed in GFLOP/s per rank (2 FLOPs per parameter per sample, see --batch)"),
@@ -75,6 +76,7 @@ type runOpts struct {
 	steps       int
 	warmup      int
 	bucketView  bool
+	zeroGrad    bool
 	compute     bench.Compute
 	rate        float64 // params/s; 0 with compute none
 	format      string
@@ -123,6 +125,7 @@ func parseStepFlags(c *cli.Context) (runOpts, error) {
 		return o, usagef("--warmup %d: want >= 0", o.warmup)
 	}
 	o.bucketView = c.Bool("grad-as-bucket-view")
+	o.zeroGrad = c.Bool("zero-grad")
 	if o.compute, err = bench.ParseCompute(c.String("compute")); err != nil {
 		return o, usagef("--compute %q: want none, sleep or spin", c.String("compute"))
 	}
@@ -270,7 +273,7 @@ func (o *runOpts) benchConfig(g []comm.Communicator) bench.Config {
 	return bench.Config{
 		Params: params, Comms: g,
 		BucketCap: mib(o.bucketCapMB), FirstBucketCap: mib(o.firstMB),
-		Hook: hook, CopyGrads: !o.bucketView,
+		Hook: hook, CopyGrads: !o.bucketView, ZeroGrad: o.zeroGrad,
 		Steps: o.steps, Warmup: o.warmup,
 		Compute: o.compute, Rate: o.rate,
 		Timeout: o.timeout,
