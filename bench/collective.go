@@ -163,8 +163,9 @@ type CollectiveRow struct {
 
 // EmulatedOutOfPlace reports whether op's out-of-place column is timed as
 // a copy into the result buffer followed by the in-place collective,
-// because the comm contract has only the in-place form.
-func EmulatedOutOfPlace(op Collective) bool { return op == AllReduce || op == Broadcast }
+// because the comm contract has only the in-place form (Broadcast; every
+// other collective, AllReduce included, has a real out-of-place form).
+func EmulatedOutOfPlace(op Collective) bool { return op == Broadcast }
 
 // Sizes returns the byte sizes of a sweep, as nccl-tests walks them.
 func (cfg *CollectiveConfig) Sizes() []int64 {
@@ -339,12 +340,9 @@ func issueFunc(c comm.Communicator, b *rankBufs, cfg *CollectiveConfig, count, p
 	switch cfg.Op {
 	case AllReduce:
 		if inPlace {
-			return func() comm.Work { return c.AllReduce(recv, cfg.RedOp) }, recv
+			return func() comm.Work { return c.AllReduce(recv, recv, cfg.RedOp) }, recv
 		}
-		return func() comm.Work {
-			copy(b.recv[:count*es], b.send[:count*es])
-			return c.AllReduce(recv, cfg.RedOp)
-		}, recv
+		return func() comm.Work { return c.AllReduce(send, recv, cfg.RedOp) }, recv
 	case Broadcast:
 		if inPlace || r != cfg.Root {
 			return func() comm.Work { return c.Broadcast(recv, cfg.Root) }, recv

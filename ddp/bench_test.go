@@ -185,7 +185,7 @@ func (p *pair) step() error {
 // bucket of r's layout, one after the other, without the Reducer.
 func floorStep(r *Reducer, c comm.Communicator) error {
 	for _, hb := range r.lay.Load().hb {
-		if err := c.AllReduce(hb.Buf, comm.Sum).Wait(context.Background()); err != nil {
+		if err := c.AllReduce(hb.Buf, hb.Buf, comm.Sum).Wait(context.Background()); err != nil {
 			return err
 		}
 	}
@@ -402,7 +402,7 @@ func (*sumHook) Close() error                                          { return 
 func (*sumHook) Reduce(ctx context.Context, c comm.Communicator, b *hooks.Bucket) error {
 	b.Times = hooks.Times{}
 	b.Times.CollectiveStart = time.Since(b.Start)
-	err := c.AllReduce(b.Buf, comm.Sum).Wait(ctx)
+	err := c.AllReduce(b.Buf, b.Buf, comm.Sum).Wait(ctx)
 	b.Times.CollectiveEnd = time.Since(b.Start)
 	b.Times.DecompressEnd = b.Times.CollectiveEnd
 	b.Times.WireBytes = int64(b.Buf.Bytes())

@@ -87,7 +87,7 @@ func (s *fakeSlot) compute() error {
 		switch b0.DType {
 		case comm.Float32:
 			sum := make([]float32, b0.Count)
-			for _, b := range s.bufs {
+			for _, b := range s.sends {
 				for i, v := range b.AsFloat32() {
 					sum[i] += v
 				}
@@ -102,7 +102,7 @@ func (s *fakeSlot) compute() error {
 			}
 		case comm.Float16, comm.BFloat16:
 			srcs := make([][]uint16, len(s.bufs))
-			for r, b := range s.bufs {
+			for r, b := range s.sends {
 				srcs[r] = append([]uint16(nil), b.AsUint16()...)
 			}
 			out := make([]uint16, b0.Count)
@@ -161,11 +161,11 @@ func (c *fakeComm) TestOp(id uint64) (bool, error) {
 	}
 }
 
-func (c *fakeComm) AllReduce(buf comm.Buffer, op comm.Op) comm.Work {
+func (c *fakeComm) AllReduce(send, buf comm.Buffer, op comm.Op) comm.Work {
 	if op != comm.Sum && op != comm.Avg {
 		return comm.FailedWork(fmt.Errorf("%w: fake supports only sum and avg", comm.ErrInvalid))
 	}
-	return c.issue(comm.KindAllReduce, buf, buf, 0, op)
+	return c.issue(comm.KindAllReduce, send, buf, 0, op)
 }
 func (c *fakeComm) Broadcast(buf comm.Buffer, root int) comm.Work {
 	return c.issue(comm.KindBroadcast, buf, buf, root, 0)

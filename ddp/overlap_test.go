@@ -16,7 +16,7 @@ type slowComm struct {
 	d time.Duration
 }
 
-func (c slowComm) AllReduce(comm.Buffer, comm.Op) comm.Work { return comm.NewWork(c, 0) }
+func (c slowComm) AllReduce(_, _ comm.Buffer, _ comm.Op) comm.Work { return comm.NewWork(c, 0) }
 
 func (c slowComm) WaitOp(ctx context.Context, _ uint64) error {
 	t := time.NewTimer(c.d)

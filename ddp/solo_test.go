@@ -9,10 +9,10 @@ import (
 // buffer as it is and all-gather copies the rank's own contribution.
 type soloComm struct{}
 
-func (soloComm) Rank() int                                { return 0 }
-func (soloComm) Size() int                                { return 1 }
-func (soloComm) AllReduce(comm.Buffer, comm.Op) comm.Work { return comm.Work{} }
-func (soloComm) Broadcast(comm.Buffer, int) comm.Work     { return comm.Work{} }
+func (soloComm) Rank() int                                       { return 0 }
+func (soloComm) Size() int                                       { return 1 }
+func (soloComm) AllReduce(_, _ comm.Buffer, _ comm.Op) comm.Work { return comm.Work{} }
+func (soloComm) Broadcast(comm.Buffer, int) comm.Work            { return comm.Work{} }
 func (soloComm) Reduce(send, recv comm.Buffer, _ comm.Op, _ int) comm.Work {
 	copy(recv.AsBytes(), send.AsBytes())
 	return comm.Work{}

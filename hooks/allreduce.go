@@ -64,7 +64,7 @@ func (h *plain) Reduce(ctx context.Context, c comm.Communicator, b *Bucket) erro
 	}
 	t.CompressEnd = since(b.Start)
 	t.CollectiveStart = t.CompressEnd
-	err := c.AllReduce(b.Buf, op).Wait(ctx)
+	err := c.AllReduce(b.Buf, b.Buf, op).Wait(ctx)
 	t.CollectiveEnd = since(b.Start)
 	t.DecompressEnd = t.CollectiveEnd
 	t.WireBytes = int64(b.Buf.Bytes())

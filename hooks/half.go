@@ -94,7 +94,8 @@ func (h *half) Reduce(ctx context.Context, c comm.Communicator, b *Bucket) error
 	t.CompressEnd = since(b.Start)
 
 	t.CollectiveStart = t.CompressEnd
-	err := c.AllReduce(comm.HostBuffer(h.scratch.Addr(), n, h.wire), comm.Sum).Wait(ctx)
+	wb := comm.HostBuffer(h.scratch.Addr(), n, h.wire)
+	err := c.AllReduce(wb, wb, comm.Sum).Wait(ctx)
 	t.CollectiveEnd = since(b.Start)
 	t.WireBytes = int64(n * h.wire.Size())
 	if err != nil {

@@ -122,14 +122,27 @@ func (c *Comm) Rank() int { return c.rank }
 // Size returns the number of ranks in the group.
 func (c *Comm) Size() int { return c.g.n }
 
-// AllReduce reduces buf over all ranks with op, in place.
-func (c *Comm) AllReduce(buf comm.Buffer, op comm.Op) comm.Work {
-	d := desc{kind: comm.KindAllReduce, op: op, dt: buf.DType, count: buf.Count, send: buf.Addr, recv: buf.Addr}
-	d.err = checkBuf("buf", buf)
+// AllReduce reduces send over all ranks with op into recv (in place when
+// recv is send).
+func (c *Comm) AllReduce(send, recv comm.Buffer, op comm.Op) comm.Work {
+	d := desc{kind: comm.KindAllReduce, op: op, dt: send.DType, count: send.Count, send: send.Addr, recv: recv.Addr}
+	d.err = checkBuf("send", send)
+	if d.err == nil {
+		d.err = checkBuf("recv", recv)
+	}
 	if d.err == nil {
 		d.err = checkOp(op)
 	}
+	if d.err == nil {
+		d.err = checkPair("all_reduce", send, recv)
+	}
 	return c.issue(&d)
+}
+
+// Capabilities reports what inproc does natively: everything but device
+// memory.
+func (c *Comm) Capabilities() comm.Caps {
+	return comm.Caps{Backend: "inproc", NativeAvg: true, HalfPrecision: true, MismatchDetection: true, HostMemory: true}
 }
 
 // Broadcast copies root's buf into buf on every other rank.
@@ -437,6 +450,18 @@ func checkBuf(name string, b comm.Buffer) error {
 	return nil
 }
 
+// checkPair checks an out-of-place pair: the same count and dtype, and
+// either the same buffer or no overlap.
+func checkPair(op string, send, recv comm.Buffer) error {
+	switch {
+	case recv.Count != send.Count || recv.DType != send.DType:
+		return fmt.Errorf("%w: %s: recv is %d x %s, send is %d x %s", comm.ErrInvalid, op, recv.Count, recv.DType, send.Count, send.DType)
+	case comm.Overlap(send, recv):
+		return fmt.Errorf("%w: %s: send [%p, +%d B) and recv [%p, +%d B) overlap without being the same buffer", comm.ErrInvalid, op, send.Addr, send.Bytes(), recv.Addr, recv.Bytes())
+	}
+	return nil
+}
+
 func checkOp(op comm.Op) error {
 	if !op.Valid() {
 		return fmt.Errorf("%w: reduction op %s", comm.ErrInvalid, op)
@@ -461,4 +486,7 @@ func (c *Comm) checkPeer(p int) error {
 	return nil
 }
 
-var _ comm.Communicator = (*Comm)(nil)
+var (
+	_ comm.Communicator = (*Comm)(nil)
+	_ comm.Capable      = (*Comm)(nil)
+)

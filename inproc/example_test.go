@@ -21,7 +21,7 @@ func ExampleNewGroup() {
 		grads[r] = []float32{float32(r), 10 * float32(r)}
 		wg.Go(func() {
 			defer c.Close()
-			if err := c.AllReduce(comm.Float32s(grads[r]), comm.Avg).Wait(context.Background()); err != nil {
+			if err := c.AllReduce(comm.Float32s(grads[r]), comm.Float32s(grads[r]), comm.Avg).Wait(context.Background()); err != nil {
 				panic(err)
 			}
 		})

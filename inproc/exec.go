@@ -18,7 +18,7 @@ func (c *Comm) runPart(D []desc, d *desc, p, parts int) {
 		lo, hi := split(d.count, sz, p, parts)
 		for j := range n {
 			c.srcs[j] = unsafe.Add(D[j].send, lo*sz)
-			c.dsts[j] = c.srcs[j]
+			c.dsts[j] = unsafe.Add(D[j].recv, lo*sz)
 		}
 		c.reduceInto(c.dsts[:n], c.srcs[:n], d.dt, d.op, hi-lo)
 	case comm.KindReduce:

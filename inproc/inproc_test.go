@@ -69,8 +69,8 @@ func TestAllocs(t *testing.T) {
 		ws := make([]comm.Work, 4)
 		step := func() {
 			for r, c := range cs {
-				ws[r] = c.AllReduce(comm.Float32s(bufs[r]), comm.Avg)
-				ws[2+r] = c.AllReduce(comm.Halves(halves[r]), comm.Sum)
+				ws[r] = c.AllReduce(comm.Float32s(bufs[r]), comm.Float32s(bufs[r]), comm.Avg)
+				ws[2+r] = c.AllReduce(comm.Halves(halves[r]), comm.Halves(halves[r]), comm.Sum)
 			}
 			for _, w := range ws {
 				if err := w.Wait(ctx); err != nil {
@@ -113,7 +113,7 @@ func TestCloseLeavesNoGoroutine(t *testing.T) {
 		{"completed", Options{}, func(t *testing.T, cs []*Comm) []comm.Work {
 			ws := make([]comm.Work, len(cs))
 			for r, c := range cs {
-				ws[r] = c.AllReduce(comm.Float32s(make([]float32, 100)), comm.Sum)
+				ws[r] = allReduceInPlace(c, comm.Float32s(make([]float32, 100)), comm.Sum)
 			}
 			for r, err := range waitAll(t, ws) {
 				if err != nil {
@@ -124,8 +124,8 @@ func TestCloseLeavesNoGoroutine(t *testing.T) {
 		}},
 		{"pending", Options{}, func(t *testing.T, cs []*Comm) []comm.Work {
 			ws := []comm.Work{
-				cs[0].AllReduce(comm.Float32s(make([]float32, 100<<10)), comm.Sum),
-				cs[1].AllReduce(comm.Float32s(make([]float32, 100<<10)), comm.Sum),
+				allReduceInPlace(cs[0], comm.Float32s(make([]float32, 100<<10)), comm.Sum),
+				allReduceInPlace(cs[1], comm.Float32s(make([]float32, 100<<10)), comm.Sum),
 				cs[3].Send(comm.Float32s(make([]float32, 4)), 2),
 			}
 			for !cs[0].parked.Load() || !cs[3].parked.Load() {
@@ -191,7 +191,7 @@ func TestMismatchReport(t *testing.T) {
 		if r == 2 {
 			op = comm.Max
 		}
-		ws[r] = c.AllReduce(comm.Float32s(bufs[r]), op)
+		ws[r] = c.AllReduce(comm.Float32s(bufs[r]), comm.Float32s(bufs[r]), op)
 	}
 	for r, err := range waitAll(t, ws) {
 		if !errors.Is(err, comm.ErrMismatch) {
@@ -208,7 +208,7 @@ func TestMismatchReport(t *testing.T) {
 		}
 	}
 	for r, c := range cs {
-		ws[r] = c.AllReduce(comm.Float32s(bufs[r]), comm.Sum)
+		ws[r] = c.AllReduce(comm.Float32s(bufs[r]), comm.Float32s(bufs[r]), comm.Sum)
 	}
 	for r, err := range waitAll(t, ws) {
 		if err != nil || bufs[r][0] != 3 || bufs[r][1] != 3 {
@@ -254,8 +254,8 @@ func TestStallAndTimeout(t *testing.T) {
 		},
 	})
 	ws := []comm.Work{
-		cs[0].AllReduce(comm.Float32s(make([]float32, 4)), comm.Sum),
-		cs[1].AllReduce(comm.Float32s(make([]float32, 4)), comm.Sum),
+		allReduceInPlace(cs[0], comm.Float32s(make([]float32, 4)), comm.Sum),
+		allReduceInPlace(cs[1], comm.Float32s(make([]float32, 4)), comm.Sum),
 	}
 	for r, err := range waitAll(t, ws) {
 		if !errors.Is(err, comm.ErrTimeout) {
@@ -272,7 +272,7 @@ func TestStallAndTimeout(t *testing.T) {
 		}
 	}
 	mu.Unlock()
-	err := waitAll(t, []comm.Work{cs[2].AllReduce(comm.Float32s(make([]float32, 4)), comm.Sum)})[0]
+	err := waitAll(t, []comm.Work{allReduceInPlace(cs[2], comm.Float32s(make([]float32, 4)), comm.Sum)})[0]
 	if !errors.Is(err, comm.ErrAborted) || !errors.Is(err, comm.ErrTimeout) {
 		t.Errorf("late rank: %v, want ErrAborted wrapping ErrTimeout", err)
 	}
@@ -306,7 +306,7 @@ func TestAbortRace(t *testing.T) {
 					if i%2 == 0 {
 						b = buf[:16] // the one-rank path
 					}
-					err := c.AllReduce(comm.Float32s(b), comm.Sum).Wait(context.Background())
+					err := c.AllReduce(comm.Float32s(b), comm.Float32s(b), comm.Sum).Wait(context.Background())
 					if err != nil {
 						if !errors.Is(err, comm.ErrAborted) {
 							t.Errorf("trial %d, rank %d, op %d: %v", trial, r, i, err)
@@ -345,7 +345,7 @@ func TestWaitOldAndUnknownOps(t *testing.T) {
 func TestSingleRank(t *testing.T) {
 	cs := testGroup(t, 1, Options{})
 	buf := []int32{1, 2, 3}
-	if err := cs[0].AllReduce(comm.Int32s(buf), comm.Avg).Wait(context.Background()); err != nil || buf[2] != 3 {
+	if err := cs[0].AllReduce(comm.Int32s(buf), comm.Int32s(buf), comm.Avg).Wait(context.Background()); err != nil || buf[2] != 3 {
 		t.Fatalf("%v %v", err, buf)
 	}
 }
@@ -384,7 +384,7 @@ func TestLargeGroup(t *testing.T) {
 	bufs := make([][]int32, n)
 	for r, c := range cs {
 		bufs[r] = []int32{1}
-		ws = append(ws, c.AllReduce(comm.Int32s(bufs[r]), comm.Sum))
+		ws = append(ws, c.AllReduce(comm.Int32s(bufs[r]), comm.Int32s(bufs[r]), comm.Sum))
 	}
 	msg := []int32{0}
 	ws = append(ws, cs[n-1].Send(comm.Int32s([]int32{42}), 0), cs[0].Recv(comm.Int32s(msg), n-1))
@@ -402,7 +402,7 @@ func TestLargeGroup(t *testing.T) {
 	small := make([][]uint8, n)
 	for r, c := range cs {
 		small[r] = []uint8{1, 255}
-		ws = append(ws, c.AllReduce(comm.Uint8s(small[r]), comm.Avg))
+		ws = append(ws, c.AllReduce(comm.Uint8s(small[r]), comm.Uint8s(small[r]), comm.Avg))
 	}
 	for r, err := range waitAll(t, ws) {
 		if err != nil || small[r][0] != 0 || small[r][1] != 0 {
@@ -433,12 +433,12 @@ func TestAllocsWhenParked(t *testing.T) {
 			for cs[0].arrived.Load() != cs[0].issued.Load() || !cs[0].parked.Load() || cs[0].nwait.Load() == 0 {
 				runtime.Gosched()
 			}
-			done <- cs[1].AllReduce(comm.Float32s(bufs[1]), comm.Sum).Wait(ctx)
+			done <- cs[1].AllReduce(comm.Float32s(bufs[1]), comm.Float32s(bufs[1]), comm.Sum).Wait(ctx)
 		}
 	}()
 	defer close(start)
 	step := func() {
-		w := cs[0].AllReduce(comm.Float32s(bufs[0]), comm.Sum)
+		w := cs[0].AllReduce(comm.Float32s(bufs[0]), comm.Float32s(bufs[0]), comm.Sum)
 		start <- struct{}{}
 		if err := w.Wait(ctx); err != nil {
 			t.Fatal(err)
@@ -497,7 +497,7 @@ func TestMismatchNamesOddRank(t *testing.T) {
 			if slices.Contains(tc.odd, r) {
 				op = comm.Min
 			}
-			ws[r] = c.AllReduce(comm.Float64s(make([]float64, 3)), op)
+			ws[r] = allReduceInPlace(c, comm.Float64s(make([]float64, 3)), op)
 		}
 		for r, err := range waitAll(t, ws) {
 			if !errors.Is(err, comm.ErrMismatch) || !strings.Contains(err.Error(), tc.want) {
@@ -505,4 +505,9 @@ func TestMismatchNamesOddRank(t *testing.T) {
 			}
 		}
 	}
+}
+
+// allReduceInPlace issues the in-place form of AllReduce on buf.
+func allReduceInPlace(c comm.Communicator, buf comm.Buffer, op comm.Op) comm.Work {
+	return c.AllReduce(buf, buf, op)
 }

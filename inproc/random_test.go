@@ -92,7 +92,7 @@ func TestRandomSequences(t *testing.T) {
 					}
 					switch s.kind {
 					case comm.KindAllReduce:
-						w = c.AllReduce(comm.Int64s(in), s.op)
+						w = c.AllReduce(comm.Int64s(in), comm.Int64s(in), s.op)
 						check = func() string {
 							for e, got := range in {
 								if want := reduced(e); got != want {

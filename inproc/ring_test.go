@@ -21,7 +21,7 @@ func TestWaitAfterSlotReuse(t *testing.T) {
 	good := barriers()
 	waitAll(t, good)
 	// A mismatch fails the collective but leaves the group usable.
-	bad := []comm.Work{cs[0].AllReduce(comm.Float32s(make([]float32, 3)), comm.Sum), cs[1].AllReduce(comm.Float32s(make([]float32, 3)), comm.Max)}
+	bad := []comm.Work{allReduceInPlace(cs[0], comm.Float32s(make([]float32, 3)), comm.Sum), allReduceInPlace(cs[1], comm.Float32s(make([]float32, 3)), comm.Max)}
 	waitAll(t, bad)
 	for range ringSize + 3 {
 		for r, err := range waitAll(t, barriers()) {
@@ -64,8 +64,8 @@ func TestWaitAfterSlotReuse(t *testing.T) {
 // ever see the failed operation succeed.
 func TestTestOpWhileSlotReused(t *testing.T) {
 	cs := testGroup(t, 2, Options{})
-	bad := cs[0].AllReduce(comm.Float32s(make([]float32, 3)), comm.Sum)
-	cs[1].AllReduce(comm.Float32s(make([]float32, 4)), comm.Sum)
+	bad := allReduceInPlace(cs[0], comm.Float32s(make([]float32, 3)), comm.Sum)
+	allReduceInPlace(cs[1], comm.Float32s(make([]float32, 4)), comm.Sum)
 	if err := bad.Wait(context.Background()); !errors.Is(err, comm.ErrMismatch) {
 		t.Fatalf("%v, want ErrMismatch", err)
 	}

@@ -34,7 +34,7 @@ func TestStallReports(t *testing.T) {
 	for r := range bufs {
 		bufs[r] = []int32{int32(r), 1}
 	}
-	ws := []comm.Work{cs[0].AllReduce(comm.Int32s(bufs[0]), comm.Sum), cs[1].AllReduce(comm.Int32s(bufs[1]), comm.Sum)}
+	ws := []comm.Work{cs[0].AllReduce(comm.Int32s(bufs[0]), comm.Int32s(bufs[0]), comm.Sum), cs[1].AllReduce(comm.Int32s(bufs[1]), comm.Int32s(bufs[1]), comm.Sum)}
 	for seen := map[int]bool{}; len(seen) < 2; {
 		s := <-stalls
 		if s.Kind != comm.KindAllReduce || s.Seq != 1 || !slices.Equal(s.Missing, []int{2, 3}) || s.Rank > 1 || s.Waited < interval {
@@ -45,7 +45,7 @@ func TestStallReports(t *testing.T) {
 		}
 		seen[s.Rank] = true
 	}
-	ws = append(ws, cs[2].AllReduce(comm.Int32s(bufs[2]), comm.Sum), cs[3].AllReduce(comm.Int32s(bufs[3]), comm.Sum))
+	ws = append(ws, cs[2].AllReduce(comm.Int32s(bufs[2]), comm.Int32s(bufs[2]), comm.Sum), cs[3].AllReduce(comm.Int32s(bufs[3]), comm.Int32s(bufs[3]), comm.Sum))
 	for r, err := range waitAll(t, ws) {
 		if err != nil || bufs[r][0] != 6 || bufs[r][1] != 4 {
 			t.Fatalf("rank %d after the stall: %v, %v; want nil, [6 4]", r, err, bufs[r])

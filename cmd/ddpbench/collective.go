@@ -19,9 +19,9 @@ func collectiveCommand() *cli.Command {
 		Description: "Columns and footer follow nccl-tests (all_reduce_perf and friends): size and count\n" +
 			"of the larger buffer, out-of-place and in-place time per iteration (mean over ranks;\n" +
 			"-a as nccl-tests), algbw = size/time, busbw = algbw x the collective's factor, #wrong =\n" +
-			"elements that differ from the exact result (with -c 1). all_reduce and broadcast are in\n" +
-			"place in ddpgo's contract: their out-of-place column times a copy into the result buffer\n" +
-			"followed by the in-place collective. sendrecv has no in-place form.",
+			"elements that differ from the exact result (with -c 1). broadcast is in place in ddpgo's\n" +
+			"contract: its out-of-place column times a copy into the result buffer followed by the\n" +
+			"in-place call. sendrecv has no in-place form.",
 		Flags: []cli.Flag{
 			stringFlag("op", "allreduce", "collective: allreduce, broadcast, reduce, allgather, reducescatter or sendrecv"),
 			stringFlag("minbytes", "4K", "smallest size (K, M, G suffixes)", "b"),

@@ -13,8 +13,8 @@ import (
 // the operation completes, as a faulty transport would.
 type corruptComm struct{ comm.Communicator }
 
-func (c corruptComm) AllReduce(buf comm.Buffer, op comm.Op) comm.Work {
-	w := c.Communicator.AllReduce(buf, op)
+func (c corruptComm) AllReduce(send, buf comm.Buffer, op comm.Op) comm.Work {
+	w := c.Communicator.AllReduce(send, buf, op)
 	if c.Rank() != 1 || buf.Count == 0 {
 		return w
 	}

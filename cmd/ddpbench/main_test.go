@@ -542,7 +542,7 @@ func TestTimeoutNamed(t *testing.T) {
 // lateComm is a communicator whose all-reduce never completes in time.
 type lateComm struct{ comm.Communicator }
 
-func (c lateComm) AllReduce(comm.Buffer, comm.Op) comm.Work {
+func (c lateComm) AllReduce(_, _ comm.Buffer, _ comm.Op) comm.Work {
 	return comm.NewWork(late{}, 0)
 }
 

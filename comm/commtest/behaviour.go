@@ -63,7 +63,7 @@ func (s *suite) issueOrder(t *testing.T, cs []comm.Communicator) {
 		}
 		if k%3 == 2 {
 			for r, c := range cs {
-				ws = append(ws, c.AllReduce(comm.Float64s(bufs[r][k+1]), comm.Max))
+				ws = append(ws, c.AllReduce(comm.Float64s(bufs[r][k+1]), comm.Float64s(bufs[r][k+1]), comm.Max))
 			}
 		}
 	}
@@ -91,7 +91,7 @@ func (s *suite) waitTwice(t *testing.T, cs []comm.Communicator) {
 	bufs := make([][]int64, n)
 	for r, c := range cs {
 		bufs[r] = []int64{int64(r), 1}
-		ws[r] = c.AllReduce(comm.Int64s(bufs[r]), comm.Sum)
+		ws[r] = c.AllReduce(comm.Int64s(bufs[r]), comm.Int64s(bufs[r]), comm.Sum)
 	}
 	s.waitOK(t, ws)
 	s.waitOK(t, ws)
@@ -115,7 +115,7 @@ func (s *suite) waitDeadline(t *testing.T, cs []comm.Communicator) {
 		bufs[r] = []float32{float32(r), 2}
 	}
 	for r := range n - 1 {
-		ws[r] = cs[r].AllReduce(comm.Float32s(bufs[r]), comm.Sum)
+		ws[r] = cs[r].AllReduce(comm.Float32s(bufs[r]), comm.Float32s(bufs[r]), comm.Sum)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	errc := make(chan error, 1)
@@ -130,7 +130,7 @@ func (s *suite) waitDeadline(t *testing.T, cs []comm.Communicator) {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Wait on a collective that rank %d has not joined, with an expiring context = %v; want context.DeadlineExceeded", n-1, err)
 	}
-	ws[n-1] = cs[n-1].AllReduce(comm.Float32s(bufs[n-1]), comm.Sum)
+	ws[n-1] = cs[n-1].AllReduce(comm.Float32s(bufs[n-1]), comm.Float32s(bufs[n-1]), comm.Sum)
 	s.waitOK(t, ws)
 	for r := range cs {
 		if want := float32(n * (n - 1) / 2); bufs[r][0] != want || bufs[r][1] != float32(2*n) {
@@ -147,7 +147,7 @@ func (s *suite) abort(t *testing.T, n int) {
 	cs := s.group(t, n)
 	ws := make([]comm.Work, n-1)
 	for r := range n - 1 {
-		ws[r] = cs[r].AllReduce(comm.Float32s(make([]float32, 100)), comm.Sum)
+		ws[r] = allReduceInPlace(cs[r], comm.Float32s(make([]float32, 100)), comm.Sum)
 	}
 	cs[n-1].Abort(errInjected)
 	for r, err := range s.wait(t, ws) {
@@ -181,25 +181,25 @@ func (s *suite) mismatchCases(t *testing.T, n int) {
 	}{
 		{"op", 0, []string{comm.Sum.String(), comm.Max.String()}, [2]comm.Kind{comm.KindAllReduce, comm.KindAllReduce}, func(c comm.Communicator, odd bool) comm.Work {
 			if odd {
-				return c.AllReduce(f(7), comm.Sum)
+				return c.AllReduce(f(7), f(7), comm.Sum)
 			}
-			return c.AllReduce(f(7), comm.Max)
+			return c.AllReduce(f(7), f(7), comm.Max)
 		}},
 		{"count", n - 1, []string{"7", "8"}, [2]comm.Kind{comm.KindAllReduce, comm.KindAllReduce}, func(c comm.Communicator, odd bool) comm.Work {
 			if odd {
-				return c.AllReduce(f(8), comm.Sum)
+				return c.AllReduce(f(8), f(8), comm.Sum)
 			}
-			return c.AllReduce(f(7), comm.Sum)
+			return c.AllReduce(f(7), f(7), comm.Sum)
 		}},
 		{"dtype", 0, []string{comm.Int32.String(), comm.Float32.String()}, [2]comm.Kind{comm.KindAllReduce, comm.KindAllReduce}, func(c comm.Communicator, odd bool) comm.Work {
 			if odd {
-				return c.AllReduce(comm.Int32s(make([]int32, 7)), comm.Sum)
+				return allReduceInPlace(c, comm.Int32s(make([]int32, 7)), comm.Sum)
 			}
-			return c.AllReduce(f(7), comm.Sum)
+			return c.AllReduce(f(7), f(7), comm.Sum)
 		}},
 		{"kind", 0, []string{comm.KindAllReduce.String(), comm.KindBroadcast.String()}, [2]comm.Kind{comm.KindAllReduce, comm.KindBroadcast}, func(c comm.Communicator, odd bool) comm.Work {
 			if odd {
-				return c.AllReduce(f(7), comm.Sum)
+				return c.AllReduce(f(7), f(7), comm.Sum)
 			}
 			return c.Broadcast(f(7), 0)
 		}},
@@ -223,7 +223,7 @@ func (s *suite) mismatchCases(t *testing.T, n int) {
 			// first sequence number.
 			ws := make([]comm.Work, n)
 			for r, c := range cs {
-				ws[r] = c.AllReduce(f(3), comm.Sum)
+				ws[r] = c.AllReduce(f(3), f(3), comm.Sum)
 			}
 			s.waitOK(t, ws)
 			for r, c := range cs {
@@ -272,17 +272,17 @@ func (s *suite) invalid(t *testing.T, n int) {
 		{"reduce root n", func(c comm.Communicator) comm.Work { return c.Reduce(f(4), f(4), comm.Sum, n) }},
 		{"all_gather recv count", func(c comm.Communicator) comm.Work { return c.AllGather(f(4), f(4*n+1)) }},
 		{"reduce_scatter send count", func(c comm.Communicator) comm.Work { return c.ReduceScatter(f(4*n-1), f(4), comm.Sum) }},
-		{"all_reduce op 0", func(c comm.Communicator) comm.Work { return c.AllReduce(f(4), 0) }},
-		{"all_reduce op 99", func(c comm.Communicator) comm.Work { return c.AllReduce(f(4), 99) }},
+		{"all_reduce op 0", func(c comm.Communicator) comm.Work { return c.AllReduce(f(4), f(4), 0) }},
+		{"all_reduce op 99", func(c comm.Communicator) comm.Work { return c.AllReduce(f(4), f(4), 99) }},
 		{"all_reduce dtype 0", func(c comm.Communicator) comm.Work {
 			b := f(4)
 			b.DType = 0
-			return c.AllReduce(b, comm.Sum)
+			return c.AllReduce(b, b, comm.Sum)
 		}},
 		{"all_reduce negative count", func(c comm.Communicator) comm.Work {
 			b := f(4)
 			b.Count = -1
-			return c.AllReduce(b, comm.Sum)
+			return c.AllReduce(b, b, comm.Sum)
 		}},
 		{"send to self", func(c comm.Communicator) comm.Work { return c.Send(f(4), c.Rank()) }},
 		{"send to rank n", func(c comm.Communicator) comm.Work { return c.Send(f(4), n) }},
@@ -311,7 +311,7 @@ func (s *suite) close(t *testing.T, n int) {
 	cs := s.group(t, n)
 	var pending comm.Work
 	if n > 1 {
-		pending = cs[0].AllReduce(comm.Float32s(make([]float32, 10)), comm.Sum)
+		pending = allReduceInPlace(cs[0], comm.Float32s(make([]float32, 10)), comm.Sum)
 	}
 	for i := range 2 {
 		if err := cs[0].Close(); err != nil {
@@ -323,7 +323,7 @@ func (s *suite) close(t *testing.T, n int) {
 			t.Errorf("collective pending at Close: %v; want ErrClosed", err)
 		}
 	}
-	after := cs[0].AllReduce(comm.Float32s(make([]float32, 10)), comm.Sum)
+	after := allReduceInPlace(cs[0], comm.Float32s(make([]float32, 10)), comm.Sum)
 	if err := s.wait(t, []comm.Work{after})[0]; !errors.Is(err, comm.ErrClosed) {
 		t.Errorf("collective issued after Close: %v; want ErrClosed", err)
 	}
@@ -355,7 +355,7 @@ func (s *suite) concurrentGroups(t *testing.T) {
 					for i := range buf {
 						buf[i] = float32(r + it + i%10)
 					}
-					if err := c.AllReduce(comm.Float32s(buf), comm.Sum).Wait(ctx); err != nil {
+					if err := c.AllReduce(comm.Float32s(buf), comm.Float32s(buf), comm.Sum).Wait(ctx); err != nil {
 						t.Errorf("group %d, rank %d, iteration %d: %v", gi, r, it, err)
 						return
 					}
@@ -376,4 +376,9 @@ func (s *suite) concurrentGroups(t *testing.T) {
 		}
 	}
 	wg.Wait()
+}
+
+// allReduceInPlace issues the in-place form of AllReduce on buf.
+func allReduceInPlace(c comm.Communicator, buf comm.Buffer, op comm.Op) comm.Work {
+	return c.AllReduce(buf, buf, op)
 }

@@ -41,7 +41,7 @@ func Bench(b *testing.B, comms []comm.Communicator, k comm.Kind, dt comm.DType, 
 		c := comms[r]
 		switch k {
 		case comm.KindAllReduce:
-			return c.AllReduce(send[r], comm.Sum)
+			return c.AllReduce(send[r], send[r], comm.Sum)
 		case comm.KindBroadcast:
 			return c.Broadcast(send[r], 0)
 		case comm.KindReduce:

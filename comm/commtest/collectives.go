@@ -51,7 +51,7 @@ func maxBytes(sizes []int, large int) int {
 
 func (s *suite) allReduce(t *testing.T, cs []comm.Communicator, sizes []int, large int) {
 	n := len(cs)
-	buf := newScratch(n, maxBytes(sizes, large))
+	buf, out := newScratch(n, maxBytes(sizes, large)), newScratch(n, maxBytes(sizes, large))
 	for _, dt := range comm.DTypes {
 		for _, op := range comm.Ops {
 			t.Run(fmt.Sprintf("%s/%s", dt, op), func(t *testing.T) {
@@ -61,25 +61,41 @@ func (s *suite) allReduce(t *testing.T, cs []comm.Communicator, sizes []int, lar
 					in[r] = table(dt, func(j int) float64 { return v[r][j] })
 				}
 				want := table(dt, func(j int) float64 { return combine(dt, op, v, j) })
-				s.allReduceCase(t, cs, dt, op, in, want, counts(sizes, large, dt, 1), buf)
+				s.allReduceCase(t, cs, dt, op, in, want, counts(sizes, large, dt, 1), buf, out)
 			})
 		}
 	}
 }
 
-func (s *suite) allReduceCase(t *testing.T, cs []comm.Communicator, dt comm.DType, op comm.Op, in [][]byte, want []byte, counts []int, buf scratch) {
+func (s *suite) allReduceCase(t *testing.T, cs []comm.Communicator, dt comm.DType, op comm.Op, in [][]byte, want []byte, counts []int, buf, out scratch) {
 	n, sz := len(cs), dt.Size()
 	ws := make([]comm.Work, n)
 	for _, count := range counts {
-		for r, c := range cs {
-			b := buf.get(r, count*sz)
-			fill(b, in[r], sz, 0, count)
-			ws[r] = c.AllReduce(buffer(b, dt), op)
-		}
-		s.waitOK(t, ws)
-		for r := range cs {
-			if msg := check(dt, buf.get(r, count*sz), want, 0, count, s.cfg.tolerance(dt, op)); msg != "" {
-				t.Fatalf("count %s: rank %d: %s", sizeName(count, sz), r, msg)
+		for _, inPlace := range []bool{true, false} {
+			for r, c := range cs {
+				b := buf.get(r, count*sz)
+				fill(b, in[r], sz, 0, count)
+				o := b
+				if !inPlace {
+					o = out.get(r, count*sz)
+					setAll(o, sentinel)
+				}
+				ws[r] = c.AllReduce(buffer(b, dt), buffer(o, dt), op)
+			}
+			s.waitOK(t, ws)
+			for r := range cs {
+				got := buf.get(r, count*sz)
+				if !inPlace {
+					got = out.get(r, count*sz)
+				}
+				if msg := check(dt, got, want, 0, count, s.cfg.tolerance(dt, op)); msg != "" {
+					t.Fatalf("count %s, in place %v: rank %d: %s", sizeName(count, sz), inPlace, r, msg)
+				}
+				if !inPlace {
+					if msg := check(dt, buf.get(r, count*sz), in[r], 0, count, 0); msg != "" {
+						t.Fatalf("count %s, out of place: rank %d's send buffer changed: %s", sizeName(count, sz), r, msg)
+					}
+				}
 			}
 		}
 	}
@@ -89,7 +105,7 @@ func (s *suite) allReduceCase(t *testing.T, cs []comm.Communicator, dt comm.DTyp
 // representable: the result must be the single rounding of the exact sum.
 func (s *suite) halfRounding(t *testing.T, cs []comm.Communicator) {
 	n := len(cs)
-	buf := newScratch(n, 2*(4<<10+3))
+	buf, out := newScratch(n, 2*(4<<10+3)), newScratch(n, 2*(4<<10+3))
 	for _, dt := range []comm.DType{comm.Float16, comm.BFloat16} {
 		for _, op := range []comm.Op{comm.Sum, comm.Avg} {
 			t.Run(fmt.Sprintf("%s/%s", dt, op), func(t *testing.T) {
@@ -99,7 +115,7 @@ func (s *suite) halfRounding(t *testing.T, cs []comm.Communicator) {
 					in[r] = table(dt, func(j int) float64 { return v[r][j] })
 				}
 				want := table(dt, func(j int) float64 { return combine(dt, op, v, j) })
-				s.allReduceCase(t, cs, dt, op, in, want, []int{1, 7, 4<<10 + 3}, buf)
+				s.allReduceCase(t, cs, dt, op, in, want, []int{1, 7, 4<<10 + 3}, buf, out)
 			})
 		}
 	}

@@ -1,0 +1,66 @@
+package comm
+
+// Caps says what a backend does natively. Every backend accepts every
+// collective, dtype and op of the contract; Caps tells callers which of
+// them cost no extra pass, so that they can choose (hooks.Avg, for one,
+// pre-scales and sums where Avg is not native).
+type Caps struct {
+	// Backend names the implementation ("inproc", "mpi", "nccl").
+	Backend string
+	// NativeAvg: Op Avg of floating-point dtypes is done inside the
+	// reduction as a pre-multiplied sum (each contribution times 1/N, as
+	// ncclAvg does), with no separate pass, so it overflows only where
+	// the average itself does.
+	NativeAvg bool
+	// HalfPrecision: Float16 and BFloat16 sums round once from a wider
+	// accumulation, in the backend's reduction.
+	HalfPrecision bool
+	// MismatchDetection: ranks that issue different collectives at the
+	// same sequence number get ErrMismatch instead of a hang or garbage.
+	MismatchDetection bool
+	// DeviceMemory: collectives take Buffers with Loc == Device.
+	DeviceMemory bool
+	// HostMemory: collectives take Buffers with Loc == Host.
+	HostMemory bool
+}
+
+// Capable is implemented by a backend that reports its Caps.
+type Capable interface {
+	Capabilities() Caps
+}
+
+// CapsOf returns c's capabilities, or, for a backend that does not report
+// them, the conservative answer: host memory, nothing native.
+func CapsOf(c Communicator) Caps {
+	if cc, ok := c.(Capable); ok {
+		return cc.Capabilities()
+	}
+	return Caps{HostMemory: true}
+}
+
+// Grouper is implemented by a backend that can batch several operations
+// into one launch (ncclGroupStart and ncclGroupEnd). Between GroupStart
+// and the matching GroupEnd, the rank's collectives are recorded and may
+// not start until GroupEnd, which launches them together; their Works
+// must not be waited for before GroupEnd returns. Groups nest: only the
+// outermost GroupEnd launches. A backend with nothing to batch need not
+// implement Grouper; GroupStart and GroupEnd below are then no-ops.
+type Grouper interface {
+	GroupStart()
+	GroupEnd() error
+}
+
+// GroupStart starts a group on c if c is a Grouper.
+func GroupStart(c Communicator) {
+	if g, ok := c.(Grouper); ok {
+		g.GroupStart()
+	}
+}
+
+// GroupEnd ends a group on c if c is a Grouper, and returns its error.
+func GroupEnd(c Communicator) error {
+	if g, ok := c.(Grouper); ok {
+		return g.GroupEnd()
+	}
+	return nil
+}

@@ -1,0 +1,209 @@
+package comm
+
+import (
+	"fmt"
+	"unsafe"
+
+	"github.com/ddpgo/ddpgo/fp16"
+)
+
+// Kernels are the element-wise operations that the reducer and the hooks
+// apply to bucket memory. They are the only way ddp and hooks touch a
+// Buffer's elements, so that the same code runs on host memory (HostKernels,
+// with package fp16's SIMD conversions) and on device memory (a backend's
+// device kernels), which Go cannot address.
+//
+// A kernel may return before its effect is complete only if every later
+// kernel and every collective the rank issues is ordered after it (a
+// device stream); Sync waits for everything issued so far. Host kernels
+// are complete when they return. Buffers of mismatched counts or dtypes
+// are a programming error and panic, naming both.
+type Kernels interface {
+	// Location is the memory these kernels operate on.
+	Location() Location
+	// Zero sets every element of b to zero.
+	Zero(b Buffer)
+	// Copy copies src into dst (same count and dtype; no overlap).
+	Copy(dst, src Buffer)
+	// Add adds src into dst, element by element (Float32).
+	Add(dst, src Buffer)
+	// Scale multiplies every element of b by s (Float32).
+	Scale(b Buffer, s float32)
+	// Compress writes src (Float32) times scale into dst (Float16 or
+	// BFloat16), rounding once to nearest even.
+	Compress(dst, src Buffer, scale float32)
+	// Decompress converts src (Float16 or BFloat16) into dst (Float32),
+	// exactly.
+	Decompress(dst, src Buffer)
+	// Overflows counts the elements of wire (Float16 or BFloat16) that are
+	// Inf or NaN where the same element of in (Float32) is finite. It
+	// waits for the kernels issued before it.
+	Overflows(wire, in Buffer) int64
+	// Upload copies len(src) bytes of host memory into dst.
+	Upload(dst Buffer, src []byte)
+	// Download copies src into dst (len(dst) == src.Bytes()), waiting for
+	// the kernels and collectives issued before it.
+	Download(dst []byte, src Buffer)
+	// Sync waits until every kernel issued so far has completed, and
+	// returns the first error a kernel met (a device fault).
+	Sync() error
+}
+
+// KernelSource is implemented by a backend that provides kernels for the
+// memory it carries (a device backend's kernels on its stream).
+type KernelSource interface {
+	Kernels() Kernels
+}
+
+// HostKernels returns the kernels for host memory.
+func HostKernels() Kernels { return hostKernels{} }
+
+type hostKernels struct{}
+
+func (hostKernels) Location() Location { return Host }
+
+// piece bounds the bytes one call of a runtime copy or clear handles: those
+// cannot be preempted, so large buffers are cut into pieces of well under a
+// millisecond, and the garbage collector never waits on them for long.
+const piece = 1 << 20
+
+func (hostKernels) Zero(b Buffer) {
+	p := b.AsBytes()
+	for len(p) > 0 {
+		k := min(len(p), piece)
+		clear(p[:k])
+		p = p[k:]
+	}
+}
+
+func (hostKernels) Copy(dst, src Buffer) {
+	same("Copy", dst, src)
+	d, s := dst.AsBytes(), src.AsBytes()
+	for len(d) > 0 {
+		k := min(len(d), piece)
+		copy(d[:k], s[:k])
+		d, s = d[k:], s[k:]
+	}
+}
+
+func (hostKernels) Add(dst, src Buffer) {
+	same("Add", dst, src)
+	d, s := dst.AsFloat32(), src.AsFloat32()
+	s = s[:len(d)]
+	for i, v := range s {
+		d[i] += v
+	}
+}
+
+func (hostKernels) Scale(b Buffer, s float32) {
+	v := b.AsFloat32()
+	i := 0
+	for ; i+8 <= len(v); i += 8 {
+		w := v[i : i+8 : i+8]
+		w[0] *= s
+		w[1] *= s
+		w[2] *= s
+		w[3] *= s
+		w[4] *= s
+		w[5] *= s
+		w[6] *= s
+		w[7] *= s
+	}
+	for ; i < len(v); i++ {
+		v[i] *= s
+	}
+}
+
+func (hostKernels) Compress(dst, src Buffer, scale float32) {
+	halfPair("Compress", dst, src)
+	if dst.DType == Float16 {
+		fp16.ScaleToHalf(dst.AsUint16(), src.AsFloat32(), scale)
+	} else {
+		fp16.ScaleToBFloat16(dst.AsUint16(), src.AsFloat32(), scale)
+	}
+}
+
+func (hostKernels) Decompress(dst, src Buffer) {
+	halfPair("Decompress", src, dst)
+	if src.DType == Float16 {
+		fp16.HalfToFloat32(dst.AsFloat32(), src.AsUint16())
+	} else {
+		fp16.BFloat16ToFloat32(dst.AsFloat32(), src.AsUint16())
+	}
+}
+
+func (hostKernels) Overflows(wire, in Buffer) int64 {
+	halfPair("Overflows", wire, in)
+	exp := uint16(0x7c00)
+	if wire.DType == BFloat16 {
+		exp = 0x7f80
+	}
+	s := wire.AsUint16()
+	if !anyNonfinite(s, exp) {
+		return 0
+	}
+	f := in.AsFloat32()
+	var n int64
+	for i, v := range s {
+		if v&exp == exp && f[i]-f[i] == 0 { // f[i] finite: Inf-Inf and NaN-NaN are NaN
+			n++
+		}
+	}
+	return n
+}
+
+func (hostKernels) Upload(dst Buffer, src []byte) {
+	if len(src) != dst.Bytes() {
+		panic(fmt.Sprintf("comm: Upload of %d bytes into a buffer of %d", len(src), dst.Bytes()))
+	}
+	copy(dst.AsBytes(), src)
+}
+
+func (hostKernels) Download(dst []byte, src Buffer) {
+	if len(dst) != src.Bytes() {
+		panic(fmt.Sprintf("comm: Download of a buffer of %d bytes into %d", src.Bytes(), len(dst)))
+	}
+	copy(dst, src.AsBytes())
+}
+
+func (hostKernels) Sync() error { return nil }
+
+func same(op string, a, b Buffer) {
+	if a.Count != b.Count || a.DType != b.DType {
+		panic(fmt.Sprintf("comm: %s of %d x %s and %d x %s", op, a.Count, a.DType, b.Count, b.DType))
+	}
+}
+
+// halfPair checks a (Float16 or BFloat16) against b (Float32), same count.
+func halfPair(op string, half, f32 Buffer) {
+	if half.Count != f32.Count || (half.DType != Float16 && half.DType != BFloat16) || f32.DType != Float32 {
+		panic(fmt.Sprintf("comm: %s between %d x %s and %d x %s", op, half.Count, half.DType, f32.Count, f32.DType))
+	}
+}
+
+// anyNonfinite reports whether some element of s has an all-ones exponent
+// (Inf or NaN) under mask exp, four elements per 64-bit word.
+func anyNonfinite(s []uint16, exp uint16) bool {
+	const ones, highs = 0x0001_0001_0001_0001, 0x8000_8000_8000_8000
+	m := uint64(exp) * ones
+	nw := len(s) / 4
+	if nw > 0 {
+		words := unsafe.Slice((*uint64)(unsafe.Pointer(unsafe.SliceData(s))), nw)
+		var acc uint64
+		for _, w := range words {
+			// A lane of t is zero exactly where the exponent is all ones;
+			// (t - ones) &^ t has a lane's high bit set if some lane is zero.
+			t := w&m ^ m
+			acc |= (t - ones) &^ t
+		}
+		if acc&highs != 0 {
+			return true
+		}
+	}
+	for _, v := range s[nw*4:] {
+		if v&exp == exp {
+			return true
+		}
+	}
+	return false
+}
