@@ -1,0 +1,68 @@
+//go:build mpi
+
+// The C half of package mpi: MPI start-up, the collectives in blocking and
+// non-blocking form, the requests the owner goroutine progresses, and the
+// user-defined reductions for 16-bit floats. Every function here runs on
+// the owner goroutine's thread, except ddp_library_version and
+// ddp_abort_job's last resort.
+
+#ifndef DDPGO_MPI_H
+#define DDPGO_MPI_H
+
+#include <mpi.h>
+#include <stdint.h>
+
+// Element types, reduction ops and collective kinds: the values of the Go
+// constants comm.DType, comm.Op and comm.Kind.
+enum { DDP_F32 = 1, DDP_F16, DDP_BF16, DDP_F64, DDP_I32, DDP_I64, DDP_U8 };
+enum { DDP_SUM = 1, DDP_AVG, DDP_MAX, DDP_MIN };
+enum {
+	DDP_ALLREDUCE = 1, DDP_BROADCAST, DDP_REDUCE, DDP_ALLGATHER,
+	DDP_REDUCESCATTER, DDP_SEND, DDP_RECV, DDP_BARRIER
+};
+
+// DDP_MAXREQ bounds the non-blocking requests in flight at once.
+#define DDP_MAXREQ 1024
+
+// ddp_init initialises MPI (or adopts an MPI the host program initialised)
+// and creates the 16-bit reductions. *provided receives the thread level,
+// *ours whether this call initialised MPI.
+int ddp_init(int *provided, int *ours, int *world_rank, int *world_size);
+int ddp_finalize(int ours);
+
+// ddp_tune_malloc raises glibc's mmap and trim thresholds (see malloc.go's
+// comment on the Go side); it returns 1 if it changed them.
+int ddp_tune_malloc(void);
+
+int ddp_dup(MPI_Comm *out, int *rank, int *size);
+int ddp_free(MPI_Comm *c);
+int ddp_allreduce_int(MPI_Comm c, int *inout, int n, int max);
+
+// ddp_start runs (blocking != 0) or posts (into request slot) one
+// operation. send and recv are addresses; inplace selects MPI_IN_PLACE
+// (AllReduce, Reduce on the root, AllGather).
+int ddp_start(MPI_Comm c, int blocking, int slot, int kind, int op, int dt,
+              int count, uintptr_t send, uintptr_t recv, int root, int inplace);
+
+// ddp_testsome tests the requests in slots [0, n). It writes the slots
+// that completed to done[0..*outcount) and their errors to errs, and
+// for receives the element count received to got (-1 otherwise).
+int ddp_testsome(int n, int *outcount);
+extern int ddp_done[DDP_MAXREQ];
+extern int ddp_errs[DDP_MAXREQ];
+extern int ddp_got[DDP_MAXREQ];
+
+// ddp_scale divides count elements of dt at buf by n (Avg after Sum).
+void ddp_scale(int dt, uintptr_t buf, int count, int n);
+
+// ddp_error_string writes MPI's text for code, and its class, to buf.
+void ddp_error_string(int code, char *buf, int len, int *class);
+
+void ddp_library_version(char *buf, int len);
+void ddp_abort_job(int code);
+int ddp_has_f16c(void);
+
+// Reductions exposed for tests of the C kernels (in, inout, count).
+void ddp_test_reduce(int dt, int op, uintptr_t in, uintptr_t inout, int count);
+
+#endif

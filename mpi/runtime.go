@@ -1,0 +1,531 @@
+//go:build mpi && cgo
+
+package mpi
+
+/*
+#cgo pkg-config: ompi-c
+#include "ddpmpi.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/ddpgo/ddpgo/allocator"
+)
+
+// The process's MPI state: one per process, started by the first Open and
+// stopped by Finalize. Its owner goroutine, locked to its OS thread, makes
+// every MPI call of the process.
+var (
+	rtMu     sync.Mutex
+	rt       *engine
+	finished bool
+)
+
+// engine is the owner goroutine and what it owns.
+type engine struct {
+	q    chan ref         // operations and close markers, in issue order
+	ctl  chan func()      // calls to run on the owner thread (Open, Finalize)
+	wake chan struct{}    // an abort request is waiting
+	exit chan struct{}    // closed when the owner goroutine has returned
+	stop bool             // owner-only: return once idle
+	pool *allocator.Pool  // scratch of operations whose communicator has none
+	poolOnce sync.Once
+
+	provided, worldRank, worldSize int
+	ours, mallocTuned, f16c      bool
+
+	abortCode atomic.Int32 // non-zero: end the job with this code
+
+	// owner-only: the non-blocking requests in flight, by slot
+	slots   [C.DDP_MAXREQ]ref
+	free    []int32
+	hi      int // slots [hi, DDP_MAXREQ) are free
+	nactive int
+	// owner-only: open communicators in blocking mode (at most one)
+	blockingComms int
+
+	mu    sync.Mutex
+	comms map[*communicator]struct{} // open communicators
+}
+
+// ref names operation seq of communicator c; seq 0 is c's close marker.
+type ref struct {
+	c   *communicator
+	seq uint64
+}
+
+// spinIdle is how long the owner polls its queue before it parks: issuing
+// the next collective right after a Wait, as a benchmark or a reducer's
+// next bucket does, then costs no wake-up.
+const spinIdle = 20 * time.Microsecond
+
+// abortGrace is how long Abort waits for the owner thread to call
+// MPI_Abort itself before calling it from the aborting thread (the owner
+// may be inside a blocking collective that a stalled peer never joins).
+const abortGrace = 200 * time.Millisecond
+
+// start returns the process's engine, starting it on first use.
+func start() (*engine, error) {
+	rtMu.Lock()
+	defer rtMu.Unlock()
+	if finished {
+		return nil, fmt.Errorf("%w: Open after Finalize", ErrFinalized)
+	}
+	if rt != nil {
+		return rt, nil
+	}
+	e := &engine{
+		q:     make(chan ref, 4096),
+		ctl:   make(chan func()),
+		wake:  make(chan struct{}, 1),
+		exit:  make(chan struct{}),
+		hi:    0,
+		comms: map[*communicator]struct{}{},
+	}
+	errc := make(chan error, 1)
+	go e.run(errc)
+	if err := <-errc; err != nil {
+		<-e.exit
+		finished = true // MPI cannot be initialised again
+		return nil, err
+	}
+	rt = e
+	return e, nil
+}
+
+// call runs f on the owner thread and returns its error.
+func (e *engine) call(f func() error) error {
+	errc := make(chan error, 1)
+	select {
+	case e.ctl <- func() { errc <- f() }:
+	case <-e.exit:
+		return fmt.Errorf("%w", ErrFinalized)
+	}
+	return <-errc
+}
+
+// run is the owner goroutine. It never unlocks its thread: MPI may keep
+// thread-local state, and the thread ends with the goroutine.
+func (e *engine) run(errc chan<- error) {
+	defer close(e.exit)
+	runtime.LockOSThread()
+	var provided, ours, wr, ws C.int
+	if rc := C.ddp_init(&provided, &ours, &wr, &ws); rc != C.MPI_SUCCESS {
+		errc <- fmt.Errorf("mpi: initialising MPI: %w", mpiError(int(rc)))
+		return
+	}
+	e.provided, e.ours, e.worldRank, e.worldSize = int(provided), ours != 0, int(wr), int(ws)
+	e.f16c = C.ddp_has_f16c() != 0
+	if e.provided < C.MPI_THREAD_SERIALIZED && !e.ours {
+		// The host program initialised MPI; this thread is not the one
+		// that did, so MPI_THREAD_FUNNELED or less forbids every call
+		// the backend would make.
+		errc <- fmt.Errorf("mpi: the host program initialised MPI with %s; the backend calls MPI from a thread of its own and needs MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE (MPI_Init_thread)", threadLevel(e.provided))
+		return
+	}
+	if e.ours {
+		e.mallocTuned = C.ddp_tune_malloc() != 0
+	}
+	errc <- nil
+	e.loop()
+}
+
+func (e *engine) loop() {
+	for {
+		if code := e.abortCode.Load(); code != 0 {
+			C.ddp_abort_job(C.int(code))
+		}
+		select {
+		case f := <-e.ctl:
+			f()
+			continue
+		default:
+		}
+		if e.stop && e.nactive == 0 {
+			return
+		}
+		if e.nactive < C.DDP_MAXREQ {
+			select {
+			case r := <-e.q:
+				e.take(r)
+				continue
+			default:
+			}
+		}
+		if e.nactive > 0 {
+			e.test()
+			continue
+		}
+		e.idle()
+	}
+}
+
+// idle polls for work for spinIdle, then parks until some arrives.
+func (e *engine) idle() {
+	t0 := time.Now()
+	for i := 0; ; i++ {
+		if len(e.q) > 0 || len(e.wake) > 0 {
+			return
+		}
+		if i%64 == 63 && time.Since(t0) > spinIdle {
+			break
+		}
+	}
+	select {
+	case r := <-e.q:
+		e.take(r)
+	case f := <-e.ctl:
+		f()
+	case <-e.wake:
+	}
+}
+
+// take starts operation r, or handles its communicator's close marker.
+func (e *engine) take(r ref) {
+	c := r.c
+	if r.seq == 0 {
+		c.closeMarked = true
+		if c.posted == 0 {
+			e.release(c)
+		}
+		return
+	}
+	d := &c.ring[r.seq%ringSize]
+	switch {
+	case d.err != nil:
+		c.complete(r.seq, c.opErr(d, d.err))
+		return
+	case c.closing.Load():
+		c.complete(r.seq, c.opErr(d, fmt.Errorf("%w: closed before MPI was given the operation", errClosed())))
+		return
+	case c.failed != nil:
+		c.complete(r.seq, c.opErr(d, fmt.Errorf("%w: the communicator is unusable after an earlier failure: %w", errAborted(), c.failed)))
+		return
+	}
+	send, recv := d.send, d.recv
+	if d.kind == kindReduceScatter && d.inplace {
+		b, err := e.scratch(c, d.count*dtypeSize(d.dt))
+		if err != nil {
+			c.complete(r.seq, c.opErr(d, err))
+			return
+		}
+		d.scratch = b
+		recv = b.Addr()
+	}
+	blocking := c.blocking && d.kind != kindSend && d.kind != kindRecv
+	slot := -1
+	if !blocking {
+		slot = e.allocSlot()
+	}
+	inplace := 0
+	if d.inplace && d.kind != kindReduceScatter {
+		inplace = 1
+	}
+	c.posted++
+	rc := C.ddp_start(c.h, boolInt(blocking), C.int(max(slot, 0)), C.int(d.kind), C.int(d.op), C.int(d.dt),
+		C.int(d.count), C.uintptr_t(uintptr(send)), C.uintptr_t(uintptr(recv)), C.int(d.root), C.int(inplace))
+	if blocking || rc != C.MPI_SUCCESS {
+		if slot >= 0 {
+			e.freeSlot(slot)
+		}
+		e.finish(c, r.seq, int(rc), -1)
+		return
+	}
+	e.slots[slot] = r
+}
+
+// test progresses the requests in flight and finishes those that
+// completed.
+func (e *engine) test() {
+	var n C.int
+	rc := C.ddp_testsome(C.int(e.hi), &n)
+	if rc != C.MPI_SUCCESS {
+		// MPI could not say which requests completed: fail them all.
+		// Their buffers may still be written, so every communicator with
+		// one is unusable, and the caller's only safe move is Abort.
+		for s := range e.hi {
+			if r := e.slots[s]; r.c != nil {
+				e.freeSlot(s)
+				e.finish(r.c, r.seq, int(rc), -1)
+			}
+		}
+		return
+	}
+	for i := range int(n) {
+		s := int(C.ddp_done[i])
+		r := e.slots[s]
+		e.freeSlot(s)
+		e.finish(r.c, r.seq, int(C.ddp_errs[i]), int(C.ddp_got[i]))
+	}
+}
+
+// finish completes operation seq of c after MPI returned rc (and, for a
+// receive, got elements).
+func (e *engine) finish(c *communicator, seq uint64, rc, got int) {
+	d := &c.ring[seq%ringSize]
+	c.posted--
+	var err error
+	switch {
+	case rc != C.MPI_SUCCESS:
+		me := mpiError(rc)
+		err = c.opErr(d, me)
+		if c.failed == nil {
+			c.failed = err
+		}
+	case d.kind == kindRecv && got != d.count:
+		err = c.opErr(d, fmt.Errorf("%w: rank %d received %d elements from rank %d, which posted a receive of %d", errMismatch(), c.rank, got, d.root, d.count))
+	default:
+		e.after(c, d)
+	}
+	if d.scratch.Size() > 0 {
+		e.putScratch(c, d.scratch)
+		d.scratch = allocator.Block{}
+	}
+	c.complete(seq, err)
+	if c.closeMarked && c.posted == 0 {
+		e.release(c)
+	}
+}
+
+// after does what is left once MPI has completed d: Avg's division, and
+// the copy of an in-place ReduceScatter's result out of its scratch.
+func (e *engine) after(c *communicator, d *desc) {
+	out := d.recv
+	switch d.kind {
+	case kindAllReduce:
+	case kindReduce:
+		if d.root != c.rank {
+			return
+		}
+		if d.inplace {
+			out = d.send
+		}
+	case kindReduceScatter:
+		if d.inplace {
+			copyBytes(d.recv, d.scratch.Addr(), d.count*dtypeSize(d.dt))
+		}
+	default:
+		return
+	}
+	if d.op == opAvg && c.size > 1 && d.count > 0 {
+		C.ddp_scale(C.int(d.dt), C.uintptr_t(uintptr(out)), C.int(d.count), C.int(c.size))
+	}
+}
+
+// release frees c's MPI communicator once it has nothing in flight.
+func (e *engine) release(c *communicator) {
+	if !c.released {
+		c.released = true
+		if c.blocking {
+			e.blockingComms--
+		}
+		if rc := C.ddp_free(&c.h); rc != C.MPI_SUCCESS {
+			c.closeErr = fmt.Errorf("mpi: rank %d: MPI_Comm_free: %w", c.rank, mpiError(int(rc)))
+		}
+		e.mu.Lock()
+		delete(e.comms, c)
+		e.mu.Unlock()
+		close(c.freed)
+	}
+}
+
+func (e *engine) allocSlot() int {
+	e.nactive++
+	if n := len(e.free); n > 0 {
+		s := e.free[n-1]
+		e.free = e.free[:n-1]
+		return int(s)
+	}
+	e.hi++
+	return e.hi - 1
+}
+
+func (e *engine) freeSlot(s int) {
+	e.slots[s] = ref{}
+	e.nactive--
+	if s == e.hi-1 {
+		e.hi--
+		// Drop free slots now at the top, so Testsome scans only [0, hi).
+		for e.hi > 0 && e.slots[e.hi-1].c == nil && e.dropFree(e.hi-1) {
+			e.hi--
+		}
+		return
+	}
+	e.free = append(e.free, int32(s))
+}
+
+// dropFree removes s from the free list, reporting whether it was there.
+func (e *engine) dropFree(s int) bool {
+	for i, f := range e.free {
+		if int(f) == s {
+			e.free[i] = e.free[len(e.free)-1]
+			e.free = e.free[:len(e.free)-1]
+			return true
+		}
+	}
+	return false
+}
+
+// scratch returns n bytes of pool memory for an operation of c.
+func (e *engine) scratch(c *communicator, n int) (allocator.Block, error) {
+	p := c.opts.Pool
+	if p == nil {
+		e.poolOnce.Do(func() {
+			p, err := allocator.New(allocator.Options{})
+			if err == nil {
+				e.pool = p
+			}
+		})
+		if p = e.pool; p == nil {
+			return allocator.Block{}, fmt.Errorf("mpi: no scratch pool")
+		}
+	}
+	b, err := p.Get(n)
+	if err != nil {
+		return b, fmt.Errorf("mpi: scratch for an in-place reduce_scatter: %w", err)
+	}
+	return b, nil
+}
+
+func (e *engine) putScratch(c *communicator, b allocator.Block) {
+	p := c.opts.Pool
+	if p == nil {
+		p = e.pool
+	}
+	_ = p.Put(b)
+}
+
+// abortJob ends the job with MPI_Abort: through the owner thread if it
+// answers within abortGrace, else from this thread. It does not return.
+func (e *engine) abortJob(code int) {
+	e.abortCode.CompareAndSwap(0, int32(code))
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+	select {
+	case <-e.exit:
+		// The owner is gone (Finalize); MPI is no more.
+		os.Exit(code)
+	case <-time.After(abortGrace):
+	}
+	C.ddp_abort_job(C.int(code))
+}
+
+// Finalize closes every open communicator, stops the owner goroutine and,
+// if the backend initialised MPI, calls MPI_Finalize, which mpirun expects
+// of every process before it exits. After Finalize, Open fails with
+// ErrFinalized. Finalize is idempotent; call it once every collective has
+// completed, typically at the end of main (or TestMain).
+func Finalize() error {
+	rtMu.Lock()
+	e := rt
+	rt, finished = nil, true
+	rtMu.Unlock()
+	if e == nil {
+		return nil
+	}
+	e.mu.Lock()
+	open := make([]*communicator, 0, len(e.comms))
+	for c := range e.comms {
+		open = append(open, c)
+	}
+	e.mu.Unlock()
+	var errs []error
+	for _, c := range open {
+		errs = append(errs, c.Close())
+	}
+	err := e.call(func() error {
+		e.stop = true
+		if rc := C.ddp_finalize(boolInt(e.ours)); rc != C.MPI_SUCCESS {
+			return fmt.Errorf("mpi: MPI_Finalize: %w", mpiError(int(rc)))
+		}
+		return nil
+	})
+	<-e.exit
+	if e.pool != nil {
+		errs = append(errs, e.pool.Close())
+	}
+	return errors.Join(append(errs, err)...)
+}
+
+// LibraryInfo reports the MPI library and, once initialised, the thread
+// level MPI provided.
+func LibraryInfo() Info {
+	var buf [C.MPI_MAX_LIBRARY_VERSION_STRING + 1]C.char
+	C.ddp_library_version(&buf[0], C.int(len(buf)))
+	lib := C.GoString(&buf[0])
+	for i, r := range lib {
+		if r == '\n' {
+			lib = lib[:i]
+			break
+		}
+	}
+	info := Info{Built: true, Library: lib, Requested: threadLevel(C.MPI_THREAD_SERIALIZED), F16C: C.ddp_has_f16c() != 0}
+	rtMu.Lock()
+	defer rtMu.Unlock()
+	if e := rt; e != nil {
+		info.Initialized, info.OwnInit = true, e.ours
+		info.Provided = threadLevel(e.provided)
+		info.WorldRank, info.WorldSize = e.worldRank, e.worldSize
+		info.MallocTuned = e.mallocTuned
+	}
+	return info
+}
+
+func threadLevel(l int) string {
+	switch l {
+	case C.MPI_THREAD_SINGLE:
+		return "MPI_THREAD_SINGLE"
+	case C.MPI_THREAD_FUNNELED:
+		return "MPI_THREAD_FUNNELED"
+	case C.MPI_THREAD_SERIALIZED:
+		return "MPI_THREAD_SERIALIZED"
+	case C.MPI_THREAD_MULTIPLE:
+		return "MPI_THREAD_MULTIPLE"
+	}
+	return fmt.Sprintf("thread level %d", l)
+}
+
+// Error is an error MPI returned: its code, its class and its own text.
+type Error struct {
+	Code, Class int
+	Msg         string
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("MPI error %d (class %d): %s", e.Code, e.Class, e.Msg)
+}
+
+func mpiError(code int) error {
+	var buf [C.MPI_MAX_ERROR_STRING + 1]C.char
+	var class C.int
+	C.ddp_error_string(C.int(code), &buf[0], C.int(len(buf)), &class)
+	return &Error{Code: code, Class: int(class), Msg: C.GoString(&buf[0])}
+}
+
+func boolInt(b bool) C.int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// copyBytes copies n bytes between buffers that do not overlap, in pieces
+// the scheduler can preempt between.
+func copyBytes(dst, src unsafe.Pointer, n int) {
+	const piece = 1 << 20
+	for off := 0; off < n; off += piece {
+		k := min(piece, n-off)
+		copy(unsafe.Slice((*byte)(unsafe.Add(dst, off)), k), unsafe.Slice((*byte)(unsafe.Add(src, off)), k))
+	}
+}
