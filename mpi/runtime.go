@@ -32,16 +32,16 @@ var (
 
 // engine is the owner goroutine and what it owns.
 type engine struct {
-	q    chan ref         // operations and close markers, in issue order
-	ctl  chan func()      // calls to run on the owner thread (Open, Finalize)
-	wake chan struct{}    // an abort request is waiting
-	exit chan struct{}    // closed when the owner goroutine has returned
-	stop bool             // owner-only: return once idle
-	pool *allocator.Pool  // scratch of operations whose communicator has none
+	q        chan ref        // operations and close markers, in issue order
+	ctl      chan func()     // calls to run on the owner thread (Open, Finalize)
+	wake     chan struct{}   // an abort request is waiting
+	exit     chan struct{}   // closed when the owner goroutine has returned
+	stop     bool            // owner-only: return once idle
+	pool     *allocator.Pool // scratch of operations whose communicator has none
 	poolOnce sync.Once
 
 	provided, worldRank, worldSize int
-	ours, mallocTuned, f16c      bool
+	ours, mallocTuned, f16c        bool
 
 	abortCode atomic.Int32 // non-zero: end the job with this code
 
