@@ -16,6 +16,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"syscall"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -56,7 +57,7 @@ const ringSize = 256
 const failLogMax = 4096
 
 // spinWait is how long Wait polls before it parks.
-const spinWait = 50 * time.Microsecond
+var spinWait = envDur("DDPGO_MPI_SPIN_WAIT_US", 50)
 
 var epoch = time.Now()
 
@@ -410,7 +411,11 @@ func (c *communicator) WaitOp(ctx context.Context, id uint64) error {
 		if i%16 == 15 && time.Since(start) > spinWait {
 			break
 		}
-		runtime.Gosched()
+		if yieldSpin {
+			syscall.RawSyscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
+		} else {
+			runtime.Gosched()
+		}
 	}
 	ch := c.addWaiter()
 	defer c.dropWaiter(ch)

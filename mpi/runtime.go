@@ -13,6 +13,8 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"strconv"
+	"syscall"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -66,7 +68,16 @@ type ref struct {
 // spinIdle is how long the owner polls its queue before it parks: issuing
 // the next collective right after a Wait, as a benchmark or a reducer's
 // next bucket does, then costs no wake-up.
-const spinIdle = 20 * time.Microsecond
+var spinIdle = envDur("DDPGO_MPI_SPIN_OWNER_US", 20)
+
+var yieldSpin = os.Getenv("DDPGO_MPI_YIELD") == "1"
+
+func envDur(k string, def int) time.Duration {
+	if v, err := strconv.Atoi(os.Getenv(k)); err == nil {
+		return time.Duration(v) * time.Microsecond
+	}
+	return time.Duration(def) * time.Microsecond
+}
 
 // abortGrace is how long Abort waits for the owner thread to call
 // MPI_Abort itself before calling it from the aborting thread (the owner
@@ -117,7 +128,9 @@ func (e *engine) call(f func() error) error {
 // thread-local state, and the thread ends with the goroutine.
 func (e *engine) run(errc chan<- error) {
 	defer close(e.exit)
-	runtime.LockOSThread()
+	if os.Getenv("DDPGO_MPI_LOCK") != "0" {
+		runtime.LockOSThread()
+	}
 	var provided, ours, wr, ws C.int
 	if rc := C.ddp_init(&provided, &ours, &wr, &ws); rc != C.MPI_SUCCESS {
 		errc <- fmt.Errorf("mpi: initialising MPI: %w", mpiError(int(rc)))
@@ -178,6 +191,9 @@ func (e *engine) idle() {
 		}
 		if i%64 == 63 && time.Since(t0) > spinIdle {
 			break
+		}
+		if yieldSpin {
+			syscall.RawSyscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
 		}
 	}
 	select {
