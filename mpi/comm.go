@@ -14,9 +14,7 @@ import (
 	"log"
 	"math"
 	"os"
-	"runtime"
 	"slices"
-	"syscall"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,9 +53,6 @@ const ringSize = 256
 // failLogMax bounds the failures a communicator keeps for Waits that come
 // after the operation's ring slot has been reused.
 const failLogMax = 4096
-
-// spinWait is how long Wait polls before it parks.
-var spinWait = envDur("DDPGO_MPI_SPIN_WAIT_US", 50)
 
 var epoch = time.Now()
 
@@ -403,20 +398,8 @@ func (c *communicator) WaitOp(ctx context.Context, id uint64) error {
 	if done, err := c.TestOp(id); done {
 		return err
 	}
-	start := time.Now()
-	for i := 0; ; i++ {
-		if done, err := c.TestOp(id); done {
-			return err
-		}
-		if i%16 == 15 && time.Since(start) > spinWait {
-			break
-		}
-		if yieldSpin {
-			syscall.RawSyscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
-		} else {
-			runtime.Gosched()
-		}
-	}
+	// Park without spinning: the owner, just readied by the issue, then
+	// runs on this processor at once (see engine.loop).
 	ch := c.addWaiter()
 	defer c.dropWaiter(ch)
 	for {

@@ -201,10 +201,11 @@ int ddp_tune_malloc(void) {
 	// The user's own setting wins.
 	if (getenv("MALLOC_MMAP_THRESHOLD_") != NULL || getenv("MALLOC_TRIM_THRESHOLD_") != NULL)
 		return 0;
-	// The largest threshold glibc accepts is HEAP_MAX_SIZE/2 (32 MiB on
-	// 64-bit systems) for mmap; setting it also stops glibc's dynamic
-	// adjustment, so the trim threshold is raised with it.
-	int ok = mallopt(M_MMAP_THRESHOLD, 32 << 20);
+	// Blocks up to 1 GiB come from the heap and are reused, instead of
+	// being mapped and faulted in anew by every large collective; the
+	// trim threshold keeps the heap's top from going back to the system
+	// after each of them.
+	int ok = mallopt(M_MMAP_THRESHOLD, 1 << 30);
 	ok &= mallopt(M_TRIM_THRESHOLD, 1 << 30);
 	return ok;
 }

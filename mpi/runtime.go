@@ -13,8 +13,6 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"strconv"
-	"syscall"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,20 +22,27 @@ import (
 )
 
 // The process's MPI state: one per process, started by the first Open and
-// stopped by Finalize. Its owner goroutine, locked to its OS thread, makes
-// every MPI call of the process.
+// stopped by Finalize.
 var (
 	rtMu     sync.Mutex
 	rt       *engine
 	finished bool
 )
 
-// engine is the owner goroutine and what it owns.
+// engine is the owner goroutine and what it owns. The owner makes every
+// MPI call of the process but two: MPI_Init_thread and MPI_Finalize run on
+// the MPI main thread, a goroutine locked to its OS thread for MPI's whole
+// life, because the standard asks that the thread which initialised MPI
+// be the one that finalizes it. The owner itself is not locked to a
+// thread (MPI_THREAD_SERIALIZED allows any thread, one at a time): see the
+// package documentation for the measurement behind that.
 type engine struct {
 	q        chan ref        // operations and close markers, in issue order
-	ctl      chan func()     // calls to run on the owner thread (Open, Finalize)
+	ctl      chan func()     // calls to run on the owner (Open, Finalize)
 	wake     chan struct{}   // an abort request is waiting
 	exit     chan struct{}   // closed when the owner goroutine has returned
+	main     chan func()     // calls to run on the MPI main thread
+	mainExit chan struct{}   // closed when the main thread's goroutine has returned
 	stop     bool            // owner-only: return once idle
 	pool     *allocator.Pool // scratch of operations whose communicator has none
 	poolOnce sync.Once
@@ -52,6 +57,7 @@ type engine struct {
 	free    []int32
 	hi      int // slots [hi, DDP_MAXREQ) are free
 	nactive int
+	polls   uint64
 	// owner-only: open communicators in blocking mode (at most one)
 	blockingComms int
 
@@ -65,23 +71,9 @@ type ref struct {
 	seq uint64
 }
 
-// spinIdle is how long the owner polls its queue before it parks: issuing
-// the next collective right after a Wait, as a benchmark or a reducer's
-// next bucket does, then costs no wake-up.
-var spinIdle = envDur("DDPGO_MPI_SPIN_OWNER_US", 20)
-
-var yieldSpin = os.Getenv("DDPGO_MPI_YIELD") == "1"
-
-func envDur(k string, def int) time.Duration {
-	if v, err := strconv.Atoi(os.Getenv(k)); err == nil {
-		return time.Duration(v) * time.Microsecond
-	}
-	return time.Duration(def) * time.Microsecond
-}
-
-// abortGrace is how long Abort waits for the owner thread to call
-// MPI_Abort itself before calling it from the aborting thread (the owner
-// may be inside a blocking collective that a stalled peer never joins).
+// abortGrace is how long Abort waits for the owner to call MPI_Abort
+// itself before calling it from the aborting goroutine (the owner may be
+// inside a blocking collective that a stalled peer never joins).
 const abortGrace = 200 * time.Millisecond
 
 // start returns the process's engine, starting it on first use.
@@ -95,42 +87,43 @@ func start() (*engine, error) {
 		return rt, nil
 	}
 	e := &engine{
-		q:     make(chan ref, 4096),
-		ctl:   make(chan func()),
-		wake:  make(chan struct{}, 1),
-		exit:  make(chan struct{}),
-		hi:    0,
-		comms: map[*communicator]struct{}{},
+		q:        make(chan ref, 4096),
+		ctl:      make(chan func()),
+		wake:     make(chan struct{}, 1),
+		exit:     make(chan struct{}),
+		main:     make(chan func()),
+		mainExit: make(chan struct{}),
+		comms:    map[*communicator]struct{}{},
 	}
 	errc := make(chan error, 1)
-	go e.run(errc)
+	go e.mainThread(errc)
 	if err := <-errc; err != nil {
-		<-e.exit
+		<-e.mainExit
 		finished = true // MPI cannot be initialised again
 		return nil, err
 	}
+	go e.loop()
 	rt = e
 	return e, nil
 }
 
-// call runs f on the owner thread and returns its error.
+// call runs f on the owner and returns its error.
 func (e *engine) call(f func() error) error {
 	errc := make(chan error, 1)
 	select {
 	case e.ctl <- func() { errc <- f() }:
 	case <-e.exit:
-		return fmt.Errorf("%w", ErrFinalized)
+		return ErrFinalized
 	}
 	return <-errc
 }
 
-// run is the owner goroutine. It never unlocks its thread: MPI may keep
-// thread-local state, and the thread ends with the goroutine.
-func (e *engine) run(errc chan<- error) {
-	defer close(e.exit)
-	if os.Getenv("DDPGO_MPI_LOCK") != "0" {
-		runtime.LockOSThread()
-	}
+// mainThread initialises MPI on a thread of its own, then runs what is
+// sent on e.main (MPI_Finalize) and returns when main is closed. It never
+// unlocks its thread, which ends with the goroutine.
+func (e *engine) mainThread(errc chan<- error) {
+	defer close(e.mainExit)
+	runtime.LockOSThread()
 	var provided, ours, wr, ws C.int
 	if rc := C.ddp_init(&provided, &ours, &wr, &ws); rc != C.MPI_SUCCESS {
 		errc <- fmt.Errorf("mpi: initialising MPI: %w", mpiError(int(rc)))
@@ -138,21 +131,28 @@ func (e *engine) run(errc chan<- error) {
 	}
 	e.provided, e.ours, e.worldRank, e.worldSize = int(provided), ours != 0, int(wr), int(ws)
 	e.f16c = C.ddp_has_f16c() != 0
-	if e.provided < C.MPI_THREAD_SERIALIZED && !e.ours {
-		// The host program initialised MPI; this thread is not the one
-		// that did, so MPI_THREAD_FUNNELED or less forbids every call
-		// the backend would make.
-		errc <- fmt.Errorf("mpi: the host program initialised MPI with %s; the backend calls MPI from a thread of its own and needs MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE (MPI_Init_thread)", threadLevel(e.provided))
+	if e.provided < C.MPI_THREAD_SERIALIZED {
+		// The owner calls MPI from threads other than the one that
+		// initialised it, which MPI_THREAD_FUNNELED and below forbid.
+		err := fmt.Errorf("mpi: MPI provides %s; the backend calls MPI from a goroutine of its own and needs MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE", threadLevel(e.provided))
+		if !e.ours {
+			err = fmt.Errorf("%w (the host program initialised MPI: ask MPI_Init_thread for one of them)", err)
+		}
+		errc <- err
 		return
 	}
 	if e.ours {
 		e.mallocTuned = C.ddp_tune_malloc() != 0
 	}
 	errc <- nil
-	e.loop()
+	for f := range e.main {
+		f()
+	}
 }
 
+// loop is the owner goroutine.
 func (e *engine) loop() {
+	defer close(e.exit)
 	for {
 		if code := e.abortCode.Load(); code != 0 {
 			C.ddp_abort_job(C.int(code))
@@ -178,30 +178,17 @@ func (e *engine) loop() {
 			e.test()
 			continue
 		}
-		e.idle()
-	}
-}
-
-// idle polls for work for spinIdle, then parks until some arrives.
-func (e *engine) idle() {
-	t0 := time.Now()
-	for i := 0; ; i++ {
-		if len(e.q) > 0 || len(e.wake) > 0 {
-			return
+		// Park at once: the goroutine that issues next then finds the
+		// owner runnable on its own processor and runs it without an
+		// operating-system wake-up, and a rank that waits leaves the CPU
+		// to its peers on a machine with fewer cores than ranks.
+		select {
+		case r := <-e.q:
+			e.take(r)
+		case f := <-e.ctl:
+			f()
+		case <-e.wake:
 		}
-		if i%64 == 63 && time.Since(t0) > spinIdle {
-			break
-		}
-		if yieldSpin {
-			syscall.RawSyscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
-		}
-	}
-	select {
-	case r := <-e.q:
-		e.take(r)
-	case f := <-e.ctl:
-		f()
-	case <-e.wake:
 	}
 }
 
@@ -281,6 +268,13 @@ func (e *engine) test() {
 		r := e.slots[s]
 		e.freeSlot(s)
 		e.finish(r.c, r.seq, int(C.ddp_errs[i]), int(C.ddp_got[i]))
+	}
+	e.polls++
+	if n > 0 || e.polls%64 == 0 {
+		// Let the waiters just woken, and other goroutines, run on this
+		// processor: the owner polls without ever blocking while requests
+		// are in flight.
+		runtime.Gosched()
 	}
 }
 
@@ -460,14 +454,22 @@ func Finalize() error {
 	for _, c := range open {
 		errs = append(errs, c.Close())
 	}
-	err := e.call(func() error {
+	_ = e.call(func() error {
 		e.stop = true
-		if rc := C.ddp_finalize(boolInt(e.ours)); rc != C.MPI_SUCCESS {
-			return fmt.Errorf("mpi: MPI_Finalize: %w", mpiError(int(rc)))
-		}
 		return nil
 	})
 	<-e.exit
+	errc := make(chan error, 1)
+	e.main <- func() {
+		if rc := C.ddp_finalize(boolInt(e.ours)); rc != C.MPI_SUCCESS {
+			errc <- fmt.Errorf("mpi: MPI_Finalize: %w", mpiError(int(rc)))
+			return
+		}
+		errc <- nil
+	}
+	err := <-errc
+	close(e.main)
+	<-e.mainExit
 	if e.pool != nil {
 		errs = append(errs, e.pool.Close())
 	}
