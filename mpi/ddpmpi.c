@@ -295,20 +295,24 @@ int ddp_start(MPI_Comm c, int blocking, int slot, int kind, int op, int dt,
 	return MPI_ERR_ARG;
 }
 
-int ddp_testsome(int n, int *outcount) {
-	int rc = MPI_Testsome(n, reqs, outcount, ddp_done, stats);
-	if (*outcount == MPI_UNDEFINED) {
-		*outcount = 0;
-		return rc;
+int ddp_test_rc;
+
+int ddp_testsome(int n) {
+	int outcount = 0;
+	int rc = MPI_Testsome(n, reqs, &outcount, ddp_done, stats);
+	if (outcount == MPI_UNDEFINED || (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS)) {
+		ddp_test_rc = rc;
+		return 0;
 	}
-	for (int i = 0; i < *outcount; i++) {
+	for (int i = 0; i < outcount; i++) {
 		int k = ddp_done[i];
 		ddp_errs[i] = rc == MPI_ERR_IN_STATUS ? stats[i].MPI_ERROR : rc;
 		ddp_got[i] = -1;
 		if (req_recv[k] && ddp_errs[i] == MPI_SUCCESS)
 			MPI_Get_count(&stats[i], req_type[k], &ddp_got[i]);
 	}
-	return rc == MPI_ERR_IN_STATUS ? MPI_SUCCESS : rc;
+	ddp_test_rc = MPI_SUCCESS;
+	return outcount;
 }
 
 // ---- after the reduction ------------------------------------------------
@@ -345,14 +349,16 @@ __attribute__((optimize("O3"))) void ddp_scale(int dt, uintptr_t buf, int count,
 	}
 }
 
-void ddp_test_reduce(int dt, int op, uintptr_t in, uintptr_t inout, int count) {
-	has_f16c = ddp_has_f16c();
+void ddp_test_reduce(int dt, int op, uintptr_t in, uintptr_t inout, int count, int f16c) {
+	int saved = has_f16c;
+	has_f16c = f16c && ddp_has_f16c();
 	MPI_Datatype t = MPI_DATATYPE_NULL;
 	void (*f)(void *, void *, int *, MPI_Datatype *) = NULL;
 	if (op == DDP_MAX) f = half_max;
 	else if (op == DDP_MIN) f = half_min;
 	else f = dt == DDP_F16 ? f16_sum : bf16_sum;
 	f((void *)in, (void *)inout, &count, &t);
+	has_f16c = saved;
 }
 
 // ---- errors, version, abort ---------------------------------------------

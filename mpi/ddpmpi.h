@@ -44,10 +44,14 @@ int ddp_allreduce_int(MPI_Comm c, int *inout, int n, int max);
 int ddp_start(MPI_Comm c, int blocking, int slot, int kind, int op, int dt,
               int count, uintptr_t send, uintptr_t recv, int root, int inplace);
 
-// ddp_testsome tests the requests in slots [0, n). It writes the slots
-// that completed to done[0..*outcount) and their errors to errs, and
-// for receives the element count received to got (-1 otherwise).
-int ddp_testsome(int n, int *outcount);
+// ddp_testsome tests the requests in slots [0, n) and returns how many
+// completed. It writes their slots to ddp_done, their errors to ddp_errs
+// and, for receives, the element count received to ddp_got (-1
+// otherwise); ddp_test_rc is MPI_Testsome's own error, if any (the
+// count is then 0). Nothing is returned through a pointer, so that the
+// Go caller's variables stay off the heap.
+int ddp_testsome(int n);
+extern int ddp_test_rc;
 extern int ddp_done[DDP_MAXREQ];
 extern int ddp_errs[DDP_MAXREQ];
 extern int ddp_got[DDP_MAXREQ];
@@ -62,7 +66,8 @@ void ddp_library_version(char *buf, int len);
 void ddp_abort_job(int code);
 int ddp_has_f16c(void);
 
-// Reductions exposed for tests of the C kernels (in, inout, count).
-void ddp_test_reduce(int dt, int op, uintptr_t in, uintptr_t inout, int count);
+// ddp_test_reduce applies the 16-bit reduction of dt and op to in and
+// inout, with F16C if f16c and the CPU has it: for tests of the kernels.
+void ddp_test_reduce(int dt, int op, uintptr_t in, uintptr_t inout, int count, int f16c);
 
 #endif

@@ -19,6 +19,7 @@ import (
 	"unsafe"
 
 	"github.com/ddpgo/ddpgo/allocator"
+	"github.com/ddpgo/ddpgo/comm"
 )
 
 // The process's MPI state: one per process, started by the first Open and
@@ -249,9 +250,8 @@ func (e *engine) take(r ref) {
 // test progresses the requests in flight and finishes those that
 // completed.
 func (e *engine) test() {
-	var n C.int
-	rc := C.ddp_testsome(C.int(e.hi), &n)
-	if rc != C.MPI_SUCCESS {
+	n := C.ddp_testsome(C.int(e.hi))
+	if rc := C.ddp_test_rc; rc != C.MPI_SUCCESS {
 		// MPI could not say which requests completed: fail them all.
 		// Their buffers may still be written, so every communicator with
 		// one is unusable, and the caller's only safe move is Abort.
@@ -529,6 +529,19 @@ func mpiError(code int) error {
 	var class C.int
 	C.ddp_error_string(C.int(code), &buf[0], C.int(len(buf)), &class)
 	return &Error{Code: code, Class: int(class), Msg: C.GoString(&buf[0])}
+}
+
+// reduceHalves applies the 16-bit reduction MPI uses for dt and op to in
+// and inout (inout = in op inout), with F16C if f16c and the CPU has it.
+// Tests compare it with package fp16.
+func reduceHalves(dt comm.DType, op comm.Op, in, inout []uint16, f16c bool) {
+	if len(in) != len(inout) {
+		panic("mpi: reduceHalves of unequal lengths")
+	}
+	if len(in) == 0 {
+		return
+	}
+	C.ddp_test_reduce(C.int(dt), C.int(op), C.uintptr_t(uintptr(unsafe.Pointer(&in[0]))), C.uintptr_t(uintptr(unsafe.Pointer(&inout[0]))), C.int(len(in)), boolInt(f16c))
 }
 
 func boolInt(b bool) C.int {
