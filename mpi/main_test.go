@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -155,4 +156,138 @@ func waitAll(t testing.TB, ws ...comm.Work) {
 			t.Fatalf("operation %d (#%d): %v", i, w.ID(), err)
 		}
 	}
+}
+
+// childJob runs this test binary's TestChild under mpirun with np ranks
+// (or, with np 0, as a single process without mpirun) in the role given by
+// DDPGO_MPI_CHILD, and returns its combined output, how long it ran and
+// its error.
+func childJob(t *testing.T, np int, role string) ([]byte, time.Duration, error) {
+	t.Helper()
+	if underMpirun() {
+		t.Skip("starts jobs of its own; run outside mpirun")
+	}
+	name, args := os.Args[0], []string{"-test.run=^TestChild$", "-test.v"}
+	if np > 0 {
+		mpirun, err := exec.LookPath("mpirun")
+		if err != nil {
+			t.Skip("mpirun not found (Debian: apt-get install openmpi-bin)")
+		}
+		name, args = mpirun, append(append(mpirunArgs(fmt.Sprint(np)), "-x", "DDPGO_MPI_CHILD", os.Args[0]), args...)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Env = append(childEnv(), "DDPGO_MPI_CHILD="+role)
+	t0 := time.Now()
+	out, err := cmd.CombinedOutput()
+	return out, time.Since(t0), err
+}
+
+// TestChild is the body of the jobs that childJob starts; it is skipped
+// otherwise.
+func TestChild(t *testing.T) {
+	role := os.Getenv("DDPGO_MPI_CHILD")
+	switch role {
+	case "":
+		t.Skip("runs only in a job started by another test")
+	case "abort":
+		// The last rank aborts while the others wait in a collective it
+		// never joins.
+		c := open(t, mpi.Options{AbortCode: 7})
+		b := alloc(t, 100, comm.Float32)
+		if c.Rank() == c.Size()-1 {
+			time.Sleep(100 * time.Millisecond)
+			c.Abort(errors.New("injected failure"))
+			fmt.Println("CHILD: Abort returned")
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		err := c.AllReduce(b, b, comm.Sum).Wait(ctx)
+		fmt.Printf("CHILD: rank %d survived the abort: %v\n", c.Rank(), err)
+	case "timeout":
+		// Rank 0 waits in a collective that the others never join; its
+		// watchdog reports the stall, then ends the job at the timeout.
+		c := open(t, mpi.Options{Timeout: time.Second, StallInterval: 200 * time.Millisecond, OnStall: func(s mpi.Stall) {
+			fmt.Printf("CHILD: stall reported: rank %d, %s #%d, waited %v\n", s.Rank, s.Kind, s.Seq, s.Waited.Round(time.Millisecond))
+		}})
+		b := alloc(t, 100, comm.Float32)
+		if c.Rank() != 0 {
+			time.Sleep(30 * time.Second)
+			fmt.Printf("CHILD: rank %d outlived the timeout\n", c.Rank())
+			return
+		}
+		err := c.AllReduce(b, b, comm.Sum).Wait(context.Background())
+		fmt.Printf("CHILD: rank 0's collective completed: %v\n", err)
+	case "die":
+		// The last rank dies (SIGKILL) while the others wait in a
+		// collective it never joins.
+		c := open(t, mpi.Options{})
+		b := alloc(t, 100, comm.Float32)
+		if c.Rank() == c.Size()-1 {
+			time.Sleep(100 * time.Millisecond)
+			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		err := c.AllReduce(b, b, comm.Sum).Wait(ctx)
+		fmt.Printf("CHILD: rank %d survived its peer's death: %v\n", c.Rank(), err)
+	default:
+		t.Fatalf("unknown DDPGO_MPI_CHILD %q", role)
+	}
+}
+
+// TestAbort: Abort ends the process (alone) and the whole job (under
+// mpirun), promptly, with the code given and the cause on standard error.
+func TestAbort(t *testing.T) {
+	for _, np := range []int{0, 2} {
+		t.Run(fmt.Sprintf("np%d", np), func(t *testing.T) {
+			out, took, err := childJob(t, np, "abort")
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() == 0 {
+				t.Fatalf("job with an aborting rank: %v; want a non-zero exit\n%s", err, out)
+			}
+			if np == 0 && ee.ExitCode() != 7 {
+				t.Errorf("exit code %d; want Options.AbortCode 7", ee.ExitCode())
+			}
+			if !strings.Contains(string(out), "aborts the job: injected failure") || strings.Contains(string(out), "CHILD:") {
+				t.Errorf("output does not name the cause, or a rank went on:\n%s", out)
+			}
+			t.Logf("the job ended %v after it started (exit code %d)", took.Round(time.Millisecond), ee.ExitCode())
+		})
+	}
+}
+
+// TestPeerDies documents what Open MPI does when a rank dies: its runtime
+// sees the process end and kills every other rank of the job, which
+// therefore never sees an error of its own.
+func TestPeerDies(t *testing.T) {
+	out, took, err := childJob(t, 2, "die")
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() == 0 {
+		t.Fatalf("job with a rank killed: %v; want a non-zero exit\n%s", err, out)
+	}
+	if strings.Contains(string(out), "survived") {
+		t.Errorf("a rank went on after its peer died:\n%s", out)
+	}
+	t.Logf("the job ended %v after it started (exit code %d):\n%s", took.Round(time.Millisecond), ee.ExitCode(), out)
+}
+
+// TestTimeout: a collective that a peer never joins is reported as a
+// stall every StallInterval, and at Options.Timeout the job ends.
+func TestTimeout(t *testing.T) {
+	out, took, err := childJob(t, 2, "timeout")
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() == 0 {
+		t.Fatalf("job with a stalled rank: %v; want a non-zero exit\n%s", err, out)
+	}
+	s := string(out)
+	if !strings.Contains(s, "CHILD: stall reported: rank 0, all_reduce #1") || !strings.Contains(s, "Options.Timeout") || strings.Contains(s, "outlived") || strings.Contains(s, "completed") {
+		t.Errorf("want stall reports, then the timeout ending the job:\n%s", s)
+	}
+	if took > 25*time.Second {
+		t.Errorf("the job took %v to end after a 1s timeout", took)
+	}
+	t.Logf("the job ended %v after it started", took.Round(time.Millisecond))
 }
