@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -31,11 +32,26 @@ var (
 	sweepLabel  = flag.String("mpi.label", "", "label of the sweep's CSV rows")
 	sweepBudget = flag.Duration("mpi.budget", 300*time.Millisecond, "time per size and mode")
 	sweepMax    = flag.Int("mpi.maxbytes", 64<<20, "largest message of the sweep")
+	sweepBytes  = flag.String("mpi.bytes", "", "message sizes of the sweep, comma-separated (default 4 KiB to -mpi.maxbytes by 4x)")
 )
 
 func TestSweep(t *testing.T) {
 	if *sweepModes == "" {
 		t.Skip("no -mpi.sweep")
+	}
+	var sizes []int
+	for b := 4 << 10; b <= *sweepMax; b *= 4 {
+		sizes = append(sizes, b)
+	}
+	if *sweepBytes != "" {
+		sizes = nil
+		for _, f := range strings.Split(*sweepBytes, ",") {
+			b, err := strconv.Atoi(f)
+			if err != nil || b < 4 {
+				t.Fatalf("-mpi.bytes: %q is not a size in bytes", f)
+			}
+			sizes = append(sizes, b)
+		}
 	}
 	var rows []string
 	rank := 0
@@ -46,7 +62,7 @@ func TestSweep(t *testing.T) {
 		}
 		rank = c.Rank()
 		for _, inPlace := range []bool{false, true} {
-			for bytes := 4 << 10; bytes <= *sweepMax; bytes *= 4 {
+			for _, bytes := range sizes {
 				med, iters := sweepOne(t, c, bytes, inPlace)
 				n := c.Size()
 				busbw := comm.BusBW(comm.KindAllReduce, n, int64(bytes), med)

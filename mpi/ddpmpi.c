@@ -159,7 +159,27 @@ int ddp_has_f16c(void) {
 
 // ---- start-up -----------------------------------------------------------
 
-int ddp_init(int *provided, int *ours, int *world_rank, int *world_size) {
+static int ddp_tune_malloc(void) {
+	// The user's own setting wins.
+	if (getenv("MALLOC_MMAP_THRESHOLD_") != NULL || getenv("MALLOC_TRIM_THRESHOLD_") != NULL)
+		return 0;
+	// Blocks up to 1 GiB come from the heap and are reused, instead of
+	// being mapped and faulted in anew by every large collective; the
+	// trim threshold keeps the heap's top from going back to the system
+	// after each of them. A thread's own arena (a heap of at most 64 MiB)
+	// maps larger blocks whatever the threshold, and the owner goroutine
+	// runs on whichever thread it is on: M_ARENA_MAX would send them all
+	// to the main arena, but glibc fixes its arena limit when it makes
+	// its second arena, which a Go program's threads have done long
+	// before; MALLOC_ARENA_MAX=1 in the environment does it at start-up.
+	int ok = mallopt(M_MMAP_THRESHOLD, 1 << 30);
+	ok &= mallopt(M_TRIM_THRESHOLD, 1 << 30);
+	if (getenv("MALLOC_ARENA_MAX") == NULL)
+		mallopt(M_ARENA_MAX, 1);
+	return ok;
+}
+
+int ddp_init(int *provided, int *ours, int *tuned, int *world_rank, int *world_size) {
 	int rc, flag = 0;
 	has_f16c = ddp_has_f16c();
 	MPI_Finalized(&flag);
@@ -171,6 +191,9 @@ int ddp_init(int *provided, int *ours, int *world_rank, int *world_size) {
 		rc = MPI_Query_thread(provided);
 	} else {
 		*ours = 1;
+		// Before MPI starts its threads, which would take arenas of their
+		// own (see ddp_tune_malloc).
+		*tuned = ddp_tune_malloc();
 		rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, provided);
 	}
 	if (rc != MPI_SUCCESS)
@@ -197,18 +220,6 @@ int ddp_finalize(int ours) {
 	return ours ? MPI_Finalize() : MPI_SUCCESS;
 }
 
-int ddp_tune_malloc(void) {
-	// The user's own setting wins.
-	if (getenv("MALLOC_MMAP_THRESHOLD_") != NULL || getenv("MALLOC_TRIM_THRESHOLD_") != NULL)
-		return 0;
-	// Blocks up to 1 GiB come from the heap and are reused, instead of
-	// being mapped and faulted in anew by every large collective; the
-	// trim threshold keeps the heap's top from going back to the system
-	// after each of them.
-	int ok = mallopt(M_MMAP_THRESHOLD, 1 << 30);
-	ok &= mallopt(M_TRIM_THRESHOLD, 1 << 30);
-	return ok;
-}
 
 int ddp_dup(MPI_Comm *out, int *rank, int *size) {
 	int rc = MPI_Comm_dup(MPI_COMM_WORLD, out);

@@ -26,13 +26,10 @@ enum {
 
 // ddp_init initialises MPI (or adopts an MPI the host program initialised)
 // and creates the 16-bit reductions. *provided receives the thread level,
-// *ours whether this call initialised MPI.
-int ddp_init(int *provided, int *ours, int *world_rank, int *world_size);
+// *ours whether this call initialised MPI, *tuned whether it changed
+// glibc's malloc settings first (see the package documentation).
+int ddp_init(int *provided, int *ours, int *tuned, int *world_rank, int *world_size);
 int ddp_finalize(int ours);
-
-// ddp_tune_malloc raises glibc's mmap and trim thresholds (see malloc.go's
-// comment on the Go side); it returns 1 if it changed them.
-int ddp_tune_malloc(void);
 
 int ddp_dup(MPI_Comm *out, int *rank, int *size);
 int ddp_free(MPI_Comm *c);

@@ -125,12 +125,13 @@ func (e *engine) call(f func() error) error {
 func (e *engine) mainThread(errc chan<- error) {
 	defer close(e.mainExit)
 	runtime.LockOSThread()
-	var provided, ours, wr, ws C.int
-	if rc := C.ddp_init(&provided, &ours, &wr, &ws); rc != C.MPI_SUCCESS {
+	var provided, ours, tuned, wr, ws C.int
+	if rc := C.ddp_init(&provided, &ours, &tuned, &wr, &ws); rc != C.MPI_SUCCESS {
 		errc <- fmt.Errorf("mpi: initialising MPI: %w", mpiError(int(rc)))
 		return
 	}
 	e.provided, e.ours, e.worldRank, e.worldSize = int(provided), ours != 0, int(wr), int(ws)
+	e.mallocTuned = tuned != 0
 	e.f16c = C.ddp_has_f16c() != 0
 	if e.provided < C.MPI_THREAD_SERIALIZED {
 		// The owner calls MPI from threads other than the one that
@@ -141,9 +142,6 @@ func (e *engine) mainThread(errc chan<- error) {
 		}
 		errc <- err
 		return
-	}
-	if e.ours {
-		e.mallocTuned = C.ddp_tune_malloc() != 0
 	}
 	errc <- nil
 	for f := range e.main {
