@@ -351,7 +351,7 @@ func (c *communicator) issue(d *desc) comm.Work {
 	s.issued.Store(now())
 	s.kind.Store(uint32(d.kind))
 	c.issued.Store(seq)
-	c.e.q <- ref{c, seq}
+	c.e.q <- ref{c: c, seq: seq}
 	c.mu.Unlock()
 	return comm.NewWork(c, seq)
 }
@@ -402,13 +402,18 @@ func (c *communicator) WaitOp(ctx context.Context, id uint64) error {
 	// runs on this processor at once (see engine.loop).
 	ch := c.addWaiter()
 	defer c.dropWaiter(ch)
+	done := ctx.Done()
 	for {
-		if done, err := c.TestOp(id); done {
+		if ok, err := c.TestOp(id); ok {
 			return err
+		}
+		if done == nil {
+			<-ch
+			continue
 		}
 		select {
 		case <-ch:
-		case <-ctx.Done():
+		case <-done:
 			s := &c.slots[id%ringSize]
 			waited := time.Duration(now() - s.issued.Load())
 			return fmt.Errorf("mpi: rank %d: waited %v for %s #%d, which is still in flight (its buffers stay in use): %w",

@@ -38,9 +38,7 @@ var (
 // thread (MPI_THREAD_SERIALIZED allows any thread, one at a time): see the
 // package documentation for the measurement behind that.
 type engine struct {
-	q        chan ref        // operations and close markers, in issue order
-	ctl      chan func()     // calls to run on the owner (Open, Finalize)
-	wake     chan struct{}   // an abort request is waiting
+	q        chan ref        // operations, close markers and calls, in issue order
 	exit     chan struct{}   // closed when the owner goroutine has returned
 	main     chan func()     // calls to run on the MPI main thread
 	mainExit chan struct{}   // closed when the main thread's goroutine has returned
@@ -66,10 +64,12 @@ type engine struct {
 	comms map[*communicator]struct{} // open communicators
 }
 
-// ref names operation seq of communicator c; seq 0 is c's close marker.
+// ref is an item of the owner's queue: operation seq of communicator c,
+// c's close marker (seq 0), a call to run (fn), or, all zero, a wake-up.
 type ref struct {
 	c   *communicator
 	seq uint64
+	fn  func()
 }
 
 // abortGrace is how long Abort waits for the owner to call MPI_Abort
@@ -89,8 +89,6 @@ func start() (*engine, error) {
 	}
 	e := &engine{
 		q:        make(chan ref, 4096),
-		ctl:      make(chan func()),
-		wake:     make(chan struct{}, 1),
 		exit:     make(chan struct{}),
 		main:     make(chan func()),
 		mainExit: make(chan struct{}),
@@ -112,11 +110,16 @@ func start() (*engine, error) {
 func (e *engine) call(f func() error) error {
 	errc := make(chan error, 1)
 	select {
-	case e.ctl <- func() { errc <- f() }:
+	case e.q <- ref{fn: func() { errc <- f() }}:
 	case <-e.exit:
 		return ErrFinalized
 	}
-	return <-errc
+	select {
+	case err := <-errc:
+		return err
+	case <-e.exit:
+		return ErrFinalized
+	}
 }
 
 // mainThread initialises MPI on a thread of its own, then runs what is
@@ -156,12 +159,6 @@ func (e *engine) loop() {
 		if code := e.abortCode.Load(); code != 0 {
 			C.ddp_abort_job(C.int(code))
 		}
-		select {
-		case f := <-e.ctl:
-			f()
-			continue
-		default:
-		}
 		if e.stop && e.nactive == 0 {
 			return
 		}
@@ -181,20 +178,20 @@ func (e *engine) loop() {
 		// owner runnable on its own processor and runs it without an
 		// operating-system wake-up, and a rank that waits leaves the CPU
 		// to its peers on a machine with fewer cores than ranks.
-		select {
-		case r := <-e.q:
-			e.take(r)
-		case f := <-e.ctl:
-			f()
-		case <-e.wake:
-		}
+		e.take(<-e.q)
 	}
 }
 
 // take starts operation r, or handles its communicator's close marker.
 func (e *engine) take(r ref) {
 	c := r.c
-	if r.seq == 0 {
+	switch {
+	case r.fn != nil:
+		r.fn()
+		return
+	case c == nil:
+		return // a wake-up
+	case r.seq == 0:
 		c.closeMarked = true
 		if c.posted == 0 {
 			e.release(c)
@@ -417,7 +414,7 @@ func (e *engine) putScratch(c *communicator, b allocator.Block) {
 func (e *engine) abortJob(code int) {
 	e.abortCode.CompareAndSwap(0, int32(code))
 	select {
-	case e.wake <- struct{}{}:
+	case e.q <- ref{}: // wakes a parked owner; a busy one sees abortCode
 	default:
 	}
 	select {
