@@ -269,19 +269,19 @@ type Comm struct {
 	depth     int         // GroupStart nesting
 	grouped   []pending   // issued inside the group, launched by GroupEnd
 
-	mu      sync.Mutex
-	seq     uint64 // the last operation issued (1-based)
-	done    uint64 // every operation <= done has completed
-	slots   []*slot
-	errs    map[uint64]error // failed operations' errors, by sequence number
-	stopping error           // set by Abort or Close: every later operation fails with it
-	closed  bool
-	leaked  int64 // staging bytes never reused because the stream did not drain
-	orderEv uintptr
-	kernEv  uintptr
-	scratch unsafe.Pointer // device: the barrier's element and the overflow counter
-	host    allocator.Region
-	staging *allocator.Pool
+	mu       sync.Mutex
+	seq      uint64 // the last operation issued (1-based)
+	done     uint64 // every operation <= done has completed
+	slots    []*slot
+	errs     map[uint64]error // failed operations' errors, by sequence number
+	stopping error            // set by Abort or Close: every later operation fails with it
+	closed   bool
+	leaked   int64 // staging bytes never reused because the stream did not drain
+	orderEv  uintptr
+	kernEv   uintptr
+	scratch  unsafe.Pointer // device: the barrier's element and the overflow counter
+	host     allocator.Region
+	staging  *allocator.Pool
 
 	kernErr error
 	kmu     sync.Mutex // the kernels' host scratch and kernErr

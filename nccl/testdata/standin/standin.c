@@ -136,6 +136,7 @@ typedef struct event {
 } event_t;
 
 static void run_op(stream_t *s, op_t *o);
+static void run_gate(op_t *o);
 
 static void *stream_main(void *arg) {
 	stream_t *s = arg;
@@ -1239,6 +1240,9 @@ static void run_op(stream_t *s, op_t *o) {
 	case OP_COLL:
 		run_coll(o);
 		break;
+	case 100: /* OP_GATE */
+		run_gate(o);
+		break;
 	}
 }
 
@@ -1261,7 +1265,9 @@ static ncclResult_t coll(int kind, const void *send, void *recv, size_t count, i
 		snprintf(c->lasterr, sizeof c->lasterr, "stand-in: invalid dtype %d or op %d", dt, op);
 		return ncclInvalidArgument;
 	}
-	if (count && ((kind != C_RECV && !send) || (kind != C_SEND && !recv))) {
+	/* NCCL's checks: recvbuff is only used on the root of a Reduce. */
+	int needs_recv = kind != C_SEND && (kind != C_REDUCE || c->rank == root);
+	if (count && ((kind != C_RECV && !send) || (needs_recv && !recv))) {
 		snprintf(c->lasterr, sizeof c->lasterr, "stand-in: null buffer for %zu elements", count);
 		return ncclInvalidArgument;
 	}
@@ -1401,3 +1407,28 @@ EXPORT int standin_registrations(comm_t *c) { lock(); int n = c->regs; unlock();
 EXPORT long standin_live_allocs(int nccl) { lock(); long n = nccl ? live_nccl_allocs : live_dev_allocs; unlock(); return n; }
 EXPORT long standin_kernel_launches(void) { lock(); long n = kernel_launches; unlock(); return n; }
 EXPORT int standin_ctx_refs(int dev) { lock(); int n = dev >= 0 && dev < MAX_DEV ? ctxs[dev].refs : -1; unlock(); return n; }
+
+/* A gate holds a stream until the test opens it. */
+typedef struct gate { int open; } gate_t;
+enum { OP_GATE = 100 };
+EXPORT void *standin_gate(stream_t *s) {
+	gate_t *g = calloc(1, sizeof *g);
+	op_t *o = newop(OP_GATE);
+	o->dst = g;
+	enqueue(s, o);
+	return g;
+}
+EXPORT void standin_open(void *g) {
+	lock();
+	((gate_t *)g)->open = 1;
+	pthread_cond_broadcast(&gcv);
+	unlock();
+}
+static void run_gate(op_t *o) {
+	gate_t *g = o->dst;
+	lock();
+	while (!g->open)
+		pthread_cond_wait(&gcv, &gmu);
+	unlock();
+	free(g);
+}
