@@ -58,6 +58,9 @@ typedef void *CUcontext, *CUstream, *CUevent, *CUmodule, *CUfunction;
 	X(0, 0, 1, cuMemcpyDtoHAsync_v2) \
 	X(0, 0, 1, cuMemcpyAsync) \
 	X(0, 0, 1, cuMemsetD8Async) \
+	X(0, 0, 1, cuMemAllocHost_v2) \
+	X(0, 0, 1, cuMemFreeHost) \
+	X(0, 0, 1, cuLaunchHostFunc) \
 	X(0, 0, 1, cuModuleLoadData) \
 	X(0, 0, 1, cuModuleUnload) \
 	X(0, 0, 1, cuModuleGetFunction) \
@@ -150,6 +153,8 @@ typedef CUresult (*cu_dtod)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
 typedef CUresult (*cu_set8)(CUdeviceptr, unsigned char, size_t, CUstream);
 typedef CUresult (*cu_load)(CUmodule *, const void *);
 typedef CUresult (*cu_getf)(CUfunction *, CUmodule, const char *);
+typedef CUresult (*cu_hostalloc)(void **, size_t);
+typedef CUresult (*cu_hostfn)(CUstream, void (*)(void *), void *);
 typedef CUresult (*cu_launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **, void **);
 
 typedef ncclResult_t (*nc_pi)(int *);
@@ -235,6 +240,11 @@ static CUresult ddp_cuHtoD(ddp_lib *L, hnd ctx, CUdeviceptr d, uintptr_t h, size
 static CUresult ddp_cuDtoH(ddp_lib *L, hnd ctx, uintptr_t h, CUdeviceptr d, size_t n, hnd s) { SETCTX(ctx); return F(cu_dtoh, cuMemcpyDtoHAsync_v2)((void *)h, d, n, H(s)); }
 static CUresult ddp_cuDtoD(ddp_lib *L, hnd ctx, CUdeviceptr d, CUdeviceptr src, size_t n, hnd s) { SETCTX(ctx); return F(cu_dtod, cuMemcpyAsync)(d, src, n, H(s)); }
 static CUresult ddp_cuMemset(ddp_lib *L, hnd ctx, CUdeviceptr d, unsigned char v, size_t n, hnd s) { SETCTX(ctx); return F(cu_set8, cuMemsetD8Async)(d, v, n, H(s)); }
+// Pinned host memory stages host buffers: copies between it and the
+// device are asynchronous on a stream, which copies from pageable memory
+// need not be.
+static CUresult ddp_cuMemAllocHost(ddp_lib *L, hnd ctx, size_t n, void **p) { SETCTX(ctx); return F(cu_hostalloc, cuMemAllocHost_v2)(p, n); }
+static CUresult ddp_cuMemFreeHost(ddp_lib *L, hnd ctx, void *p) { SETCTX(ctx); return F(cu_h, cuMemFreeHost)(p); }
 static CUresult ddp_cuModuleLoad(ddp_lib *L, hnd ctx, const char *image, hnd *m) { SETCTX(ctx); CUmodule x = NULL; CUresult r = F(cu_load, cuModuleLoadData)(&x, image); *m = (hnd)x; return r; }
 static CUresult ddp_cuModuleUnload(ddp_lib *L, hnd ctx, hnd m) { SETCTX(ctx); return F(cu_h, cuModuleUnload)(H(m)); }
 static CUresult ddp_cuFunction(ddp_lib *L, hnd ctx, hnd m, const char *name, hnd *f) { SETCTX(ctx); CUfunction x = NULL; CUresult r = F(cu_getf, cuModuleGetFunction)(&x, H(m), name); *f = (hnd)x; return r; }
@@ -300,13 +310,25 @@ static ncclResult_t ddp_ncclMemFree(ddp_lib *L, hnd ctx, uintptr_t p) { SETCTXN(
 static ncclResult_t ddp_ncclRegister(ddp_lib *L, hnd ctx, hnd c, uintptr_t p, size_t n, hnd *h) { SETCTXN(ctx); void *x = NULL; ncclResult_t r = F(nc_reg, ncclCommRegister)(H(c), H(p), n, &x); *h = (hnd)x; return r; }
 static ncclResult_t ddp_ncclDeregister(ddp_lib *L, hnd ctx, hnd c, hnd h) { SETCTXN(ctx); return F(nc_dereg, ncclCommDeregister)(H(c), H(h)); }
 
-// One operation of a launch: a host-to-device copy that stages a host
-// buffer, or an NCCL call. Addresses travel as integers.
+// One operation of a launch: a copy that stages a host buffer, or an NCCL
+// call. Addresses travel as integers.
 typedef struct {
 	int kind, dtype, op, peer;
 	uint64_t send, recv, count;
 } ddp_op;
-enum { K_HTOD = 1, K_ALLREDUCE, K_BROADCAST, K_REDUCE, K_ALLGATHER, K_REDUCESCATTER, K_SEND, K_RECV };
+enum { K_HTOD = 1, K_ALLREDUCE, K_BROADCAST, K_REDUCE, K_ALLGATHER, K_REDUCESCATTER, K_SEND, K_RECV, K_DTOH, K_HOSTFN };
+
+// ddp_hcopy is the argument of ddp_hostcopy, kept in pinned memory that
+// stays the operation's until its event completes.
+typedef struct { uint64_t dst, src, n; } ddp_hcopy;
+
+// ddp_hostcopy runs on the driver's thread, in stream order
+// (cuLaunchHostFunc), between pinned staging memory and the caller's host
+// buffer. It calls no CUDA function, as host functions must not.
+static void ddp_hostcopy(void *arg) {
+	ddp_hcopy *h = arg;
+	memcpy(H(h->dst), H(h->src), h->n);
+}
 
 static ncclResult_t ddp_one(ddp_lib *L, hnd c, hnd s, ddp_op *o) {
 	const void *sb = H(o->send);
@@ -314,6 +336,14 @@ static ncclResult_t ddp_one(ddp_lib *L, hnd c, hnd s, ddp_op *o) {
 	switch (o->kind) {
 	case K_HTOD: {
 		CUresult r = F(cu_htod, cuMemcpyHtoDAsync_v2)((CUdeviceptr)o->recv, sb, o->count, H(s));
+		return r ? DDP_CTXERR + r : 0;
+	}
+	case K_DTOH: {
+		CUresult r = F(cu_dtoh, cuMemcpyDtoHAsync_v2)(rb, (CUdeviceptr)o->send, o->count, H(s));
+		return r ? DDP_CTXERR + r : 0;
+	}
+	case K_HOSTFN: {
+		CUresult r = F(cu_hostfn, cuLaunchHostFunc)(H(s), ddp_hostcopy, H(o->send));
 		return r ? DDP_CTXERR + r : 0;
 	}
 	case K_ALLREDUCE: return F(nc_allreduce, ncclAllReduce)(sb, rb, o->count, o->dtype, o->op, H(c), H(s));
@@ -327,41 +357,49 @@ static ncclResult_t ddp_one(ddp_lib *L, hnd c, hnd s, ddp_op *o) {
 	return 4; // ncclInvalidArgument
 }
 
-// ddp_launch issues n operations on stream s, inside one
-// ncclGroupStart/End when group is set, all in this one call because
-// NCCL's group state belongs to the calling thread. On success it records
-// events[i] (where not 0) after the group, so each event completes when
-// its operation has. *at is the index of the operation that failed.
-// ncclInProgress (7) from a non-blocking communicator means NCCL is still
-// enqueueing: the events are then recorded later, by ddp_recordAll, once
-// ncclCommGetAsyncError reports success.
-static ncclResult_t ddp_launch(ddp_lib *L, hnd ctx, hnd c, hnd s, ddp_op *ops, int n, hnd *events, int group, int *at) {
+// ddp_launch issues n operations on stream s: copies that stage host
+// buffers, then NCCL calls, inside one ncclGroupStart/End when group is
+// set, all in this one call because NCCL's group state belongs to the
+// calling thread. On success it issues the npost copies that bring staged
+// results back and records the events (where not 0), so each event
+// completes when its operation, copies included, has. *at is the index of
+// the operation that failed. ncclInProgress (7) from a non-blocking
+// communicator means NCCL is still enqueueing: the copies back and the
+// events then wait for ddp_post, once ncclCommGetAsyncError reports
+// success.
+static ncclResult_t ddp_post(ddp_lib *L, hnd ctx, hnd s, ddp_op *post, int npost, hnd *events, int nev);
+
+static ncclResult_t ddp_launch(ddp_lib *L, hnd ctx, hnd c, hnd s, ddp_op *ops, int n, ddp_op *post, int npost, hnd *events, int nev, int group, int *at) {
 	SETCTXN(ctx);
 	ncclResult_t r = 0, e;
+	int grouped = 0;
 	*at = -1;
-	if (group && (r = F(nc_v, ncclGroupStart)())) return r;
 	for (int i = 0; i < n; i++) {
+		if (group && !grouped && ops[i].kind != K_HTOD && ops[i].kind != K_HOSTFN) {
+			if ((r = F(nc_v, ncclGroupStart)())) return r;
+			grouped = 1;
+		}
 		r = ddp_one(L, c, s, &ops[i]);
 		if (r != 0 && r != 7) { *at = i; break; }
 	}
-	if (group) {
+	if (grouped) {
 		e = F(nc_v, ncclGroupEnd)();
 		if (r == 0 || r == 7) r = e;
 	}
 	if (r != 0) return r;
-	for (int i = 0; i < n; i++) {
-		if (!events[i]) continue;
-		CUresult cr = F(cu_hh, cuEventRecord)(H(events[i]), H(s));
-		if (cr) { *at = i; return DDP_CTXERR + cr; }
-	}
-	return 0;
+	return ddp_post(L, 0, s, post, npost, events, nev);
 }
 
-static CUresult ddp_recordAll(ddp_lib *L, hnd ctx, hnd s, hnd *events, int n) {
-	SETCTX(ctx);
-	for (int i = 0; i < n; i++) {
-		CUresult r = F(cu_hh, cuEventRecord)(H(events[i]), H(s));
+static ncclResult_t ddp_post(ddp_lib *L, hnd ctx, hnd s, ddp_op *post, int npost, hnd *events, int nev) {
+	SETCTXN(ctx);
+	for (int i = 0; i < npost; i++) {
+		ncclResult_t r = ddp_one(L, 0, s, &post[i]);
 		if (r) return r;
+	}
+	for (int i = 0; i < nev; i++) {
+		if (!events[i]) continue;
+		CUresult cr = F(cu_hh, cuEventRecord)(H(events[i]), H(s));
+		if (cr) return DDP_CTXERR + cr;
 	}
 	return 0;
 }
@@ -573,14 +611,6 @@ func (d *cdriver) eventQuery(ctx, e uintptr) (bool, error) {
 	return true, d.cuErr("cuEventQuery", r)
 }
 
-func (d *cdriver) recordAll(ctx, s uintptr, events []uintptr) error {
-	if len(events) == 0 {
-		return nil
-	}
-	r := C.ddp_recordAll(d.t, C.hnd(ctx), C.hnd(s), (*C.hnd)(unsafe.Pointer(&events[0])), C.int(len(events)))
-	return d.cuErr("cuEventRecord", r)
-}
-
 func (d *cdriver) memAlloc(ctx uintptr, n int) (unsafe.Pointer, error) {
 	var p unsafe.Pointer
 	r := C.ddp_cuMemAlloc(d.t, C.hnd(ctx), C.size_t(n), &p)
@@ -725,21 +755,52 @@ func (d *cdriver) deregister(ctx, comm, h uintptr) error {
 	return d.ncclErr("ncclCommDeregister", C.ddp_ncclDeregister(d.t, C.hnd(ctx), C.hnd(comm), C.hnd(h)), comm)
 }
 
-// launch issues ops on stream s (see ddp_launch). It returns NCCL's
-// result (resultInProgress included) and, on failure, the index of the
-// operation that failed or -1.
-func (d *cdriver) launch(ctx, comm, s uintptr, ops []cop, events []uintptr, group bool) (Result, int, error) {
+// launch issues ops, then post and events, on stream s (see
+// ddp_launch). It returns NCCL's result (resultInProgress included) and,
+// on failure, the index of the operation that failed or -1.
+func (d *cdriver) launch(ctx, comm, s uintptr, ops, post []cop, events []uintptr, group bool) (Result, int, error) {
 	var at C.int
 	g := C.int(0)
 	if group {
 		g = 1
 	}
-	r := C.ddp_launch(d.t, C.hnd(ctx), C.hnd(comm), C.hnd(s),
-		(*C.ddp_op)(unsafe.Pointer(&ops[0])), C.int(len(ops)), (*C.hnd)(unsafe.Pointer(&events[0])), g, &at)
+	r := C.ddp_launch(d.t, C.hnd(ctx), C.hnd(comm), C.hnd(s), copPtr(ops), C.int(len(ops)), copPtr(post), C.int(len(post)),
+		hndPtr(events), C.int(len(events)), g, &at)
 	if r == 0 || r == resultInProgress {
 		return Result(r), -1, nil
 	}
 	return Result(r), int(at), d.ncclErr("launch", r, comm)
+}
+
+// post issues the copies back and records the events of operations whose
+// launch answered ncclInProgress, once NCCL has enqueued them.
+func (d *cdriver) post(ctx, s uintptr, post []cop, events []uintptr) error {
+	r := C.ddp_post(d.t, C.hnd(ctx), C.hnd(s), copPtr(post), C.int(len(post)), hndPtr(events), C.int(len(events)))
+	return d.ncclErr("staging copies and events", r, 0)
+}
+
+func copPtr(ops []cop) *C.ddp_op {
+	if len(ops) == 0 {
+		return nil
+	}
+	return (*C.ddp_op)(unsafe.Pointer(&ops[0]))
+}
+
+func hndPtr(h []uintptr) *C.hnd {
+	if len(h) == 0 {
+		return nil
+	}
+	return (*C.hnd)(unsafe.Pointer(&h[0]))
+}
+
+func (d *cdriver) memAllocHost(ctx uintptr, n int) (unsafe.Pointer, error) {
+	var p unsafe.Pointer
+	r := C.ddp_cuMemAllocHost(d.t, C.hnd(ctx), C.size_t(n), &p)
+	return p, d.cuErr(fmt.Sprintf("cuMemAllocHost_v2(%d bytes)", n), r)
+}
+
+func (d *cdriver) memFreeHost(ctx uintptr, p unsafe.Pointer) error {
+	return d.cuErr("cuMemFreeHost", C.ddp_cuMemFreeHost(d.t, C.hnd(ctx), p))
 }
 
 // cop mirrors ddp_op; binding_test checks the layout.
@@ -759,6 +820,8 @@ const (
 	copReduceScatter = C.K_REDUCESCATTER
 	copSend          = C.K_SEND
 	copRecv          = C.K_RECV
+	copDtoH          = C.K_DTOH
+	copHostFn        = C.K_HOSTFN
 )
 
 func configLayout() (size, blockingOff uintptr) {

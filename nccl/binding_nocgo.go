@@ -22,6 +22,8 @@ const (
 	copReduceScatter
 	copSend
 	copRecv
+	copDtoH
+	copHostFn
 )
 
 func configLayout() (size, blockingOff uintptr) { return 0, 0 }

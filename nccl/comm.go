@@ -264,7 +264,7 @@ type Comm struct {
 	// ncclInProgress.
 	launchMu  sync.Mutex
 	enqueuing atomic.Bool // a launch answered ncclInProgress and has not finished
-	held      []*slot     // launched, events not recorded yet (enqueuing)
+	held      []pending   // launched, copies back and events not issued yet (enqueuing)
 	backlog   []pending   // issued while enqueuing, not launched yet
 	depth     int         // GroupStart nesting
 	grouped   []pending   // issued inside the group, launched by GroupEnd
@@ -281,7 +281,8 @@ type Comm struct {
 	kernEv   uintptr
 	scratch  unsafe.Pointer // device: the barrier's element and the overflow counter
 	host     allocator.Region
-	staging  *allocator.Pool
+	staging  *allocator.Pool // device memory for host buffers' data
+	pinned   *allocator.Pool // pinned host memory for the copies
 
 	kernErr error
 	kmu     sync.Mutex // the kernels' host scratch and kernErr
@@ -311,20 +312,17 @@ type slot struct {
 	err      error
 	issued   time.Time
 	stalls   int
-	stage    []allocator.Block
-	back     []copyBack
+	stage    []allocator.Block // device memory staging host buffers
+	pins     []allocator.Block // pinned host memory between them and the device
 }
 
-type copyBack struct {
-	host unsafe.Pointer
-	dev  unsafe.Pointer
-	n    int
-}
-
-// pending is an operation issued but not yet launched.
+// pending is an operation issued but not yet launched: the copies that
+// stage its host buffers in, its NCCL call, the copies that bring them
+// back.
 type pending struct {
-	s   *slot
-	ops []cop
+	s         *slot
+	pre, post []cop
+	nccl      cop
 }
 
 func (l *Library) newComm(cfg Config, dev *device, h uintptr) (*Comm, error) {
@@ -372,6 +370,10 @@ func (c *Comm) alloc() error {
 	if err != nil {
 		return err
 	}
+	c.pinned, err = allocator.New(allocator.Options{Source: &stagingSource{c: c, pinned: true}, Limit: c.cfg.StagingLimit, SlabSize: 16 << 20})
+	if err != nil {
+		return err
+	}
 	c.slots = make([]*slot, 64)
 	for i := range c.slots {
 		c.slots[i] = &slot{}
@@ -384,6 +386,9 @@ func (c *Comm) alloc() error {
 func (c *Comm) release() {
 	if c.staging != nil {
 		c.staging.Close()
+	}
+	if c.pinned != nil {
+		c.pinned.Close()
 	}
 	if c.host.Addr != nil {
 		allocator.HostSource().Free(c.host)
@@ -518,7 +523,7 @@ func (c *Comm) newSlot(kind comm.Kind, count int, dt comm.DType) (*slot, error) 
 		sl.event = ev
 	}
 	c.seq++
-	*sl = slot{seq: c.seq, event: sl.event, kind: kind, count: count, dtype: dt, issued: time.Now(), stage: sl.stage[:0], back: sl.back[:0]}
+	*sl = slot{seq: c.seq, event: sl.event, kind: kind, count: count, dtype: dt, issued: time.Now(), stage: sl.stage[:0], pins: sl.pins[:0]}
 	return sl, nil
 }
 

@@ -29,10 +29,11 @@ type driver interface {
 	eventDestroy(ctx, e uintptr) error
 	eventRecord(ctx, e, s uintptr) error
 	eventQuery(ctx, e uintptr) (bool, error)
-	recordAll(ctx, s uintptr, events []uintptr) error
 
 	memAlloc(ctx uintptr, n int) (unsafe.Pointer, error)
 	memFree(ctx uintptr, p unsafe.Pointer) error
+	memAllocHost(ctx uintptr, n int) (unsafe.Pointer, error)
+	memFreeHost(ctx uintptr, p unsafe.Pointer) error
 	htod(ctx, dst uintptr, src unsafe.Pointer, n int, s uintptr) error
 	dtoh(ctx uintptr, dst unsafe.Pointer, src uintptr, n int, s uintptr) error
 	dtod(ctx, dst, src uintptr, n int, s uintptr) error
@@ -53,7 +54,8 @@ type driver interface {
 	ncclMemFree(ctx uintptr, p unsafe.Pointer) error
 	register(ctx, comm, p uintptr, n int) (uintptr, error)
 	deregister(ctx, comm, h uintptr) error
-	launch(ctx, comm, s uintptr, ops []cop, events []uintptr, group bool) (Result, int, error)
+	launch(ctx, comm, s uintptr, ops, post []cop, events []uintptr, group bool) (Result, int, error)
+	post(ctx, s uintptr, post []cop, events []uintptr) error
 }
 
 // symbol is one entry of the dispatch table.

@@ -7,6 +7,7 @@ import (
 	"log"
 	"runtime"
 	"time"
+	"unsafe"
 
 	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
@@ -218,43 +219,38 @@ func (c *Comm) issueKind(kind comm.Kind, send, recv comm.Buffer, op, redop, peer
 	if err != nil {
 		return comm.FailedWork(&comm.OpError{Rank: c.rank, Kind: kind, Count: desc.Count, DType: desc.DType, Err: err})
 	}
-	var ops [2]cop
-	n := 0
+	p := pending{s: sl}
 	sp, rp := uintptr(send.Addr), uintptr(recv.Addr)
-	inPlace := comm.InPlace(send, recv)
-	if send.Loc == comm.Host && send.Bytes() > 0 && kind != comm.KindRecv {
+	if send.Loc == comm.Host && send.Bytes() > 0 && kind != comm.KindRecv && in {
+		dev, err := c.stageIn(sl, &p, send)
+		if err != nil {
+			return c.failSlot(sl, err)
+		}
+		sp = dev
+		if comm.InPlace(send, recv) {
+			rp = dev
+		}
+	} else if send.Loc == comm.Host && send.Bytes() > 0 && kind != comm.KindRecv {
+		// Broadcast off the root: nothing goes in, the result comes back.
 		blk, err := c.stage(sl, send.Bytes())
 		if err != nil {
 			return c.failSlot(sl, err)
 		}
-		if in {
-			ops[n] = newCop(copHtoD, 0, 0, 0, uintptr(send.Addr), uintptr(blk.Addr()), send.Bytes())
-			n++
-		}
-		sp = uintptr(blk.Addr())
-		if inPlace {
-			rp = sp
-			if out {
-				sl.back = append(sl.back, copyBack{host: recv.Addr, dev: blk.Addr(), n: recv.Bytes()})
-			}
-		}
+		sp, rp = uintptr(blk.Addr()), uintptr(blk.Addr())
 	}
-	if recv.Loc == comm.Host && recv.Bytes() > 0 && kind != comm.KindSend && !(inPlace && send.Loc == comm.Host) {
-		blk, err := c.stage(sl, recv.Bytes())
-		if err != nil {
+	if recv.Loc == comm.Host && recv.Bytes() > 0 && kind != comm.KindSend && out {
+		if rp == uintptr(recv.Addr) {
+			blk, err := c.stage(sl, recv.Bytes())
+			if err != nil {
+				return c.failSlot(sl, err)
+			}
+			rp = uintptr(blk.Addr())
+		}
+		if err := c.stageOut(sl, &p, recv, rp); err != nil {
 			return c.failSlot(sl, err)
 		}
-		rp = uintptr(blk.Addr())
-		if out {
-			sl.back = append(sl.back, copyBack{host: recv.Addr, dev: blk.Addr(), n: recv.Bytes()})
-		}
 	}
-	ops[n] = newCop(op, ncclType(desc.DType), redop, peer, sp, rp, count)
-	n++
-	p := pending{s: sl, ops: append([]cop(nil), ops[:n]...)}
-	if n == 1 {
-		p.ops = p.ops[:1:1]
-	}
+	p.nccl = newCop(op, ncclType(desc.DType), redop, peer, sp, rp, count)
 	switch {
 	case c.depth > 0:
 		c.grouped = append(c.grouped, p)
@@ -264,6 +260,65 @@ func (c *Comm) issueKind(kind comm.Kind, send, recv comm.Buffer, op, redop, peer
 		c.launchLocked([]pending{p}, false)
 	}
 	return comm.NewWork(c, sl.seq)
+}
+
+// hcopyHeader is the room at the start of a pinned block for the
+// ddp_hcopy argument of the host function that fills or empties it.
+const hcopyHeader = 64
+
+// stageIn stages host buffer b on the device: a host function copies it
+// into pinned memory and the pinned memory is copied to the device, both
+// on the stream when the operation's turn comes, so the operation reads
+// what the operations before it left there. It returns the device
+// address.
+func (c *Comm) stageIn(sl *slot, p *pending, b comm.Buffer) (uintptr, error) {
+	n := b.Bytes()
+	pin, err := c.pin(sl, n)
+	if err != nil {
+		return 0, err
+	}
+	dev, err := c.stage(sl, n)
+	if err != nil {
+		return 0, err
+	}
+	data := uintptr(pin.Addr()) + hcopyHeader
+	setHcopy(pin, data, uintptr(b.Addr), n)
+	p.pre = append(p.pre,
+		newCop(copHostFn, 0, 0, 0, uintptr(pin.Addr()), 0, 0),
+		newCop(copHtoD, 0, 0, 0, data, uintptr(dev.Addr()), n))
+	return uintptr(dev.Addr()), nil
+}
+
+// stageOut brings the result at device address dev back into host buffer
+// b, on the stream right after the operation.
+func (c *Comm) stageOut(sl *slot, p *pending, b comm.Buffer, dev uintptr) error {
+	n := b.Bytes()
+	pin, err := c.pin(sl, n)
+	if err != nil {
+		return err
+	}
+	data := uintptr(pin.Addr()) + hcopyHeader
+	setHcopy(pin, uintptr(b.Addr), data, n)
+	p.post = append(p.post,
+		newCop(copDtoH, 0, 0, 0, dev, data, n),
+		newCop(copHostFn, 0, 0, 0, uintptr(pin.Addr()), 0, 0))
+	return nil
+}
+
+// setHcopy writes ddp_hcopy {dst, src, n} at the start of pinned block b.
+func setHcopy(b allocator.Block, dst, src uintptr, n int) {
+	h := (*[3]uint64)(unsafe.Pointer(unsafe.SliceData(b.Bytes())))
+	h[0], h[1], h[2] = uint64(dst), uint64(src), uint64(n)
+}
+
+// pin takes pinned host memory for n bytes of staging plus the header.
+func (c *Comm) pin(sl *slot, n int) (allocator.Block, error) {
+	blk, err := c.pinned.Get(n + hcopyHeader)
+	if err != nil {
+		return blk, fmt.Errorf("nccl: pinned host memory to stage %d bytes: %w", n, err)
+	}
+	sl.pins = append(sl.pins, blk)
+	return blk, nil
 }
 
 // stage takes device memory for a host buffer of n bytes; it stays the
@@ -291,47 +346,69 @@ func (c *Comm) failLocked(sl *slot, err error) {
 	sl.err = err
 	sl.recorded = true
 	c.errs[sl.seq] = err
+	c.unstage(sl)
+}
+
+// unstage returns an operation's staging memory. The caller holds c.mu.
+func (c *Comm) unstage(sl *slot) {
 	for _, b := range sl.stage {
 		c.staging.Put(b)
 	}
-	sl.stage = sl.stage[:0]
-	sl.back = sl.back[:0]
+	for _, b := range sl.pins {
+		c.pinned.Put(b)
+	}
+	sl.stage, sl.pins = sl.stage[:0], sl.pins[:0]
 }
 
-// launchLocked launches ps, in one NCCL group when there is more than one
-// NCCL call or group is set. The caller holds c.launchMu.
+// launchLocked launches ps. A group is one launch: every staging copy
+// in, then the NCCL calls between ncclGroupStart and ncclGroupEnd, then
+// every copy back, as NCCL runs grouped operations together. Otherwise
+// each operation is a launch of its own, in order, so that one reads what
+// the one before it wrote; once one answers ncclInProgress the rest wait
+// in the backlog. The caller holds c.launchMu.
 func (c *Comm) launchLocked(ps []pending, group bool) {
-	var ops []cop
-	var events []uintptr
-	nccl := 0
-	for _, p := range ps {
-		if p.s.err != nil {
-			continue
-		}
-		for i, o := range p.ops {
-			ops = append(ops, o)
-			if i == len(p.ops)-1 {
-				events = append(events, p.s.event)
-				nccl++
-			} else {
-				events = append(events, 0)
+	if !group {
+		for i, p := range ps {
+			if c.enqueuing.Load() {
+				c.backlog = append(c.backlog, ps[i:]...)
+				return
 			}
+			c.launchOne([]pending{p}, false)
 		}
-	}
-	if len(ops) == 0 {
 		return
 	}
-	res, _, err := c.d.launch(c.ctx, c.handle, c.stream, ops, events, group || nccl > 1)
+	c.launchOne(ps, true)
+}
+
+func (c *Comm) launchOne(ps []pending, group bool) {
+	var ops, post []cop
+	var events []uintptr
+	var live []pending
+	for _, p := range ps {
+		if p.s.err == nil {
+			ops = append(ops, p.pre...)
+			live = append(live, p)
+		}
+	}
+	for _, p := range live {
+		ops = append(ops, p.nccl)
+	}
+	for _, p := range live {
+		post = append(post, p.post...)
+		events = append(events, p.s.event)
+	}
+	if len(live) == 0 {
+		return
+	}
+	res, _, err := c.d.launch(c.ctx, c.handle, c.stream, ops, post, events, group || len(live) > 1)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
 	case err != nil:
 		var ne *Error
 		fatal := !errors.As(err, &ne) || ne.Result != ResultInvalidArgument && ne.Result != ResultInvalidUsage
-		for _, p := range ps {
-			if p.s.err == nil {
-				c.failLocked(p.s, c.opError(p.s, err))
-			}
+		for _, p := range live {
+			c.failLocked(p.s, c.opError(p.s, err))
 		}
 		if fatal {
 			// The communicator's state is unknown: the watchdog aborts it
@@ -340,13 +417,9 @@ func (c *Comm) launchLocked(ps []pending, group bool) {
 		}
 	case res == ResultInProgress:
 		c.enqueuing.Store(true)
-		for _, p := range ps {
-			if p.s.err == nil {
-				c.held = append(c.held, p.s)
-			}
-		}
+		c.held = append(c.held, live...)
 	default:
-		for _, p := range ps {
+		for _, p := range live {
 			p.s.recorded = true
 		}
 	}
@@ -378,18 +451,20 @@ func (c *Comm) resolveLocked() bool {
 		c.held = nil
 		c.enqueuing.Store(false)
 		if err == nil {
+			var post []cop
 			events := make([]uintptr, len(held))
-			for i, s := range held {
-				events[i] = s.event
+			for i, p := range held {
+				post = append(post, p.post...)
+				events[i] = p.s.event
 			}
-			err = c.d.recordAll(c.ctx, c.stream, events)
+			err = c.d.post(c.ctx, c.stream, post, events)
 		}
 		c.mu.Lock()
-		for _, s := range held {
+		for _, p := range held {
 			if err != nil {
-				c.failLocked(s, c.opError(s, err))
+				c.failLocked(p.s, c.opError(p.s, err))
 			} else {
-				s.recorded = true
+				p.s.recorded = true
 			}
 		}
 		c.mu.Unlock()
@@ -449,49 +524,47 @@ func (c *Comm) GroupEnd() error {
 }
 
 // advance completes, in order, the operations whose events have
-// completed, copying staged results back to host memory. The caller holds
-// c.mu.
+// completed. Before it calls any of them successful it asks
+// ncclCommGetAsyncError: NCCL's kernels exit early on an error, and their
+// events then complete over wrong data. The caller holds c.mu.
 func (c *Comm) advance() {
-	for c.done < c.seq && c.stopping == nil {
-		sl := c.slot(c.done + 1)
+	end := c.done
+	for end < c.seq && c.stopping == nil {
+		sl := c.slot(end + 1)
 		if !sl.recorded {
-			return
+			break
 		}
 		if sl.err == nil {
 			ok, err := c.d.eventQuery(c.ctx, sl.event)
 			if err != nil {
 				c.failLocked(sl, c.opError(sl, err))
 				c.requestAbort(err)
-				return
+				break
 			}
 			if !ok {
-				return
-			}
-			if err := c.finish(sl); err != nil {
-				c.failLocked(sl, c.opError(sl, err))
+				break
 			}
 		}
-		c.done++
+		end++
 	}
-}
-
-// finish copies a completed operation's staged results to host memory
-// and returns its staging memory.
-func (c *Comm) finish(sl *slot) error {
-	var err error
-	for _, b := range sl.back {
-		if err = c.d.dtoh(c.ctx, b.host, uintptr(b.dev), b.n, c.copies); err != nil {
-			break
+	if end == c.done {
+		return
+	}
+	st, err := c.d.asyncError(c.handle)
+	if err == nil && st != ResultSuccess && st != ResultInProgress {
+		err = c.asyncErr(st)
+	}
+	for s := c.done + 1; s <= end; s++ {
+		sl := c.slot(s)
+		if sl.err == nil && err != nil {
+			c.failLocked(sl, c.opError(sl, fmt.Errorf("%w: %w", comm.ErrAborted, err)))
 		}
+		c.unstage(sl)
 	}
-	if len(sl.back) > 0 && err == nil {
-		err = c.d.streamSync(c.ctx, c.copies)
+	c.done = end
+	if err != nil {
+		c.requestAbort(err)
 	}
-	for _, b := range sl.stage {
-		c.staging.Put(b)
-	}
-	sl.stage, sl.back = sl.stage[:0], sl.back[:0]
-	return err
 }
 
 // TestOp implements comm.Waiter.
@@ -609,14 +682,17 @@ func (c *Comm) shutdown(reason error, abort bool) error {
 			sl.err = c.opError(sl, reason)
 		}
 		c.errs[s] = sl.err
-		for _, b := range sl.stage {
-			if drained {
-				c.staging.Put(b)
-			} else {
+		if drained {
+			c.unstage(sl)
+		} else {
+			for _, b := range sl.stage {
 				c.leaked += int64(b.Size())
 			}
+			for _, b := range sl.pins {
+				c.leaked += int64(b.Size())
+			}
+			sl.stage, sl.pins = nil, nil
 		}
-		sl.stage, sl.back = nil, nil
 	}
 	c.done = c.seq
 	leaked := c.leaked

@@ -117,18 +117,37 @@ func (c *Comm) deregisterAll() {
 	c.regDone = true
 }
 
-// stagingSource is plain device memory for staging host buffers.
-type stagingSource struct{ c *Comm }
+// stagingSource is plain device memory (cuMemAlloc), or pinned host
+// memory (cuMemAllocHost), for staging host buffers.
+type stagingSource struct {
+	c      *Comm
+	pinned bool
+}
 
-func (s *stagingSource) Name() string { return fmt.Sprintf("nccl staging, device %d", s.c.dev.ordinal) }
-func (s *stagingSource) Host() bool   { return false }
+func (s *stagingSource) Name() string {
+	if s.pinned {
+		return fmt.Sprintf("nccl pinned staging, device %d", s.c.dev.ordinal)
+	}
+	return fmt.Sprintf("nccl staging, device %d", s.c.dev.ordinal)
+}
+
+func (s *stagingSource) Host() bool { return s.pinned }
 
 func (s *stagingSource) Alloc(size int) (allocator.Region, error) {
-	p, err := s.c.d.memAlloc(s.c.ctx, size)
+	alloc := s.c.d.memAlloc
+	if s.pinned {
+		alloc = s.c.d.memAllocHost
+	}
+	p, err := alloc(s.c.ctx, size)
 	if err != nil {
 		return allocator.Region{}, err
 	}
 	return allocator.Region{Addr: p, Size: size}, nil
 }
 
-func (s *stagingSource) Free(r allocator.Region) error { return s.c.d.memFree(s.c.ctx, r.Addr) }
+func (s *stagingSource) Free(r allocator.Region) error {
+	if s.pinned {
+		return s.c.d.memFreeHost(s.c.ctx, r.Addr)
+	}
+	return s.c.d.memFree(s.c.ctx, r.Addr)
+}

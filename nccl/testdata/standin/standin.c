@@ -113,13 +113,15 @@ typedef struct op {
 	struct comm *comm;
 	int coll, dtype, redop, root;
 	size_t count;
+	/* host functions */
+	void (*fn)(void *);
 	/* kernels */
 	int kernel;
 	unsigned long long a[4];
 	float s;
 } op_t;
 
-enum { OP_COPY = 1, OP_SET, OP_RECORD, OP_WAIT, OP_COLL, OP_KERNEL, OP_STOP };
+enum { OP_COPY = 1, OP_SET, OP_RECORD, OP_WAIT, OP_COLL, OP_KERNEL, OP_HOSTFN, OP_STOP };
 
 typedef struct stream {
 	pthread_t th;
@@ -469,6 +471,43 @@ EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, strea
 
 EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, stream_t *s) {
 	return copy_async((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n, s);
+}
+
+static long live_host_allocs;
+
+EXPORT CUresult cuMemAllocHost_v2(void **p, size_t n) {
+	NEED_CTX();
+	if (!p || n == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	*p = aligned_alloc(4096, (n + 4095) / 4096 * 4096);
+	if (!*p)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	lock();
+	live_host_allocs++;
+	unlock();
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemFreeHost(void *p) {
+	NEED_CTX();
+	if (!p)
+		return CUDA_ERROR_INVALID_VALUE;
+	free(p);
+	lock();
+	live_host_allocs--;
+	unlock();
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuLaunchHostFunc(stream_t *s, void (*fn)(void *), void *arg) {
+	NEED_CTX();
+	if (!s || !fn)
+		return CUDA_ERROR_INVALID_VALUE;
+	op_t *o = newop(OP_HOSTFN);
+	o->fn = fn;
+	o->dst = arg;
+	enqueue(s, o);
+	return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, stream_t *s) {
@@ -917,7 +956,8 @@ static ncclResult_t finish(comm_t *c, int abort) {
 	c->held = NULL;
 	c->destroyed = 1;
 	group_t *g = c->g;
-	c->regs = 0; /* NCCL releases what is still registered */
+	/* NCCL releases what is still registered; regs keeps the count so
+	 * that tests see what the binding left. */
 	group_unref(g);
 	unlock();
 	/* The comm itself is leaked on purpose: ops still queued on a stream
@@ -1077,10 +1117,16 @@ static int peer_gone(comm_t *c) {
 /* wait_all waits with gmu held until the group's counter *ctr reaches
  * nranks, or c is aborted, or a peer is gone (which a network transport
  * reports as ncclRemoteError; over NVLink NCCL would rather hang). */
-static int wait_all(comm_t *c, int *ctr) {
+static int wait_all(comm_t *c, int *ctr, int arriving) {
 	group_t *g = c->g;
 	while (*ctr < g->nranks && !c->aborted && !peer_gone(c))
 		pthread_cond_wait(&gcv, &gmu);
+	/* A peer that arrived and was then aborted has not really joined: a
+	 * peer cannot have finished the collective without this rank, so a
+	 * peer gone by now was aborted. (Once every rank has computed, a peer
+	 * may finish and be closed, so the second wait does not ask.) */
+	if (arriving && *ctr >= g->nranks && !c->aborted && peer_gone(c))
+		return 0;
 	return *ctr >= g->nranks && !c->aborted;
 }
 
@@ -1140,7 +1186,7 @@ static void run_coll(op_t *o) {
 	c->cur = o;
 	g->arrived++;
 	pthread_cond_broadcast(&gcv);
-	if (!wait_all(c, &g->arrived))
+	if (!wait_all(c, &g->arrived, 1))
 		goto out;
 	/* Every rank agrees or the group fails, rather than reading past a
 	 * buffer: real NCCL would hang or corrupt memory instead. */
@@ -1191,7 +1237,7 @@ static void run_coll(op_t *o) {
 	}
 	g->computed++;
 	pthread_cond_broadcast(&gcv);
-	if (!wait_all(c, &g->computed)) {
+	if (!wait_all(c, &g->computed, 0)) {
 		free(res);
 		goto out;
 	}
@@ -1236,6 +1282,9 @@ static void run_op(stream_t *s, op_t *o) {
 		break;
 	case OP_KERNEL:
 		run_kernel(o);
+		break;
+	case OP_HOSTFN:
+		o->fn(o->dst);
 		break;
 	case OP_COLL:
 		run_coll(o);
@@ -1404,7 +1453,7 @@ EXPORT void standin_async_error(comm_t *c, int r, const char *msg) {
 }
 EXPORT void standin_stall(comm_t *c, int on) { lock(); c->stall = on; pthread_cond_broadcast(&gcv); unlock(); }
 EXPORT int standin_registrations(comm_t *c) { lock(); int n = c->regs; unlock(); return n; }
-EXPORT long standin_live_allocs(int nccl) { lock(); long n = nccl ? live_nccl_allocs : live_dev_allocs; unlock(); return n; }
+EXPORT long standin_live_allocs(int kind) { lock(); long n = kind == 1 ? live_nccl_allocs : kind == 2 ? live_host_allocs : live_dev_allocs; unlock(); return n; }
 EXPORT long standin_kernel_launches(void) { lock(); long n = kernel_launches; unlock(); return n; }
 EXPORT int standin_ctx_refs(int dev) { lock(); int n = dev >= 0 && dev < MAX_DEV ? ctxs[dev].refs : -1; unlock(); return n; }
 
