@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/hooks"
 )
@@ -394,17 +393,15 @@ func TestStepAllocsVariants(t *testing.T) {
 
 // sumHook all-reduces a bucket with Sum and nothing else: not an average,
 // only a way to measure what the Reducer adds around the collectives.
-type sumHook struct{}
+type sumHook struct{ c comm.Communicator }
 
-func (*sumHook) Name() string                                          { return "sumonly" }
-func (*sumHook) Setup(comm.Communicator, *allocator.Pool, []int) error { return nil }
-func (*sumHook) Close() error                                          { return nil }
-func (*sumHook) Reduce(ctx context.Context, c comm.Communicator, b *hooks.Bucket) error {
-	b.Times = hooks.Times{}
-	b.Times.CollectiveStart = time.Since(b.Start)
-	err := c.AllReduce(b.Buf, b.Buf, comm.Sum).Wait(ctx)
-	b.Times.CollectiveEnd = time.Since(b.Start)
-	b.Times.DecompressEnd = b.Times.CollectiveEnd
-	b.Times.WireBytes = int64(b.Buf.Bytes())
-	return err
+func (*sumHook) Name() string                                      { return "sumonly" }
+func (*sumHook) Wire(dt comm.DType) comm.DType                     { return dt }
+func (*sumHook) Scratch(int, comm.DType) int                       { return 0 }
+func (h *sumHook) Setup(c comm.Communicator, _ comm.Kernels) error { h.c = c; return nil }
+func (*sumHook) Finish(*hooks.Bucket) error                        { return nil }
+func (*sumHook) Close() error                                      { return nil }
+func (h *sumHook) Launch(b *hooks.Bucket) (comm.Work, error) {
+	b.WireBytes = int64(b.Buf.Bytes())
+	return h.c.AllReduce(b.Buf, b.Buf, comm.Sum), nil
 }

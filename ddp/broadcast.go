@@ -11,10 +11,12 @@ import (
 // every rank (PyTorch DDP's initial _sync_module_states). values[i] must
 // have parameter i's element count on every rank. It is collective and
 // must not run during a synced step. The values travel bucket by bucket
-// through a scratch block from the pool, so the collectives see pool
-// memory only. It honours ctx and Options.Timeout. Any failure, including
-// values of the wrong size (which leave this rank out of collectives its
-// peers are waiting in), aborts the group and is sticky, as in Wait.
+// through a block of pool memory (uploaded and downloaded with the pool's
+// kernels, so a device pool works too), so the collectives see pool memory
+// only. It honours ctx and Options.Timeout. Any failure, including values
+// of the wrong size (which leave this rank out of collectives its peers
+// are waiting in), aborts the group and is sticky, as in Wait; a broadcast
+// still in flight then keeps its block out of the pool until it completes.
 func (r *Reducer) BroadcastParameters(parent context.Context, values [][]float32) error {
 	if err := r.usable(); err != nil {
 		return err
@@ -41,28 +43,28 @@ func (r *Reducer) BroadcastParameters(parent context.Context, values [][]float32
 	if err != nil {
 		return r.fail(fmt.Errorf("ddp: rank %d: BroadcastParameters scratch of %d bytes: %w", r.c.Rank(), largest, err))
 	}
-	defer r.pool.Put(blk)
-	buf := blk.Float32s()
 	root := r.c.Rank() == 0
 	for k, b := range L.buckets {
 		n := b.Bytes / 4
 		if n == 0 {
 			continue
 		}
+		buf := r.region(blk, 0, n, comm.Float32)
 		if root {
 			for j, p := range b.Tensors {
-				copy(buf[b.Offsets[j]/4:], values[p])
+				r.kern.Upload(buf.Slice(b.Offsets[j]/4, len(values[p])), asBytes(values[p]))
 			}
 		}
-		if err := explain(r.c.Broadcast(comm.HostBuffer(blk.Addr(), n, comm.Float32), 0).Wait(ctx)); err != nil {
-			return r.fail(fmt.Errorf("ddp: rank %d broadcasting parameters of bucket %d (%s): %w", r.c.Rank(), k, L.describe(k, r.params), err))
+		w := r.c.Broadcast(buf, 0)
+		if err := explain(w.Wait(ctx)); err != nil {
+			err = r.fail(fmt.Errorf("ddp: rank %d broadcasting parameters of bucket %d (%s): %w", r.c.Rank(), k, L.describe(k, r.params), err))
+			return r.abandon(w, blk, "the parameter broadcast", err)
 		}
 		if !root {
 			for j, p := range b.Tensors {
-				off := b.Offsets[j] / 4
-				copy(values[p], buf[off:off+len(values[p])])
+				r.kern.Download(asBytes(values[p]), buf.Slice(b.Offsets[j]/4, len(values[p])))
 			}
 		}
 	}
-	return nil
+	return r.pool.Put(blk)
 }

@@ -18,7 +18,9 @@ import (
 //
 // A rank that failed to prepare its Reducer (bad is true) still takes part
 // in the AllGather, so that every other rank learns of it and fails too.
-func checkParams(ctx context.Context, c comm.Communicator, params []Param, o *Options, bad bool) error {
+// The exchanges go through pool memory (control.go).
+func (r *Reducer) checkParams(ctx context.Context, bad bool) error {
+	c, params, o := r.c, r.params, &r.o
 	n := c.Size()
 	h := fnv.New64a()
 	maxDims := 0
@@ -54,7 +56,7 @@ func checkParams(ctx context.Context, c comm.Communicator, params []Param, o *Op
 	mine := []int64{int64(len(params)), int64(h.Sum64()), int64(maxDims),
 		int64(o.FirstBucketCap), int64(o.BucketCap), keep, word(hookName[:8]), word(hookName[8:]), failed}
 	all := make([]int64, words*n)
-	if err := c.AllGather(comm.Int64s(mine), comm.Int64s(all)).Wait(ctx); err != nil {
+	if err := r.ctlAllGather(ctx, "the parameter check", asBytes(mine), asBytes(all), comm.Int64); err != nil {
 		return fmt.Errorf("ddp: rank %d checking parameters across ranks: %w", c.Rank(), err)
 	}
 	if bad {
@@ -107,10 +109,10 @@ func checkParams(ctx context.Context, c comm.Communicator, params []Param, o *Op
 	}
 	allDesc := make([]int64, n*len(desc))
 	allNames := make([]uint8, n*len(names))
-	if err := c.AllGather(comm.Int64s(desc), comm.Int64s(allDesc)).Wait(ctx); err != nil {
+	if err := r.ctlAllGather(ctx, "the parameter descriptors", asBytes(desc), asBytes(allDesc), comm.Int64); err != nil {
 		return fmt.Errorf("ddp: rank %d gathering parameter descriptors: %w", c.Rank(), err)
 	}
-	if err := c.AllGather(comm.Uint8s(names), comm.Uint8s(allNames)).Wait(ctx); err != nil {
+	if err := r.ctlAllGather(ctx, "the parameter names", names, allNames, comm.Uint8); err != nil {
 		return fmt.Errorf("ddp: rank %d gathering parameter names: %w", c.Rank(), err)
 	}
 	at := func(r, i int) []int64 { return allDesc[r*len(desc)+i*width : r*len(desc)+(i+1)*width] }

@@ -10,14 +10,19 @@
 // returns a []float32 view into the bucket, the training loop writes (or
 // adds) the gradient there and calls Ready(i). Ready is O(1) and never
 // waits for the network: an atomic decrement of the bucket's pending count;
-// the call that brings it to zero pokes the rank's communication goroutine
-// (a non-blocking send on a one-slot channel). That goroutine launches
-// buckets strictly in index order, each as soon as it is complete and every
-// earlier bucket has launched, and runs the Hook on it (compress,
-// collective, decompress). Every rank therefore issues the same collectives
-// in the same order, whatever order its gradients arrive in. Wait returns
-// once the last bucket is reduced: every gradient then holds the average
-// over ranks, in place, for the optimizer to read.
+// the call that brings it to zero pokes the rank's launcher goroutine (a
+// non-blocking send on a one-slot channel). The launcher launches buckets
+// strictly in index order, each as soon as it is complete and every
+// earlier bucket has launched, through the Hook's first phase (compress,
+// issue the collective); buckets complete at the same moment launch as one
+// group (comm.Grouper). A second goroutine, the finisher, waits for the
+// collectives in the same order and runs the Hook's second phase
+// (decompress). Up to Options.MaxInFlight buckets (default: all) are on
+// the wire at once, so bucket k+1 is reduced while bucket k still is, and
+// every rank issues the same collectives in the same order, whatever order
+// its gradients arrive in. Wait returns once the last bucket is finished:
+// every gradient then holds the average over ranks, in place, for the
+// optimizer to read.
 //
 // The bookkeeping (which parameters are marked, which buckets are complete,
 // which may launch next) is a small deterministic state machine without
@@ -43,36 +48,35 @@
 // caller writes (=) or adds (+=) into Grad(i); both work after a zeroing
 // Begin.
 //
+// # Zeroing
+//
 // The zeroing is lazy, so that Begin does not pay a serial pass over all
 // gradient memory (on ResNet-50 as long as the whole all-reduce) before
-// backward can start: Begin only marks every gradient stale, in O(1), by
-// advancing a generation number that each parameter's own word is
-// compared with. The first Grad(i) of the window zeroes parameter i's
+// backward can start: Begin only marks every gradient stale, in O(1). The
+// first Grad(i) or GradBuffer(i) of the window zeroes parameter i's
 // gradient and hands it out (its cache lines are then warm for the
-// caller's write, and the cost is spread over backward instead of
-// preceding it); SetGrad overwrites it and AddGrad on a stale gradient
-// overwrites instead of adding, neither zeroing at all. A parameter
-// marked ready with no Grad in the window, by the caller or as unused
-// (below), is zeroed on the communication goroutine just before its
-// bucket is reduced, so Ready stays O(1); StepStats.ZeroComm reports that
-// time. Every gradient thus reads as zero the first time the caller looks
-// at it, exactly as if Begin had zeroed them all.
+// caller's write); SetGrad overwrites it and AddGrad on a stale gradient
+// overwrites instead of adding, neither zeroing at all. A parameter marked
+// ready with no Grad in the window, by the caller or as unused (below), is
+// zeroed by the launcher just before its bucket is launched, so Ready
+// stays O(1); StepStats.ZeroComm reports that time. Every gradient thus
+// reads as zero the first time the caller looks at it, exactly as if
+// Begin had zeroed them all. (zero.go has the mechanism.)
 //
 // Options.NoZeroGrad skips the zeroing in Grad: the gradients
 // then hold the last average until overwritten, so the first step of each
 // accumulation window that marks a parameter must write (=) its gradient,
 // as PyTorch's zero_grad(set_to_none=True) requires of autograd (SetGrad
 // overwrites, and AddGrad overwrites a gradient still holding the last
-// average, so both are always right). A
-// parameter that the caller leaves unmarked through a whole window and the
-// Reducer marks unused (below) is zeroed before it is reduced, never
-// reduced again with its stale average.
+// average, so both are always right). A parameter that the caller leaves
+// unmarked through a whole window and the Reducer marks unused (below) is
+// zeroed before it is reduced, never reduced again with its stale average.
 //
 // Ready (and Grad, SetGrad, AddGrad) may be called from any goroutine,
 // concurrently for different parameters, but every Ready of a step (and
 // every write into a gradient) must have returned before Wait is called:
 // Wait decides which parameters are missing. Once a parameter is marked
-// in a synced step, its gradient belongs to the communication goroutine
+// in a synced step, its gradient belongs to the communication goroutines
 // until Wait returns: do not call Grad for it in between. Close may be called from
 // another goroutine to end a Wait that is blocked (Wait then returns
 // ErrClosed); it must not run concurrently with Begin, Grad or Ready.
@@ -124,6 +128,27 @@
 // every later call until Close. A step that has finished when the context
 // ends stands. Close during a synced step aborts the group too.
 //
+// # Memory
+//
+// Bucket memory, the hook's scratch (one region per bucket that may be in
+// flight) and the Reducer's own control traffic (New's cross-rank check,
+// the rebuilt layout's broadcast, BroadcastParameters) all live in pool
+// memory, so a backend only ever sees pool memory. A pool of device memory
+// (Pool.Host false) works with device kernels (Options.Kernels, or the
+// communicator's comm.KernelSource) and a communicator that carries device
+// memory: the Reducer then reaches the gradients only through the kernels,
+// GradBuffer gives them as comm.Buffers, SetGrad uploads, and Grad (a Go
+// slice) returns nil.
+//
+// No block goes back to the pool while a collective may still write it.
+// When the Reducer lets go of memory with collectives in flight (Close
+// during a step, a failed step, a failed BroadcastParameters), it aborts
+// the group, whose backend then completes every pending collective within
+// its documented bound, and waits for them up to Options.DrainTimeout.
+// Memory whose collectives are pending even then is kept out of the pool,
+// on purpose and reported (ErrInFlight), and returned only once they
+// complete; the Reducer's own pool is not unmapped before that.
+//
 // # Statistics
 //
 // Stats returns the last completed step's StepStats without allocating
@@ -133,17 +158,18 @@
 // (first to last Ready), Comm (union of the buckets' busy intervals),
 // Overlap (the part of Comm before the last Ready) and OverlapRatio; bytes
 // handed to collectives; fp16 overflows; unused parameters; the time the
-// communication goroutine spent zeroing stale gradients (ZeroComm, per
-// bucket BucketStats.Zero). A warm step
-// allocates nothing on the Go heap.
+// launcher spent zeroing stale gradients (ZeroComm, per bucket
+// BucketStats.Zero). A warm step allocates nothing on the Go heap.
 //
 // # Hooks
 //
 // Options.Hook decides how a bucket is reduced (package hooks): the
-// default hooks.Avg lets the backend divide by N inside its reduction pass
+// default hooks.Avg lets the backend average inside its reduction pass
 // (no separate pass over the bucket: on ResNet-50 shapes that pass costs
 // as much as the all-reduce itself); hooks.AllReduce is PyTorch's
 // allreduce_hook, dividing by N before a Sum; hooks.FP16 and hooks.BF16
-// halve the bytes on the wire. Each rank needs its own Hook value; the
-// Reducer closes it.
+// halve the bytes on the wire. A hook works in two phases (launch, then
+// finish once the collective completes), which is what lets several
+// buckets be in flight. Each rank needs its own Hook value; the Reducer
+// closes it.
 package ddp

@@ -34,8 +34,14 @@ var (
 	// gradients are reduced today).
 	ErrUnsupported = errors.New("ddp: unsupported parameter")
 	// ErrOptions: an Options field is out of range (a negative bucket
-	// cap).
+	// cap) or does not fit the memory or the communicator (a device pool
+	// without kernels, CopyGrads with device memory).
 	ErrOptions = errors.New("ddp: invalid options")
+	// ErrInFlight: memory the Reducer was releasing is still in use by a
+	// collective that did not complete after the group was aborted; it
+	// stays out of the pool until the collective completes (see
+	// Options.DrainTimeout).
+	ErrInFlight = errors.New("ddp: memory still in use by a collective")
 	// ErrClosed: the Reducer was closed.
 	ErrClosed = errors.New("ddp: reducer closed")
 )

@@ -8,13 +8,7 @@ type StepStats struct {
 	Step  uint64    // 1 for the first step begun
 	Sync  bool      // a synced step (false: no-sync, nothing communicated)
 	Start time.Time // when Begin returned
-	// Zero is the time Begin spent zeroing the gradients (before Start).
-	// Begin only marks them stale, in O(1), so it is close to 0: the
-	// zeroing happens in Grad, parameter by parameter on the caller's
-	// goroutines (part of Compute), and for gradients marked ready
-	// without a Grad on the communication goroutine (ZeroComm).
-	Zero time.Duration
-	// ZeroComm is the time the communication goroutine spent zeroing
+	// ZeroComm is the time the launcher spent zeroing
 	// stale gradients (parameters marked ready, by the caller or as
 	// unused, with no Grad, SetGrad or AddGrad since the last synced
 	// step) before reducing their buckets: the sum of BucketStats.Zero.
@@ -35,7 +29,7 @@ type StepStats struct {
 	// OverlapRatio is Overlap / Comm (0 when Comm is 0).
 	OverlapRatio float64
 	Bytes        int64 // payload bytes handed to collectives (after compression)
-	Overflows    int64 // elements that overflowed to ±Inf in compression (see hooks.Times)
+	Overflows    int64 // elements that overflowed to ±Inf in compression (see hooks.Bucket)
 
 	Buckets []BucketStats // per bucket of the layout used in the step
 	// ParamReady is, per parameter, when it was marked ready, or -1 if it
@@ -54,15 +48,15 @@ type BucketStats struct {
 	Bytes  int64 // float32 gradient bytes in the bucket
 
 	Ready  time.Duration // the bucket's last parameter was marked ready
-	Launch time.Duration // the communication goroutine took it up
+	Launch time.Duration // the launcher took it up
 	// Zero is the time spent, after Launch and before the hook, zeroing
 	// the bucket's stale gradients (see StepStats.ZeroComm).
 	Zero            time.Duration
-	CompressStart   time.Duration // hook phases (see hooks.Times)
-	CompressEnd     time.Duration
-	CollectiveStart time.Duration
-	CollectiveEnd   time.Duration
-	DecompressEnd   time.Duration
+	CompressStart   time.Duration // the hook's Launch began (compression, if any)
+	CompressEnd     time.Duration // the hook's Launch returned
+	CollectiveStart time.Duration // the collective was issued (= CompressEnd)
+	CollectiveEnd   time.Duration // the finisher saw the collective complete
+	DecompressEnd   time.Duration // the hook's Finish returned
 	Done            time.Duration // the bucket holds the average
 	WireBytes       int64         // payload bytes handed to collectives
 	Overflows       int64

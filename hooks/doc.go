@@ -2,40 +2,50 @@
 // ranks: PyTorch DDP's communication hooks.
 //
 // A Hook receives a bucket of float32 gradients (a comm.Buffer over CommPool
-// memory) and must leave it holding the average over all ranks. Three hooks
-// are built in, and one more for speed:
+// memory, host or device) and must leave it holding the average over all
+// ranks. Four hooks are built in (ByName finds them by name):
 //
+//   - Avg (the Reducer's default): one all-reduce with comm.Avg, which the
+//     backend computes inside its reduction pass as a pre-multiplied sum;
+//     where Avg is not native (comm.Caps), scale by 1/N then Sum.
 //   - AllReduce: divide by the group size N in float32, then all-reduce with
 //     Sum in place (PyTorch's allreduce_hook). No scratch.
-//   - Avg: one all-reduce with comm.Avg, so the backend divides inside its
-//     reduction pass instead of in a separate pass over the bucket (the
-//     rounded sum divided by N; unlike AllReduce the sum may overflow).
 //   - FP16: scale by 1/N in float32 and round once to IEEE binary16 into
 //     scratch, all-reduce the scratch with Sum in float16, convert the sum
 //     back into the bucket (fp16_compress_hook). Half the bytes on the wire.
 //   - BF16: the same with bfloat16 (bf16_compress_hook).
 //
-// # Memory and goroutines
+// # Two phases
 //
-// A Hook value belongs to one rank. Setup is told the element count of
-// every bucket and takes scratch from the pool once, sized for the largest
-// bucket; Reduce reuses it and allocates nothing on the Go heap. The Reducer
-// calls Reduce from the rank's communication goroutine, one bucket at a
-// time, so the training goroutine never waits for the network.
+// A hook works in two phases so that several buckets can be on the wire at
+// once: Launch compresses and issues the collective and returns its Work
+// at once; Finish decompresses once that Work has completed. The Reducer
+// runs Launch on one goroutine, in bucket order, and Finish on another, and
+// keeps a window of buckets between the two (ddp.Options.MaxInFlight). It
+// also times the phases itself. A custom hook (see the Example) implements
+// the same interface; it must issue its collectives in Launch only.
 //
-// # Statistics
+// # Memory
 //
-// Reduce records its phases in Bucket.Times as offsets from Bucket.Start:
-// compress (scaling and conversion), collective, decompress, the payload
-// bytes handed to the collective, and, for FP16 and BF16, Overflows: the
-// elements whose reduced value is Inf or NaN although this rank's float32
-// gradient was finite. That counts this rank's conversion overflows (a
-// value beyond 65504 after scaling becomes ±Inf and makes the sum
-// non-finite), overflows of the half-precision sum, and non-finite values
-// contributed by other ranks. The common case (no non-finite value) costs
-// one word-wise scan of the reduced half-precision buffer. A non-zero
-// count means the gradients need scaling down before compression (or
-// BF16).
+// A Hook value belongs to one rank and is bound to its communicator and
+// kernels once, by Setup. Scratch memory is the Reducer's: a hook says how
+// much it needs per bucket (Scratch) and finds it in Bucket.Scratch, which
+// no other bucket in flight shares and which is not returned to the pool
+// while its collective may still write it. A hook touches bucket memory
+// only through comm.Kernels (package fp16's SIMD kernels on the host, a
+// backend's kernels on a device), never through Go slices, and allocates
+// nothing on the Go heap per bucket.
+//
+// # Overflows
+//
+// FP16 and BF16 count, in Bucket.Overflows, the elements whose reduced
+// value is Inf or NaN although this rank's float32 gradient was finite.
+// That counts this rank's conversion overflows (a value beyond 65504 after
+// scaling becomes ±Inf and makes the sum non-finite), overflows of the
+// half-precision sum, and non-finite values contributed by other ranks.
+// The common case (no non-finite value) costs one word-wise scan of the
+// reduced half-precision buffer. A non-zero count means the gradients need
+// scaling down before compression (or BF16).
 //
 // # Accuracy
 //
@@ -48,8 +58,9 @@
 // where η is half the wire type's smallest subnormal (2^-25 for float16,
 // 2^-134 for bfloat16, 2^-150 for float32): one rounding of g·(1/N) with
 // 1/N itself rounded, one conversion to the wire type, and at most N-1
-// roundings in the sum whatever order the backend adds in. Avg rounds in
-// the other order (N-1 roundings in the sum, then one in the division by
-// N) and stays within the same bound; for N a power of two it gives
-// AllReduce's bits exactly. The tests assert these on random gradients.
+// roundings in the sum whatever order the backend adds in. Avg rounds as
+// AllReduce does where the backend pre-multiplies, and in the other order
+// (N-1 roundings in the sum, then one in the division by N) where it sums
+// first; either way it stays within the same bound. The tests assert these
+// on random gradients.
 package hooks

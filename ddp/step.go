@@ -1,0 +1,449 @@
+package ddp
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"strings"
+	"time"
+	"unsafe"
+
+	"github.com/ddpgo/ddpgo/comm"
+)
+
+// Begin starts a step. With sync, the step's gradients are averaged across
+// ranks once marked ready, and Wait must be called before the next Begin.
+// Without sync (PyTorch's no_sync), nothing is communicated: gradients
+// accumulate locally, and the next synced step reduces the accumulated sum;
+// Wait is optional.
+//
+// Begin zeroes every gradient unless the previous step was a no-sync step
+// (so a no-sync step followed by a synced one accumulates) or
+// Options.NoZeroGrad is set, adopts a rebuilt bucket layout if one is
+// pending, and invalidates every slice Grad returned before it. The
+// zeroing is lazy: Begin marks every gradient stale in O(1), and each is
+// zeroed when first handed out by Grad, overwritten by SetGrad or AddGrad,
+// or, if marked ready untouched, zeroed by the launcher goroutine
+// just before its bucket is reduced. A caller sees no difference: every
+// gradient reads as zero the first time it looks.
+func (r *Reducer) Begin(sync bool) error {
+	if err := r.usable(); err != nil {
+		return err
+	}
+	switch r.state.Load() {
+	case syncing:
+		return fmt.Errorf("%w: rank %d: Begin(%v) while synced step %d is running: call Wait first", ErrStepInProgress, r.c.Rank(), sync, r.stepNo)
+	case local:
+		r.finish()
+	}
+	if r.next != nil {
+		bs := r.next
+		r.next = nil
+		if err := r.adopt(bs); err != nil {
+			return r.fail(fmt.Errorf("ddp: rank %d: adopting the rebuilt layout at step %d: %w", r.c.Rank(), r.stepNo+1, err))
+		}
+	}
+	L := r.lay.Load()
+	if r.prevSync {
+		// zero_grad, lazily: every gradient becomes stale in O(1).
+		r.gen.Add(1)
+	}
+	r.stepNo++
+	L.sched.reset()
+	r.nready.Store(0)
+	r.reduced.Store(0)
+	clear(r.isUnused)
+	s := r.cur
+	s.reset(r.stepNo, sync, len(r.params))
+	s.Buckets = s.Buckets[:len(L.buckets)]
+	for k := range s.Buckets {
+		s.Buckets[k] = BucketStats{Index: k, Params: len(L.buckets[k].Tensors), Bytes: int64(L.buckets[k].Bytes)}
+	}
+	r.start = time.Now()
+	s.Start = r.start
+	r.prevSync = sync
+	if sync {
+		r.state.Store(syncing)
+		if r.staticOK {
+			for i, u := range r.static {
+				if u {
+					r.markUnused(L, i)
+				}
+			}
+		}
+	} else {
+		r.state.Store(local)
+	}
+	return nil
+}
+
+// Grad returns parameter i's gradient: by default a view of its slot in the
+// bucket memory (with CopyGrads, a Go slice of its own). Write or add the
+// gradient into it, then call Ready(i). After a synced step's Wait it holds
+// the average over ranks. The slice is valid until the next Begin; keep no
+// slice across steps. Grad panics if i is out of range, like indexing a
+// slice, and returns nil after Close and for a device pool, whose memory Go
+// cannot address (use GradBuffer).
+//
+// The first Grad(i) of an accumulation window zeroes the gradient (unless
+// Options.NoZeroGrad): see the package documentation, "Zeroing". Grad(i)
+// may run concurrently with Grad and Ready of other parameters; it must
+// not be called for a parameter already marked ready in a synced step
+// until Wait returns.
+func (r *Reducer) Grad(i int) []float32 {
+	if r.closed.Load() || !r.host {
+		return nil
+	}
+	g := r.grad(i)
+	if r.zeroing() && r.isStale(i) {
+		clear(g)
+		r.fresh[i].Store(r.gen.Load())
+	}
+	return g
+}
+
+// GradBuffer is Grad for memory of any kind: it returns parameter i's
+// gradient as a comm.Buffer (device memory for a device pool), zeroed on
+// first use in an accumulation window as Grad's is. Write it with the
+// kernels of its memory (or, for a host pool, through Grad), then call
+// Ready(i). Like Grad, it is valid until the next Begin, and returns the
+// zero Buffer after Close.
+func (r *Reducer) GradBuffer(i int) comm.Buffer {
+	if r.closed.Load() {
+		return comm.Buffer{}
+	}
+	b := r.gradBuf(i)
+	if r.zeroing() && r.isStale(i) {
+		r.kern.Zero(b)
+		r.fresh[i].Store(r.gen.Load())
+	}
+	return b
+}
+
+// grad returns parameter i's gradient memory as it is, stale or not (host
+// pools only).
+func (r *Reducer) grad(i int) []float32 {
+	if r.copies != nil {
+		return r.copies[i]
+	}
+	return r.lay.Load().views[i]
+}
+
+// gradBuf is grad for memory of any kind.
+func (r *Reducer) gradBuf(i int) comm.Buffer {
+	if r.copies != nil {
+		return comm.Float32s(r.copies[i])
+	}
+	return r.lay.Load().bufs[i]
+}
+
+// Ready marks parameter i's gradient as complete for this step. It may be
+// called from any goroutine, in any order, and never waits for the
+// network: when i completes a bucket and every earlier bucket has launched,
+// the bucket's reduction starts on the rank's launcher goroutine.
+// Marking a parameter twice in a step, an index out of range, or Ready
+// outside a step are errors naming the parameter. Every Ready of a step
+// must return before Wait is called.
+func (r *Reducer) Ready(i int) error {
+	if i < 0 || i >= len(r.params) {
+		return fmt.Errorf("%w: rank %d: Ready(%d): the reducer has %d parameters", ErrIndex, r.c.Rank(), i, len(r.params))
+	}
+	if err := r.usable(); err != nil {
+		return err
+	}
+	st := r.state.Load()
+	if st == idle {
+		return fmt.Errorf("%w: rank %d: Ready of parameter %d (%q) outside a step: call Begin first", ErrNoStep, r.c.Rank(), i, r.params[i].Name)
+	}
+	L := r.lay.Load()
+	if err := L.sched.claim(i); err != nil {
+		return r.markedErr("Ready", i)
+	}
+	if r.o.NoZeroGrad {
+		// The caller vouches for the gradient as it stands (it
+		// overwrote the last average): nothing will zero it.
+		r.fresh[i].Store(r.gen.Load())
+	}
+	r.arrive(L, i, st == syncing)
+	return nil
+}
+
+// SetGrad copies g into parameter i's gradient (replacing it) and marks it
+// ready. It works for device pools too (the copy is an upload).
+func (r *Reducer) SetGrad(i int, g []float32) error {
+	if err := r.gradFor("SetGrad", i, g); err != nil {
+		return err
+	}
+	if r.host {
+		copy(r.grad(i), g)
+	} else {
+		r.kern.Upload(r.gradBuf(i), unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(g))), 4*len(g)))
+	}
+	r.fresh[i].Store(r.gen.Load())
+	return r.Ready(i)
+}
+
+// AddGrad adds g into parameter i's gradient and marks it ready. A
+// gradient not yet written in this accumulation window (logically zero,
+// not zeroed yet, or with Options.NoZeroGrad still holding the last
+// average) is overwritten instead, so AddGrad accumulates correctly in
+// every step of a window and never pays for zeroing. It needs a host pool.
+func (r *Reducer) AddGrad(i int, g []float32) error {
+	if err := r.gradFor("AddGrad", i, g); err != nil {
+		return err
+	}
+	if !r.host {
+		return fmt.Errorf("%w: rank %d: AddGrad of parameter %d (%q): the pool holds device memory; add into GradBuffer with the device's kernels", ErrOptions, r.c.Rank(), i, r.params[i].Name)
+	}
+	dst := r.grad(i)
+	if gen := r.gen.Load(); r.fresh[i].Load() != gen {
+		copy(dst, g)
+		r.fresh[i].Store(gen)
+	} else {
+		for j, v := range g {
+			dst[j] += v
+		}
+	}
+	return r.Ready(i)
+}
+
+// gradFor checks a SetGrad or AddGrad of g into parameter i.
+func (r *Reducer) gradFor(op string, i int, g []float32) error {
+	if i < 0 || i >= len(r.params) {
+		return fmt.Errorf("%w: rank %d: %s(%d): the reducer has %d parameters", ErrIndex, r.c.Rank(), op, i, len(r.params))
+	}
+	if err := r.usable(); err != nil {
+		return err
+	}
+	if r.state.Load() == idle {
+		return fmt.Errorf("%w: rank %d: %s of parameter %d (%q) outside a step: call Begin first", ErrNoStep, r.c.Rank(), op, i, r.params[i].Name)
+	}
+	if n := r.tensors[i].Numel; len(g) != n {
+		return fmt.Errorf("%w: rank %d: %s: parameter %d (%q, shape %v) has %d elements, got %d", ErrGradSize, r.c.Rank(), op, i, r.params[i].Name, r.params[i].Shape, n, len(g))
+	}
+	if r.lay.Load().sched.isMarked(i) {
+		return r.markedErr(op, i)
+	}
+	return nil
+}
+
+// markedErr explains why parameter i, already marked in this step, cannot
+// be marked by op.
+func (r *Reducer) markedErr(op string, i int) error {
+	if r.static[i] && r.staticOK && r.state.Load() == syncing {
+		return fmt.Errorf("%w: %s: rank %d step %d: parameter %d (%q) got no gradient in the first synced step, so the Reducer marks it; "+
+			"drop StaticGraph or keep the set of unused parameters fixed", ErrStaticGraph, op, r.c.Rank(), r.stepNo, i, r.params[i].Name)
+	}
+	return fmt.Errorf("%w: %s: rank %d step %d: parameter %d (%q) is already marked ready", ErrMarkedTwice, op, r.c.Rank(), r.stepNo, i, r.params[i].Name)
+}
+
+// arrive records claimed parameter i and counts it towards its bucket.
+func (r *Reducer) arrive(L *layout, i int, sync bool) {
+	r.cur.ParamReady[i] = time.Since(r.start)
+	r.order[r.nready.Add(1)-1].Store(int32(i))
+	if !sync {
+		return
+	}
+	if r.copies != nil && !r.isStale(i) {
+		// A stale gradient is not copied: the launcher zeroes its bucket
+		// slot instead.
+		copy(L.views[i], r.copies[i])
+	}
+	if L.sched.arrive(i) >= 0 {
+		select {
+		case r.poke <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// markUnused marks parameter i ready on its owner's behalf.
+func (r *Reducer) markUnused(L *layout, i int) {
+	if L.sched.claim(i) != nil {
+		return
+	}
+	// A stale gradient (the caller wrote nothing in this window) is
+	// zeroed by the launcher before the bucket is launched.
+	r.isUnused[i] = true
+	r.cur.Unused = append(r.cur.Unused, i)
+	r.arrive(L, i, true)
+}
+
+// Wait returns when every bucket of the synced step is reduced: each
+// gradient then holds the average over ranks. In a no-sync step it only
+// ends the step. It fails with ErrUnready (naming the parameters) if some
+// parameters were never marked ready and FindUnusedParameters is off; the
+// step then stays open, so the caller may mark them and call Wait again.
+// Wait honours ctx and Options.Timeout (a step already finished when ctx
+// ends stands); on expiry, or when a collective fails, the Reducer aborts
+// the group, and it and every later call return that error until Close.
+// A Close from another goroutine ends a blocked Wait with ErrClosed.
+func (r *Reducer) Wait(ctx context.Context) error {
+	if err := r.usable(); err != nil {
+		return err
+	}
+	switch r.state.Load() {
+	case idle:
+		return fmt.Errorf("%w: rank %d: Wait without a step (the last was step %d): call Begin first", ErrNoStep, r.c.Rank(), r.stepNo)
+	case local:
+		r.finish()
+		return nil
+	}
+	L := r.lay.Load()
+	if int(L.sched.nmarked.Load()) < len(r.params) {
+		if err := r.handleUnready(L); err != nil {
+			return err
+		}
+	}
+	if err := r.waitDone(ctx, L); err != nil {
+		return err
+	}
+	if err := r.usable(); err != nil {
+		return err
+	}
+	if r.o.StaticGraph && !r.staticOK {
+		copy(r.static, r.isUnused)
+		r.staticOK = true
+	}
+	first := !r.rebuilt
+	r.finish()
+	if first {
+		r.rebuilt = true
+		if !r.o.KeepLayout {
+			if err := r.rebuild(ctx); err != nil {
+				return r.fail(err)
+			}
+		}
+	}
+	return nil
+}
+
+// handleUnready deals with parameters not marked ready when Wait starts.
+func (r *Reducer) handleUnready(L *layout) error {
+	if r.o.FindUnusedParameters || (r.o.StaticGraph && !r.staticOK) {
+		for i := range r.params {
+			if !L.sched.isMarked(i) {
+				r.markUnused(L, i)
+			}
+		}
+		return nil
+	}
+	var names []string
+	for i, p := range r.params {
+		if !L.sched.isMarked(i) && len(names) < 10 {
+			names = append(names, fmt.Sprintf("%d %q (bucket %d)", i, p.Name, L.bucketOf[i]))
+		}
+	}
+	missing := len(r.params) - int(L.sched.nmarked.Load())
+	list := strings.Join(names, ", ")
+	if missing > len(names) {
+		list += fmt.Sprintf(" and %d more", missing-len(names))
+	}
+	return fmt.Errorf("%w: rank %d step %d: %d of %d parameters got no Ready before Wait: %s; "+
+		"buckets are reduced only once all their parameters are ready, so this step cannot finish. "+
+		"Call Ready (or SetGrad) for every parameter, including those with a zero gradient, or, if these "+
+		"parameters really take no part in this step's loss, set Options.FindUnusedParameters "+
+		"(or Options.StaticGraph when the set never changes). The step stays open: mark them and call Wait again",
+		ErrUnready, r.c.Rank(), r.stepNo, missing, len(r.params), list)
+}
+
+// waitDone blocks until the comm goroutine has reduced the last bucket.
+func (r *Reducer) waitDone(ctx context.Context, L *layout) error {
+	began := time.Now()
+	stallAt := r.o.StallInterval
+	for {
+		waited := time.Since(began)
+		d := min(stallAt, r.o.Timeout) - waited
+		if d <= 0 {
+			d = time.Nanosecond
+		}
+		r.timer.Reset(d)
+		select {
+		case <-r.done:
+			r.timer.Stop()
+			return nil
+		case <-ctx.Done():
+			r.timer.Stop()
+			select {
+			case <-r.done: // the step finished as ctx ended: it stands
+				return nil
+			default:
+			}
+			k := int(r.reduced.Load())
+			return r.fail(fmt.Errorf("ddp: rank %d step %d: waiting for bucket %d of %d (%s): %w", r.c.Rank(), r.stepNo, k, len(L.buckets), L.describe(k, r.params), ctx.Err()))
+		case <-r.timer.C:
+			waited = time.Since(began)
+			k := int(r.reduced.Load())
+			if waited >= r.o.Timeout {
+				select {
+				case <-r.done:
+					return nil
+				default:
+				}
+				return r.fail(fmt.Errorf("%w: ddp: rank %d step %d: bucket %d of %d (%s) not reduced after %v",
+					comm.ErrTimeout, r.c.Rank(), r.stepNo, k, len(L.buckets), L.describe(k, r.params), r.o.Timeout))
+			}
+			if waited >= stallAt {
+				r.reportStall(L, k, waited)
+				stallAt += r.o.StallInterval
+			}
+		}
+	}
+}
+
+func (r *Reducer) reportStall(L *layout, k int, waited time.Duration) {
+	s := Stall{Rank: r.c.Rank(), Step: r.stepNo, Waited: waited, Bucket: k, OnWire: k < L.sched.launched()}
+	if !s.OnWire && k < len(L.buckets) {
+		for _, p := range L.buckets[k].Tensors {
+			if !L.sched.isMarked(p) {
+				s.Missing = append(s.Missing, r.params[p].Name)
+			}
+		}
+	}
+	if r.o.OnStall != nil {
+		r.o.OnStall(s)
+		return
+	}
+	log.Print(s.String())
+}
+
+// finish ends the running step: statistics become final and visible
+// through Stats.
+func (r *Reducer) finish() {
+	s := r.cur
+	if invariants && s.Sync && !r.failed.Load() {
+		L := r.lay.Load()
+		if n := len(L.buckets); L.sched.launched() != n || int(r.reduced.Load()) != n || int(L.sched.nmarked.Load()) != len(r.params) {
+			panic(fmt.Sprintf("ddp: invariant: step %d finished with %d of %d buckets launched, %d reduced, %d of %d parameters marked",
+				r.stepNo, L.sched.launched(), n, r.reduced.Load(), L.sched.nmarked.Load(), len(r.params)))
+		}
+		for i := range r.fresh {
+			if r.isStale(i) {
+				panic(fmt.Sprintf("ddp: invariant: step %d finished with parameter %d (%q) stale (generation %d, current %d)",
+					r.stepNo, i, r.params[i].Name, r.fresh[i].Load(), r.gen.Load()))
+			}
+		}
+	}
+	s.Wall = time.Since(r.start)
+	s.finalize(r.lay.Load(), r.isUnused)
+	r.cur, r.last = r.last, r.cur
+	r.state.Store(idle)
+}
+
+// Stats returns the statistics of the last completed step. It allocates
+// nothing: the slices in the result are the Reducer's own and stay valid
+// until the next Wait returns (or the next Begin after a no-sync step);
+// use StatsInto to keep a copy. Like StatsInto, it must not run
+// concurrently with Wait or Begin: call it from the training goroutine
+// (a metrics exporter on another goroutine takes the copy it is handed).
+func (r *Reducer) Stats() StepStats { return *r.last }
+
+// StatsInto copies the statistics of the last completed step into dst,
+// reusing dst's slices.
+func (r *Reducer) StatsInto(dst *StepStats) {
+	b, p, u := dst.Buckets, dst.ParamReady, dst.Unused
+	*dst = *r.last
+	dst.Buckets = append(b[:0], r.last.Buckets...)
+	dst.ParamReady = append(p[:0], r.last.ParamReady...)
+	dst.Unused = append(u[:0], r.last.Unused...)
+}
