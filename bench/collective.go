@@ -373,11 +373,16 @@ const drainTimeout = 30 * time.Second
 // heap memory), and the function that returns them. A buffer whose
 // operation may still be pending is never returned to the pool.
 func newRankBufs(n, size int) ([]*rankBufs, func(), error) {
-	// Two blocks per rank, each in a dedicated slab when large; small
-	// ones share slabs. The limit is what that takes, plus a slab.
+	// Two blocks per rank, all carved from one slab sized for them (not
+	// the default 64 MiB: a sweep of small sizes maps, and under the
+	// invariants tag poisons, only what it uses). The limit is that slab
+	// and a page of rounding.
 	per := int64(size+allocator.Alignment-1) &^ (allocator.Alignment - 1)
-	per = (per + 1<<16 - 1) &^ (1<<16 - 1)
-	pool, err := allocator.New(allocator.Options{Limit: 2*int64(n)*per + 2*allocator.DefaultSlabSize})
+	slab := 2 * int64(n) * per
+	if slab > math.MaxInt-(1<<20) {
+		return nil, nil, fmt.Errorf("bench: %d ranks x 2 buffers of %d bytes: more than an address space holds", n, size)
+	}
+	pool, err := allocator.New(allocator.Options{Limit: slab + 1<<20, SlabSize: int(slab)})
 	if err != nil {
 		return nil, nil, fmt.Errorf("bench: CommPool for %d ranks of 2 x %d bytes: %w", n, size, err)
 	}
