@@ -69,9 +69,10 @@
 // reduction op, count, dtype or root) all get comm.ErrMismatch in a
 // *comm.OpError carrying the rank, the sequence number and the operation,
 // with a message that names the rank that differs and both sides of the
-// disagreement (unless NoMismatchDetection); that bad arguments give
-// comm.ErrInvalid; and that Close is idempotent, fails a pending operation
-// and later ones with comm.ErrClosed. A backend whose Abort ends the
+// disagreement (for a backend whose Caps claim MismatchDetection, unless
+// NoMismatchDetection); that bad arguments give comm.ErrInvalid; and that
+// Close is idempotent and fails a pending operation and later ones with
+// comm.ErrClosed. A backend whose Abort ends the
 // process (AbortEndsProcess) skips the abort check and is not closed with
 // an operation pending.
 //

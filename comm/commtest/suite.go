@@ -43,7 +43,8 @@ func Large(bytes int, ranks ...int) Option {
 
 // NoMismatchDetection skips the checks that ranks disagreeing on a
 // collective get comm.ErrMismatch, for a backend that cannot see the other
-// ranks' calls.
+// ranks' calls. They are skipped too for a backend whose Caps do not claim
+// MismatchDetection.
 func NoMismatchDetection() Option { return func(c *config) { c.mismatch = false } }
 
 // HalfTolerance sets how many units in the last place a Float16 or
