@@ -107,7 +107,10 @@ func (tm *team) settle(t *testing.T) {
 	for _, r := range tm.local {
 		codes[r] = tm.out[r].code()
 	}
-	agreeErr := tm.drv.agree(tm, codes)
+	var agreeErr error
+	if tm.lost == nil {
+		agreeErr = tm.drv.agree(tm, codes)
+	}
 	for _, r := range tm.local {
 		if o := &tm.out[r]; o.msg != "" {
 			more := ""
@@ -210,10 +213,16 @@ func (tm *team) halted() bool {
 
 // sync returns once every rank has reached it; a check uses it where one
 // rank must not issue an operation before the others have done something.
+// If the ranks fail to meet, they are out of step for good: the check
+// fails and no later one runs.
 func (tm *team) sync() {
+	if tm.lost != nil {
+		return
+	}
 	if err := tm.drv.sync(tm); err != nil {
+		tm.lost = fmt.Errorf("rank(s) %v could not meet their peers on the control communicator: %v", tm.local, err)
 		for _, r := range tm.local {
-			tm.broke(r, "meeting the other ranks on the control communicator: %v", err)
+			tm.broke(r, "%v", tm.lost)
 		}
 		tm.tainted = true
 	}
