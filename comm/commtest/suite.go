@@ -101,6 +101,9 @@ func Run(t *testing.T, newGroup func(t *testing.T, n int) []comm.Communicator, o
 	if cfg.largeRanks == nil {
 		cfg.largeRanks = []int{2, 3}
 	}
+	if len(cfg.ranks) == 0 || slices.Min(cfg.ranks) < 1 {
+		t.Fatalf("commtest.Run: group sizes %v; want at least one, each at least 1", cfg.ranks)
+	}
 	mem := newMemory(t, cfg, slices.Max(cfg.ranks))
 	for _, n := range cfg.ranks {
 		t.Run(fmt.Sprintf("%dranks", n), func(t *testing.T) {
