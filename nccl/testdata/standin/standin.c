@@ -1078,15 +1078,15 @@ static void store(int dt, void *p, size_t i, double v) {
 static int is_float(int dt) { return dt == ncclFloat16 || dt == ncclBfloat16 || dt == ncclFloat32 || dt == ncclFloat64; }
 
 /* reduce combines element i of every rank's send buffer (at byte offset
- * off). Sums are exact in double for the sizes tests use and round once;
- * Avg of floats is a pre-multiplied sum, as ncclAvg is, and of integers
- * the sum divided with truncation. */
+ * off). Sums are exact in double for the values tests use and round once
+ * to the element type; Avg divides the exact sum once (with truncation for
+ * integers). NCCL's ncclAvg instead pre-multiplies each contribution by
+ * 1/N in the element type, which rounds more often: the stand-in checks
+ * how the binding passes ops, not NCCL's arithmetic. */
 static double reduce(group_t *g, int dt, int op, size_t off, size_t i) {
 	double acc = 0;
 	for (int r = 0; r < g->nranks; r++) {
 		double v = load(dt, (const char *)g->ranks[r]->send + off, i);
-		if (op == ncclAvg && is_float(dt))
-			v /= g->nranks;
 		if (r == 0) { acc = v; continue; }
 		switch (op) {
 		case ncclSum: case ncclAvg: acc += v; break;
@@ -1095,9 +1095,10 @@ static double reduce(group_t *g, int dt, int op, size_t off, size_t i) {
 		case ncclMin: if (v < acc) acc = v; break;
 		}
 	}
-	if (op == ncclAvg && !is_float(dt)) {
+	if (op == ncclAvg) {
 		acc /= g->nranks;
-		acc = acc < 0 ? -(double)(long long)(-acc) : (double)(long long)acc;
+		if (!is_float(dt))
+			acc = acc < 0 ? -(double)(long long)(-acc) : (double)(long long)acc;
 	}
 	return acc;
 }
