@@ -104,14 +104,10 @@ func (l *Lib) Registrations(comm uintptr) int {
 	return int(C.call_ri_p(l.fn("standin_registrations"), C.uintptr_t(comm)))
 }
 
-// LiveAllocs returns the live allocations of ncclMemAlloc (nccl) or
-// cuMemAlloc.
-func (l *Lib) LiveAllocs(nccl bool) int {
-	v := 0
-	if nccl {
-		v = 1
-	}
-	return int(C.call_rl_i(l.fn("standin_live_allocs"), C.int(v)))
+// LiveAllocs returns the live allocations of cuMemAlloc (kind 0),
+// ncclMemAlloc (1) or cuMemAllocHost (2).
+func (l *Lib) LiveAllocs(kind int) int {
+	return int(C.call_rl_i(l.fn("standin_live_allocs"), C.int(kind)))
 }
 
 // KernelLaunches returns how many kernels were launched.
