@@ -454,6 +454,25 @@ func (c *Comm) WaitStream(s Stream) error {
 	return nil
 }
 
+// Event is a CUDA event handle (CUevent) as an integer.
+type Event uintptr
+
+// WaitEvent makes the communicator's stream wait, without blocking the
+// host, for event e as last recorded by the caller (cuStreamWaitEvent):
+// the form for a caller that records its own event after the kernel that
+// wrote a bucket, as PyTorch's reducer does.
+func (c *Comm) WaitEvent(e Event) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopping != nil {
+		return fmt.Errorf("nccl: rank %d: WaitEvent: %w", c.rank, c.stopping)
+	}
+	if err := c.d.streamWaitEvent(c.ctx, c.stream, uintptr(e)); err != nil {
+		return fmt.Errorf("nccl: rank %d: WaitEvent: %w", c.rank, err)
+	}
+	return nil
+}
+
 // StreamWait makes stream s wait, without blocking the host, until the
 // operation of w (a Work of this communicator) has completed on the
 // device, so that a kernel issued on s afterwards reads its result. It

@@ -245,6 +245,27 @@ func TestStreamOrder(t *testing.T) {
 	gate.Open()
 	waitOK(t, w0, w1)
 
+	// The same through an event the caller records.
+	uev, err := lib.d.eventCreate(c.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lib.d.eventDestroy(c.ctx, uev)
+	gate = si.Gate(user)
+	if err := lib.d.eventRecord(c.ctx, uev, user); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitEvent(Event(uev)); err != nil {
+		t.Fatal(err)
+	}
+	w0, w1 = c.AllReduce(b0, b0, comm.Sum), cs[1].AllReduce(b1, b1, comm.Sum)
+	time.Sleep(30 * time.Millisecond)
+	if done, _ := w0.Test(); done {
+		t.Fatal("the all-reduce ran before the event it waits for")
+	}
+	gate.Open()
+	waitOK(t, w0, w1)
+
 	// A user stream waits for a Work: an event recorded on it after
 	// StreamWait completes only once the collective has.
 	w0 = c.AllReduce(b0, b0, comm.Sum)
