@@ -51,6 +51,11 @@ func serveMetrics(addr string, pools []*allocator.Pool, wire comm.DType, log io.
 		}
 	}()
 	fmt.Fprintf(log, "ddpbench: serving metrics on http://%s/metrics\n", ln.Addr())
+	if allInterfaces(addr) {
+		fmt.Fprintf(log, "ddpbench: note: --metrics-addr %q listens on every network interface, without authentication: "+
+			"anyone who can reach this machine can read the run's metrics (and load the server); 127.0.0.1%s keeps them local\n",
+			addr, portOf(addr))
+	}
 	var once sync.Once
 	stop := func() {
 		once.Do(func() {
@@ -72,4 +77,26 @@ func wireDType(compression string) comm.DType {
 		return comm.BFloat16
 	}
 	return comm.Float32
+}
+
+// allInterfaces reports whether a listen address binds every interface:
+// an empty host (":9100"), 0.0.0.0 or ::.
+func allInterfaces(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsUnspecified()
+}
+
+// portOf returns ":port" of addr, or "" when it has none.
+func portOf(addr string) string {
+	if _, port, err := net.SplitHostPort(addr); err == nil {
+		return ":" + port
+	}
+	return ""
 }
