@@ -195,14 +195,14 @@ func TestClose(t *testing.T) {
 }
 
 // TestProgressModes: one communicator of the process may be blocking;
-// while it is open, the next ones are non-blocking on every rank, and
-// the two can be driven from different goroutines in different orders on
-// different ranks.
+// while it is open, the next ones are non-blocking on every rank even if
+// they ask to block, and they can be driven from different goroutines in
+// different orders on different ranks.
 func TestProgressModes(t *testing.T) {
 	type blocker interface{ Blocking() bool }
-	a := open(t, mpi.Options{})
-	b := open(t, mpi.Options{})
-	nb := open(t, mpi.Options{NonBlocking: true})
+	a := open(t, mpi.Options{Blocking: true})
+	b := open(t, mpi.Options{Blocking: true})
+	nb := open(t, mpi.Options{})
 	if !a.(blocker).Blocking() || b.(blocker).Blocking() || nb.(blocker).Blocking() {
 		t.Fatalf("Blocking() = %v, %v, %v; want the first communicator blocking, the others not", a.(blocker).Blocking(), b.(blocker).Blocking(), nb.(blocker).Blocking())
 	}
@@ -244,7 +244,7 @@ func TestProgressModes(t *testing.T) {
 
 // TestNoAllocs: issuing and waiting allocate nothing once warm.
 func TestNoAllocs(t *testing.T) {
-	for _, o := range []mpi.Options{{}, {NonBlocking: true}} {
+	for _, o := range []mpi.Options{{Blocking: true}, {}} {
 		c := open(t, o)
 		b := alloc(t, 1024, comm.Float32)
 		out := alloc(t, 1024, comm.Float32)
@@ -264,7 +264,7 @@ func TestNoAllocs(t *testing.T) {
 				}
 			})
 			if allocs != 0 {
-				t.Errorf("non-blocking %v: %s: %v allocations per issue and wait, want 0", o.NonBlocking, tc.name, allocs)
+				t.Errorf("blocking %v: %s: %v allocations per issue and wait, want 0", o.Blocking, tc.name, allocs)
 			}
 		}
 	}

@@ -56,7 +56,7 @@ func TestSweep(t *testing.T) {
 	var rows []string
 	rank := 0
 	for _, mode := range strings.Split(*sweepModes, ",") {
-		c, err := mpi.Open(mpi.Options{NonBlocking: mode == "nonblocking"})
+		c, err := mpi.Open(mpi.Options{Blocking: mode == "blocking"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -165,7 +165,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 	}
 	for _, nb := range []bool{false, true} {
 		b.Run(fmt.Sprintf("nonblocking=%v", nb), func(b *testing.B) {
-			c, err := mpi.Open(mpi.Options{NonBlocking: nb})
+			c, err := mpi.Open(mpi.Options{Blocking: !nb})
 			if err != nil {
 				b.Fatal(err)
 			}

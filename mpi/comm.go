@@ -75,8 +75,9 @@ type communicator struct {
 	slots [ringSize]doneSlot
 
 	// owner-only
-	posted                int   // operations given to MPI and not yet finished
-	failed                error // the first MPI error; the communicator is unusable after it
+	received, started     uint64 // the last operation taken from the queue, and given to MPI (or failed)
+	posted                int    // operations given to MPI and not yet finished (0 or 1)
+	failed                error  // the first MPI error; the communicator is unusable after it
 	closeMarked, released bool
 
 	freed    chan struct{} // closed once the MPI communicator is freed
@@ -148,9 +149,10 @@ func Open(o Options) (comm.Communicator, error) {
 		// Blocking collectives of two communicators deadlock when ranks
 		// interleave them differently, so a process runs at most one
 		// communicator in blocking mode; the ranks agree by taking the
-		// minimum of their wishes.
+		// minimum of their wishes, since blocking and non-blocking
+		// collectives do not match in MPI.
 		want := C.int(0)
-		if !o.NonBlocking && e.blockingComms == 0 {
+		if o.Blocking && e.blockingComms == 0 {
 			want = 1
 		}
 		if rc := C.ddp_allreduce_int(c.h, &want, 1, 0); rc != C.MPI_SUCCESS {

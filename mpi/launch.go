@@ -60,9 +60,7 @@ type bootstrap struct {
 }
 
 func openBootstrap(_ context.Context, env launch.Env) (launch.Bootstrap, error) {
-	// Non-blocking, so that it never takes the process's one blocking
-	// communicator from the backend that bootstraps.
-	c, err := Open(Options{NonBlocking: true})
+	c, err := Open(Options{})
 	if err != nil {
 		return nil, err
 	}

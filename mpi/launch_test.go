@@ -23,7 +23,7 @@ func TestLaunch(t *testing.T) {
 	if !underMpirun() {
 		o.Env = &launch.Env{Launcher: "openmpi", Rank: 0, Size: 1}
 	}
-	o.Config = mpi.Options{NonBlocking: true}
+	o.Config = mpi.Options{}
 	cs, err := launch.Open(ctx, "mpi", o)
 	if err != nil {
 		t.Fatal(err)

@@ -209,7 +209,9 @@ func TestChild(t *testing.T) {
 	case "timeout":
 		// Rank 0 waits in a collective that the others never join; its
 		// watchdog reports the stall, then ends the job at the timeout.
-		c := open(t, mpi.Options{Timeout: time.Second, StallInterval: 200 * time.Millisecond, OnStall: func(s mpi.Stall) {
+		// Blocking, so that the owner is held in MPI_Allreduce and the
+		// watchdog must call MPI_Abort itself.
+		c := open(t, mpi.Options{Blocking: true, Timeout: time.Second, StallInterval: 200 * time.Millisecond, OnStall: func(s mpi.Stall) {
 			fmt.Printf("CHILD: stall reported: rank %d, %s #%d, waited %v\n", s.Rank, s.Kind, s.Seq, s.Waited.Round(time.Millisecond))
 		}})
 		b := alloc(t, 100, comm.Float32)

@@ -23,12 +23,16 @@ const (
 
 // Options configures one communicator.
 type Options struct {
-	// NonBlocking posts every collective as an MPI non-blocking
-	// collective (MPI_Iallreduce, ...) that the owner goroutine
-	// progresses, instead of calling the blocking collective. See the
-	// package documentation for when the blocking form is used and why
-	// it is the default.
-	NonBlocking bool
+	// Blocking asks for the communicator's collectives to be blocking MPI
+	// calls (MPI_Allreduce, ...) rather than non-blocking ones that the
+	// owner goroutine progresses: about 3 times less latency for small
+	// messages and about 1.5 times the bandwidth for large ones, for a
+	// program in which no rank waits for another communicator's operation
+	// while one of this communicator's collectives, issued before it, is
+	// incomplete (a training program with one communicator). A process
+	// runs at most one communicator in blocking mode; see the package
+	// documentation.
+	Blocking bool
 
 	// Timeout bounds how long an operation may stay incomplete; when it
 	// passes, the backend reports the operation on standard error and

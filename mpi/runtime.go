@@ -182,7 +182,12 @@ func (e *engine) loop() {
 	}
 }
 
-// take starts operation r, or handles its communicator's close marker.
+// take handles an item of the queue. An operation is started at once if
+// its communicator has none in flight, and otherwise when the one in
+// flight completes: MPI starts a communicator's non-blocking collectives
+// in order but may run them at the same time, and the contract wants
+// them run in issue order (stream semantics), as a chain of dependent
+// collectives needs.
 func (e *engine) take(r ref) {
 	c := r.c
 	switch {
@@ -193,28 +198,44 @@ func (e *engine) take(r ref) {
 		return // a wake-up
 	case r.seq == 0:
 		c.closeMarked = true
-		if c.posted == 0 {
-			e.release(c)
-		}
-		return
+	default:
+		c.received = r.seq
 	}
-	d := &c.ring[r.seq%ringSize]
+	e.pump(c)
+}
+
+// pump starts c's next operations while none is in flight, and frees c
+// once it is closed and idle.
+func (e *engine) pump(c *communicator) {
+	for c.posted == 0 && c.started < c.received {
+		c.started++
+		e.start(c, c.started)
+	}
+	if c.closeMarked && c.posted == 0 && c.started == c.received {
+		e.release(c)
+	}
+}
+
+// start gives operation seq of c to MPI, or completes it at once when it
+// cannot run.
+func (e *engine) start(c *communicator, seq uint64) {
+	d := &c.ring[seq%ringSize]
 	switch {
 	case d.err != nil:
-		c.complete(r.seq, c.opErr(d, d.err))
+		c.complete(seq, c.opErr(d, d.err))
 		return
 	case c.closing.Load():
-		c.complete(r.seq, c.opErr(d, fmt.Errorf("%w: closed before MPI was given the operation", errClosed())))
+		c.complete(seq, c.opErr(d, fmt.Errorf("%w: closed before MPI was given the operation", errClosed())))
 		return
 	case c.failed != nil:
-		c.complete(r.seq, c.opErr(d, fmt.Errorf("%w: the communicator is unusable after an earlier failure: %w", errAborted(), c.failed)))
+		c.complete(seq, c.opErr(d, fmt.Errorf("%w: the communicator is unusable after an earlier failure: %w", errAborted(), c.failed)))
 		return
 	}
 	send, recv := d.send, d.recv
 	if d.kind == kindReduceScatter && d.inplace {
 		b, err := e.scratch(c, d.count*dtypeSize(d.dt))
 		if err != nil {
-			c.complete(r.seq, c.opErr(d, err))
+			c.complete(seq, c.opErr(d, err))
 			return
 		}
 		d.scratch = b
@@ -236,10 +257,10 @@ func (e *engine) take(r ref) {
 		if slot >= 0 {
 			e.freeSlot(slot)
 		}
-		e.finish(c, r.seq, int(rc), -1)
+		e.finish(c, seq, int(rc), -1)
 		return
 	}
-	e.slots[slot] = r
+	e.slots[slot] = ref{c: c, seq: seq}
 }
 
 // test progresses the requests in flight and finishes those that
@@ -254,6 +275,7 @@ func (e *engine) test() {
 			if r := e.slots[s]; r.c != nil {
 				e.freeSlot(s)
 				e.finish(r.c, r.seq, int(rc), -1)
+				e.pump(r.c)
 			}
 		}
 		return
@@ -263,6 +285,7 @@ func (e *engine) test() {
 		r := e.slots[s]
 		e.freeSlot(s)
 		e.finish(r.c, r.seq, int(C.ddp_errs[i]), int(C.ddp_got[i]))
+		e.pump(r.c)
 	}
 	e.polls++
 	if n > 0 || e.polls%64 == 0 {
@@ -296,9 +319,6 @@ func (e *engine) finish(c *communicator, seq uint64, rc, got int) {
 		d.scratch = allocator.Block{}
 	}
 	c.complete(seq, err)
-	if c.closeMarked && c.posted == 0 {
-		e.release(c)
-	}
 }
 
 // after does what is left once MPI has completed d: Avg's division, and
