@@ -36,37 +36,49 @@
 // goroutine that issues next finds it runnable on its own processor, and
 // the hand-off in both directions is a goroutine switch. Locked to a
 // thread, each hand-off needed an operating-system wake-up: a 4 KiB
-// all-reduce between 2 ranks on a 2-core machine took about 32 us with the
-// owner locked and spinning before it parked, about 9.6 us locked and
-// parking at once, and about 4.5 us unlocked (Open MPI's own
-// MPI_Allreduce: about 3.3 us in the same runs). Spinning, in the owner or
-// in Wait, made it worse on that machine: a rank that spins takes the CPU
-// its peer needs.
+// all-reduce (blocking mode, below) between 2 ranks on a 2-core machine
+// took about 32 us with the owner locked and spinning before it parked,
+// about 9.6 us locked and parking at once, and about 4.5 us unlocked
+// (Open MPI's own MPI_Allreduce: about 3.3 us in the same runs). Spinning,
+// in the owner or in Wait, made it worse on that machine: a rank that
+// spins takes the CPU its peer needs. In a 1-rank world, where MPI only
+// copies, an all-reduce issued and waited for costs about 0.65 us
+// (BenchmarkRoundTrip).
 //
 // # Blocking and non-blocking collectives
 //
 // Open MPI has no asynchronous progress thread: a non-blocking collective
-// moves only while some MPI call runs. The owner can therefore either call
-// the blocking collective (MPI_Allreduce, ...), as Horovod does, or post the
-// non-blocking one (MPI_Iallreduce, ...) and poll it with MPI_Testsome.
-// Measured on 2 ranks, float32 all-reduce, Open MPI 4.1.4 over shared
-// memory, the blocking calls were faster at every size: at 4 KiB 3.3 us
-// against 9.6 us (libnbc's schedules), and from 1 MiB up the non-blocking
-// ones reached about 0.6 of the blocking bandwidth. So collectives are
-// blocking calls by default.
+// moves only while some MPI call runs. The owner can either post the
+// non-blocking collective (MPI_Iallreduce, ...) and poll it with
+// MPI_Testsome, or call the blocking one (MPI_Allreduce, ...), as Horovod
+// does. Measured on 2 ranks, float32 all-reduce, Open MPI 4.1.4 over
+// shared memory, the blocking calls are faster: at 4 KiB about 4.3 us
+// against 11 us through the backend (3.3 against 9.6 us in plain C: the
+// difference is libnbc's schedules), and from 1 MiB up the non-blocking
+// ones reach about 0.6-0.75 of the blocking bandwidth.
 //
-// Blocking calls have one hazard: two communicators whose collectives
-// interleave differently on different ranks deadlock, each rank's owner
-// held in a collective that a peer reaches only after another one. So a
-// process runs at most one communicator in blocking mode: the first one
-// opened while no other blocking one is open (Open agrees on it across
-// ranks with an all-reduce); the others, and every communicator opened
-// with Options.NonBlocking, post non-blocking collectives, which never
-// hold the owner, and make progress while it runs anything. A program
-// whose ranks make a collective of the blocking communicator wait on one
-// of another communicator issued after it must open the first with
-// NonBlocking too. Send and Recv are always non-blocking (MPI_Isend,
-// MPI_Irecv, tag 0: messages between two ranks arrive in issue order).
+// Blocking calls are not the default, because they break the contract's
+// promise that communicators are independent: a rank whose owner is held
+// in a blocking collective posts nothing else until a peer joins it, and a
+// peer that first waits for a collective of another communicator, which
+// this rank issued after the blocked one, never does. The conformance
+// suite does exactly that (its ranks meet on a control communicator while
+// a collective of the one under test is pending). So collectives are
+// non-blocking by default, and Options.Blocking asks for blocking calls
+// for a program that never waits like that, a training loop over one
+// communicator for one. A process runs at most one communicator in
+// blocking mode, since two of them deadlock as soon as ranks interleave
+// their collectives differently: Open agrees across ranks (an all-reduce)
+// on whether the new one may block. Send and Recv are always non-blocking
+// (MPI_Isend, MPI_Irecv, tag 0: messages between two ranks arrive in
+// issue order).
+//
+// A communicator gives MPI one operation at a time: the next starts when
+// the one before it has completed. MPI starts a communicator's
+// non-blocking collectives in order but may run them at the same time,
+// and the contract wants a rank's operations run in the order it issued
+// them (a reduce whose result the next broadcast sends must be complete
+// first). Different communicators run at the same time.
 //
 // # Semantics
 //
