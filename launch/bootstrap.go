@@ -59,3 +59,32 @@ func NewBootstrap(ctx context.Context, env Env) (Bootstrap, error) {
 	}
 	return b, nil
 }
+
+// BroadcastStore presents a Bootstrap as the Set/Get store that a backend
+// exchanging one value from one rank expects (nccl's Connect): Set, on
+// Root, broadcasts the value; Get, on every other rank, receives it. Keys
+// are not sent: the ranks' calls are matched by their order, so every
+// rank must make its Set or Get calls for the same keys in the same order,
+// as Connect does (one key per group).
+type BroadcastStore struct {
+	B    Bootstrap
+	Root int
+}
+
+// Set broadcasts value from s.Root; call it on s.Root only.
+func (s BroadcastStore) Set(ctx context.Context, key string, value []byte) error {
+	_, err := s.B.Broadcast(ctx, value, s.Root)
+	if err != nil {
+		return fmt.Errorf("launch: broadcasting %q from rank %d: %w", key, s.Root, err)
+	}
+	return nil
+}
+
+// Get receives the value s.Root sets.
+func (s BroadcastStore) Get(ctx context.Context, key string) ([]byte, error) {
+	v, err := s.B.Broadcast(ctx, nil, s.Root)
+	if err != nil {
+		return nil, fmt.Errorf("launch: receiving %q from rank %d: %w", key, s.Root, err)
+	}
+	return v, nil
+}

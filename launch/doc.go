@@ -30,6 +30,7 @@
 // exists (NCCL's unique id) asks NewBootstrap: under an MPI launcher, with
 // package mpi linked and built, it returns a Bootstrap over MPI; otherwise
 // ErrNoBootstrap, and the backend meets its peers at the torchrun-style
-// rendezvous address Env.MasterAddr:Env.MasterPort (package nccl's TCP
-// store).
+// rendezvous address Env.MasterAddr:Env.MasterPort (package rendezvous's
+// TCP store). BroadcastStore presents a Bootstrap as the Set/Get store
+// that nccl's Connect takes, so both ways fit the same call.
 package launch

@@ -61,4 +61,14 @@ func TestLaunch(t *testing.T) {
 			t.Fatalf("rank %d: Broadcast from %d = %q, %v; want %q", c.Rank(), root, got, err, id)
 		}
 	}
+	// As nccl's Connect uses a store: rank 0 sets, the others get.
+	s := launch.BroadcastStore{B: b, Root: 0}
+	want := []byte("unique id")
+	if c.Rank() == 0 {
+		if err := s.Set(ctx, "nccl/0", want); err != nil {
+			t.Fatal(err)
+		}
+	} else if got, err := s.Get(ctx, "nccl/0"); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("rank %d: Get = %q, %v; want %q", c.Rank(), got, err, want)
+	}
 }
