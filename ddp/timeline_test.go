@@ -11,6 +11,7 @@ import (
 
 	"github.com/ddpgo/ddpgo/hooks"
 	"github.com/ddpgo/ddpgo/trace"
+	"github.com/ddpgo/ddpgo/trace/tracetest"
 )
 
 // timelineEvent is the part of a Chrome trace event the tests look at.
@@ -24,11 +25,11 @@ type timelineEvent struct {
 	Args map[string]int64 `json:"args"`
 }
 
-// validTimeline checks out strictly with trace.Validate and returns its
+// validTimeline checks out strictly with tracetest.Validate and returns its
 // summary and events.
-func validTimeline(t *testing.T, out []byte) (trace.Summary, []timelineEvent) {
+func validTimeline(t *testing.T, out []byte) (tracetest.Summary, []timelineEvent) {
 	t.Helper()
-	sum, err := trace.Validate(bytes.NewReader(out))
+	sum, err := tracetest.Validate(bytes.NewReader(out))
 	if err != nil {
 		t.Fatalf("invalid trace: %v", err)
 	}
@@ -48,7 +49,7 @@ func validTimeline(t *testing.T, out []byte) (trace.Summary, []timelineEvent) {
 	return sum, evs
 }
 
-func laneNames(sum trace.Summary, pid int) []string {
+func laneNames(sum tracetest.Summary, pid int) []string {
 	var names []string
 	for _, l := range sum.Lanes {
 		if l.Pid == pid {
@@ -282,7 +283,7 @@ func ExampleWriteTimeline() {
 	if err := w.Close(); err != nil {
 		fmt.Println(err)
 	}
-	sum, err := trace.Validate(&out)
+	sum, err := tracetest.Validate(&out)
 	if err != nil {
 		fmt.Println(err)
 		return
