@@ -97,11 +97,11 @@ func newPair(t testing.TB, cs []comm.Communicator, params []Param, opts func() O
 // gradients are marked ready in reverse registration order, as backward
 // produces them; one element per gradient is written.
 func benchStep(r *Reducer) error {
-	if err := r.Begin(true); err != nil {
+	if err := r.Begin(Sync); err != nil {
 		return err
 	}
 	for i := len(r.params) - 1; i >= 0; i-- {
-		if g := r.Grad(i); len(g) > 0 {
+		if g := mustGrad(r, i); len(g) > 0 {
 			g[0] += 1
 		}
 		if err := r.Ready(i); err != nil {
@@ -111,7 +111,6 @@ func benchStep(r *Reducer) error {
 	if err := r.Wait(context.Background()); err != nil {
 		return err
 	}
-	_ = r.Stats()
 	return nil
 }
 
@@ -129,11 +128,11 @@ func (p *pair) run(r *Reducer) error {
 // window).
 func writeStep(assign bool) func(*Reducer) error {
 	return func(r *Reducer) error {
-		if err := r.Begin(true); err != nil {
+		if err := r.Begin(Sync); err != nil {
 			return err
 		}
 		for i := len(r.params) - 1; i >= 0; i-- {
-			g := r.Grad(i)
+			g := mustGrad(r, i)
 			if assign {
 				for j := range g {
 					g[j] = 1
@@ -155,7 +154,7 @@ func writeStep(assign bool) func(*Reducer) error {
 // src[i].
 func addGradStep(src [][]float32) func(*Reducer) error {
 	return func(r *Reducer) error {
-		if err := r.Begin(true); err != nil {
+		if err := r.Begin(Sync); err != nil {
 			return err
 		}
 		for i := len(r.params) - 1; i >= 0; i-- {
@@ -355,7 +354,7 @@ func TestStepAllocsVariants(t *testing.T) {
 			var stepErr error
 			step := func() {
 				for _, synced := range []bool{false, true} {
-					if err := r.Begin(synced); err != nil {
+					if err := r.Begin(modeOf(synced)); err != nil {
 						stepErr = err
 						return
 					}

@@ -30,23 +30,24 @@
 //
 // # A step
 //
-//	r.Begin(sync)          // starts step; zeroes gradients (lazily) unless the last step was no-sync
-//	g := r.Grad(i)         // write or += the gradient of parameter i ...
+//	r.Begin(ddp.Sync)      // starts a step; gradients read as zero (lazily) unless the last step was NoSync
+//	g, err := r.Grad(i)    // write or += the gradient of parameter i ...
 //	r.Ready(i)             // ... then mark it, from any goroutine, in any order
 //	r.Wait(ctx)            // synced step: all buckets reduced; Grad(i) holds the average
 //
 // SetGrad(i, g) copies g in and marks it; AddGrad adds. With
 // Options.CopyGrads, Grad(i) is a Go slice of the Reducer's own, copied into
-// the bucket at Ready and back after the reduction.
+// the bucket at Ready and back after the reduction. Index finds a
+// parameter by name.
 //
-// Begin(true) starts a synced step; Wait must follow before the next
-// Begin. Begin(false) starts a no-sync step (PyTorch's no_sync): Ready only
-// records, nothing is communicated, and Wait is optional. Gradients are
-// zeroed at Begin when the previous step was synced (or there was none),
-// like zero_grad; after a no-sync step they are not, so no-sync steps
-// accumulate and the next synced step reduces the accumulated sum. The
-// caller writes (=) or adds (+=) into Grad(i); both work after a zeroing
-// Begin.
+// Begin(Sync) starts a synced step; Wait must follow before the next
+// Begin. Begin(NoSync) starts a no-sync step (PyTorch's no_sync): Ready
+// only records, nothing is communicated, and Wait is optional. Gradients
+// are zeroed at Begin when the previous step was synced (or there was
+// none), like zero_grad; after a no-sync step they are not, so no-sync
+// steps accumulate and the next synced step reduces the accumulated sum.
+// The caller writes (=) or adds (+=) into Grad(i); both work after a
+// zeroing Begin.
 //
 // # Zeroing
 //

@@ -42,6 +42,13 @@ var (
 	// stays out of the pool until the collective completes (see
 	// Options.DrainTimeout).
 	ErrInFlight = errors.New("ddp: memory still in use by a collective")
+	// ErrBusy: a gradient was asked for while its bucket is being reduced
+	// (after its Ready in a synced step, before Wait or WaitEach reports
+	// the bucket reduced).
+	ErrBusy = errors.New("ddp: gradient is being reduced")
+	// ErrDType: a gradient was asked for as a type it does not have
+	// (Grad of a parameter that is not float32).
+	ErrDType = errors.New("ddp: wrong gradient dtype")
 	// ErrClosed: the Reducer was closed.
 	ErrClosed = errors.New("ddp: reducer closed")
 )

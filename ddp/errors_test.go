@@ -61,10 +61,10 @@ func TestMisuseErrors(t *testing.T) {
 	wantErr(t, r.Ready(3), ErrIndex, "rank 0: Ready(3)", "3 parameters")
 	wantErr(t, r.AddGrad(-2, nil), ErrIndex, "rank 0: AddGrad(-2)", "3 parameters")
 	wantErr(t, r.Ready(-1), ErrIndex)
-	if err := r.Begin(true); err != nil {
+	if err := r.Begin(Sync); err != nil {
 		t.Fatal(err)
 	}
-	wantErr(t, r.Begin(true), ErrStepInProgress, "rank 0", "step 1", "Wait")
+	wantErr(t, r.Begin(Sync), ErrStepInProgress, "rank 0", "step 1", "Wait")
 	wantErr(t, r.SetGrad(2, make([]float32, 5)), ErrGradSize, `rank 0: SetGrad: parameter 2 ("fc.bias", shape [2]) has 2 elements, got 5`)
 	if err := r.Ready(2); err != nil {
 		t.Fatal(err)
@@ -94,7 +94,7 @@ func TestMisuseErrors(t *testing.T) {
 	if err := r.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
 	}
-	wantErr(t, r.Begin(true), ErrClosed)
+	wantErr(t, r.Begin(Sync), ErrClosed)
 	wantErr(t, r.Ready(0), ErrClosed)
 }
 
@@ -222,14 +222,14 @@ func TestFindUnused(t *testing.T) {
 				func(rank int, r *Reducer) error {
 					ctx := context.Background()
 					for step := range 3 {
-						if err := r.Begin(true); err != nil {
+						if err := r.Begin(Sync); err != nil {
 							return err
 						}
 						for i := range threeParams {
 							if rank == 1 && i == 1 {
 								continue // unused on rank 1
 							}
-							g := r.Grad(i)
+							g := mustGrad(r, i)
 							for j := range g {
 								g[j] = float32(2 + step)
 							}
@@ -245,7 +245,7 @@ func TestFindUnused(t *testing.T) {
 							if i == 1 {
 								want /= 2
 							}
-							for _, v := range r.Grad(i) {
+							for _, v := range mustGrad(r, i) {
 								if v != want {
 									return fmt.Errorf("step %d param %d: %v, want %v", step, i, v, want)
 								}
@@ -278,7 +278,7 @@ func TestStaticGraph(t *testing.T) {
 		func(rank int, r *Reducer) error {
 			ctx := context.Background()
 			for step := range 3 {
-				if err := r.Begin(true); err != nil {
+				if err := r.Begin(Sync); err != nil {
 					return err
 				}
 				for _, i := range []int{2, 0} {
@@ -319,7 +319,7 @@ func TestCollectiveFailure(t *testing.T) {
 	errs := withReducers(t, cs, threeParams, func() Options { return Options{} },
 		func(rank int, r *Reducer) error {
 			ctx := context.Background()
-			if err := r.Begin(true); err != nil {
+			if err := r.Begin(Sync); err != nil {
 				return err
 			}
 			for i := range threeParams {
@@ -331,7 +331,7 @@ func TestCollectiveFailure(t *testing.T) {
 			if !errors.Is(err, comm.ErrAborted) || !strings.Contains(err.Error(), "bucket 0") || !strings.Contains(err.Error(), `"fc.bias"`) {
 				return fmt.Errorf("Wait: %v, want an abort naming bucket 0 and its parameters", err)
 			}
-			if err2 := r.Begin(true); !errors.Is(err2, comm.ErrAborted) {
+			if err2 := r.Begin(Sync); !errors.Is(err2, comm.ErrAborted) {
 				return fmt.Errorf("Begin after a failure: %v, want the sticky error", err2)
 			}
 			if r.Err() == nil {
@@ -360,7 +360,7 @@ func TestTimeoutAndStall(t *testing.T) {
 				}
 			}}
 		}, func(rank int, r *Reducer) error {
-			if err := r.Begin(true); err != nil {
+			if err := r.Begin(Sync); err != nil {
 				return err
 			}
 			for i := range threeParams {
@@ -393,7 +393,7 @@ func TestWaitContext(t *testing.T) {
 		g, cs := newFakeGroup(2)
 		g.hangSeq = 2
 		errs := withReducers(t, cs, threeParams, func() Options { return Options{} }, func(rank int, r *Reducer) error {
-			if err := r.Begin(true); err != nil {
+			if err := r.Begin(Sync); err != nil {
 				return err
 			}
 			for i := range threeParams {
@@ -443,7 +443,7 @@ func TestBroadcastParameters(t *testing.T) {
 		if err := r.BroadcastParameters(context.Background(), bad); !errors.Is(err, ErrGradSize) || !strings.Contains(err.Error(), `"fc.bias"`) {
 			return fmt.Errorf("short value slice: %v, want ErrGradSize naming fc.bias", err)
 		}
-		if err := r.Begin(true); !errors.Is(err, ErrGradSize) {
+		if err := r.Begin(Sync); !errors.Is(err, ErrGradSize) {
 			return fmt.Errorf("Begin after a failed BroadcastParameters: %v, want the sticky error", err)
 		}
 		return nil
@@ -495,7 +495,7 @@ func TestRebuildTimeout(t *testing.T) {
 		g, cs := newFakeGroup(2)
 		g.hangSeq = 3 // 1: New's check, 2: the only bucket, 3: the rebuild's first broadcast
 		errs := withReducers(t, cs, threeParams, func() Options { return Options{Timeout: time.Second} }, func(rank int, r *Reducer) error {
-			if err := r.Begin(true); err != nil {
+			if err := r.Begin(Sync); err != nil {
 				return err
 			}
 			for i := range threeParams {
@@ -525,7 +525,7 @@ func TestStats(t *testing.T) {
 	errs := withReducers(t, cs, threeParams, func() Options { return Options{BucketCap: 24, FirstBucketCap: 8} }, func(rank int, r *Reducer) error {
 		ctx := context.Background()
 		for step := 1; step <= 3; step++ {
-			if err := r.Begin(true); err != nil {
+			if err := r.Begin(Sync); err != nil {
 				return err
 			}
 			for i := len(threeParams) - 1; i >= 0; i-- {
@@ -629,7 +629,7 @@ func TestCloseMidStep(t *testing.T) {
 		}
 		defer r.Close()
 		if rank == 1 {
-			if err := r.Begin(true); err != nil {
+			if err := r.Begin(Sync); err != nil {
 				return err
 			}
 			for i := range threeParams {
@@ -649,7 +649,7 @@ func TestCloseMidStep(t *testing.T) {
 			return nil
 		}
 		<-closed
-		if err := r.Begin(true); err != nil {
+		if err := r.Begin(Sync); err != nil {
 			return err
 		}
 		for i := range threeParams {
@@ -682,7 +682,7 @@ func TestWaitCancelledAfterDone(t *testing.T) {
 		cancelled, cancel := context.WithCancel(context.Background())
 		cancel()
 		for step := range 20 {
-			if err := r.Begin(true); err != nil {
+			if err := r.Begin(Sync); err != nil {
 				t.Fatal(err)
 			}
 			for i := range threeParams {
@@ -719,7 +719,7 @@ func TestReadyRacesAbort(t *testing.T) {
 				return err
 			}
 			defer r.Close()
-			if err := r.Begin(true); err != nil {
+			if err := r.Begin(Sync); err != nil {
 				return err
 			}
 			if rank == 0 {
@@ -788,7 +788,7 @@ func TestNewCancelled(t *testing.T) {
 			return nil
 		}
 		defer r.Close()
-		if err := r.Begin(true); err != nil {
+		if err := r.Begin(Sync); err != nil {
 			return err
 		}
 		for i := range threeParams {

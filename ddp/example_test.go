@@ -32,11 +32,14 @@ func Example() {
 			}
 			defer r.Close()
 			for step := range 2 {
-				if err := r.Begin(true); err != nil {
+				if err := r.Begin(ddp.Sync); err != nil {
 					panic(err)
 				}
 				for i := len(params) - 1; i >= 0; i-- { // backward: last layer first
-					g := r.Grad(i)
+					g, err := r.Grad(i)
+					if err != nil {
+						panic(err)
+					}
 					for j := range g {
 						g[j] = float32(10*rank + j + step)
 					}
@@ -48,7 +51,9 @@ func Example() {
 					panic(err)
 				}
 			}
-			out[rank] = fmt.Sprint(r.Grad(0), r.Grad(1), r.Stats().Step)
+			w, _ := r.Grad(0) // after Wait: the averages
+			b, _ := r.Grad(1)
+			out[rank] = fmt.Sprint(w, b, r.Stats().Step)
 		})
 	}
 	wg.Wait()

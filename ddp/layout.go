@@ -48,6 +48,7 @@ func (r *Reducer) adopt(bs []bucket.Bucket) error {
 		return err
 	}
 	r.lay.Store(L)
+	r.layGen++
 	if old != nil {
 		if err := old.free(r.pool); err != nil {
 			return fmt.Errorf("ddp: returning the old bucket memory: %w", err)

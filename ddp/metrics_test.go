@@ -47,11 +47,11 @@ func observedRun(t testing.TB, ranks, steps int, hook func() hooks.Hook) [][]Ste
 				}
 				defer r.Close()
 				for step := range steps {
-					if err := r.Begin(true); err != nil {
+					if err := r.Begin(Sync); err != nil {
 						return err
 					}
 					for i := len(params) - 1; i >= 0; i-- {
-						g := r.Grad(i)
+						g := mustGrad(r, i)
 						for k := range g {
 							g[k] = float32(rank+1) * float32(k%7) / float32(step+1)
 						}
@@ -457,7 +457,7 @@ func ExampleNewMetrics() {
 		return
 	}
 	for step := range uint64(2) {
-		// In a program: r.Begin(true); backward; r.Wait(ctx); then
+		// In a program: r.Begin(Sync); backward; r.Wait(ctx); then
 		m.Observe(metricStats(step + 1)) // m.Observe(r.Stats())
 	}
 	mfs, _ := reg.Gather()

@@ -185,7 +185,7 @@ func (r *Reducer) finishOne(k int, err error) {
 	s.DecompressEnd = time.Since(r.start)
 	if r.copies != nil {
 		for _, p := range L.buckets[k].Tensors {
-			copy(r.copies[p], L.views[p])
+			r.kern.Copy(r.copies[p], L.bufs[p])
 		}
 	}
 	s.Done = time.Since(r.start)

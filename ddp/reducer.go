@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/bucket"
@@ -38,7 +39,9 @@ type Reducer struct {
 
 	lay     atomic.Pointer[layout] // current layout (read by the communication goroutines)
 	next    []bucket.Bucket        // layout to adopt at the next Begin
-	copies  [][]float32            // CopyGrads: per-parameter gradients
+	copies  []comm.Buffer          // CopyGrads: per-parameter gradients in Go memory
+	byName  map[string]int         // parameter name -> index; -1 for a name shared by several
+	layGen  uint64                 // layouts adopted so far (Generation)
 	rebuilt bool                   // the rebuild (or the decision not to) is done
 
 	state    atomic.Int32
@@ -249,9 +252,19 @@ func (r *Reducer) prepare(params []Param) error {
 		return fmt.Errorf("ddp: rank %d: assigning buckets: %w", r.c.Rank(), err)
 	}
 	if o.CopyGrads {
-		r.copies = make([][]float32, len(params))
-		for i := range params {
-			r.copies[i] = make([]float32, r.tensors[i].Numel)
+		r.copies = make([]comm.Buffer, len(params))
+		for i, t := range r.tensors {
+			// float64 words keep every dtype's elements aligned.
+			mem := make([]float64, (t.Bytes()+7)/8)
+			r.copies[i] = comm.HostBuffer(unsafe.Pointer(unsafe.SliceData(mem)), t.Numel, t.DType)
+		}
+	}
+	r.byName = make(map[string]int, len(params))
+	for i, p := range r.params {
+		if _, dup := r.byName[p.Name]; dup {
+			r.byName[p.Name] = -1
+		} else {
+			r.byName[p.Name] = i
 		}
 	}
 	n := len(params)
@@ -286,6 +299,39 @@ func (r *Reducer) Rank() int { return r.c.Rank() }
 
 // Params returns the parameters the Reducer was built with (do not modify).
 func (r *Reducer) Params() []Param { return r.params }
+
+// Index returns the index of the parameter named name. It fails with
+// ErrIndex if no parameter has that name, or if several do (naming two of
+// them), since either answer could then be the wrong gradient.
+func (r *Reducer) Index(name string) (int, error) {
+	i, ok := r.byName[name]
+	switch {
+	case !ok:
+		return -1, fmt.Errorf("%w: rank %d: no parameter is named %q", ErrIndex, r.c.Rank(), name)
+	case i < 0:
+		first := -1
+		for j, p := range r.params {
+			if p.Name != name {
+				continue
+			}
+			if first >= 0 {
+				return -1, fmt.Errorf("%w: rank %d: parameters %d and %d are both named %q", ErrIndex, r.c.Rank(), first, j, name)
+			}
+			first = j
+		}
+		return -1, fmt.Errorf("%w: rank %d: several parameters are named %q", ErrIndex, r.c.Rank(), name)
+	}
+	return i, nil
+}
+
+// Generation returns the number of bucket layouts the Reducer has adopted:
+// 1 after New, 2 once the Begin of the second synced step has adopted the
+// layout rebuilt from the first (unless Options.KeepLayout, or the rebuilt
+// layout is the initial one). It changes only in Begin. Every slice or
+// Buffer that Grad and GradBuffer returned before the change refers to
+// memory returned to the pool: a model that keeps them fetches them again
+// when Generation changes.
+func (r *Reducer) Generation() uint64 { return r.layGen }
 
 // Close stops the communication goroutines, closes the hook and returns the
 // bucket memory to the pool (closing the pool if the Reducer made it). A

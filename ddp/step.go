@@ -11,28 +11,49 @@ import (
 	"github.com/ddpgo/ddpgo/comm"
 )
 
-// Begin starts a step. With sync, the step's gradients are averaged across
-// ranks once marked ready, and Wait must be called before the next Begin.
-// Without sync (PyTorch's no_sync), nothing is communicated: gradients
-// accumulate locally, and the next synced step reduces the accumulated sum;
-// Wait is optional.
+// SyncMode says whether a step's gradients are averaged across ranks.
+type SyncMode uint8
+
+const (
+	// Sync starts a synced step: the gradients are averaged across ranks
+	// once marked ready, and Wait must be called before the next Begin.
+	Sync SyncMode = iota
+	// NoSync starts a no-sync step (PyTorch's no_sync): nothing is
+	// communicated, gradients accumulate locally, and the next synced step
+	// reduces the accumulated sum; Wait is optional.
+	NoSync
+)
+
+func (m SyncMode) String() string {
+	switch m {
+	case Sync:
+		return "Sync"
+	case NoSync:
+		return "NoSync"
+	}
+	return fmt.Sprintf("SyncMode(%d)", uint8(m))
+}
+
+// Begin starts a step: Begin(Sync) a synced one, Begin(NoSync) a no-sync
+// one (see SyncMode).
 //
 // Begin zeroes every gradient unless the previous step was a no-sync step
 // (so a no-sync step followed by a synced one accumulates) or
-// Options.NoZeroGrad is set, adopts a rebuilt bucket layout if one is
-// pending, and invalidates every slice Grad returned before it. The
-// zeroing is lazy: Begin marks every gradient stale in O(1), and each is
-// zeroed when first handed out by Grad, overwritten by SetGrad or AddGrad,
-// or, if marked ready untouched, zeroed by the launcher goroutine
-// just before its bucket is reduced. A caller sees no difference: every
-// gradient reads as zero the first time it looks.
-func (r *Reducer) Begin(sync bool) error {
+// Options.NoZeroGrad is set, and adopts a rebuilt bucket layout if one is
+// pending (Generation then changes). The zeroing is lazy: see the package
+// documentation, "Zeroing"; a caller sees every gradient read as zero the
+// first time it looks.
+func (r *Reducer) Begin(mode SyncMode) error {
 	if err := r.usable(); err != nil {
 		return err
 	}
+	if mode != Sync && mode != NoSync {
+		return fmt.Errorf("%w: rank %d: Begin(%v): want Sync or NoSync", ErrOptions, r.c.Rank(), mode)
+	}
+	sync := mode == Sync
 	switch r.state.Load() {
 	case syncing:
-		return fmt.Errorf("%w: rank %d: Begin(%v) while synced step %d is running: call Wait first", ErrStepInProgress, r.c.Rank(), sync, r.stepNo)
+		return fmt.Errorf("%w: rank %d: Begin(%v) while synced step %d is running: call Wait first", ErrStepInProgress, r.c.Rank(), mode, r.stepNo)
 	case local:
 		r.finish()
 	}
@@ -77,54 +98,90 @@ func (r *Reducer) Begin(sync bool) error {
 	return nil
 }
 
-// Grad returns parameter i's gradient: by default a view of its slot in the
-// bucket memory (with CopyGrads, a Go slice of its own). Write or add the
-// gradient into it, then call Ready(i). After a synced step's Wait it holds
-// the average over ranks. The slice is valid until the next Begin; keep no
-// slice across steps. Grad panics if i is out of range, like indexing a
-// slice, and returns nil after Close and for a device pool, whose memory Go
-// cannot address (use GradBuffer).
+// Grad returns parameter i's gradient, a float32 parameter's: by default a
+// view of its slot in the bucket memory (with CopyGrads, a Go slice of its
+// own). Write or add the gradient into it, then call Ready(i). After a
+// synced step's Wait it holds the average over ranks.
 //
-// The first Grad(i) of an accumulation window zeroes the gradient (unless
-// Options.NoZeroGrad): see the package documentation, "Zeroing". Grad(i)
-// may run concurrently with Grad and Ready of other parameters; it must
-// not be called for a parameter already marked ready in a synced step
-// until Wait returns.
-func (r *Reducer) Grad(i int) []float32 {
-	if r.closed.Load() || !r.host {
-		return nil
+// The slice stays valid, and Grad returns the same slice, as long as
+// Generation does not change; after a Begin that changes it (with the
+// default options, the Begin of the second synced step, which adopts the
+// rebuilt layout) it refers to memory returned to the pool: call Grad
+// again. Without Options.NoZeroGrad, call Grad (or GradBuffer) in every
+// accumulation window before writing, even through a slice kept from an
+// earlier step: the first Grad of a window is what zeroes the gradient,
+// and a gradient no Grad handed out in the window is zeroed before it is
+// reduced, losing what was written through the kept slice (see the package
+// documentation, "Zeroing").
+//
+// Grad fails with ErrIndex for an index out of range (as Ready does), with
+// ErrDType for a parameter that is not float32 (use GradBuffer), with
+// ErrOptions for a pool of device memory, which Go cannot address (use
+// GradBuffer), with ErrBusy while the parameter's bucket is being reduced
+// (between its Ready in a synced step and the end of its bucket's
+// reduction, as Wait or WaitEach report it), and with ErrClosed after
+// Close. Grad(i) may run concurrently with Grad and Ready of other
+// parameters.
+func (r *Reducer) Grad(i int) ([]float32, error) {
+	if err := r.gradOK("Grad", i); err != nil {
+		return nil, err
+	}
+	if !r.host {
+		return nil, fmt.Errorf("%w: rank %d: Grad(%d): the pool holds device memory, which Go cannot address; use GradBuffer", ErrOptions, r.c.Rank(), i)
+	}
+	if dt := r.params[i].DType; dt != comm.Float32 {
+		return nil, fmt.Errorf("%w: rank %d: Grad(%d): parameter %q is %s, not float32; use GradBuffer", ErrDType, r.c.Rank(), i, r.params[i].Name, dt)
 	}
 	g := r.grad(i)
 	if r.zeroing() && r.isStale(i) {
 		clear(g)
 		r.fresh[i].Store(r.gen.Load())
 	}
-	return g
+	return g, nil
 }
 
-// GradBuffer is Grad for memory of any kind: it returns parameter i's
-// gradient as a comm.Buffer (device memory for a device pool), zeroed on
-// first use in an accumulation window as Grad's is. Write it with the
-// kernels of its memory (or, for a host pool, through Grad), then call
-// Ready(i). Like Grad, it is valid until the next Begin, and returns the
-// zero Buffer after Close.
-func (r *Reducer) GradBuffer(i int) comm.Buffer {
-	if r.closed.Load() {
-		return comm.Buffer{}
+// GradBuffer is Grad for parameters of any dtype and memory of any kind:
+// it returns parameter i's gradient as a comm.Buffer (device memory for a
+// device pool; on the host, Buffer.AsFloat64 and the like give typed Go
+// views), zeroed on first use in an accumulation window as Grad's is.
+// Write it (with the kernels of its memory, on a device), then call
+// Ready(i). It stays valid as Grad's slice does, and fails as Grad does
+// for a bad index, a busy parameter or a closed Reducer.
+func (r *Reducer) GradBuffer(i int) (comm.Buffer, error) {
+	if err := r.gradOK("GradBuffer", i); err != nil {
+		return comm.Buffer{}, err
 	}
 	b := r.gradBuf(i)
 	if r.zeroing() && r.isStale(i) {
 		r.kern.Zero(b)
 		r.fresh[i].Store(r.gen.Load())
 	}
-	return b
+	return b, nil
+}
+
+// gradOK checks that parameter i's gradient may be handed out by op.
+func (r *Reducer) gradOK(op string, i int) error {
+	if i < 0 || i >= len(r.params) {
+		return fmt.Errorf("%w: rank %d: %s(%d): the reducer has %d parameters", ErrIndex, r.c.Rank(), op, i, len(r.params))
+	}
+	if r.closed.Load() {
+		return ErrClosed
+	}
+	if r.state.Load() == syncing {
+		L := r.lay.Load()
+		if L.sched.isMarked(i) && L.bucketOf[i] >= int(r.reduced.Load()) {
+			return fmt.Errorf("%w: rank %d step %d: %s(%d): parameter %q is marked ready and its bucket %d is being reduced; "+
+				"read it once Wait returns (or once WaitEach reports bucket %d)", ErrBusy, r.c.Rank(), r.stepNo, op, i, r.params[i].Name, L.bucketOf[i], L.bucketOf[i])
+		}
+	}
+	return nil
 }
 
 // grad returns parameter i's gradient memory as it is, stale or not (host
 // pools only).
 func (r *Reducer) grad(i int) []float32 {
 	if r.copies != nil {
-		return r.copies[i]
+		return r.copies[i].AsFloat32()
 	}
 	return r.lay.Load().views[i]
 }
@@ -132,7 +189,7 @@ func (r *Reducer) grad(i int) []float32 {
 // gradBuf is grad for memory of any kind.
 func (r *Reducer) gradBuf(i int) comm.Buffer {
 	if r.copies != nil {
-		return comm.Float32s(r.copies[i])
+		return r.copies[i]
 	}
 	return r.lay.Load().bufs[i]
 }
@@ -247,7 +304,7 @@ func (r *Reducer) arrive(L *layout, i int, sync bool) {
 	if r.copies != nil && !r.isStale(i) {
 		// A stale gradient is not copied: the launcher zeroes its bucket
 		// slot instead.
-		copy(L.views[i], r.copies[i])
+		r.kern.Copy(L.bufs[i], r.copies[i])
 	}
 	if L.sched.arrive(i) >= 0 {
 		select {
@@ -430,13 +487,18 @@ func (r *Reducer) finish() {
 	r.state.Store(idle)
 }
 
-// Stats returns the statistics of the last completed step. It allocates
-// nothing: the slices in the result are the Reducer's own and stay valid
-// until the next Wait returns (or the next Begin after a no-sync step);
-// use StatsInto to keep a copy. Like StatsInto, it must not run
-// concurrently with Wait or Begin: call it from the training goroutine
-// (a metrics exporter on another goroutine takes the copy it is handed).
-func (r *Reducer) Stats() StepStats { return *r.last }
+// Stats returns a copy of the statistics of the last completed step, with
+// slices of its own, which no later step touches; it allocates them.
+// StatsInto copies into the caller's StepStats instead, reusing its
+// slices, and allocates nothing once they are large enough. Neither may
+// run concurrently with Wait or Begin: call them from the training
+// goroutine (a metrics exporter on another goroutine takes the copy it is
+// handed).
+func (r *Reducer) Stats() StepStats {
+	var s StepStats
+	r.StatsInto(&s)
+	return s
+}
 
 // StatsInto copies the statistics of the last completed step into dst,
 // reusing dst's slices.

@@ -9,7 +9,7 @@ func trainLocal(train *dataset, cfg config, log func(epoch int, m *mlp)) *mlp {
 	for i, w := range m.values() {
 		g[i] = make([]float32, len(w))
 	}
-	grad := func(i int) []float32 { return g[i] }
+	grad := func(i int) ([]float32, error) { return g[i], nil }
 	opt := newSGD(m.values(), float32(cfg.LR), float32(cfg.Momentum))
 	var x []float32
 	var y []int32
@@ -19,7 +19,7 @@ func trainLocal(train *dataset, cfg config, log func(epoch int, m *mlp)) *mlp {
 			x, y = train.gather(x, y, order[b*cfg.Batch:(b+1)*cfg.Batch])
 			m.forward(x, y)
 			_ = m.backward(grad, func(int) error { return nil })
-			opt.step(m.values(), grad)
+			_ = opt.step(m.values(), grad)
 		}
 		if log != nil {
 			log(epoch, m)

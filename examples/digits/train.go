@@ -49,7 +49,7 @@ func train(ctx context.Context, c comm.Communicator, data *dataset, cfg config, 
 		for b := range data.len() / cfg.Batch {          // the last partial batch is dropped
 			lo := b*cfg.Batch + c.Rank()*shard
 			x, y = data.gather(x, y, order[lo:lo+shard])
-			if err := r.Begin(true); err != nil {
+			if err := r.Begin(ddp.Sync); err != nil {
 				return nil, err
 			}
 			m.forward(x, y)
@@ -59,7 +59,9 @@ func train(ctx context.Context, c comm.Communicator, data *dataset, cfg config, 
 			if err := r.Wait(ctx); err != nil { // gradients now hold the average over ranks
 				return nil, err
 			}
-			opt.step(m.values(), r.Grad)
+			if err := opt.step(m.values(), r.Grad); err != nil {
+				return nil, err
+			}
 			if obs.step != nil {
 				s := r.Stats() // timings of this step: compute, comm, overlap, per bucket
 				obs.step(c.Rank(), &s)
