@@ -30,8 +30,9 @@ var (
 	ErrParamMismatch = errors.New("ddp: parameters differ between ranks")
 	// ErrGradSize: a gradient or value slice has the wrong length.
 	ErrGradSize = errors.New("ddp: wrong gradient size")
-	// ErrUnsupported: a parameter's dtype is not supported (only Float32
-	// gradients are reduced today).
+	// ErrUnsupported: a parameter New cannot reduce: a dtype that is not
+	// floating-point, one the hook refuses (hooks.FP16 and hooks.BF16
+	// refuse float64), or a shape whose size overflows.
 	ErrUnsupported = errors.New("ddp: unsupported parameter")
 	// ErrOptions: an Options field is out of range (a negative bucket
 	// cap) or does not fit the memory or the communicator (a device pool
@@ -46,8 +47,9 @@ var (
 	// (after its Ready in a synced step, before Wait or WaitEach reports
 	// the bucket reduced).
 	ErrBusy = errors.New("ddp: gradient is being reduced")
-	// ErrDType: a gradient was asked for as a type it does not have
-	// (Grad of a parameter that is not float32).
+	// ErrDType: a gradient or value was given or asked for as a type it
+	// does not have (Grad, SetGrad or AddGrad of a parameter that is not
+	// float32; a value of the wrong dtype for Broadcast).
 	ErrDType = errors.New("ddp: wrong gradient dtype")
 	// ErrClosed: the Reducer was closed.
 	ErrClosed = errors.New("ddp: reducer closed")

@@ -103,8 +103,10 @@ func TestNewErrors(t *testing.T) {
 	ctx := context.Background()
 	_, err := New(ctx, cs[0], nil, Options{})
 	wantErr(t, err, ErrUnsupported, "no parameters")
-	_, err = New(ctx, cs[0], []Param{{Name: "h", Shape: []int{2}, DType: comm.Float16}}, Options{})
-	wantErr(t, err, ErrUnsupported, `"h"`, "half")
+	_, err = New(ctx, cs[0], []Param{{Name: "h", Shape: []int{2}, DType: comm.Int32}}, Options{})
+	wantErr(t, err, ErrUnsupported, `"h"`, "int32")
+	_, err = New(ctx, cs[0], []Param{{Name: "d", Shape: []int{2}, DType: comm.Float64}}, Options{Hook: hooks.FP16()})
+	wantErr(t, err, ErrUnsupported, `"d"`, "double", "hook fp16")
 }
 
 // TestNewLocalFailure: a rank that rejects its own parameters or options
@@ -124,8 +126,8 @@ func TestNewLocalFailure(t *testing.T) {
 		target error
 		substr []string
 	}{
-		{"dtype", []Param{threeParams[0], {Name: "fc.weight", Shape: []int{2, 3}, DType: comm.Float16}, threeParams[2]}, Options{}, ErrUnsupported,
-			[]string{"rank 1", "parameter 1", `"fc.weight"`, "half"}},
+		{"dtype", []Param{threeParams[0], {Name: "fc.weight", Shape: []int{2, 3}, DType: comm.Int64}, threeParams[2]}, Options{}, ErrUnsupported,
+			[]string{"rank 1", "parameter 1", `"fc.weight"`, "int64"}},
 		{"shape", []Param{threeParams[0], threeParams[1], {Name: "fc.bias", Shape: []int{-2}}}, Options{}, ErrUnsupported,
 			[]string{"rank 1", "parameter 2", `"fc.bias"`, "[-2]"}},
 		{"no parameters", nil, Options{}, ErrUnsupported, []string{"rank 1", "no parameters"}},
@@ -472,7 +474,7 @@ func TestBroadcastParametersOneBadRank(t *testing.T) {
 		defer cancel()
 		err := r.BroadcastParameters(ctx, vals)
 		switch {
-		case rank == 1 && (!errors.Is(err, ErrGradSize) || !strings.Contains(err.Error(), `rank 1: BroadcastParameters: parameter 2 ("fc.bias") has 2 elements, got 1`)):
+		case rank == 1 && (!errors.Is(err, ErrGradSize) || !strings.Contains(err.Error(), `rank 1: Broadcast: parameter 2 ("fc.bias") has 2 elements, got 1`)):
 			return fmt.Errorf("BroadcastParameters with a short slice: %v", err)
 		case rank != 1 && !errors.Is(err, comm.ErrAborted):
 			return fmt.Errorf("BroadcastParameters while rank 1 failed: %v, want the group aborted", err)

@@ -14,7 +14,12 @@ import (
 type Param struct {
 	Name  string
 	Shape []int
-	DType comm.DType // 0 means Float32, the only dtype reduced today
+	// DType is the gradient's element type: comm.Float32 (0 means
+	// Float32), Float64, Float16 or BFloat16. Parameters of each dtype
+	// are bucketed apart, and the hook reduces each bucket in its dtype
+	// (see package hooks, "Dtypes"). Grad, SetGrad and AddGrad take
+	// float32 gradients; GradBuffer gives every dtype.
+	DType comm.DType
 }
 
 // Numel returns the number of elements of p (1 for a scalar), or -1 if a

@@ -146,8 +146,12 @@ func (r *Reducer) memory(params []Param) (fatal, local error) {
 		// during a rebuild. Sizes that overflow are prepare's to report.
 		total := int64(0)
 		for _, p := range params {
-			if n := p.Numel(); n >= 0 && int64(n) <= (math.MaxInt64/8-total)/4 {
-				total += int64(n) * 4
+			size := int64(4)
+			if p.DType != 0 && p.DType.Size() != 0 {
+				size = int64(p.DType.Size())
+			}
+			if n := p.Numel(); n >= 0 && int64(n) <= (math.MaxInt64/8-total)/size {
+				total += int64(n) * size
 			}
 		}
 		limit := max(allocator.DefaultLimit, 3*total+64<<20)
@@ -230,15 +234,18 @@ func (r *Reducer) prepare(params []Param) error {
 		}
 		p.Shape = append([]int(nil), p.Shape...)
 		r.params[i] = p
-		if p.DType != comm.Float32 {
-			return fmt.Errorf("%w: rank %d: parameter %d (%q) is %s; only float gradients (float32) are reduced", ErrUnsupported, r.c.Rank(), i, p.Name, p.DType)
+		if !p.DType.IsFloat() {
+			return fmt.Errorf("%w: rank %d: parameter %d (%q) is %s; gradients are float32, float64, half or bfloat16", ErrUnsupported, r.c.Rank(), i, p.Name, p.DType)
 		}
-		n := p.Numel()
-		if n < 0 || n > math.MaxInt/4-total {
+		if r.hook.Wire(p.DType) == 0 {
+			return fmt.Errorf("%w: rank %d: parameter %d (%q) is %s, which hook %s does not reduce (see package hooks, \"Dtypes\")", ErrUnsupported, r.c.Rank(), i, p.Name, p.DType, r.hook.Name())
+		}
+		n, size := p.Numel(), p.DType.Size()
+		if n < 0 || n > (math.MaxInt-total)/size {
 			return fmt.Errorf("%w: rank %d: parameter %d (%q) has shape %v: a negative dimension, or more bytes than an int holds", ErrUnsupported, r.c.Rank(), i, p.Name, p.Shape)
 		}
 		r.tensors[i] = bucket.Tensor{Numel: n, DType: p.DType}
-		total += n * 4
+		total += n * size
 	}
 
 	// Initial layout: buckets over the parameters in reverse registration

@@ -1,6 +1,10 @@
 package ddp
 
-import "time"
+import (
+	"time"
+
+	"github.com/ddpgo/ddpgo/comm"
+)
 
 // StepStats describes one step. Durations named as points in time (Ready,
 // Launch, ...) are offsets from Start, taken from the monotonic clock.
@@ -44,8 +48,10 @@ type StepStats struct {
 // step's Start.
 type BucketStats struct {
 	Index  int
-	Params int   // parameters in the bucket
-	Bytes  int64 // float32 gradient bytes in the bucket
+	Params int        // parameters in the bucket
+	Bytes  int64      // gradient bytes in the bucket
+	DType  comm.DType // the gradients' dtype
+	Wire   comm.DType // the dtype the hook puts on the wire (Hook.Wire)
 
 	Ready  time.Duration // the bucket's last parameter was marked ready
 	Launch time.Duration // the launcher took it up

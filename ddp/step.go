@@ -78,7 +78,8 @@ func (r *Reducer) Begin(mode SyncMode) error {
 	s.reset(r.stepNo, sync, len(r.params))
 	s.Buckets = s.Buckets[:len(L.buckets)]
 	for k := range s.Buckets {
-		s.Buckets[k] = BucketStats{Index: k, Params: len(L.buckets[k].Tensors), Bytes: int64(L.buckets[k].Bytes)}
+		b := &L.buckets[k]
+		s.Buckets[k] = BucketStats{Index: k, Params: len(b.Tensors), Bytes: int64(b.Bytes), DType: b.DType, Wire: r.hook.Wire(b.DType)}
 	}
 	r.start = time.Now()
 	s.Start = r.start
@@ -226,7 +227,8 @@ func (r *Reducer) Ready(i int) error {
 }
 
 // SetGrad copies g into parameter i's gradient (replacing it) and marks it
-// ready. It works for device pools too (the copy is an upload).
+// ready. It works for device pools too (the copy is an upload). Like
+// AddGrad, it takes float32 parameters; write others through GradBuffer.
 func (r *Reducer) SetGrad(i int, g []float32) error {
 	if err := r.gradFor("SetGrad", i, g); err != nil {
 		return err
@@ -274,6 +276,9 @@ func (r *Reducer) gradFor(op string, i int, g []float32) error {
 	}
 	if r.state.Load() == idle {
 		return fmt.Errorf("%w: rank %d: %s of parameter %d (%q) outside a step: call Begin first", ErrNoStep, r.c.Rank(), op, i, r.params[i].Name)
+	}
+	if dt := r.params[i].DType; dt != comm.Float32 {
+		return fmt.Errorf("%w: rank %d: %s of parameter %d (%q): it is %s, not float32; write it through GradBuffer and call Ready", ErrDType, r.c.Rank(), op, i, r.params[i].Name, dt)
 	}
 	if n := r.tensors[i].Numel; len(g) != n {
 		return fmt.Errorf("%w: rank %d: %s: parameter %d (%q, shape %v) has %d elements, got %d", ErrGradSize, r.c.Rank(), op, i, r.params[i].Name, r.params[i].Shape, n, len(g))
