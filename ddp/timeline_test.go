@@ -2,14 +2,17 @@ package ddp
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/ddpgo/ddpgo/hooks"
+	"github.com/ddpgo/ddpgo/inproc"
 	"github.com/ddpgo/ddpgo/trace"
 	"github.com/ddpgo/ddpgo/trace/tracetest"
 )
@@ -314,4 +317,66 @@ func BenchmarkWriteTimeline(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/step")
+}
+
+// observedRun trains nothing but runs real synced steps: ranks ranks over
+// an inproc group, four parameters in three buckets, gradients marked last
+// parameter first with a short pause between them so that buckets
+// overlap with the remaining "backward". It returns each rank's statistics
+// of every step (copies).
+func observedRun(t testing.TB, ranks, steps int, hook func() hooks.Hook) [][]StepStats {
+	t.Helper()
+	cs, err := inproc.NewGroup(ranks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, c := range cs {
+			c.Close()
+		}
+	}()
+	params := []Param{{Name: "w1", Shape: []int{64, 32}}, {Name: "b1", Shape: []int{64}}, {Name: "w2", Shape: []int{10, 64}}, {Name: "b2", Shape: []int{10}}}
+	out := make([][]StepStats, ranks)
+	errs := make([]error, ranks)
+	var wg sync.WaitGroup
+	for rank, c := range cs {
+		wg.Go(func() {
+			errs[rank] = func() error {
+				r, err := New(context.Background(), c, params, Options{Hook: hook(), BucketCap: 1 << 10, FirstBucketCap: 1 << 10})
+				if err != nil {
+					return err
+				}
+				defer r.Close()
+				for step := range steps {
+					if err := r.Begin(Sync); err != nil {
+						return err
+					}
+					for i := len(params) - 1; i >= 0; i-- {
+						g := mustGrad(r, i)
+						for k := range g {
+							g[k] = float32(rank+1) * float32(k%7) / float32(step+1)
+						}
+						if err := r.Ready(i); err != nil {
+							return err
+						}
+						time.Sleep(50 * time.Microsecond)
+					}
+					if err := r.Wait(context.Background()); err != nil {
+						return err
+					}
+					var s StepStats
+					r.StatsInto(&s)
+					out[rank] = append(out[rank], s)
+				}
+				return r.Close()
+			}()
+		})
+	}
+	wg.Wait()
+	for rank, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", rank, err)
+		}
+	}
+	return out
 }
