@@ -2,6 +2,7 @@ package ddp
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -155,5 +156,92 @@ func TestStatsCopy(t *testing.T) {
 	// Other steps ran since: the first copy must still hold its own values.
 	if !slices.Equal(kept.ParamReady, ready) || !slices.Equal(kept.Buckets, buckets) {
 		t.Fatal("a later step changed the slices Stats returned")
+	}
+}
+
+// TestWaitEach: each is called once per bucket, in bucket order, with the
+// bucket's parameters, whose gradients then already hold the average
+// while later buckets may still be on the wire; a no-sync step reports
+// nothing; a warm step with WaitEach allocates nothing.
+func TestWaitEach(t *testing.T) {
+	checkNoLeak(t)
+	params := []Param{{Name: "a", Shape: []int{40}}, {Name: "b", Shape: []int{3}}, {Name: "c", Shape: []int{50}}, {Name: "d", Shape: []int{7}}}
+	cs := newTestGroup(t, 2)
+	errs := withReducers(t, cs, params, func() Options { return Options{BucketCap: 160, FirstBucketCap: 100} }, func(rank int, r *Reducer) error {
+		ctx := context.Background()
+		var got []Reduced
+		step := func(mode SyncMode) error {
+			got = got[:0]
+			if err := r.Begin(mode); err != nil {
+				return err
+			}
+			for i := len(params) - 1; i >= 0; i-- {
+				g := mustGrad(r, i)
+				for j := range g {
+					g[j] = float32(rank + i)
+				}
+				if err := r.Ready(i); err != nil {
+					return err
+				}
+			}
+			var inner error
+			err := r.WaitEach(ctx, func(b Reduced) {
+				got = append(got, b)
+				for _, p := range b.Params {
+					g, err := r.Grad(p)
+					if err == nil && g[0] != float32(p)+0.5 {
+						err = fmt.Errorf("bucket %d: parameter %d holds %v, want the average %v", b.Bucket, p, g[0], float32(p)+0.5)
+					}
+					if err != nil && inner == nil {
+						inner = err
+					}
+				}
+			})
+			if err != nil {
+				return err
+			}
+			return inner
+		}
+		for s := range 3 { // through the rebuild
+			if err := step(Sync); err != nil {
+				return err
+			}
+			bs := r.Buckets()
+			if len(bs) < 2 || len(got) != len(bs) {
+				return fmt.Errorf("step %d: %d buckets reported of %d (want several)", s+1, len(got), len(bs))
+			}
+			for k, b := range got {
+				if b.Bucket != k || !slices.Equal(b.Params, bs[k].Params) {
+					return fmt.Errorf("step %d: report %d is bucket %d with %v, want bucket %d with %v", s+1, k, b.Bucket, b.Params, k, bs[k].Params)
+				}
+			}
+		}
+		if err := step(NoSync); err != nil || len(got) != 0 {
+			return fmt.Errorf("no-sync step: %d reports, %v", len(got), err)
+		}
+		if err := step(Sync); err != nil {
+			return err
+		}
+		if rank == 0 {
+			// The other rank runs the same steps meanwhile.
+			allocs := testing.AllocsPerRun(5, func() {
+				if err := step(Sync); err != nil {
+					t.Error(err)
+				}
+			})
+			if allocs != 0 {
+				t.Errorf("%v allocations per step with WaitEach", allocs)
+			}
+		} else {
+			for range 6 {
+				if err := step(Sync); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err := firstErr(errs); err != nil {
+		t.Fatal(err)
 	}
 }

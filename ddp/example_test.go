@@ -66,3 +66,66 @@ func Example() {
 	// [6 7 8 9] [6 7] 2
 	// [6 7 8 9] [6 7] 2
 }
+
+// The optimizer updates each bucket's parameters as soon as the bucket is
+// reduced, while later buckets are still on the wire: WaitEach calls its
+// function on the training goroutine once per bucket, in order.
+func ExampleReducer_WaitEach() {
+	comms, err := inproc.NewGroup(2)
+	if err != nil {
+		panic(err)
+	}
+	params := []ddp.Param{
+		{Name: "fc1.weight", Shape: []int{4}},
+		{Name: "fc2.weight", Shape: []int{4}},
+	}
+	out := make([]string, 2)
+	var wg sync.WaitGroup
+	for rank, c := range comms {
+		wg.Go(func() {
+			ctx := context.Background()
+			// 16-byte buckets: one parameter each.
+			r, err := ddp.New(ctx, c, params, ddp.Options{BucketCap: 16, FirstBucketCap: 16})
+			if err != nil {
+				panic(err)
+			}
+			defer r.Close()
+			weights := [][]float32{{1, 1, 1, 1}, {2, 2, 2, 2}}
+			var log []string
+			if err := r.Begin(ddp.Sync); err != nil {
+				panic(err)
+			}
+			for i := len(params) - 1; i >= 0; i-- {
+				g, _ := r.Grad(i)
+				for j := range g {
+					g[j] = float32(rank + 1) // the average is 1.5
+				}
+				if err := r.Ready(i); err != nil {
+					panic(err)
+				}
+			}
+			err = r.WaitEach(ctx, func(b ddp.Reduced) {
+				for _, p := range b.Params { // SGD with learning rate 0.1
+					g, _ := r.Grad(p)
+					for j := range g {
+						weights[p][j] -= 0.1 * g[j]
+					}
+					log = append(log, fmt.Sprintf("bucket %d: %s", b.Bucket, params[p].Name))
+				}
+			})
+			if err != nil {
+				panic(err)
+			}
+			out[rank] = fmt.Sprint(log, weights)
+		})
+	}
+	wg.Wait()
+	for _, c := range comms {
+		c.Close()
+	}
+	fmt.Println(out[0])
+	fmt.Println(out[1])
+	// Output:
+	// [bucket 0: fc2.weight bucket 1: fc1.weight] [[0.85 0.85 0.85 0.85] [1.85 1.85 1.85 1.85]]
+	// [bucket 0: fc2.weight bucket 1: fc1.weight] [[0.85 0.85 0.85 0.85] [1.85 1.85 1.85 1.85]]
+}

@@ -27,6 +27,7 @@ type inflight struct {
 func (r *Reducer) startWorkers() {
 	r.poke = make(chan struct{}, 1)
 	r.done = make(chan struct{}, 1)
+	r.progress = make(chan struct{}, 1)
 	r.quit = make(chan struct{})
 	r.fifo = make(chan inflight, len(r.params)) // a bucket holds at least one parameter: sends never block
 	r.ctx, r.cancel = context.WithCancel(context.Background())
@@ -191,6 +192,11 @@ func (r *Reducer) finishOne(k int, err error) {
 	s.Done = time.Since(r.start)
 	if int(r.reduced.Add(1)) == len(L.buckets) {
 		r.signal()
+	} else if r.watch.Load() {
+		select { // WaitEach reports the bucket
+		case r.progress <- struct{}{}:
+		default:
+		}
 	}
 	r.wakeLauncher() // the window has room again
 }

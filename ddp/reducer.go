@@ -65,17 +65,19 @@ type Reducer struct {
 	// complete buckets in index order and launches them through the
 	// hook; the finisher waits for their collectives in the same order
 	// and finishes them. fifo carries the buckets in flight between them.
-	window  int
-	fifo    chan inflight
-	head    inflight // the finisher's bucket in flight, if headSet
-	headSet bool
-	poke    chan struct{}
-	done    chan struct{}
-	quit    chan struct{}
-	workers sync.WaitGroup
-	ctx     context.Context
-	cancel  context.CancelFunc
-	timer   *time.Timer
+	window   int
+	fifo     chan inflight
+	head     inflight // the finisher's bucket in flight, if headSet
+	headSet  bool
+	poke     chan struct{}
+	done     chan struct{}
+	progress chan struct{} // a bucket was reduced, while watch (WaitEach)
+	watch    atomic.Bool
+	quit     chan struct{}
+	workers  sync.WaitGroup
+	ctx      context.Context
+	cancel   context.CancelFunc
+	timer    *time.Timer
 
 	mu        sync.Mutex
 	err       error
