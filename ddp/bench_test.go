@@ -272,6 +272,8 @@ func BenchmarkStepResNet50(b *testing.B) {
 		vs = append(vs, variant{w.name + "/nozero", func() Options { return Options{Hook: w.hook(), NoZeroGrad: true} }, nil})
 	}
 	vs = append(vs, variant{"avg/zero", func() Options { return Options{Hook: hooks.Avg()} }, nil})
+	// Uneven inputs on: one small all-reduce per step (the join flag).
+	vs = append(vs, variant{"default/join", func() Options { return Options{Join: JoinWorld} }, nil})
 	// The Reducer's own cost: a hook that only sums (no averaging), so
 	// that step/floor compares the same collectives with and without the
 	// Reducer around them.

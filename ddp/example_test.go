@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/ddp"
 	"github.com/ddpgo/ddpgo/inproc"
 )
@@ -128,4 +129,66 @@ func ExampleReducer_WaitEach() {
 	// Output:
 	// [bucket 0: fc2.weight bucket 1: fc1.weight] [[0.85 0.85 0.85 0.85] [1.85 1.85 1.85 1.85]]
 	// [bucket 0: fc2.weight bucket 1: fc1.weight] [[0.85 0.85 0.85 0.85] [1.85 1.85 1.85 1.85]]
+}
+
+// Three ranks with 1, 3 and 2 batches: each calls Join once out of data,
+// and shadows the steps the others still take, contributing zeros; the
+// average divides by the group size (JoinWorld). Join returns the rank
+// that joined last, whose weights every rank then takes.
+func ExampleReducer_Join() {
+	comms, err := inproc.NewGroup(3)
+	if err != nil {
+		panic(err)
+	}
+	params := []ddp.Param{{Name: "w", Shape: []int{2}}}
+	batches := []int{1, 3, 2}
+	out := make([]string, 3)
+	var wg sync.WaitGroup
+	for rank, c := range comms {
+		wg.Go(func() {
+			ctx := context.Background()
+			r, err := ddp.New(ctx, c, params, ddp.Options{Join: ddp.JoinWorld})
+			if err != nil {
+				panic(err)
+			}
+			defer r.Close()
+			w := []float32{float32(rank), 0}
+			var seen []float32
+			for range batches[rank] {
+				if err := r.Begin(ddp.Sync); err != nil {
+					panic(err)
+				}
+				if err := r.SetGrad(0, []float32{3, 6}); err != nil {
+					panic(err)
+				}
+				if err := r.Wait(ctx); err != nil {
+					panic(err)
+				}
+				g, _ := r.Grad(0)
+				seen = append(seen, g[0])
+				w[1] -= g[1]
+			}
+			last, err := r.Join(ctx)
+			if err != nil {
+				panic(err)
+			}
+			// The joined ranks' weights stopped training: take the last
+			// joiner's.
+			if err := r.Broadcast(ctx, last, []comm.Buffer{comm.Float32s(w)}); err != nil {
+				panic(err)
+			}
+			out[rank] = fmt.Sprintf("rank %d saw %v; rank %d joined last; weights %v", rank, seen, last, w)
+		})
+	}
+	wg.Wait()
+	for _, c := range comms {
+		c.Close()
+	}
+	for _, s := range out {
+		fmt.Println(s)
+	}
+	// Output:
+	// rank 0 saw [3]; rank 1 joined last; weights [1 -12]
+	// rank 1 saw [3 2 1]; rank 1 joined last; weights [1 -12]
+	// rank 2 saw [3 2]; rank 1 joined last; weights [1 -12]
 }

@@ -18,18 +18,28 @@ import (
 // while k still is. Neither goroutine ever runs a hook phase concurrently
 // with the same phase of another bucket.
 
-// inflight is a bucket whose collective has been issued.
+// inflight is a collective that has been issued: a bucket's (k is its
+// index) or a group of buffers' (k is the group).
 type inflight struct {
-	k int
-	w comm.Work
+	k    int
+	w    comm.Work
+	kind uint8
 }
+
+// Kinds of inflight.
+const (
+	kindBucket uint8 = iota
+	kindBuffers
+)
 
 func (r *Reducer) startWorkers() {
 	r.poke = make(chan struct{}, 1)
 	r.done = make(chan struct{}, 1)
 	r.progress = make(chan struct{}, 1)
 	r.quit = make(chan struct{})
-	r.fifo = make(chan inflight, len(r.params)) // a bucket holds at least one parameter: sends never block
+	// A bucket holds at least one parameter, and a step adds the buffer
+	// groups: sends never block.
+	r.fifo = make(chan inflight, len(r.params)+len(r.bufs.wire))
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.timer = time.NewTimer(time.Hour)
 	r.timer.Stop()
@@ -53,6 +63,9 @@ func (r *Reducer) stopWorkers() {
 // once the communication goroutines have stopped.
 func (r *Reducer) pendingWorks() []comm.Work {
 	var ws []comm.Work
+	if r.join.pending {
+		ws = append(ws, r.join.w)
+	}
 	if r.headSet {
 		ws = append(ws, r.head.w)
 	}
@@ -102,6 +115,14 @@ func (r *Reducer) launchReady() {
 		if n == 0 {
 			return
 		}
+		if L.sched.launched() == 0 {
+			// The step's first launch: what precedes bucket 0 in every
+			// rank's sequence comes first.
+			if !r.readFlag() {
+				return
+			}
+			r.launchBuffers()
+		}
 		if n > 1 {
 			comm.GroupStart(r.c)
 		}
@@ -140,7 +161,7 @@ func (r *Reducer) launchOne(L *layout, k int) bool {
 		r.signal()
 		return false
 	}
-	r.fifo <- inflight{k, w}
+	r.fifo <- inflight{k: k, w: w}
 	return true
 }
 
@@ -158,13 +179,21 @@ func (r *Reducer) finisher() {
 		if err != nil {
 			if done, _ := e.w.Test(); !done {
 				// The Reducer failed or is closing, and the collective
-				// may still write the bucket: Close settles it.
+				// may still write its memory: Close settles it.
 				<-r.quit
 				return
 			}
 		}
 		r.headSet = false
-		r.finishOne(e.k, err)
+		switch e.kind {
+		case kindBucket:
+			r.finishOne(e.k, err)
+		case kindBuffers:
+			if err != nil {
+				r.fail(fmt.Errorf("ddp: rank %d step %d: broadcasting the %s buffers from rank %d: %w", r.c.Rank(), r.stepNo, r.bufs.groups[e.k].DType, r.bufRoot, err))
+				r.signal()
+			}
+		}
 	}
 }
 
@@ -183,6 +212,7 @@ func (r *Reducer) finishOne(k int, err error) {
 		return
 	}
 	s.Overflows = hb.Overflows
+	r.rescale(hb.Buf)
 	s.DecompressEnd = time.Since(r.start)
 	if r.copies != nil {
 		for _, p := range L.buckets[k].Tensors {

@@ -86,6 +86,10 @@ type Reducer struct {
 	closeOnce sync.Once
 	closeErr  error
 
+	bufs    bufferSet // Options.Buffers
+	bufRoot int       // the rank the buffers are broadcast from in this step
+	join    joinState // Options.Join
+
 	reap reaper // memory held back from collectives that did not complete
 }
 
@@ -300,7 +304,10 @@ func (r *Reducer) prepare(params []Param) error {
 	if err := r.adopt(bs); err != nil {
 		return fmt.Errorf("ddp: rank %d: %w", r.c.Rank(), err)
 	}
-	return nil
+	if err := r.prepareBuffers(o.Buffers); err != nil {
+		return err
+	}
+	return r.prepareJoin()
 }
 
 // Rank returns the rank of the Reducer's communicator.
@@ -375,6 +382,8 @@ func (r *Reducer) release() error {
 	if L := r.lay.Load(); L != nil {
 		blocks = L.take()
 	}
+	blocks = append(blocks, r.bufs.blocks...)
+	r.bufs.blocks = nil
 	keep(r.settle(r.pendingWorks(), blocks, "bucket collectives in flight"))
 	if r.ownPool && r.pool != nil {
 		keep(r.reap.closePool())

@@ -12,6 +12,12 @@ type StepStats struct {
 	Step  uint64    // 1 for the first step begun
 	Sync  bool      // a synced step (false: no-sync, nothing communicated)
 	Start time.Time // when Begin returned
+	// Active is, with Options.Join, the number of ranks that contributed
+	// gradients to the step (the others had joined); 0 without Join.
+	Active int
+	// Joined marks a step this rank shadowed inside Join, contributing
+	// zeros.
+	Joined bool
 	// ZeroComm is the time the launcher spent zeroing
 	// stale gradients (parameters marked ready, by the caller or as
 	// unused, with no Grad, SetGrad or AddGrad since the last synced

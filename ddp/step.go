@@ -47,13 +47,19 @@ func (r *Reducer) Begin(mode SyncMode) error {
 	if mode != Sync && mode != NoSync {
 		return fmt.Errorf("%w: rank %d: Begin(%v): want Sync or NoSync", ErrOptions, r.c.Rank(), mode)
 	}
-	sync := mode == Sync
 	switch r.state.Load() {
 	case syncing:
 		return fmt.Errorf("%w: rank %d: Begin(%v) while synced step %d is running: call Wait first", ErrStepInProgress, r.c.Rank(), mode, r.stepNo)
 	case local:
 		r.finish()
 	}
+	return r.open(mode == Sync, false)
+}
+
+// open starts a step. A shadow step is a joined rank's (join.go): its
+// gradients are zeroed whatever the last step was, and its join flag has
+// been exchanged already.
+func (r *Reducer) open(sync, shadow bool) error {
 	if r.next != nil {
 		bs := r.next
 		r.next = nil
@@ -62,7 +68,7 @@ func (r *Reducer) Begin(mode SyncMode) error {
 		}
 	}
 	L := r.lay.Load()
-	if r.prevSync {
+	if r.prevSync || shadow {
 		// zero_grad, lazily: every gradient becomes stale in O(1).
 		r.gen.Add(1)
 	}
@@ -78,20 +84,26 @@ func (r *Reducer) Begin(mode SyncMode) error {
 		b := &L.buckets[k]
 		s.Buckets[k] = BucketStats{Index: k, Params: len(b.Tensors), Bytes: int64(b.Bytes), DType: b.DType, Wire: r.hook.Wire(b.DType)}
 	}
+	s.Joined = shadow
 	r.start = time.Now()
 	s.Start = r.start
 	r.prevSync = sync
-	if sync {
-		r.state.Store(syncing)
-		if r.staticOK {
-			for i, u := range r.static {
-				if u {
-					r.markUnused(L, i)
-				}
+	if !sync {
+		r.state.Store(local)
+		return nil
+	}
+	if r.o.Join != JoinOff && !shadow {
+		// Before anything can complete a bucket: the flag precedes the
+		// step's buffers and buckets in every rank's sequence.
+		r.sendFlag(false)
+	}
+	r.state.Store(syncing)
+	if r.staticOK && !shadow {
+		for i, u := range r.static {
+			if u {
+				r.markUnused(L, i)
 			}
 		}
-	} else {
-		r.state.Store(local)
 	}
 	return nil
 }
