@@ -1,5 +1,7 @@
 package main
 
+import "github.com/ddpgo/ddpgo/sampler"
+
 // trainLocal is the single-process reference: the same model, data order
 // and optimizer as train, with the whole batch on one replica and no
 // communication.
@@ -13,8 +15,13 @@ func trainLocal(train *dataset, cfg config, log func(epoch int, m *mlp)) *mlp {
 	opt := newSGD(m.values(), float32(cfg.LR), float32(cfg.Momentum))
 	var x []float32
 	var y []int32
+	var order []int
+	smp, err := sampler.New(train.len(), 1, 0, sampler.Options{Shuffle: true, Seed: cfg.Seed, DropLast: true})
+	if err != nil {
+		panic(err)
+	}
 	for epoch := range cfg.Epochs {
-		order := epochOrder(train.len(), cfg.Seed, epoch)
+		order = smp.Epoch(epoch, order) // one rank: the whole epoch's order
 		for b := range train.len() / cfg.Batch {
 			x, y = train.gather(x, y, order[b*cfg.Batch:(b+1)*cfg.Batch])
 			m.forward(x, y)
