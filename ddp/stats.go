@@ -50,6 +50,29 @@ type StepStats struct {
 	Unused []int
 }
 
+// Stats returns a copy of the statistics of the last completed step, with
+// slices of its own, which no later step touches; it allocates them.
+// StatsInto copies into the caller's StepStats instead, reusing its
+// slices, and allocates nothing once they are large enough. Neither may
+// run concurrently with Wait or Begin: call them from the training
+// goroutine (a metrics exporter on another goroutine takes the copy it is
+// handed).
+func (r *Reducer) Stats() StepStats {
+	var s StepStats
+	r.StatsInto(&s)
+	return s
+}
+
+// StatsInto copies the statistics of the last completed step into dst,
+// reusing dst's slices.
+func (r *Reducer) StatsInto(dst *StepStats) {
+	b, p, u := dst.Buckets, dst.ParamReady, dst.Unused
+	*dst = *r.last
+	dst.Buckets = append(b[:0], r.last.Buckets...)
+	dst.ParamReady = append(p[:0], r.last.ParamReady...)
+	dst.Unused = append(u[:0], r.last.Unused...)
+}
+
 // BucketStats is the timeline of one bucket in a step, as offsets from the
 // step's Start.
 type BucketStats struct {

@@ -34,12 +34,11 @@ func (m SyncMode) String() string {
 // Begin starts a step: Begin(Sync) a synced one, Begin(NoSync) a no-sync
 // one (see SyncMode).
 //
-// Begin zeroes every gradient unless the previous step was a no-sync step
-// (so a no-sync step followed by a synced one accumulates) or
-// Options.NoZeroGrad is set, and adopts a rebuilt bucket layout if one is
-// pending (Generation then changes). The zeroing is lazy: see the package
-// documentation, "Zeroing"; a caller sees every gradient read as zero the
-// first time it looks.
+// After Begin every gradient reads as zero, unless the previous step was a
+// no-sync step (which the synced step then accumulates onto) or
+// Options.NoZeroGrad is set: see the package documentation, "Zeroing".
+// Begin also adopts a rebuilt bucket layout if one is pending, and
+// Generation then changes.
 func (r *Reducer) Begin(mode SyncMode) error {
 	if err := r.usable(); err != nil {
 		return err
@@ -114,15 +113,10 @@ func (r *Reducer) open(sync, shadow bool) error {
 // synced step's Wait it holds the average over ranks.
 //
 // The slice stays valid, and Grad returns the same slice, as long as
-// Generation does not change; after a Begin that changes it (with the
-// default options, the Begin of the second synced step, which adopts the
-// rebuilt layout) it refers to memory returned to the pool: call Grad
-// again. Without Options.NoZeroGrad, call Grad (or GradBuffer) in every
-// accumulation window before writing, even through a slice kept from an
-// earlier step: the first Grad of a window is what zeroes the gradient,
-// and a gradient no Grad handed out in the window is zeroed before it is
-// reduced, losing what was written through the kept slice (see the package
-// documentation, "Zeroing").
+// Generation does not change (package documentation, "Views and the
+// rebuild"). Call Grad in every accumulation window before writing, even
+// if a slice is kept: the first Grad of a window is what zeroes the
+// gradient (package documentation, "Zeroing").
 //
 // Grad fails with ErrIndex for an index out of range (as Ready does), with
 // ErrDType for a parameter that is not float32 (use GradBuffer), with
@@ -252,10 +246,9 @@ func (r *Reducer) SetGrad(i int, g []float32) error {
 }
 
 // AddGrad adds g into parameter i's gradient and marks it ready. A
-// gradient not yet written in this accumulation window (logically zero,
-// not zeroed yet, or with Options.NoZeroGrad still holding the last
-// average) is overwritten instead, so AddGrad accumulates correctly in
-// every step of a window and never pays for zeroing. It needs a host pool.
+// gradient not yet written in this accumulation window is overwritten
+// instead ("Zeroing"), so AddGrad accumulates correctly in every step of
+// a window and never pays for zeroing. It needs a host pool.
 func (r *Reducer) AddGrad(i int, g []float32) error {
 	if err := r.gradFor("AddGrad", i, g); err != nil {
 		return err

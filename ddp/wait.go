@@ -220,26 +220,3 @@ func (r *Reducer) finish() {
 	r.cur, r.last = r.last, r.cur
 	r.state.Store(idle)
 }
-
-// Stats returns a copy of the statistics of the last completed step, with
-// slices of its own, which no later step touches; it allocates them.
-// StatsInto copies into the caller's StepStats instead, reusing its
-// slices, and allocates nothing once they are large enough. Neither may
-// run concurrently with Wait or Begin: call them from the training
-// goroutine (a metrics exporter on another goroutine takes the copy it is
-// handed).
-func (r *Reducer) Stats() StepStats {
-	var s StepStats
-	r.StatsInto(&s)
-	return s
-}
-
-// StatsInto copies the statistics of the last completed step into dst,
-// reusing dst's slices.
-func (r *Reducer) StatsInto(dst *StepStats) {
-	b, p, u := dst.Buckets, dst.ParamReady, dst.Unused
-	*dst = *r.last
-	dst.Buckets = append(b[:0], r.last.Buckets...)
-	dst.ParamReady = append(p[:0], r.last.ParamReady...)
-	dst.Unused = append(u[:0], r.last.Unused...)
-}
