@@ -108,19 +108,8 @@ func TestAccuracy(t *testing.T) {
 				in := randomGrads(rng, n, m)
 				out := make([][]float32, n)
 				group(t, n, k, func(rank int, c comm.Communicator, h Hook, pool *allocator.Pool) error {
-					blk, err := pool.Get(m * 4)
+					buf, b, err := reduceValues(pool, h, in[rank])
 					if err != nil {
-						return err
-					}
-					defer pool.Put(blk)
-					buf := blk.Float32s()[:m]
-					copy(buf, in[rank])
-					b, put, err := newBucket(pool, h, buf)
-					if err != nil {
-						return err
-					}
-					defer put()
-					if err := reduceOnce(h, b); err != nil {
 						return err
 					}
 					if b.WireBytes != int64(m*k.wire) {
@@ -129,7 +118,7 @@ func TestAccuracy(t *testing.T) {
 					if b.Overflows != 0 {
 						return fmt.Errorf("%d overflows on small gradients", b.Overflows)
 					}
-					out[rank] = append([]float32(nil), buf...)
+					out[rank] = buf
 					return nil
 				})
 				worst := 0.0
@@ -188,28 +177,19 @@ func TestOverflow(t *testing.T) {
 			// bfloat16's sum.
 			want := map[string][2]int64{"allreduce": {0, 0}, "avg": {0, 0}, "fp16": {3, 4}, "bf16": {1, 2}}[k.name]
 			group(t, 2, k, func(rank int, c comm.Communicator, h Hook, pool *allocator.Pool) error {
-				blk, err := pool.Get(m * 4)
-				if err != nil {
-					return err
-				}
-				defer pool.Put(blk)
-				buf := blk.Float32s()[:m]
-				for i := range buf {
-					buf[i] = 1
+				in := make([]float32, m)
+				for i := range in {
+					in[i] = 1
 				}
 				if rank == 0 {
-					buf[3] = 2e5
-					buf[7] = float32(math.Inf(1))
+					in[3] = 2e5
+					in[7] = float32(math.Inf(1))
 				}
-				buf[5] = 65000
-				buf[6] = 70000
-				buf[9] = math.MaxFloat32
-				b, put, err := newBucket(pool, h, buf)
+				in[5] = 65000
+				in[6] = 70000
+				in[9] = math.MaxFloat32
+				buf, b, err := reduceValues(pool, h, in)
 				if err != nil {
-					return err
-				}
-				defer put()
-				if err := reduceOnce(h, b); err != nil {
 					return err
 				}
 				if b.Overflows != want[rank] {
@@ -357,23 +337,9 @@ func TestAvgMatchesAllReduce(t *testing.T) {
 			for _, k := range kinds[:2] { // allreduce, avg
 				out := make([][]float32, n)
 				group(t, n, k, func(rank int, c comm.Communicator, h Hook, pool *allocator.Pool) error {
-					blk, err := pool.Get(m * 4)
-					if err != nil {
-						return err
-					}
-					defer pool.Put(blk)
-					buf := blk.Float32s()[:m]
-					copy(buf, in[rank])
-					b, put, err := newBucket(pool, h, buf)
-					if err != nil {
-						return err
-					}
-					defer put()
-					if err := reduceOnce(h, b); err != nil {
-						return err
-					}
-					out[rank] = append([]float32(nil), buf...)
-					return nil
+					buf, _, err := reduceValues(pool, h, in[rank])
+					out[rank] = buf
+					return err
 				})
 				res[k.name] = out
 			}
@@ -459,6 +425,27 @@ func newBucket(pool *allocator.Pool, h Hook, buf []float32) (*Bucket, func(), er
 	}
 	b.Scratch = comm.HostBuffer(blk.Addr(), need, comm.Uint8)
 	return b, func() { pool.Put(blk) }, nil
+}
+
+// reduceValues reduces a copy of in, in pool memory, through h, and
+// returns the result and the bucket.
+func reduceValues(pool *allocator.Pool, h Hook, in []float32) ([]float32, *Bucket, error) {
+	blk, err := pool.Get(max(4*len(in), 4))
+	if err != nil {
+		return nil, nil, err
+	}
+	defer pool.Put(blk)
+	buf := blk.Float32s()[:len(in)]
+	copy(buf, in)
+	b, put, err := newBucket(pool, h, buf)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer put()
+	if err := reduceOnce(h, b); err != nil {
+		return nil, nil, err
+	}
+	return append([]float32(nil), buf...), b, nil
 }
 
 // reduceOnce runs h's two phases on b as the Reducer does: Launch, wait

@@ -50,6 +50,11 @@ func serveMetrics(addr string, pools []*allocator.Pool, log io.Writer) (func(int
 		}
 	}()
 	fmt.Fprintf(log, "ddpbench: serving metrics on http://%s/metrics\n", ln.Addr())
+	if allInterfaces(addr) {
+		fmt.Fprintf(log, "ddpbench: note: --metrics-addr %q listens on every network interface, without authentication: "+
+			"anyone who can reach this machine can read the run's metrics (and load the server); 127.0.0.1%s keeps them local\n",
+			addr, portOf(addr))
+	}
 	var once sync.Once
 	stop := func() {
 		once.Do(func() {
@@ -60,4 +65,26 @@ func serveMetrics(addr string, pools []*allocator.Pool, log io.Writer) (func(int
 		})
 	}
 	return func(rank int, _ bool, s *ddp.StepStats) { ms[rank].Observe(s) }, stop, nil
+}
+
+// allInterfaces reports whether a listen address binds every interface:
+// an empty host (":9100"), 0.0.0.0 or ::.
+func allInterfaces(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsUnspecified()
+}
+
+// portOf returns ":port" of addr, or "" when it has none.
+func portOf(addr string) string {
+	if _, port, err := net.SplitHostPort(addr); err == nil {
+		return ":" + port
+	}
+	return ""
 }
