@@ -51,6 +51,7 @@ func train(ctx context.Context, c comm.Communicator, data *dataset, cfg config, 
 		return nil, err
 	}
 	var mine []int
+	var stats ddp.StepStats // reused: StatsInto allocates nothing once warm
 	var x []float32
 	var y []int32
 	for epoch := range cfg.Epochs {
@@ -71,8 +72,8 @@ func train(ctx context.Context, c comm.Communicator, data *dataset, cfg config, 
 				return nil, err
 			}
 			if obs.step != nil {
-				s := r.Stats() // timings of this step: compute, comm, overlap, per bucket
-				obs.step(c.Rank(), &s)
+				r.StatsInto(&stats) // timings of this step: compute, comm, overlap, per bucket
+				obs.step(c.Rank(), &stats)
 			}
 		}
 		if c.Rank() == 0 && obs.epoch != nil {
