@@ -494,10 +494,10 @@ func optimizerStep(states map[*Reducer]*sgdState, overlap bool, timed *[2]time.D
 //
 // On "inproc" the reduction is the ranks' own memory traffic, which
 // competes with the optimizer for the same cores. On "link" each
-// all-reduce also crosses a simulated link after the in-process reduction
-// (wireComm), as it crosses a network whose adapter moves the data while
-// the cores are free; the link's speed is set, from a measurement of the
-// optimizer, so that one step's transfers take as long as its optimizer.
+// all-reduce also crosses a simulated link (wireComm), as it crosses a
+// network whose adapter moves the data while the cores are free; the
+// link's speed is set, from a measurement of the optimizer, so that one
+// step's transfers take as long as its optimizer.
 func BenchmarkOptimizerOverlap(b *testing.B) {
 	params := loadManifest(b, "testdata/resnet50.json")
 	for _, link := range []bool{false, true} {
@@ -565,11 +565,12 @@ func BenchmarkOptimizerOverlap(b *testing.B) {
 	}
 }
 
-// wireComm delays the completion of each all-reduce of its communicator by
-// the time its bytes take over a simulated link of a set speed, once the
-// in-process reduction has completed, one transfer at a time: a network
-// adapter's transfer, which leaves the cores free. Other collectives pass
-// through.
+// wireComm delays the completion of each all-reduce of its communicator
+// until its bytes have crossed a simulated link of a set speed, one
+// transfer at a time from the moment it is issued, as a network adapter
+// moves data while the cores are free (and at least until the in-process
+// reduction, which computes the result, has completed). Other collectives
+// pass through.
 type wireComm struct {
 	comm.Communicator
 	mu   sync.Mutex
@@ -600,18 +601,15 @@ func (c *wireComm) AllReduce(send, recv comm.Buffer, op comm.Op) comm.Work {
 	c.seq++
 	id := c.seq
 	c.ops[id] = o
-	d := time.Duration(c.ns * float64(send.Bytes()))
+	start := time.Now()
+	if c.free.After(start) {
+		start = c.free
+	}
+	c.free = start.Add(time.Duration(c.ns * float64(send.Bytes())))
+	end := c.free
 	c.mu.Unlock()
 	go func() {
 		err := inner.Wait(context.Background())
-		c.mu.Lock()
-		start := time.Now()
-		if c.free.After(start) {
-			start = c.free
-		}
-		c.free = start.Add(d)
-		end := c.free
-		c.mu.Unlock()
 		time.Sleep(time.Until(end))
 		o.err = err
 		close(o.done)
