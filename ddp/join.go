@@ -60,12 +60,14 @@ var ErrJoined = errors.New("ddp: a rank ran out of inputs")
 // one float32 per rank, each rank contributing 1 at its own index if it
 // has joined and 0 otherwise; the sum is the set of joined ranks. (Float32
 // rather than an integer type: every backend sums it natively, and exactly,
-// since each element sums at most one 1.) An active
-// rank issues it in Begin, before anything can complete a bucket, and the
-// launcher reads it just before the step's first launch, by when it has
-// long completed (forward and part of backward ran meanwhile): that is the
-// price of Join, one tiny collective per synced step hidden behind the
-// step, paid only when Options.Join asks for it. A joined rank (Join)
+// since each element sums at most one 1.) An active rank issues it in
+// Begin, before anything can complete a bucket, so it precedes the step's
+// buffers and buckets on the wire; the finisher reads it before it
+// finishes bucket 0, or, when there are buffers, whose root it decides,
+// the launcher reads it before it broadcasts them. Nobody waits for it
+// otherwise: the price of Join is one tiny collective per synced step on
+// the wire ahead of the buckets, paid only when Options.Join asks for it.
+// A joined rank (Join)
 // exchanges the flag first and waits for it: if every rank has joined,
 // Join returns; otherwise it runs the step its peers run, as a shadow
 // step with zero gradients, through the same launcher and finisher, so
@@ -83,9 +85,9 @@ type joinState struct {
 	up      []float32   // what this rank contributes
 	down    []float32   // the flag's value, downloaded
 	prev    []float32   // the previous round's value
-	w       comm.Work   // this step's flag, while pending
-	pending bool
-	active  int // ranks active in the current step
+	w       comm.Work   // the last flag issued
+	pending bool        // w is a joined rank's flag, not complete yet
+	active  int         // ranks active in the current step
 }
 
 // prepareJoin takes the flag's memory.
@@ -119,7 +121,9 @@ func (r *Reducer) prepareJoin() error {
 }
 
 // sendFlag issues this step's flag: 1 at this rank's index if it has
-// joined.
+// joined. An active rank's flag (from Begin) goes to the finisher, ahead of
+// the step's buffers and buckets; a joined rank's (from Join) is waited
+// for by Join itself, and pending says so until it completes.
 func (r *Reducer) sendFlag(joined bool) {
 	j := &r.join
 	j.up[r.c.Rank()] = 0
@@ -128,35 +132,52 @@ func (r *Reducer) sendFlag(joined bool) {
 	}
 	r.kern.Upload(j.buf, asBytes(j.up))
 	j.w = r.c.AllReduce(j.buf, j.buf, comm.Sum)
-	j.pending = true
+	if joined {
+		j.pending = true
+		return
+	}
+	r.fifo <- inflight{w: j.w, kind: kindJoin}
 }
 
-// readFlag is the launcher's side on an active rank: before the step's
-// first launch it waits for the flag issued by Begin and takes from it the
-// ranks still active (the buffers' root, JoinActive's divisor) or, with
-// JoinThrow, fails the step. It reports whether the launch may go on.
-func (r *Reducer) readFlag() bool {
-	j := &r.join
-	if !j.pending {
-		return true
-	}
-	err := j.w.Wait(r.ctx)
+// readFlag takes an active rank's flag once it has completed (err is its
+// result): the ranks still active (JoinActive's divisor, the buffers'
+// root) or, with JoinThrow, the step's failure. One goroutine reads it: the
+// launcher, before the step's first launch, when there are buffers (their
+// root depends on it), and the finisher, when it reaches the flag,
+// otherwise. It reports whether the step may go on.
+func (r *Reducer) readFlag(err error) bool {
 	if err != nil {
-		if done, _ := j.w.Test(); !done {
-			return false // failing or closing: Close settles the flag
-		}
 		r.fail(fmt.Errorf("ddp: rank %d step %d: exchanging the join flag: %w", r.c.Rank(), r.stepNo, err))
 		r.signal()
 		return false
 	}
-	j.pending = false
-	joined := r.takeFlag()
-	if joined > 0 && r.o.Join == JoinThrow {
+	if joined := r.takeFlag(); joined > 0 && r.o.Join == JoinThrow {
 		r.fail(fmt.Errorf("%w: %s at step %d, so rank %d stops too (Options.Join is JoinThrow)", ErrJoined, r.joinedRanks(), r.stepNo, r.c.Rank()))
 		r.signal()
 		return false
 	}
 	return true
+}
+
+// launcherReadsFlag says which goroutine reads an active rank's flag.
+func (r *Reducer) launcherReadsFlag() bool { return len(r.bufs.wire) > 0 }
+
+// flagForBuffers is the launcher's side, before the step's first launch:
+// with buffers to broadcast it waits for the flag and reads it, since
+// their root is the lowest active rank. It reports whether the launch may
+// go on.
+func (r *Reducer) flagForBuffers() bool {
+	if r.o.Join == JoinOff || !r.launcherReadsFlag() || r.cur.Joined {
+		return true
+	}
+	w := r.join.w
+	err := w.Wait(r.ctx)
+	if err != nil {
+		if done, _ := w.Test(); !done {
+			return false // failing or closing: Close settles the flag
+		}
+	}
+	return r.readFlag(err)
 }
 
 // takeFlag reads the completed flag, sets the step's active ranks and the

@@ -38,12 +38,15 @@ func joinRun(t *testing.T, mode JoinMode, batches []int, o func(*Options)) (last
 	}, func(rank int, r *Reducer) error {
 		ctx := context.Background()
 		lasts[rank] = -1
-		for s := range batches[rank] {
-			buf, err := r.Buffer(0)
-			if err != nil {
+		var buf comm.Buffer // none if the options have no buffers
+		if len(r.bufs.params) > 0 {
+			var err error
+			if buf, err = r.Buffer(0); err != nil {
 				return err
 			}
-			for j := range buf.AsFloat32() { // forward: diverging running statistics
+		}
+		for s := range batches[rank] {
+			for j := range buf.Count { // forward: diverging running statistics
 				buf.AsFloat32()[j] = float32(100*rank + 10*s + j)
 			}
 			if err := r.Begin(Sync); err != nil {
@@ -84,8 +87,8 @@ func joinRun(t *testing.T, mode JoinMode, batches []int, o func(*Options)) (last
 					}
 				}
 			}
-			for j, v := range buf.AsFloat32() {
-				if want := float32(100*active[0] + 10*s + j); v != want {
+			for j := range buf.Count {
+				if v, want := buf.AsFloat32()[j], float32(100*active[0]+10*s+j); v != want {
 					return fmt.Errorf("step %d: buffer[%d] = %v, want rank %d's %v", s+1, j, v, active[0], want)
 				}
 			}
@@ -153,6 +156,7 @@ func TestJoinOptions(t *testing.T) {
 		"nozero-keep":  func(o *Options) { o.NoZeroGrad = true; o.KeepLayout = true },
 		"static":       func(o *Options) { o.StaticGraph = true },
 		"allreduce":    func(o *Options) { o.Hook = hooks.AllReduce() },
+		"no-buffers":   func(o *Options) { o.Buffers = nil }, // the finisher reads the flag
 	} {
 		t.Run(name, func(t *testing.T) {
 			lasts, errs := joinRun(t, JoinActive, []int{2, 6, 4}, o)
@@ -184,6 +188,10 @@ func TestJoinThrow(t *testing.T) {
 	}
 	if d := time.Since(start); d > 20*time.Second {
 		t.Errorf("took %v: a rank waited for a deadline", d)
+	}
+	_, errs = joinRun(t, JoinThrow, []int{4, 1}, func(o *Options) { o.Buffers = nil })
+	for _, err := range errs {
+		wantErr(t, err, ErrJoined, "rank 1 ran out of inputs and joined")
 	}
 	// Even inputs end normally.
 	if _, errs := joinRun(t, JoinThrow, []int{3, 3}, nil); firstErr(errs) != nil {
@@ -227,27 +235,29 @@ func TestJoinMisuse(t *testing.T) {
 }
 
 // TestJoinStepAllocs: with Join on, a warm synced step still allocates
-// nothing.
+// nothing, whichever goroutine reads the flag.
 func TestJoinStepAllocs(t *testing.T) {
 	checkNoLeak(t)
-	p := newPair(t, newTestGroup(t, 2), threeParams, func() Options {
-		return Options{Join: JoinActive, Buffers: []Param{{Name: "m", Shape: []int{4}}}}
-	})
-	for range 3 {
-		if err := p.step(); err != nil {
+	for _, bufs := range [][]Param{nil, {{Name: "m", Shape: []int{4}}}} {
+		p := newPair(t, newTestGroup(t, 2), threeParams, func() Options {
+			return Options{Join: JoinActive, Buffers: bufs}
+		})
+		for range 3 {
+			if err := p.step(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var err error
+		allocs := testing.AllocsPerRun(10, func() {
+			if e := p.step(); e != nil {
+				err = e
+			}
+		})
+		if err != nil {
 			t.Fatal(err)
 		}
-	}
-	var err error
-	allocs := testing.AllocsPerRun(10, func() {
-		if e := p.step(); e != nil {
-			err = e
+		if allocs != 0 {
+			t.Errorf("%d buffers: %v allocations per warm step with Join, want 0", len(bufs), allocs)
 		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if allocs != 0 {
-		t.Errorf("%v allocations per warm step with Join and buffers, want 0", allocs)
 	}
 }

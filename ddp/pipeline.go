@@ -19,7 +19,7 @@ import (
 // with the same phase of another bucket.
 
 // inflight is a collective that has been issued: a bucket's (k is its
-// index) or a group of buffers' (k is the group).
+// index), a group of buffers' (k is the group) or the join flag.
 type inflight struct {
 	k    int
 	w    comm.Work
@@ -30,6 +30,7 @@ type inflight struct {
 const (
 	kindBucket uint8 = iota
 	kindBuffers
+	kindJoin
 )
 
 func (r *Reducer) startWorkers() {
@@ -38,8 +39,8 @@ func (r *Reducer) startWorkers() {
 	r.progress = make(chan struct{}, 1)
 	r.quit = make(chan struct{})
 	// A bucket holds at least one parameter, and a step adds the buffer
-	// groups: sends never block.
-	r.fifo = make(chan inflight, len(r.params)+len(r.bufs.wire))
+	// groups and the join flag: sends never block.
+	r.fifo = make(chan inflight, len(r.params)+len(r.bufs.wire)+1)
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.timer = time.NewTimer(time.Hour)
 	r.timer.Stop()
@@ -65,6 +66,9 @@ func (r *Reducer) pendingWorks() []comm.Work {
 	var ws []comm.Work
 	if r.join.pending {
 		ws = append(ws, r.join.w)
+	}
+	if r.flagHeld {
+		ws = append(ws, r.flag.w)
 	}
 	if r.headSet {
 		ws = append(ws, r.head.w)
@@ -118,7 +122,7 @@ func (r *Reducer) launchReady() {
 		if L.sched.launched() == 0 {
 			// The step's first launch: what precedes bucket 0 in every
 			// rank's sequence comes first.
-			if !r.readFlag() {
+			if !r.flagForBuffers() {
 				return
 			}
 			r.launchBuffers()
@@ -174,6 +178,18 @@ func (r *Reducer) finisher() {
 			return
 		case e = <-r.fifo:
 		}
+		if e.kind == kindJoin {
+			if r.launcherReadsFlag() {
+				continue
+			}
+			if r.o.Join != JoinThrow {
+				// Read with bucket 0, which the collectives' order puts
+				// after it: by then it has completed, and waiting for it
+				// now would cost the finisher a wake-up per step.
+				r.flag, r.flagHeld = e, true
+				continue
+			}
+		}
 		r.head, r.headSet = e, true
 		err := e.w.Wait(r.ctx)
 		if err != nil {
@@ -185,9 +201,24 @@ func (r *Reducer) finisher() {
 			}
 		}
 		r.headSet = false
+		if r.flagHeld {
+			ferr := r.flag.w.Wait(r.ctx)
+			if ferr != nil {
+				if done, _ := r.flag.w.Test(); !done {
+					<-r.quit
+					return
+				}
+			}
+			r.flagHeld = false
+			if !r.readFlag(ferr) {
+				continue
+			}
+		}
 		switch e.kind {
 		case kindBucket:
 			r.finishOne(e.k, err)
+		case kindJoin:
+			r.readFlag(err)
 		case kindBuffers:
 			if err != nil {
 				r.fail(fmt.Errorf("ddp: rank %d step %d: broadcasting the %s buffers from rank %d: %w", r.c.Rank(), r.stepNo, r.bufs.groups[e.k].DType, r.bufRoot, err))

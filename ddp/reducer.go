@@ -69,6 +69,8 @@ type Reducer struct {
 	fifo     chan inflight
 	head     inflight // the finisher's bucket in flight, if headSet
 	headSet  bool
+	flag     inflight // the join flag the finisher reads with bucket 0, if flagHeld
+	flagHeld bool
 	poke     chan struct{}
 	done     chan struct{}
 	progress chan struct{} // a bucket was reduced, while watch (WaitEach)
