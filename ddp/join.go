@@ -67,12 +67,12 @@ var ErrJoined = errors.New("ddp: a rank ran out of inputs")
 // the launcher reads it before it broadcasts them. Nobody waits for it
 // otherwise: the price of Join is one tiny collective per synced step on
 // the wire ahead of the buckets, paid only when Options.Join asks for it.
-// A joined rank (Join)
-// exchanges the flag first and waits for it: if every rank has joined,
-// Join returns; otherwise it runs the step its peers run, as a shadow
-// step with zero gradients, through the same launcher and finisher, so
-// the buffers' broadcast, the buckets and the first step's rebuild come
-// in the same order as on the active ranks.
+//
+// A joined rank (Join) exchanges the flag first and waits for it: if
+// every rank has joined, Join returns; otherwise it runs the step its
+// peers run, as a shadow step with zero gradients, through the same
+// launcher and finisher, so the buffers' broadcast, the buckets and the
+// first step's rebuild come in the same order as on the active ranks.
 //
 // Buffers are broadcast from the lowest active rank, since a joined
 // rank's model no longer trains. Every rank sees every flag, so every
