@@ -3,6 +3,9 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -65,32 +68,61 @@ func buildFakeNVML(t *testing.T, defines ...string) string {
 	return lib
 }
 
+// probeIn runs probeGPUs against the NVML library at path in a child
+// process: go-nvml binds NVML's functions lazily, once per process, so
+// each stand-in needs a process of its own.
+func probeIn(t *testing.T, path string) gpuInfo {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run", "^TestProbeGPUsChild$")
+	cmd.Env = append(os.Environ(), "DDPBENCH_TEST_NVML="+path)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("child probing %s: %v\n%s", path, err, out)
+	}
+	i := bytes.Index(out, []byte("PROBE "))
+	if i < 0 {
+		t.Fatalf("child probing %s printed no result:\n%s", path, out)
+	}
+	var g gpuInfo
+	if err := json.Unmarshal(bytes.SplitN(out[i+6:], []byte("\n"), 2)[0], &g); err != nil {
+		t.Fatalf("child probing %s: %v\n%s", path, err, out)
+	}
+	return g
+}
+
+// TestProbeGPUsChild is the child of probeIn.
+func TestProbeGPUsChild(t *testing.T) {
+	path := os.Getenv("DDPBENCH_TEST_NVML")
+	if path == "" {
+		t.Skip("run by TestProbeGPUsFake")
+	}
+	nvmlLibrary = path
+	b, err := json.Marshal(probeGPUs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("PROBE %s\n", b)
+}
+
 // TestProbeGPUsFake checks the NVML calls against a stand-in library:
 // the driver, every device with its name and memory, a device whose
 // handle is refused, a failed nvmlInit and a missing function.
 func TestProbeGPUsFake(t *testing.T) {
-	saved := nvmlLibrary
-	defer func() { nvmlLibrary = saved }()
-
-	nvmlLibrary = buildFakeNVML(t, "-DINIT_RESULT=0")
-	g := probeGPUs()
+	g := probeIn(t, buildFakeNVML(t, "-DINIT_RESULT=0"))
 	want := []string{"0: Fake GPU 0, 81920 MiB", "1: Fake GPU 1, 81921 MiB", "2: unavailable (nvmlDeviceGetHandleByIndex: Fake error (2))"}
 	if g.Err != "" || g.Driver != "555.42.fake" || strings.Join(g.Devices, "|") != strings.Join(want, "|") {
 		t.Errorf("probeGPUs = %+v, want driver 555.42.fake and devices %q", g, want)
 	}
 
-	nvmlLibrary = buildFakeNVML(t, "-DINIT_RESULT=12")
-	if g := probeGPUs(); g.Err != "no NVIDIA driver found (nvmlInit: Fake library not found (12))" || len(g.Devices) != 0 {
+	if g := probeIn(t, buildFakeNVML(t, "-DINIT_RESULT=12")); g.Err != "no NVIDIA driver found (nvmlInit: Fake library not found (12))" || len(g.Devices) != 0 {
 		t.Errorf("failed init: %+v", g)
 	}
 
-	nvmlLibrary = buildFakeNVML(t, "-DINIT_RESULT=0", "-DNO_MEMORY")
-	if g := probeGPUs(); !strings.HasPrefix(g.Err, "no NVIDIA driver found (") || !strings.Contains(g.Err, "has no nvmlDeviceGetMemoryInfo") {
+	if g := probeIn(t, buildFakeNVML(t, "-DINIT_RESULT=0", "-DNO_MEMORY")); !strings.HasPrefix(g.Err, "no NVIDIA driver found (") || !strings.Contains(g.Err, "has no nvmlDeviceGetMemoryInfo") {
 		t.Errorf("missing function: %+v", g)
 	}
 
-	nvmlLibrary = filepath.Join(t.TempDir(), "libnothere.so")
-	if g := probeGPUs(); !strings.Contains(g.Err, "libnothere.so not loadable: ") {
+	if g := probeIn(t, filepath.Join(t.TempDir(), "libnothere.so")); !strings.Contains(g.Err, "libnothere.so not loadable: ") {
 		t.Errorf("missing library: %+v", g)
 	}
 }
