@@ -393,7 +393,7 @@ func (d *driver) steps(ctx context.Context, k int, agg *aggregator, trace [][]dd
 // step is one synced step: the simulated backward marks every gradient
 // ready in reverse order on its deadline, then Wait.
 func (d *driver) step(ctx context.Context) error {
-	if err := d.red.Begin(true); err != nil {
+	if err := d.red.Begin(ddp.Sync); err != nil {
 		return err
 	}
 	start := time.Now()
@@ -406,7 +406,10 @@ func (d *driver) step(ctx context.Context) error {
 		}
 		// Producing the gradient is part of the compute being simulated:
 		// mark its ends, which the check reads back after the reduction.
-		g := d.red.Grad(i)
+		g, err := d.red.Grad(i)
+		if err != nil {
+			return err
+		}
 		g[0], g[len(g)-1] = v, v
 		if err := d.red.Ready(i); err != nil {
 			return err
@@ -449,7 +452,10 @@ func (d *driver) await(ctx context.Context, start time.Time, at time.Duration) e
 func (d *driver) check() error {
 	want := float32(d.n+1) / 2
 	for i, p := range d.cfg.Params {
-		g := d.red.Grad(i)
+		g, err := d.red.Grad(i)
+		if err != nil {
+			return err
+		}
 		// fp16 and bf16 round the 1/n-scaled values: allow their precision.
 		if !near(g[0], want) || !near(g[len(g)-1], want) {
 			return fmt.Errorf("%w: rank %d param %d (%s): got %g and %g at its ends, want %g",

@@ -106,8 +106,8 @@ func TestDeviceMemory(t *testing.T) {
 					return err
 				}
 				defer r.Close()
-				if r.Grad(0) != nil {
-					return errors.New("Grad of device memory returned a Go slice")
+				if g, err := r.Grad(0); g != nil || !errors.Is(err, ErrOptions) {
+					return fmt.Errorf("Grad of device memory returned %v, %v; want ErrOptions", g, err)
 				}
 				vals := make([][]float32, len(params))
 				for i, p := range params {
@@ -122,7 +122,7 @@ func TestDeviceMemory(t *testing.T) {
 				bcast[rank] = vals
 				rng := rand.New(rand.NewPCG(uint64(rank), 3))
 				for step := range steps {
-					if err := r.Begin(true); err != nil {
+					if err := r.Begin(Sync); err != nil {
 						return err
 					}
 					gs := make([][]float32, len(params))
@@ -137,7 +137,7 @@ func TestDeviceMemory(t *testing.T) {
 							}
 							continue
 						}
-						kern.Upload(r.GradBuffer(i), bytesOf(gs[i]))
+						kern.Upload(mustGradBuffer(r, i), bytesOf(gs[i]))
 						if err := r.Ready(i); err != nil {
 							return err
 						}
@@ -148,7 +148,7 @@ func TestDeviceMemory(t *testing.T) {
 					out := make([][]float32, len(params))
 					for i, p := range params {
 						out[i] = make([]float32, p.Numel())
-						kern.Download(bytesOf(out[i]), r.GradBuffer(i))
+						kern.Download(bytesOf(out[i]), mustGradBuffer(r, i))
 					}
 					grads[rank] = append(grads[rank], gs)
 					got[rank] = append(got[rank], out)

@@ -197,7 +197,7 @@ func TestPipelined(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	if err := r.Begin(true); err != nil {
+	if err := r.Begin(Sync); err != nil {
 		t.Fatal(err)
 	}
 	// Parameters 3, 2, 1 one by one: buckets 0, 1, 2 launch one by one,
@@ -226,7 +226,7 @@ func TestPipelined(t *testing.T) {
 
 	// All four complete at once (Ready in reverse order: bucket 3 first):
 	// they launch as one group.
-	if err := r.Begin(true); err != nil {
+	if err := r.Begin(Sync); err != nil {
 		t.Fatal(err)
 	}
 	for _, i := range []int{0, 1, 2, 3} {
@@ -257,7 +257,7 @@ func TestMaxInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	if err := r.Begin(true); err != nil {
+	if err := r.Begin(Sync); err != nil {
 		t.Fatal(err)
 	}
 	for _, i := range []int{3, 2, 1, 0} {
@@ -308,7 +308,7 @@ func TestNoReleaseInFlight(t *testing.T) {
 		run  func(t *testing.T, r *Reducer, c *heldComm) error // leaves collectives in flight; returns the error that reports it
 	}{
 		{"close during step", func(t *testing.T, r *Reducer, c *heldComm) error {
-			if err := r.Begin(true); err != nil {
+			if err := r.Begin(Sync); err != nil {
 				t.Fatal(err)
 			}
 			if err := r.Ready(3); err != nil {
@@ -318,7 +318,7 @@ func TestNoReleaseInFlight(t *testing.T) {
 			return r.Close()
 		}},
 		{"failed step", func(t *testing.T, r *Reducer, c *heldComm) error {
-			if err := r.Begin(true); err != nil {
+			if err := r.Begin(Sync); err != nil {
 				t.Fatal(err)
 			}
 			for _, i := range []int{3, 2, 1, 0} {
@@ -434,7 +434,7 @@ func TestCloseMidCollective(t *testing.T) {
 					if err != nil {
 						return err
 					}
-					if err := r.Begin(true); err != nil {
+					if err := r.Begin(Sync); err != nil {
 						return err
 					}
 					if err := r.Ready(0); err != nil {

@@ -48,6 +48,7 @@ func (r *Reducer) adopt(bs []bucket.Bucket) error {
 		return err
 	}
 	r.lay.Store(L)
+	r.layGen++
 	if old != nil {
 		if err := old.free(r.pool); err != nil {
 			return fmt.Errorf("ddp: returning the old bucket memory: %w", err)
@@ -75,26 +76,20 @@ func (r *Reducer) build(bs []bucket.Bucket) (*layout, error) {
 	}
 	loc := location(r.host)
 	for k, b := range bs {
-		if b.DType != comm.Float32 {
-			L.free(r.pool)
-			return nil, fmt.Errorf("%w: bucket %d is %s", ErrUnsupported, k, b.DType)
-		}
-		n := b.Bytes / 4
-		blk, err := r.pool.Get(max(b.Bytes, 4))
+		size := b.DType.Size()
+		n := b.Bytes / size
+		blk, err := r.pool.Get(max(b.Bytes, size))
 		if err != nil {
 			L.free(r.pool)
 			return nil, fmt.Errorf("ddp: memory for bucket %d (%d bytes): %w", k, b.Bytes, err)
 		}
 		L.blocks = append(L.blocks, blk)
-		buf := r.region(blk, 0, n, comm.Float32)
+		buf := r.region(blk, 0, n, b.DType)
 		r.kern.Zero(buf)
 		for j, p := range b.Tensors {
-			m := r.tensors[p].Numel
-			L.bufs[p] = buf.Slice(b.Offsets[j]/4, m)
-			if r.host {
-				off := b.Offsets[j] / 4
-				f := blk.Float32s()
-				L.views[p] = f[off : off+m : off+m]
+			L.bufs[p] = buf.Slice(b.Offsets[j]/size, r.tensors[p].Numel)
+			if r.host && b.DType == comm.Float32 {
+				L.views[p] = L.bufs[p].AsFloat32()
 			}
 			L.bucketOf[p] = k
 		}
@@ -103,7 +98,7 @@ func (r *Reducer) build(bs []bucket.Bucket) (*layout, error) {
 	slots := min(r.window, len(bs))
 	need := make([]int, slots)
 	for k, b := range bs {
-		need[k%slots] = max(need[k%slots], r.hook.Scratch(b.Bytes/4, b.DType))
+		need[k%slots] = max(need[k%slots], r.hook.Scratch(b.Bytes/b.DType.Size(), b.DType))
 	}
 	for j, bytes := range need {
 		if bytes == 0 {

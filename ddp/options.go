@@ -14,7 +14,12 @@ import (
 type Param struct {
 	Name  string
 	Shape []int
-	DType comm.DType // 0 means Float32, the only dtype reduced today
+	// DType is the gradient's element type: comm.Float32 (0 means
+	// Float32), Float64, Float16 or BFloat16. Parameters of each dtype
+	// are bucketed apart, and the hook reduces each bucket in its dtype
+	// (see package hooks, "Dtypes"). Grad, SetGrad and AddGrad take
+	// float32 gradients; GradBuffer gives every dtype.
+	DType comm.DType
 }
 
 // Numel returns the number of elements of p (1 for a scalar), or -1 if a
@@ -89,6 +94,22 @@ type Options struct {
 	// KeepLayout disables the rebuild of buckets after the first synced
 	// step: the initial layout stays.
 	KeepLayout bool
+	// Buffers are model state that is not a gradient but must be the same
+	// on every rank, such as BatchNorm's running statistics (PyTorch's
+	// broadcast_buffers): any dtype, the same on every rank. The Reducer
+	// keeps them in pool memory of its own (Buffer(i)) and broadcasts them
+	// from rank 0 in every synced step, overlapped with backward: the
+	// broadcast is issued just before bucket 0's collective and complete
+	// when Wait returns, so every rank ends the step with rank 0's values.
+	// Forward updates them before the step's first Ready; nothing may
+	// write or read them from then until Wait returns. No-sync steps leave
+	// them as they are.
+	Buffers []Param
+	// Join enables uneven inputs: ranks may run out of batches at
+	// different steps and call Join (see JoinMode). It costs one small
+	// all-reduce per synced step, issued at Begin and hidden behind the
+	// step; JoinOff (the zero value) costs nothing.
+	Join JoinMode
 	// Timeout bounds how long Wait waits for the step's collectives, and
 	// how long New, the rebuild and BroadcastParameters wait for theirs;
 	// 0 means DefaultTimeout. On expiry the step fails and the group is

@@ -18,17 +18,29 @@ import (
 // while k still is. Neither goroutine ever runs a hook phase concurrently
 // with the same phase of another bucket.
 
-// inflight is a bucket whose collective has been issued.
+// inflight is a collective that has been issued: a bucket's (k is its
+// index), a group of buffers' (k is the group) or the join flag.
 type inflight struct {
-	k int
-	w comm.Work
+	k    int
+	w    comm.Work
+	kind uint8
 }
+
+// Kinds of inflight.
+const (
+	kindBucket uint8 = iota
+	kindBuffers
+	kindJoin
+)
 
 func (r *Reducer) startWorkers() {
 	r.poke = make(chan struct{}, 1)
 	r.done = make(chan struct{}, 1)
+	r.progress = make(chan struct{}, 1)
 	r.quit = make(chan struct{})
-	r.fifo = make(chan inflight, len(r.params)) // a bucket holds at least one parameter: sends never block
+	// A bucket holds at least one parameter, and a step adds the buffer
+	// groups and the join flag: sends never block.
+	r.fifo = make(chan inflight, len(r.params)+len(r.bufs.wire)+1)
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.timer = time.NewTimer(time.Hour)
 	r.timer.Stop()
@@ -52,6 +64,12 @@ func (r *Reducer) stopWorkers() {
 // once the communication goroutines have stopped.
 func (r *Reducer) pendingWorks() []comm.Work {
 	var ws []comm.Work
+	if r.join.pending {
+		ws = append(ws, r.join.w)
+	}
+	if r.flagHeld {
+		ws = append(ws, r.flag.w)
+	}
 	if r.headSet {
 		ws = append(ws, r.head.w)
 	}
@@ -101,6 +119,14 @@ func (r *Reducer) launchReady() {
 		if n == 0 {
 			return
 		}
+		if L.sched.launched() == 0 {
+			// The step's first launch: what precedes bucket 0 in every
+			// rank's sequence comes first.
+			if !r.flagForBuffers() {
+				return
+			}
+			r.launchBuffers()
+		}
 		if n > 1 {
 			comm.GroupStart(r.c)
 		}
@@ -139,7 +165,7 @@ func (r *Reducer) launchOne(L *layout, k int) bool {
 		r.signal()
 		return false
 	}
-	r.fifo <- inflight{k, w}
+	r.fifo <- inflight{k: k, w: w}
 	return true
 }
 
@@ -152,18 +178,53 @@ func (r *Reducer) finisher() {
 			return
 		case e = <-r.fifo:
 		}
+		if e.kind == kindJoin {
+			if r.launcherReadsFlag() {
+				continue
+			}
+			if r.o.Join != JoinThrow {
+				// Read with bucket 0, which the collectives' order puts
+				// after it: by then it has completed, and waiting for it
+				// now would cost the finisher a wake-up per step.
+				r.flag, r.flagHeld = e, true
+				continue
+			}
+		}
 		r.head, r.headSet = e, true
 		err := e.w.Wait(r.ctx)
 		if err != nil {
 			if done, _ := e.w.Test(); !done {
 				// The Reducer failed or is closing, and the collective
-				// may still write the bucket: Close settles it.
+				// may still write its memory: Close settles it.
 				<-r.quit
 				return
 			}
 		}
 		r.headSet = false
-		r.finishOne(e.k, err)
+		if r.flagHeld {
+			ferr := r.flag.w.Wait(r.ctx)
+			if ferr != nil {
+				if done, _ := r.flag.w.Test(); !done {
+					<-r.quit
+					return
+				}
+			}
+			r.flagHeld = false
+			if !r.readFlag(ferr) {
+				continue
+			}
+		}
+		switch e.kind {
+		case kindBucket:
+			r.finishOne(e.k, err)
+		case kindJoin:
+			r.readFlag(err)
+		case kindBuffers:
+			if err != nil {
+				r.fail(fmt.Errorf("ddp: rank %d step %d: broadcasting the %s buffers from rank %d: %w", r.c.Rank(), r.stepNo, r.bufs.groups[e.k].DType, r.bufRoot, err))
+				r.signal()
+			}
+		}
 	}
 }
 
@@ -182,15 +243,21 @@ func (r *Reducer) finishOne(k int, err error) {
 		return
 	}
 	s.Overflows = hb.Overflows
+	r.rescale(hb.Buf)
 	s.DecompressEnd = time.Since(r.start)
 	if r.copies != nil {
 		for _, p := range L.buckets[k].Tensors {
-			copy(r.copies[p], L.views[p])
+			r.kern.Copy(r.copies[p], L.bufs[p])
 		}
 	}
 	s.Done = time.Since(r.start)
 	if int(r.reduced.Add(1)) == len(L.buckets) {
 		r.signal()
+	} else if r.watch.Load() {
+		select { // WaitEach reports the bucket
+		case r.progress <- struct{}{}:
+		default:
+		}
 	}
 	r.wakeLauncher() // the window has room again
 }

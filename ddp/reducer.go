@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/bucket"
@@ -38,7 +39,9 @@ type Reducer struct {
 
 	lay     atomic.Pointer[layout] // current layout (read by the communication goroutines)
 	next    []bucket.Bucket        // layout to adopt at the next Begin
-	copies  [][]float32            // CopyGrads: per-parameter gradients
+	copies  []comm.Buffer          // CopyGrads: per-parameter gradients in Go memory
+	byName  map[string]int         // parameter name -> index; -1 for a name shared by several
+	layGen  uint64                 // layouts adopted so far (Generation)
 	rebuilt bool                   // the rebuild (or the decision not to) is done
 
 	state    atomic.Int32
@@ -62,17 +65,21 @@ type Reducer struct {
 	// complete buckets in index order and launches them through the
 	// hook; the finisher waits for their collectives in the same order
 	// and finishes them. fifo carries the buckets in flight between them.
-	window  int
-	fifo    chan inflight
-	head    inflight // the finisher's bucket in flight, if headSet
-	headSet bool
-	poke    chan struct{}
-	done    chan struct{}
-	quit    chan struct{}
-	workers sync.WaitGroup
-	ctx     context.Context
-	cancel  context.CancelFunc
-	timer   *time.Timer
+	window   int
+	fifo     chan inflight
+	head     inflight // the finisher's bucket in flight, if headSet
+	headSet  bool
+	flag     inflight // the join flag the finisher reads with bucket 0, if flagHeld
+	flagHeld bool
+	poke     chan struct{}
+	done     chan struct{}
+	progress chan struct{} // a bucket was reduced, while watch (WaitEach)
+	watch    atomic.Bool
+	quit     chan struct{}
+	workers  sync.WaitGroup
+	ctx      context.Context
+	cancel   context.CancelFunc
+	timer    *time.Timer
 
 	mu        sync.Mutex
 	err       error
@@ -80,6 +87,10 @@ type Reducer struct {
 	closed    atomic.Bool
 	closeOnce sync.Once
 	closeErr  error
+
+	bufs    bufferSet // Options.Buffers
+	bufRoot int       // the rank the buffers are broadcast from in this step
+	join    joinState // Options.Join
 
 	reap reaper // memory held back from collectives that did not complete
 }
@@ -143,8 +154,12 @@ func (r *Reducer) memory(params []Param) (fatal, local error) {
 		// during a rebuild. Sizes that overflow are prepare's to report.
 		total := int64(0)
 		for _, p := range params {
-			if n := p.Numel(); n >= 0 && int64(n) <= (math.MaxInt64/8-total)/4 {
-				total += int64(n) * 4
+			size := int64(4)
+			if p.DType != 0 && p.DType.Size() != 0 {
+				size = int64(p.DType.Size())
+			}
+			if n := p.Numel(); n >= 0 && int64(n) <= (math.MaxInt64/8-total)/size {
+				total += int64(n) * size
 			}
 		}
 		limit := max(allocator.DefaultLimit, 3*total+64<<20)
@@ -227,15 +242,18 @@ func (r *Reducer) prepare(params []Param) error {
 		}
 		p.Shape = append([]int(nil), p.Shape...)
 		r.params[i] = p
-		if p.DType != comm.Float32 {
-			return fmt.Errorf("%w: rank %d: parameter %d (%q) is %s; only float gradients (float32) are reduced", ErrUnsupported, r.c.Rank(), i, p.Name, p.DType)
+		if !p.DType.IsFloat() {
+			return fmt.Errorf("%w: rank %d: parameter %d (%q) is %s; gradients are float32, float64, half or bfloat16", ErrUnsupported, r.c.Rank(), i, p.Name, p.DType)
 		}
-		n := p.Numel()
-		if n < 0 || n > math.MaxInt/4-total {
+		if r.hook.Wire(p.DType) == 0 {
+			return fmt.Errorf("%w: rank %d: parameter %d (%q) is %s, which hook %s does not reduce (see package hooks, \"Dtypes\")", ErrUnsupported, r.c.Rank(), i, p.Name, p.DType, r.hook.Name())
+		}
+		n, size := p.Numel(), p.DType.Size()
+		if n < 0 || n > (math.MaxInt-total)/size {
 			return fmt.Errorf("%w: rank %d: parameter %d (%q) has shape %v: a negative dimension, or more bytes than an int holds", ErrUnsupported, r.c.Rank(), i, p.Name, p.Shape)
 		}
 		r.tensors[i] = bucket.Tensor{Numel: n, DType: p.DType}
-		total += n * 4
+		total += n * size
 	}
 
 	// Initial layout: buckets over the parameters in reverse registration
@@ -249,9 +267,19 @@ func (r *Reducer) prepare(params []Param) error {
 		return fmt.Errorf("ddp: rank %d: assigning buckets: %w", r.c.Rank(), err)
 	}
 	if o.CopyGrads {
-		r.copies = make([][]float32, len(params))
-		for i := range params {
-			r.copies[i] = make([]float32, r.tensors[i].Numel)
+		r.copies = make([]comm.Buffer, len(params))
+		for i, t := range r.tensors {
+			// float64 words keep every dtype's elements aligned.
+			mem := make([]float64, (t.Bytes()+7)/8)
+			r.copies[i] = comm.HostBuffer(unsafe.Pointer(unsafe.SliceData(mem)), t.Numel, t.DType)
+		}
+	}
+	r.byName = make(map[string]int, len(params))
+	for i, p := range r.params {
+		if _, dup := r.byName[p.Name]; dup {
+			r.byName[p.Name] = -1
+		} else {
+			r.byName[p.Name] = i
 		}
 	}
 	n := len(params)
@@ -278,7 +306,10 @@ func (r *Reducer) prepare(params []Param) error {
 	if err := r.adopt(bs); err != nil {
 		return fmt.Errorf("ddp: rank %d: %w", r.c.Rank(), err)
 	}
-	return nil
+	if err := r.prepareBuffers(o.Buffers); err != nil {
+		return err
+	}
+	return r.prepareJoin()
 }
 
 // Rank returns the rank of the Reducer's communicator.
@@ -286,6 +317,39 @@ func (r *Reducer) Rank() int { return r.c.Rank() }
 
 // Params returns the parameters the Reducer was built with (do not modify).
 func (r *Reducer) Params() []Param { return r.params }
+
+// Index returns the index of the parameter named name. It fails with
+// ErrIndex if no parameter has that name, or if several do (naming two of
+// them), since either answer could then be the wrong gradient.
+func (r *Reducer) Index(name string) (int, error) {
+	i, ok := r.byName[name]
+	switch {
+	case !ok:
+		return -1, fmt.Errorf("%w: rank %d: no parameter is named %q", ErrIndex, r.c.Rank(), name)
+	case i < 0:
+		first := -1
+		for j, p := range r.params {
+			if p.Name != name {
+				continue
+			}
+			if first >= 0 {
+				return -1, fmt.Errorf("%w: rank %d: parameters %d and %d are both named %q", ErrIndex, r.c.Rank(), first, j, name)
+			}
+			first = j
+		}
+		return -1, fmt.Errorf("%w: rank %d: several parameters are named %q", ErrIndex, r.c.Rank(), name)
+	}
+	return i, nil
+}
+
+// Generation returns the number of bucket layouts the Reducer has adopted:
+// 1 after New, 2 once the Begin of the second synced step has adopted the
+// layout rebuilt from the first (unless Options.KeepLayout, or the rebuilt
+// layout is the initial one). It changes only in Begin. Every slice or
+// Buffer that Grad and GradBuffer returned before the change refers to
+// memory returned to the pool: a model that keeps them fetches them again
+// when Generation changes.
+func (r *Reducer) Generation() uint64 { return r.layGen }
 
 // Close stops the communication goroutines, closes the hook and returns the
 // bucket memory to the pool (closing the pool if the Reducer made it). A
@@ -320,6 +384,8 @@ func (r *Reducer) release() error {
 	if L := r.lay.Load(); L != nil {
 		blocks = L.take()
 	}
+	blocks = append(blocks, r.bufs.blocks...)
+	r.bufs.blocks = nil
 	keep(r.settle(r.pendingWorks(), blocks, "bucket collectives in flight"))
 	if r.ownPool && r.pool != nil {
 		keep(r.reap.closePool())

@@ -1,6 +1,10 @@
 package ddp
 
-import "time"
+import (
+	"time"
+
+	"github.com/ddpgo/ddpgo/comm"
+)
 
 // StepStats describes one step. Durations named as points in time (Ready,
 // Launch, ...) are offsets from Start, taken from the monotonic clock.
@@ -8,6 +12,12 @@ type StepStats struct {
 	Step  uint64    // 1 for the first step begun
 	Sync  bool      // a synced step (false: no-sync, nothing communicated)
 	Start time.Time // when Begin returned
+	// Active is, with Options.Join, the number of ranks that contributed
+	// gradients to the step (the others had joined); 0 without Join.
+	Active int
+	// Joined marks a step this rank shadowed inside Join, contributing
+	// zeros.
+	Joined bool
 	// ZeroComm is the time the launcher spent zeroing
 	// stale gradients (parameters marked ready, by the caller or as
 	// unused, with no Grad, SetGrad or AddGrad since the last synced
@@ -40,12 +50,37 @@ type StepStats struct {
 	Unused []int
 }
 
+// Stats returns a copy of the statistics of the last completed step, with
+// slices of its own, which no later step touches; it allocates them.
+// StatsInto copies into the caller's StepStats instead, reusing its
+// slices, and allocates nothing once they are large enough. Neither may
+// run concurrently with Wait or Begin: call them from the training
+// goroutine (a metrics exporter on another goroutine takes the copy it is
+// handed).
+func (r *Reducer) Stats() StepStats {
+	var s StepStats
+	r.StatsInto(&s)
+	return s
+}
+
+// StatsInto copies the statistics of the last completed step into dst,
+// reusing dst's slices.
+func (r *Reducer) StatsInto(dst *StepStats) {
+	b, p, u := dst.Buckets, dst.ParamReady, dst.Unused
+	*dst = *r.last
+	dst.Buckets = append(b[:0], r.last.Buckets...)
+	dst.ParamReady = append(p[:0], r.last.ParamReady...)
+	dst.Unused = append(u[:0], r.last.Unused...)
+}
+
 // BucketStats is the timeline of one bucket in a step, as offsets from the
 // step's Start.
 type BucketStats struct {
 	Index  int
-	Params int   // parameters in the bucket
-	Bytes  int64 // float32 gradient bytes in the bucket
+	Params int        // parameters in the bucket
+	Bytes  int64      // gradient bytes in the bucket
+	DType  comm.DType // the gradients' dtype
+	Wire   comm.DType // the dtype the hook puts on the wire (Hook.Wire)
 
 	Ready  time.Duration // the bucket's last parameter was marked ready
 	Launch time.Duration // the launcher took it up

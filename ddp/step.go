@@ -1,41 +1,64 @@
 package ddp
 
 import (
-	"context"
 	"fmt"
-	"log"
-	"strings"
 	"time"
 	"unsafe"
 
 	"github.com/ddpgo/ddpgo/comm"
 )
 
-// Begin starts a step. With sync, the step's gradients are averaged across
-// ranks once marked ready, and Wait must be called before the next Begin.
-// Without sync (PyTorch's no_sync), nothing is communicated: gradients
-// accumulate locally, and the next synced step reduces the accumulated sum;
-// Wait is optional.
+// SyncMode says whether a step's gradients are averaged across ranks.
+type SyncMode uint8
+
+const (
+	// Sync starts a synced step: the gradients are averaged across ranks
+	// once marked ready, and Wait must be called before the next Begin.
+	Sync SyncMode = iota
+	// NoSync starts a no-sync step (PyTorch's no_sync): nothing is
+	// communicated, gradients accumulate locally, and the next synced step
+	// reduces the accumulated sum; Wait is optional.
+	NoSync
+)
+
+func (m SyncMode) String() string {
+	switch m {
+	case Sync:
+		return "Sync"
+	case NoSync:
+		return "NoSync"
+	}
+	return fmt.Sprintf("SyncMode(%d)", uint8(m))
+}
+
+// Begin starts a step: Begin(Sync) a synced one, Begin(NoSync) a no-sync
+// one (see SyncMode).
 //
-// Begin zeroes every gradient unless the previous step was a no-sync step
-// (so a no-sync step followed by a synced one accumulates) or
-// Options.NoZeroGrad is set, adopts a rebuilt bucket layout if one is
-// pending, and invalidates every slice Grad returned before it. The
-// zeroing is lazy: Begin marks every gradient stale in O(1), and each is
-// zeroed when first handed out by Grad, overwritten by SetGrad or AddGrad,
-// or, if marked ready untouched, zeroed by the launcher goroutine
-// just before its bucket is reduced. A caller sees no difference: every
-// gradient reads as zero the first time it looks.
-func (r *Reducer) Begin(sync bool) error {
+// After Begin every gradient reads as zero, unless the previous step was a
+// no-sync step (which the synced step then accumulates onto) or
+// Options.NoZeroGrad is set: see the package documentation, "Zeroing".
+// Begin also adopts a rebuilt bucket layout if one is pending, and
+// Generation then changes.
+func (r *Reducer) Begin(mode SyncMode) error {
 	if err := r.usable(); err != nil {
 		return err
 	}
+	if mode != Sync && mode != NoSync {
+		return fmt.Errorf("%w: rank %d: Begin(%v): want Sync or NoSync", ErrOptions, r.c.Rank(), mode)
+	}
 	switch r.state.Load() {
 	case syncing:
-		return fmt.Errorf("%w: rank %d: Begin(%v) while synced step %d is running: call Wait first", ErrStepInProgress, r.c.Rank(), sync, r.stepNo)
+		return fmt.Errorf("%w: rank %d: Begin(%v) while synced step %d is running: call Wait first", ErrStepInProgress, r.c.Rank(), mode, r.stepNo)
 	case local:
 		r.finish()
 	}
+	return r.open(mode == Sync, false)
+}
+
+// open starts a step. A shadow step is a joined rank's (join.go): its
+// gradients are zeroed whatever the last step was, and its join flag has
+// been exchanged already.
+func (r *Reducer) open(sync, shadow bool) error {
 	if r.next != nil {
 		bs := r.next
 		r.next = nil
@@ -44,7 +67,7 @@ func (r *Reducer) Begin(sync bool) error {
 		}
 	}
 	L := r.lay.Load()
-	if r.prevSync {
+	if r.prevSync || shadow {
 		// zero_grad, lazily: every gradient becomes stale in O(1).
 		r.gen.Add(1)
 	}
@@ -57,74 +80,112 @@ func (r *Reducer) Begin(sync bool) error {
 	s.reset(r.stepNo, sync, len(r.params))
 	s.Buckets = s.Buckets[:len(L.buckets)]
 	for k := range s.Buckets {
-		s.Buckets[k] = BucketStats{Index: k, Params: len(L.buckets[k].Tensors), Bytes: int64(L.buckets[k].Bytes)}
+		b := &L.buckets[k]
+		s.Buckets[k] = BucketStats{Index: k, Params: len(b.Tensors), Bytes: int64(b.Bytes), DType: b.DType, Wire: r.hook.Wire(b.DType)}
 	}
+	s.Joined = shadow
 	r.start = time.Now()
 	s.Start = r.start
 	r.prevSync = sync
-	if sync {
-		r.state.Store(syncing)
-		if r.staticOK {
-			for i, u := range r.static {
-				if u {
-					r.markUnused(L, i)
-				}
+	if !sync {
+		r.state.Store(local)
+		return nil
+	}
+	if r.o.Join != JoinOff && !shadow {
+		// Before anything can complete a bucket: the flag precedes the
+		// step's buffers and buckets in every rank's sequence.
+		r.sendFlag(false)
+	}
+	r.state.Store(syncing)
+	if r.staticOK && !shadow {
+		for i, u := range r.static {
+			if u {
+				r.markUnused(L, i)
 			}
 		}
-	} else {
-		r.state.Store(local)
 	}
 	return nil
 }
 
-// Grad returns parameter i's gradient: by default a view of its slot in the
-// bucket memory (with CopyGrads, a Go slice of its own). Write or add the
-// gradient into it, then call Ready(i). After a synced step's Wait it holds
-// the average over ranks. The slice is valid until the next Begin; keep no
-// slice across steps. Grad panics if i is out of range, like indexing a
-// slice, and returns nil after Close and for a device pool, whose memory Go
-// cannot address (use GradBuffer).
+// Grad returns parameter i's gradient, a float32 parameter's: by default a
+// view of its slot in the bucket memory (with CopyGrads, a Go slice of its
+// own). Write or add the gradient into it, then call Ready(i). After a
+// synced step's Wait it holds the average over ranks.
 //
-// The first Grad(i) of an accumulation window zeroes the gradient (unless
-// Options.NoZeroGrad): see the package documentation, "Zeroing". Grad(i)
-// may run concurrently with Grad and Ready of other parameters; it must
-// not be called for a parameter already marked ready in a synced step
-// until Wait returns.
-func (r *Reducer) Grad(i int) []float32 {
-	if r.closed.Load() || !r.host {
-		return nil
+// The slice stays valid, and Grad returns the same slice, as long as
+// Generation does not change (package documentation, "Views and the
+// rebuild"). Call Grad in every accumulation window before writing, even
+// if a slice is kept: the first Grad of a window is what zeroes the
+// gradient (package documentation, "Zeroing").
+//
+// Grad fails with ErrIndex for an index out of range (as Ready does), with
+// ErrDType for a parameter that is not float32 (use GradBuffer), with
+// ErrOptions for a pool of device memory, which Go cannot address (use
+// GradBuffer), with ErrBusy while the parameter's bucket is being reduced
+// (between its Ready in a synced step and the end of its bucket's
+// reduction, as Wait or WaitEach report it), and with ErrClosed after
+// Close. Grad(i) may run concurrently with Grad and Ready of other
+// parameters.
+func (r *Reducer) Grad(i int) ([]float32, error) {
+	if err := r.gradOK("Grad", i); err != nil {
+		return nil, err
+	}
+	if !r.host {
+		return nil, fmt.Errorf("%w: rank %d: Grad(%d): the pool holds device memory, which Go cannot address; use GradBuffer", ErrOptions, r.c.Rank(), i)
+	}
+	if dt := r.params[i].DType; dt != comm.Float32 {
+		return nil, fmt.Errorf("%w: rank %d: Grad(%d): parameter %q is %s, not float32; use GradBuffer", ErrDType, r.c.Rank(), i, r.params[i].Name, dt)
 	}
 	g := r.grad(i)
 	if r.zeroing() && r.isStale(i) {
 		clear(g)
 		r.fresh[i].Store(r.gen.Load())
 	}
-	return g
+	return g, nil
 }
 
-// GradBuffer is Grad for memory of any kind: it returns parameter i's
-// gradient as a comm.Buffer (device memory for a device pool), zeroed on
-// first use in an accumulation window as Grad's is. Write it with the
-// kernels of its memory (or, for a host pool, through Grad), then call
-// Ready(i). Like Grad, it is valid until the next Begin, and returns the
-// zero Buffer after Close.
-func (r *Reducer) GradBuffer(i int) comm.Buffer {
-	if r.closed.Load() {
-		return comm.Buffer{}
+// GradBuffer is Grad for parameters of any dtype and memory of any kind:
+// it returns parameter i's gradient as a comm.Buffer (device memory for a
+// device pool; on the host, Buffer.AsFloat64 and the like give typed Go
+// views), zeroed on first use in an accumulation window as Grad's is.
+// Write it (with the kernels of its memory, on a device), then call
+// Ready(i). It stays valid as Grad's slice does, and fails as Grad does
+// for a bad index, a busy parameter or a closed Reducer.
+func (r *Reducer) GradBuffer(i int) (comm.Buffer, error) {
+	if err := r.gradOK("GradBuffer", i); err != nil {
+		return comm.Buffer{}, err
 	}
 	b := r.gradBuf(i)
 	if r.zeroing() && r.isStale(i) {
 		r.kern.Zero(b)
 		r.fresh[i].Store(r.gen.Load())
 	}
-	return b
+	return b, nil
+}
+
+// gradOK checks that parameter i's gradient may be handed out by op.
+func (r *Reducer) gradOK(op string, i int) error {
+	if i < 0 || i >= len(r.params) {
+		return fmt.Errorf("%w: rank %d: %s(%d): the reducer has %d parameters", ErrIndex, r.c.Rank(), op, i, len(r.params))
+	}
+	if r.closed.Load() {
+		return ErrClosed
+	}
+	if r.state.Load() == syncing {
+		L := r.lay.Load()
+		if L.sched.isMarked(i) && L.bucketOf[i] >= int(r.reduced.Load()) {
+			return fmt.Errorf("%w: rank %d step %d: %s(%d): parameter %q is marked ready and its bucket %d is being reduced; "+
+				"read it once Wait returns (or once WaitEach reports bucket %d)", ErrBusy, r.c.Rank(), r.stepNo, op, i, r.params[i].Name, L.bucketOf[i], L.bucketOf[i])
+		}
+	}
+	return nil
 }
 
 // grad returns parameter i's gradient memory as it is, stale or not (host
 // pools only).
 func (r *Reducer) grad(i int) []float32 {
 	if r.copies != nil {
-		return r.copies[i]
+		return r.copies[i].AsFloat32()
 	}
 	return r.lay.Load().views[i]
 }
@@ -132,7 +193,7 @@ func (r *Reducer) grad(i int) []float32 {
 // gradBuf is grad for memory of any kind.
 func (r *Reducer) gradBuf(i int) comm.Buffer {
 	if r.copies != nil {
-		return comm.Float32s(r.copies[i])
+		return r.copies[i]
 	}
 	return r.lay.Load().bufs[i]
 }
@@ -169,7 +230,8 @@ func (r *Reducer) Ready(i int) error {
 }
 
 // SetGrad copies g into parameter i's gradient (replacing it) and marks it
-// ready. It works for device pools too (the copy is an upload).
+// ready. It works for device pools too (the copy is an upload). Like
+// AddGrad, it takes float32 parameters; write others through GradBuffer.
 func (r *Reducer) SetGrad(i int, g []float32) error {
 	if err := r.gradFor("SetGrad", i, g); err != nil {
 		return err
@@ -184,10 +246,9 @@ func (r *Reducer) SetGrad(i int, g []float32) error {
 }
 
 // AddGrad adds g into parameter i's gradient and marks it ready. A
-// gradient not yet written in this accumulation window (logically zero,
-// not zeroed yet, or with Options.NoZeroGrad still holding the last
-// average) is overwritten instead, so AddGrad accumulates correctly in
-// every step of a window and never pays for zeroing. It needs a host pool.
+// gradient not yet written in this accumulation window is overwritten
+// instead ("Zeroing"), so AddGrad accumulates correctly in every step of
+// a window and never pays for zeroing. It needs a host pool.
 func (r *Reducer) AddGrad(i int, g []float32) error {
 	if err := r.gradFor("AddGrad", i, g); err != nil {
 		return err
@@ -218,6 +279,9 @@ func (r *Reducer) gradFor(op string, i int, g []float32) error {
 	if r.state.Load() == idle {
 		return fmt.Errorf("%w: rank %d: %s of parameter %d (%q) outside a step: call Begin first", ErrNoStep, r.c.Rank(), op, i, r.params[i].Name)
 	}
+	if dt := r.params[i].DType; dt != comm.Float32 {
+		return fmt.Errorf("%w: rank %d: %s of parameter %d (%q): it is %s, not float32; write it through GradBuffer and call Ready", ErrDType, r.c.Rank(), op, i, r.params[i].Name, dt)
+	}
 	if n := r.tensors[i].Numel; len(g) != n {
 		return fmt.Errorf("%w: rank %d: %s: parameter %d (%q, shape %v) has %d elements, got %d", ErrGradSize, r.c.Rank(), op, i, r.params[i].Name, r.params[i].Shape, n, len(g))
 	}
@@ -247,7 +311,7 @@ func (r *Reducer) arrive(L *layout, i int, sync bool) {
 	if r.copies != nil && !r.isStale(i) {
 		// A stale gradient is not copied: the launcher zeroes its bucket
 		// slot instead.
-		copy(L.views[i], r.copies[i])
+		r.kern.Copy(L.bufs[i], r.copies[i])
 	}
 	if L.sched.arrive(i) >= 0 {
 		select {
@@ -267,183 +331,4 @@ func (r *Reducer) markUnused(L *layout, i int) {
 	r.isUnused[i] = true
 	r.cur.Unused = append(r.cur.Unused, i)
 	r.arrive(L, i, true)
-}
-
-// Wait returns when every bucket of the synced step is reduced: each
-// gradient then holds the average over ranks. In a no-sync step it only
-// ends the step. It fails with ErrUnready (naming the parameters) if some
-// parameters were never marked ready and FindUnusedParameters is off; the
-// step then stays open, so the caller may mark them and call Wait again.
-// Wait honours ctx and Options.Timeout (a step already finished when ctx
-// ends stands); on expiry, or when a collective fails, the Reducer aborts
-// the group, and it and every later call return that error until Close.
-// A Close from another goroutine ends a blocked Wait with ErrClosed.
-func (r *Reducer) Wait(ctx context.Context) error {
-	if err := r.usable(); err != nil {
-		return err
-	}
-	switch r.state.Load() {
-	case idle:
-		return fmt.Errorf("%w: rank %d: Wait without a step (the last was step %d): call Begin first", ErrNoStep, r.c.Rank(), r.stepNo)
-	case local:
-		r.finish()
-		return nil
-	}
-	L := r.lay.Load()
-	if int(L.sched.nmarked.Load()) < len(r.params) {
-		if err := r.handleUnready(L); err != nil {
-			return err
-		}
-	}
-	if err := r.waitDone(ctx, L); err != nil {
-		return err
-	}
-	if err := r.usable(); err != nil {
-		return err
-	}
-	if r.o.StaticGraph && !r.staticOK {
-		copy(r.static, r.isUnused)
-		r.staticOK = true
-	}
-	first := !r.rebuilt
-	r.finish()
-	if first {
-		r.rebuilt = true
-		if !r.o.KeepLayout {
-			if err := r.rebuild(ctx); err != nil {
-				return r.fail(err)
-			}
-		}
-	}
-	return nil
-}
-
-// handleUnready deals with parameters not marked ready when Wait starts.
-func (r *Reducer) handleUnready(L *layout) error {
-	if r.o.FindUnusedParameters || (r.o.StaticGraph && !r.staticOK) {
-		for i := range r.params {
-			if !L.sched.isMarked(i) {
-				r.markUnused(L, i)
-			}
-		}
-		return nil
-	}
-	var names []string
-	for i, p := range r.params {
-		if !L.sched.isMarked(i) && len(names) < 10 {
-			names = append(names, fmt.Sprintf("%d %q (bucket %d)", i, p.Name, L.bucketOf[i]))
-		}
-	}
-	missing := len(r.params) - int(L.sched.nmarked.Load())
-	list := strings.Join(names, ", ")
-	if missing > len(names) {
-		list += fmt.Sprintf(" and %d more", missing-len(names))
-	}
-	return fmt.Errorf("%w: rank %d step %d: %d of %d parameters got no Ready before Wait: %s; "+
-		"buckets are reduced only once all their parameters are ready, so this step cannot finish. "+
-		"Call Ready (or SetGrad) for every parameter, including those with a zero gradient, or, if these "+
-		"parameters really take no part in this step's loss, set Options.FindUnusedParameters "+
-		"(or Options.StaticGraph when the set never changes). The step stays open: mark them and call Wait again",
-		ErrUnready, r.c.Rank(), r.stepNo, missing, len(r.params), list)
-}
-
-// waitDone blocks until the comm goroutine has reduced the last bucket.
-func (r *Reducer) waitDone(ctx context.Context, L *layout) error {
-	began := time.Now()
-	stallAt := r.o.StallInterval
-	for {
-		waited := time.Since(began)
-		d := min(stallAt, r.o.Timeout) - waited
-		if d <= 0 {
-			d = time.Nanosecond
-		}
-		r.timer.Reset(d)
-		select {
-		case <-r.done:
-			r.timer.Stop()
-			return nil
-		case <-ctx.Done():
-			r.timer.Stop()
-			select {
-			case <-r.done: // the step finished as ctx ended: it stands
-				return nil
-			default:
-			}
-			k := int(r.reduced.Load())
-			return r.fail(fmt.Errorf("ddp: rank %d step %d: waiting for bucket %d of %d (%s): %w", r.c.Rank(), r.stepNo, k, len(L.buckets), L.describe(k, r.params), ctx.Err()))
-		case <-r.timer.C:
-			waited = time.Since(began)
-			k := int(r.reduced.Load())
-			if waited >= r.o.Timeout {
-				select {
-				case <-r.done:
-					return nil
-				default:
-				}
-				return r.fail(fmt.Errorf("%w: ddp: rank %d step %d: bucket %d of %d (%s) not reduced after %v",
-					comm.ErrTimeout, r.c.Rank(), r.stepNo, k, len(L.buckets), L.describe(k, r.params), r.o.Timeout))
-			}
-			if waited >= stallAt {
-				r.reportStall(L, k, waited)
-				stallAt += r.o.StallInterval
-			}
-		}
-	}
-}
-
-func (r *Reducer) reportStall(L *layout, k int, waited time.Duration) {
-	s := Stall{Rank: r.c.Rank(), Step: r.stepNo, Waited: waited, Bucket: k, OnWire: k < L.sched.launched()}
-	if !s.OnWire && k < len(L.buckets) {
-		for _, p := range L.buckets[k].Tensors {
-			if !L.sched.isMarked(p) {
-				s.Missing = append(s.Missing, r.params[p].Name)
-			}
-		}
-	}
-	if r.o.OnStall != nil {
-		r.o.OnStall(s)
-		return
-	}
-	log.Print(s.String())
-}
-
-// finish ends the running step: statistics become final and visible
-// through Stats.
-func (r *Reducer) finish() {
-	s := r.cur
-	if invariants && s.Sync && !r.failed.Load() {
-		L := r.lay.Load()
-		if n := len(L.buckets); L.sched.launched() != n || int(r.reduced.Load()) != n || int(L.sched.nmarked.Load()) != len(r.params) {
-			panic(fmt.Sprintf("ddp: invariant: step %d finished with %d of %d buckets launched, %d reduced, %d of %d parameters marked",
-				r.stepNo, L.sched.launched(), n, r.reduced.Load(), L.sched.nmarked.Load(), len(r.params)))
-		}
-		for i := range r.fresh {
-			if r.isStale(i) {
-				panic(fmt.Sprintf("ddp: invariant: step %d finished with parameter %d (%q) stale (generation %d, current %d)",
-					r.stepNo, i, r.params[i].Name, r.fresh[i].Load(), r.gen.Load()))
-			}
-		}
-	}
-	s.Wall = time.Since(r.start)
-	s.finalize(r.lay.Load(), r.isUnused)
-	r.cur, r.last = r.last, r.cur
-	r.state.Store(idle)
-}
-
-// Stats returns the statistics of the last completed step. It allocates
-// nothing: the slices in the result are the Reducer's own and stay valid
-// until the next Wait returns (or the next Begin after a no-sync step);
-// use StatsInto to keep a copy. Like StatsInto, it must not run
-// concurrently with Wait or Begin: call it from the training goroutine
-// (a metrics exporter on another goroutine takes the copy it is handed).
-func (r *Reducer) Stats() StepStats { return *r.last }
-
-// StatsInto copies the statistics of the last completed step into dst,
-// reusing dst's slices.
-func (r *Reducer) StatsInto(dst *StepStats) {
-	b, p, u := dst.Buckets, dst.ParamReady, dst.Unused
-	*dst = *r.last
-	dst.Buckets = append(b[:0], r.last.Buckets...)
-	dst.ParamReady = append(p[:0], r.last.ParamReady...)
-	dst.Unused = append(u[:0], r.last.Unused...)
 }

@@ -4,27 +4,20 @@ import (
 	"time"
 )
 
-// Lazy zeroing.
+// Lazy zeroing: what callers see is in the package documentation,
+// "Zeroing"; this is how.
 //
-// zero_grad would cost a serial pass over all gradient memory before
-// backward can start (on ResNet-50 as long as the whole all-reduce), so
-// the Reducer zeroes lazily. gen is the zeroing generation: every Begin
-// after a synced step increments it, which makes every gradient stale at
-// once, in O(1). fresh[i] == gen says parameter i's gradient holds this
-// accumulation window's value; otherwise it still holds the last synced
-// step's average and reads, logically, as zero (as the last average with
-// NoZeroGrad). A stale gradient is made fresh in exactly one of these
-// places:
-//
-//   - Grad and GradBuffer zero it as they hand it out (its cache lines
-//     are then warm for the caller's write, and the cost is spread over
-//     backward instead of preceding it);
-//   - SetGrad overwrites it, and AddGrad overwrites instead of adding;
-//   - Ready with NoZeroGrad takes the caller's word that it was
-//     overwritten;
-//   - the launcher zeroes the still-stale gradients of a complete bucket
-//     just before launching it (zeroStale: a parameter marked ready with
-//     no Grad, by the caller or as unused), so Ready stays O(1).
+// gen is the zeroing generation: every Begin after a synced step (and
+// every shadow step of Join) increments it, which makes every gradient
+// stale at once, in O(1). fresh[i] == gen says parameter i's gradient
+// holds this accumulation window's value; otherwise it still holds the
+// last synced step's average and reads, logically, as zero (as the last
+// average with NoZeroGrad). A stale gradient is made fresh in exactly one
+// of these places: Grad and GradBuffer zero it as they hand it out;
+// SetGrad overwrites it, and AddGrad overwrites instead of adding; Ready
+// with NoZeroGrad takes the caller's word that it was overwritten; the
+// launcher zeroes the still-stale gradients of a complete bucket just
+// before launching it (zeroStale).
 //
 // The words are atomic because the launcher reads and writes them; each
 // parameter's word is touched by one goroutine at a time (its owner until

@@ -1,9 +1,10 @@
 // Package hooks decides how one bucket of gradients is reduced across
 // ranks: PyTorch DDP's communication hooks.
 //
-// A Hook receives a bucket of float32 gradients (a comm.Buffer over CommPool
-// memory, host or device) and must leave it holding the average over all
-// ranks. Four hooks are built in (ByName finds them by name):
+// A Hook receives a bucket of gradients of one floating-point dtype (a
+// comm.Buffer over CommPool memory, host or device) and must leave it
+// holding the average over all ranks. Four hooks are built in (ByName
+// finds them by name):
 //
 //   - Avg (the Reducer's default): one all-reduce with comm.Avg, which the
 //     backend computes inside its reduction pass as a pre-multiplied sum;
@@ -14,6 +15,25 @@
 //     scratch, all-reduce the scratch with Sum in float16, convert the sum
 //     back into the bucket (fp16_compress_hook). Half the bytes on the wire.
 //   - BF16: the same with bfloat16 (bf16_compress_hook).
+//
+// # Dtypes
+//
+// What each hook does with a bucket of each dtype (Hook.Wire reports the
+// wire dtype, 0 where a hook refuses the dtype):
+//
+//	bucket     Avg, AllReduce                FP16, BF16
+//	float32    as above                      compressed to 16 bits as above
+//	float64    comm.Avg in float64           refused (ErrDType)
+//	float16    as above, in float16          reduced as AllReduce does, in float16
+//	bfloat16   as above, in bfloat16         reduced as AllReduce does, in bfloat16
+//
+// A float64 bucket is always all-reduced with comm.Avg, which every
+// backend computes in float64: scaling it first would multiply it by 1/N
+// rounded to float32, comm.Kernels.Scale's factor. FP16 and BF16 refuse
+// float64 rather than round a gradient the model keeps in float64 to 16
+// bits; a half-precision bucket is already as narrow as their wire, so
+// they reduce it in place in its own dtype, with no scratch. Overflows are
+// counted for compressed (float32) buckets only.
 //
 // # Two phases
 //

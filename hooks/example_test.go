@@ -53,7 +53,7 @@ func Example_custom() {
 				panic(err)
 			}
 			defer r.Close()
-			if err := r.Begin(true); err != nil {
+			if err := r.Begin(ddp.Sync); err != nil {
 				panic(err)
 			}
 			if err := r.SetGrad(0, []float32{1, 2, float32(10 * rank)}); err != nil {
@@ -62,7 +62,11 @@ func Example_custom() {
 			if err := r.Wait(ctx); err != nil {
 				panic(err)
 			}
-			out[rank] = append([]float32(nil), r.Grad(0)...)
+			g, err := r.Grad(0)
+			if err != nil {
+				panic(err)
+			}
+			out[rank] = append([]float32(nil), g...)
 		})
 	}
 	wg.Wait()

@@ -13,6 +13,14 @@ import (
 // bucket. (PyTorch converts first and divides in float16, rounding twice.)
 // It halves the bytes on the wire. Values whose magnitude after scaling
 // exceeds 65504 become ±Inf; Bucket.Overflows counts them.
+//
+// FP16 and BF16 compress float32 buckets. A float16 or bfloat16 bucket is
+// already as narrow as the wire, so it is reduced in its own dtype as
+// AllReduce reduces it (divided by N, then summed in place), with no
+// scratch and no overflow count. A float64 bucket is refused (Wire returns
+// 0, and the Reducer refuses the parameter when it is built): rounding a
+// gradient the model keeps in float64 to 16 bits would throw away what it
+// asked float64 for; reduce such models with Avg or AllReduce.
 func FP16() Hook { return &half{base: base{name: "fp16"}, wire: comm.Float16} }
 
 // BF16 returns the bfloat16 compression hook, PyTorch's bf16_compress_hook:
@@ -27,9 +35,24 @@ type half struct {
 	scale float32
 }
 
-func (h *half) Name() string                        { return h.name }
-func (h *half) Wire(comm.DType) comm.DType          { return h.wire }
-func (h *half) Scratch(count int, _ comm.DType) int { return count * h.wire.Size() }
+func (h *half) Name() string { return h.name }
+
+func (h *half) Wire(dt comm.DType) comm.DType {
+	switch dt {
+	case comm.Float32:
+		return h.wire
+	case comm.Float16, comm.BFloat16:
+		return dt
+	}
+	return 0
+}
+
+func (h *half) Scratch(count int, dt comm.DType) int {
+	if dt != comm.Float32 {
+		return 0
+	}
+	return count * h.wire.Size()
+}
 
 func (h *half) Setup(c comm.Communicator, k comm.Kernels) error {
 	h.mu.Lock()
@@ -52,8 +75,16 @@ func (h *half) wireBuf(b *Bucket) comm.Buffer {
 }
 
 func (h *half) Launch(b *Bucket) (comm.Work, error) {
-	if err := h.check("Launch", b, h.Scratch(b.Buf.Count, b.Buf.DType)); err != nil {
+	dt := b.Buf.DType
+	if err := h.check("Launch", b, h.Wire(dt), h.Scratch(b.Buf.Count, dt)); err != nil {
 		return comm.Work{}, err
+	}
+	if dt != comm.Float32 { // already half width: reduce in place
+		if h.scale != 1 {
+			h.k.Scale(b.Buf, h.scale)
+		}
+		b.WireBytes = int64(b.Buf.Bytes())
+		return h.c.AllReduce(b.Buf, b.Buf, comm.Sum), nil
 	}
 	w := h.wireBuf(b)
 	h.k.Compress(w, b.Buf, h.scale)
@@ -62,8 +93,13 @@ func (h *half) Launch(b *Bucket) (comm.Work, error) {
 }
 
 func (h *half) Finish(b *Bucket) error {
-	if err := h.check("Finish", b, h.Scratch(b.Buf.Count, b.Buf.DType)); err != nil {
+	dt := b.Buf.DType
+	if err := h.check("Finish", b, h.Wire(dt), h.Scratch(b.Buf.Count, dt)); err != nil {
 		return err
+	}
+	if dt != comm.Float32 {
+		b.Overflows = 0
+		return nil
 	}
 	w := h.wireBuf(b)
 	// b.Buf still holds this rank's float32 input: count the elements

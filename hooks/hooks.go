@@ -9,8 +9,8 @@ import (
 	"github.com/ddpgo/ddpgo/comm"
 )
 
-// Hook reduces one bucket of float32 gradients so that, on every rank, the
-// bucket ends holding the average over ranks. It works in two phases, so
+// Hook reduces one bucket of gradients (of one floating-point dtype) so
+// that, on every rank, the bucket ends holding the average over ranks. It works in two phases, so
 // that the Reducer can keep several buckets on the wire at once: Launch
 // prepares the bucket (compresses it, if the hook compresses) and issues
 // its collective, returning the collective's Work without waiting for it;
@@ -34,8 +34,12 @@ type Hook interface {
 	// Name identifies the hook in statistics and errors ("allreduce",
 	// "avg", "fp16", "bf16"). The Reducer compares it across ranks.
 	Name() string
-	// Wire returns the dtype the hook puts on the wire for gradients of
-	// dtype dt (Float16 for the fp16 hook, dt itself for plain ones).
+	// Wire returns the dtype the hook puts on the wire for a bucket of
+	// dtype dt (Float16 for the fp16 hook's float32 buckets, dt itself for
+	// plain ones), or 0 if the hook does not reduce buckets of dt. The
+	// Reducer asks before it builds anything, and refuses parameters of a
+	// dtype the hook does not reduce; it also labels the statistics with
+	// it.
 	Wire(dt comm.DType) comm.DType
 	// Scratch returns how many bytes of scratch memory the hook needs to
 	// reduce a bucket of count elements of dtype dt (0 for none). The
@@ -45,7 +49,7 @@ type Hook interface {
 	Scratch(count int, dt comm.DType) int
 	// Setup binds the hook to a rank's communicator and to the kernels of
 	// the bucket memory. It fails with ErrShared if the hook is already
-	// base to another communicator.
+	// bound to another communicator.
 	Setup(c comm.Communicator, k comm.Kernels) error
 	// Launch starts reducing b: it prepares b.Buf (and b.Scratch), issues
 	// the collective and returns its Work, setting b.WireBytes. It does not
@@ -69,9 +73,9 @@ type Bucket struct {
 	// completed).
 	Scratch   comm.Buffer
 	WireBytes int64 // set by Launch: payload bytes handed to the collective
-	// Overflows is set by Finish for FP16 and BF16: the elements whose
-	// reduced value is Inf or NaN although this rank's float32 gradient
-	// was finite (see the package documentation).
+	// Overflows is set by Finish for FP16 and BF16 on float32 buckets:
+	// the elements whose reduced value is Inf or NaN although this rank's
+	// float32 gradient was finite (see the package documentation).
 	Overflows int64
 }
 
@@ -85,8 +89,9 @@ var (
 	ErrShared = errors.New("hooks: hook used by two communicators")
 	// ErrScratch: a bucket's scratch is smaller than Scratch asked for.
 	ErrScratch = errors.New("hooks: bucket scratch too small")
-	// ErrDType: a bucket's buffer is not Float32.
-	ErrDType = errors.New("hooks: bucket is not float32")
+	// ErrDType: a bucket's dtype is one the hook does not reduce (Wire
+	// returns 0 for it).
+	ErrDType = errors.New("hooks: bucket dtype not reduced by this hook")
 	// ErrUnknown: ByName was given a name it does not know.
 	ErrUnknown = errors.New("hooks: unknown hook")
 )
@@ -121,7 +126,7 @@ func Names() []string {
 }
 
 // base is the state every built-in hook keeps: its communicator and
-// kernels, base once by Setup.
+// kernels, bound once by Setup.
 type base struct {
 	name   string
 	c      comm.Communicator
@@ -140,13 +145,14 @@ func (b *base) setup(c comm.Communicator, k comm.Kernels) error {
 	return nil
 }
 
-// check validates a Launch or Finish call against the hook's setup.
-func (b *base) check(op string, bk *Bucket, scratch int) error {
+// check validates a Launch or Finish call against the hook's setup; wire
+// is the hook's Wire for the bucket's dtype.
+func (b *base) check(op string, bk *Bucket, wire comm.DType, scratch int) error {
 	switch {
 	case b.c == nil || b.closed:
 		return fmt.Errorf("%w: %s %s of bucket %d", ErrNotSetup, b.name, op, bk.Index)
-	case bk.Buf.DType != comm.Float32:
-		return fmt.Errorf("%w: bucket %d is %s", ErrDType, bk.Index, bk.Buf.DType)
+	case wire == 0:
+		return fmt.Errorf("%w: the %s hook does not reduce bucket %d (%s)", ErrDType, b.name, bk.Index, bk.Buf.DType)
 	case bk.Scratch.Bytes() < scratch:
 		return fmt.Errorf("%w: bucket %d of %d elements needs %d bytes of scratch, has %d", ErrScratch, bk.Index, bk.Buf.Count, scratch, bk.Scratch.Bytes())
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/big"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/fp16"
 	"github.com/ddpgo/ddpgo/inproc"
 )
 
@@ -230,9 +232,15 @@ func TestSetupErrors(t *testing.T) {
 				t.Errorf("%s: Launch with %d bytes of scratch for %d: %v", k.name, need-1, need, err)
 			}
 		}
-		b.Buf = comm.Halves(make([]uint16, 4))
+		b.Buf = comm.Int32s(make([]int32, 4))
 		if _, err := h.Launch(b); !errors.Is(err, ErrDType) {
-			t.Errorf("%s: Launch of a half bucket: %v", k.name, err)
+			t.Errorf("%s: Launch of an int32 bucket: %v", k.name, err)
+		}
+		if k.wire == 2 {
+			b.Buf = comm.Float64s(make([]float64, 4))
+			if _, err := h.Launch(b); !errors.Is(err, ErrDType) {
+				t.Errorf("%s: Launch of a float64 bucket: %v", k.name, err)
+			}
 		}
 		if err := h.Close(); err != nil {
 			t.Fatal(err)
@@ -451,4 +459,126 @@ func reduceOnce(h Hook, b *Bucket) error {
 		return err
 	}
 	return h.Finish(b)
+}
+
+// TestDTypes reduces float64, float16 and bfloat16 buckets with every hook
+// and checks the per-dtype behaviour the package documents: the plain
+// hooks reduce every floating-point dtype in its own precision (float64
+// through comm.Avg, never a float32 factor), FP16 and BF16 reduce a half
+// bucket in its own dtype and refuse float64. Each element is checked
+// against the exact average of the inputs as the dtype holds them.
+func TestDTypes(t *testing.T) {
+	const m = 1031
+	type dtCase struct {
+		dt     comm.DType
+		u, eta float64 // of dt
+	}
+	dts := []dtCase{{comm.Float64, 0x1p-53, 0}, {comm.Float16, 0x1p-11, 0x1p-25}, {comm.BFloat16, 0x1p-8, 0x1p-134}}
+	for _, k := range kinds {
+		for _, d := range dts {
+			for _, n := range []int{1, 3} {
+				t.Run(fmt.Sprintf("%s/%s/n=%d", k.name, d.dt, n), func(t *testing.T) {
+					h := k.hook()
+					refused := k.wire == 2 && d.dt == comm.Float64
+					if got := h.Wire(d.dt); refused && got != 0 || !refused && got != d.dt {
+						t.Fatalf("Wire(%s) = %v, refused %v", d.dt, got, refused)
+					}
+					if refused {
+						return
+					}
+					rng := rand.New(rand.NewPCG(uint64(n), uint64(d.dt)))
+					in := randomGrads(rng, n, m)
+					exact := make([]float64, m) // inputs as dt holds them
+					S := make([]float64, m)
+					for i := range m {
+						sum := new(big.Float).SetPrec(256)
+						for r := range n {
+							v := holdAs(d.dt, in[r][i])
+							sum.Add(sum, big.NewFloat(v))
+							S[i] += math.Abs(v) / float64(n)
+						}
+						exact[i], _ = sum.Quo(sum, big.NewFloat(float64(n))).Float64()
+					}
+					out := make([][]float64, n)
+					group(t, n, k, func(rank int, c comm.Communicator, h Hook, pool *allocator.Pool) error {
+						if got := h.Scratch(m, d.dt); got != 0 {
+							return fmt.Errorf("Scratch(%d, %s) = %d, want 0", m, d.dt, got)
+						}
+						blk, err := pool.Get(m * d.dt.Size())
+						if err != nil {
+							return err
+						}
+						defer pool.Put(blk)
+						buf := comm.HostBuffer(blk.Addr(), m, d.dt)
+						for i := range m {
+							store(buf, i, in[rank][i])
+						}
+						b := &Bucket{Index: 2, Buf: buf}
+						if err := reduceOnce(h, b); err != nil {
+							return err
+						}
+						if b.WireBytes != int64(m*d.dt.Size()) || b.Overflows != 0 {
+							return fmt.Errorf("WireBytes %d (want %d), Overflows %d", b.WireBytes, m*d.dt.Size(), b.Overflows)
+						}
+						out[rank] = make([]float64, m)
+						for i := range m {
+							out[rank][i] = load(buf, i)
+						}
+						return nil
+					})
+					for i := range m {
+						for r := 1; r < n; r++ {
+							if out[r][i] != out[0][i] {
+								t.Fatalf("elem %d: rank %d has %g, rank 0 %g", i, r, out[r][i], out[0][i])
+							}
+						}
+						a := d.u + 2*0x1p-24 // 1/N and the product rounded in float32
+						if d.dt == comm.Float64 {
+							a = d.u // Avg: one division in float64
+						}
+						gamma := float64(n-1) * d.u / (1 - float64(n-1)*d.u)
+						bound := (a+gamma*(1+a))*S[i] + 2*float64(n)*d.eta
+						// exact[i] is the exact average rounded to float64: allow that
+						// rounding too.
+						bound += math.Abs(exact[i]) * 0x1p-53
+						if diff := math.Abs(out[0][i] - exact[i]); diff > bound {
+							t.Fatalf("elem %d: got %g, exact %g: error %g > bound %g", i, out[0][i], exact[i], diff, bound)
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
+// holdAs returns v as a bucket of dtype dt holds it.
+func holdAs(dt comm.DType, v float32) float64 {
+	switch dt {
+	case comm.Float16:
+		return float64(fp16.ToFloat32(fp16.FromFloat32(v)))
+	case comm.BFloat16:
+		return float64(fp16.BFloat16ToFloat32Scalar(fp16.BFloat16FromFloat32(v)))
+	}
+	return float64(v) * (1 + 0x1p-30) // a float64 value float32 cannot hold
+}
+
+func store(b comm.Buffer, i int, v float32) {
+	switch b.DType {
+	case comm.Float16:
+		b.AsUint16()[i] = fp16.FromFloat32(v)
+	case comm.BFloat16:
+		b.AsUint16()[i] = fp16.BFloat16FromFloat32(v)
+	default:
+		b.AsFloat64()[i] = holdAs(comm.Float64, v)
+	}
+}
+
+func load(b comm.Buffer, i int) float64 {
+	switch b.DType {
+	case comm.Float16:
+		return float64(fp16.ToFloat32(b.AsUint16()[i]))
+	case comm.BFloat16:
+		return float64(fp16.BFloat16ToFloat32Scalar(b.AsUint16()[i]))
+	}
+	return b.AsFloat64()[i]
 }

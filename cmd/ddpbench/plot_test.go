@@ -12,7 +12,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ddpgo/ddpgo/trace"
+	"github.com/ddpgo/ddpgo/trace/tracetest"
 )
 
 func samplePlot() []plotPoint {
@@ -87,7 +87,7 @@ func checkTrace(t *testing.T, path string, ranks, steps int) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	sum, err := trace.Validate(f)
+	sum, err := tracetest.Validate(f)
 	if err != nil {
 		t.Fatalf("invalid trace: %v", err)
 	}

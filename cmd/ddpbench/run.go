@@ -270,7 +270,7 @@ func runAction(c *cli.Context) error {
 		}
 		defer closePools(pools)
 		cfg.Pools = pools
-		onStep, stop, err := serveMetrics(o.metricsAddr, pools, wireDType(o.compression), c.App.ErrWriter)
+		onStep, stop, err := serveMetrics(o.metricsAddr, pools, c.App.ErrWriter)
 		if err != nil {
 			return err
 		}
