@@ -21,10 +21,13 @@
 // park on a channel, so small collectives cost microseconds while idle
 // ranks burn no CPU.
 //
-// A rank that waits for peers longer than Options.StallInterval reports
-// the stall, naming the ranks that have not joined (Options.OnStall, or the
-// standard logger). After Options.Timeout the collective fails with
-// comm.ErrTimeout and the group is aborted. Abort on any rank, or Close of
+// Every wait for peers is watched by a comm.Watchdog: a rank that waits
+// longer than Options.StallInterval reports a comm.Stall naming the ranks
+// that have not joined (Options.OnStall, or the standard logger), and
+// after Options.Timeout the operation fails with comm.ErrTimeout and the
+// group is aborted. Comm is a comm.Progress: Missing names the ranks a
+// pending operation waits for, so a caller's own watchdog (the reducer's,
+// waiting for a bucket) can name them too. Abort on any rank, or Close of
 // any rank, fails every pending and future operation of the group; an
 // operation that has already started moving data is allowed to finish
 // first, so no buffer is written after its Work has completed.
