@@ -189,40 +189,9 @@ type desc struct {
 	err   error // argument error found when the call was issued
 }
 
-func (d *desc) reduces() bool {
-	return d.kind == comm.KindAllReduce || d.kind == comm.KindReduce || d.kind == comm.KindReduceScatter
-}
-
-func (d *desc) rooted() bool {
-	return d.kind == comm.KindBroadcast || d.kind == comm.KindReduce
-}
-
-// matches reports whether two ranks' calls of the same collective agree.
-func (d *desc) matches(e *desc) bool {
-	if d.kind != e.kind || d.dt != e.dt || d.count != e.count {
-		return false
-	}
-	if d.reduces() && d.op != e.op {
-		return false
-	}
-	if d.rooted() && d.root != e.root {
-		return false
-	}
-	return true
-}
-
-func (d *desc) String() string {
-	switch {
-	case d.kind == comm.KindBarrier:
-		return fmt.Sprintf("barrier (seq %d)", d.seq)
-	case d.kind == comm.KindReduce:
-		return fmt.Sprintf("reduce(%s, root %d, %d x %s) (seq %d)", d.op, d.root, d.count, d.dt, d.seq)
-	case d.reduces():
-		return fmt.Sprintf("%s(%s, %d x %s) (seq %d)", d.kind, d.op, d.count, d.dt, d.seq)
-	case d.kind == comm.KindBroadcast:
-		return fmt.Sprintf("broadcast(root %d, %d x %s) (seq %d)", d.root, d.count, d.dt, d.seq)
-	}
-	return fmt.Sprintf("%s(%d x %s) (seq %d)", d.kind, d.count, d.dt, d.seq)
+// call is what a mismatch report says of d.
+func (d *desc) call() comm.Call {
+	return comm.Call{Kind: d.kind, Op: d.op, DType: d.dt, Count: d.count, Root: d.root, Seq: d.seq}
 }
 
 // judge compares every rank's call of collective k and returns nil if they
@@ -241,41 +210,16 @@ func (g *group) judge(s *collSlot, k uint64) error {
 		}
 		return fmt.Errorf("%w: collective #%d: invalid call on rank(s) %v%s", comm.ErrInvalid, k, invalid, msg)
 	}
-	agree := true
-	for r := 1; r < len(s.d) && agree; r++ {
-		agree = s.d[r].matches(&s.d[0])
-	}
-	if agree {
-		return nil
-	}
-	// Name the ranks that differ from the call most ranks made (on a tie,
-	// the lowest rank's), so that one odd rank is named as the odd one
-	// even when it is rank 0.
-	ref, best := 0, 0
-	for r := range s.d {
-		votes := 0
-		for q := range s.d {
-			if s.d[q].matches(&s.d[r]) {
-				votes++
+	for r := 1; r < len(s.d); r++ {
+		if !s.d[r].call().Matches(s.d[0].call()) {
+			calls := make([]comm.Call, len(s.d))
+			for q := range s.d {
+				calls[q] = s.d[q].call()
 			}
-		}
-		if votes > best {
-			ref, best = r, votes
+			return comm.MismatchError(k, calls)
 		}
 	}
-	var same, differ []int
-	for r := range s.d {
-		if s.d[r].matches(&s.d[ref]) {
-			same = append(same, r)
-		} else {
-			differ = append(differ, r)
-		}
-	}
-	msg := ""
-	for r := range s.d {
-		msg += fmt.Sprintf("; rank %d: %s", r, &s.d[r])
-	}
-	return fmt.Errorf("%w: collective #%d: rank(s) %v differ from rank(s) %v%s", comm.ErrMismatch, k, differ, same, msg)
+	return nil
 }
 
 // violated reports a broken invariant of the protocol (invariants builds).

@@ -333,10 +333,10 @@ func (c *Comm) recv(d *desc) error {
 	switch {
 	case sd.err != nil || d.err != nil:
 		v = fmt.Errorf("%w: message %d from rank %d to rank %d: send (seq %d): %v; recv (seq %d): %v", comm.ErrInvalid, k, p, c.rank, sd.seq, sd.err, d.seq, d.err)
-	case sd.count != d.count || sd.dt != d.dt:
-		v = fmt.Errorf("%w: message %d from rank %d to rank %d: rank %d sends %d x %s (seq %d), rank %d receives %d x %s (seq %d)", comm.ErrMismatch, k, p, c.rank, p, sd.count, sd.dt, sd.seq, c.rank, d.count, d.dt, d.seq)
 	default:
-		memmove(d.recv, sd.send, d.count*d.dt.Size())
+		if v = comm.MessageMismatchError(k, p, c.rank, sd.call(), d.call()); v == nil {
+			memmove(d.recv, sd.send, d.count*d.dt.Size())
+		}
 	}
 	b.verdict = v
 	b.state.Store(k<<2 | boxDone)
