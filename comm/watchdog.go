@@ -130,14 +130,16 @@ const (
 	pollMax  = 4096
 )
 
-// Wait waits for w, an operation of c, under the watchdog: after every
-// StallInterval it reports a Stall for rank c.Rank(), operation kind and
-// w.ID(), naming the ranks c reports missing (MissingRanks) and adding
-// detail; after Timeout it returns the Stall's TimeoutError. It does not
-// abort c: that is the caller's decision. It returns w's error when w
-// completes, or ctx's, wrapped, when ctx ends first (w then stays pending
-// and its memory the backend's).
-func (d Watchdog) Wait(ctx context.Context, c Communicator, w Work, kind Kind, detail string) error {
+// Wait waits for w, an operation of c, under the watchdog. After every
+// StallInterval it reports the Stall s, which the caller has filled with
+// what it knows (its rank, the sequence number and kind of the operation
+// it waits for, a Detail), with Waited set and, when s.Missing is nil,
+// with the ranks c reports missing from w (MissingRanks). After Timeout it
+// returns that Stall's TimeoutError; it does not abort c, which is the
+// caller's decision. It returns w's error when w completes, or ctx's,
+// wrapped, when ctx ends first (w then stays pending and its memory the
+// backend's).
+func (d Watchdog) Wait(ctx context.Context, c Communicator, w Work, s Stall) error {
 	start := time.Now()
 	for i := 0; ; i++ {
 		if done, err := w.Test(); done {
@@ -153,7 +155,11 @@ func (d Watchdog) Wait(ctx context.Context, c Communicator, w Work, kind Kind, d
 		now := time.Now()
 		report, expired := watch.Check(now)
 		if report || expired {
-			s := Stall{Rank: c.Rank(), Seq: w.ID(), Kind: kind, Missing: MissingRanks(c, w), Waited: watch.Waited(now), Detail: detail}
+			s := s
+			s.Waited = watch.Waited(now)
+			if s.Missing == nil {
+				s.Missing = MissingRanks(c, w)
+			}
 			if report {
 				watch.dog.Report(s)
 			}
@@ -175,7 +181,7 @@ func (d Watchdog) Wait(ctx context.Context, c Communicator, w Work, kind Kind, d
 			return werr
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("comm: rank %d waiting for %s #%d: %w", c.Rank(), kind, w.ID(), context.Cause(ctx))
+			return fmt.Errorf("comm: rank %d waiting %s: %w", s.Rank, s.what(), context.Cause(ctx))
 		}
 	}
 }

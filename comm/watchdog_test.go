@@ -200,7 +200,7 @@ func TestWatchdogWait(t *testing.T) {
 				if tc.cancelAt > 0 {
 					time.AfterFunc(tc.cancelAt, cancel)
 				}
-				err := dog.Wait(ctx, f, comm.NewWork(f, 4), comm.KindAllReduce, "bucket 1")
+				err := dog.Wait(ctx, f, comm.NewWork(f, 4), comm.Stall{Seq: 4, Kind: comm.KindAllReduce, Detail: "bucket 1"})
 				if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil) != (err == nil) {
 					t.Fatalf("Wait = %v, want %v", err, tc.wantErr)
 				}
@@ -231,7 +231,7 @@ func TestWaitCompletedAllocs(t *testing.T) {
 	w := comm.NewWork(f, 1)
 	ctx := context.Background()
 	if a := testing.AllocsPerRun(100, func() {
-		if err := (comm.Watchdog{}).Wait(ctx, f, w, comm.KindBarrier, ""); err != nil {
+		if err := (comm.Watchdog{}).Wait(ctx, f, w, comm.Stall{Seq: 1, Kind: comm.KindBarrier}); err != nil {
 			t.Fatal(err)
 		}
 	}); a != 0 {
