@@ -32,11 +32,15 @@ type Comm struct {
 
 	mu     sync.Mutex // serialises issuing
 	closed bool
+	// numbering at issue, under mu: collectives, and messages per peer
+	colls        uint64
+	sends, recvs []uint64
 
 	_       cpu.CacheLinePad
 	issued  atomic.Uint64 // sequence number of the last issued operation
 	_       cpu.CacheLinePad
 	arrived atomic.Uint64 // number of the last collective this rank joined
+	current atomic.Uint64 // sequence number of the operation the worker runs or ran last
 	_       cpu.CacheLinePad
 	parked  atomic.Bool // the worker is blocked on wake
 	_       cpu.CacheLinePad
@@ -62,14 +66,13 @@ type Comm struct {
 	failFrom  uint64    // the first failure after the group failed; every later operation failed too
 
 	// owned by the worker goroutine
-	coll, par   uint64   // collectives joined, of which parallel
-	sent, recvd []uint64 // messages per peer
-	timer       *time.Timer
-	srcs, dsts  []unsafe.Pointer
-	ptrs        []unsafe.Pointer
-	views       [][]byte // reinterpreted as [][]T by the kernels
-	tmp         unsafe.Pointer
-	tmpMem      []byte
+	par        uint64 // parallel collectives joined
+	timer      *time.Timer
+	srcs, dsts []unsafe.Pointer
+	ptrs       []unsafe.Pointer
+	views      [][]byte // reinterpreted as [][]T by the kernels
+	tmp        unsafe.Pointer
+	tmpMem     []byte
 }
 
 type doneSlot struct {
@@ -101,8 +104,8 @@ func newComm(g *group, rank int) *Comm {
 		rank:   rank,
 		wake:   make(chan struct{}, 1),
 		exited: make(chan struct{}),
-		sent:   make([]uint64, g.n),
-		recvd:  make([]uint64, g.n),
+		sends:  make([]uint64, g.n),
+		recvs:  make([]uint64, g.n),
 		srcs:   make([]unsafe.Pointer, g.n),
 		dsts:   make([]unsafe.Pointer, g.n),
 		ptrs:   make([]unsafe.Pointer, g.n),
@@ -273,6 +276,17 @@ func (c *Comm) issue(d *desc) comm.Work {
 		_ = c.WaitOp(context.Background(), seq-ringSize)
 	}
 	d.seq = seq
+	switch {
+	case d.kind == comm.KindSend && d.root >= 0:
+		c.sends[d.root]++
+		d.num = c.sends[d.root]
+	case d.kind == comm.KindRecv && d.root >= 0:
+		c.recvs[d.root]++
+		d.num = c.recvs[d.root]
+	case d.kind != comm.KindSend && d.kind != comm.KindRecv:
+		c.colls++
+		d.num = c.colls
+	}
 	c.ring[seq%ringSize] = *d
 	c.issued.Store(seq)
 	c.mu.Unlock()
@@ -489,4 +503,5 @@ func (c *Comm) checkPeer(p int) error {
 var (
 	_ comm.Communicator = (*Comm)(nil)
 	_ comm.Capable      = (*Comm)(nil)
+	_ comm.Progress     = (*Comm)(nil)
 )

@@ -21,10 +21,13 @@
 // park on a channel, so small collectives cost microseconds while idle
 // ranks burn no CPU.
 //
-// A rank that waits for peers longer than Options.StallInterval reports
-// the stall, naming the ranks that have not joined (Options.OnStall, or the
-// standard logger). After Options.Timeout the collective fails with
-// comm.ErrTimeout and the group is aborted. Abort on any rank, or Close of
+// Every wait for peers is watched by a comm.Watchdog: a rank that waits
+// longer than Options.StallInterval reports a comm.Stall naming the ranks
+// that have not joined (Options.OnStall, or the standard logger), and
+// after Options.Timeout the operation fails with comm.ErrTimeout and the
+// group is aborted. Comm is a comm.Progress: Missing names the ranks a
+// pending operation waits for, so a caller's own watchdog (the reducer's,
+// waiting for a bucket) can name them too. Abort on any rank, or Close of
 // any rank, fails every pending and future operation of the group; an
 // operation that has already started moving data is allowed to finish
 // first, so no buffer is written after its Work has completed.
@@ -49,7 +52,22 @@
 // a ring must therefore alternate the order (even ranks send first, odd
 // ranks receive first), as they must with most other backends.
 //
-// Float16 and BFloat16 sums round once from a float32 accumulation, with
-// the kernels of package fp16; Avg is the sum scaled by 1/N before that
-// rounding. Integer Avg truncates toward zero.
+// Avg of floating-point dtypes is finite wherever the exact average is
+// (3e38 and 3e38 average to 3e38, where summing first would give +Inf),
+// in the reduction's one pass. Over a power-of-two number of ranks it is
+// the pre-multiplied sum of NCCL's ncclAvg (each contribution times 1/N,
+// exact in the normal range, so bit for bit the sum divided by N there);
+// over other numbers of ranks it is the sum divided by N, rounded once, and
+// an element whose sum overflows while its inputs are finite is computed as
+// the pre-multiplied sum instead (multiplying every contribution by a
+// rounded 1/N would turn an exactly cancelling sum into a residue). Either
+// way the result is within (N+2)·u·mean|x| + N·η/2 of the exact average (u
+// the unit roundoff, η the smallest subnormal), and correctly rounded on
+// two ranks but for subnormal halves; package internal/reduce has the
+// details. Float16 and BFloat16 sums round once from a float32
+// accumulation, with the kernels of package fp16; a Float16 Avg scales
+// that float32 sum by 1/N before the rounding (a float32 sum of binary16
+// values cannot overflow), and a BFloat16 Avg, whose range is float32's,
+// falls back to the pre-multiplied sum in float32 as above. Integer Avg is
+// the sum divided by N, truncated toward zero.
 package inproc

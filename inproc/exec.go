@@ -88,8 +88,8 @@ func (c *Comm) reduceInto(dsts, srcs []unsafe.Pointer, dt comm.DType, op comm.Op
 	}
 	if dt == comm.Float32 && (op == comm.Sum || op == comm.Avg) && len(srcs) == 2 && len(dsts) == 2 {
 		// The two-rank all-reduce: one pass, both outputs stored at once;
-		// Avg halves in the same pass; times 0.5 rounds as the general
-		// path's Sum then Div by 2 does, so the result is the same.
+		// Avg is the same pre-multiplied sum as the general path's, in the
+		// same pass, so averaging costs what summing costs.
 		f := func(p unsafe.Pointer) []float32 { return unsafe.Slice((*float32)(p), m) }
 		if op == comm.Sum {
 			reduce.SumFloat32Twice(f(dsts[0]), f(dsts[1]), f(srcs[0]), f(srcs[1]))
@@ -120,15 +120,17 @@ func (c *Comm) combine(dt comm.DType, op comm.Op, dst unsafe.Pointer, srcs []uns
 	n := c.g.n
 	switch dt {
 	case comm.Float32:
+		if op == comm.Avg {
+			reduce.AvgFloat32(unsafe.Slice((*float32)(dst), m), views[float32](c, srcs, m), unsafe.Slice((*float32)(c.tmp), m))
+			return
+		}
 		combineT[float32](c, reduce.Kernel[float32](op), dst, srcs, m)
-		if op == comm.Avg {
-			reduce.Div(unsafe.Slice((*float32)(dst), m), n)
-		}
 	case comm.Float64:
-		combineT[float64](c, reduce.Kernel[float64](op), dst, srcs, m)
 		if op == comm.Avg {
-			reduce.Div(unsafe.Slice((*float64)(dst), m), n)
+			reduce.AvgFloat64(unsafe.Slice((*float64)(dst), m), views[float64](c, srcs, m), unsafe.Slice((*float64)(c.tmp), m))
+			return
 		}
+		combineT[float64](c, reduce.Kernel[float64](op), dst, srcs, m)
 	case comm.Int32:
 		combineT[int32](c, reduce.Kernel[int32](op), dst, srcs, m)
 		if op == comm.Avg {
@@ -159,14 +161,24 @@ func (c *Comm) combine(dt comm.DType, op comm.Op, dst unsafe.Pointer, srcs []uns
 		case dt == comm.Float16 && op == comm.Sum:
 			fp16.SumHalf(out, ss)
 		case dt == comm.Float16:
+			// A float32 sum of binary16 values cannot overflow (65504 times
+			// any group size stays far below 3.4e38), so scaling the sum
+			// before the one rounding gives the pre-multiplied sum's
+			// guarantee with one rounding fewer.
 			fp16.SumScaledHalf(out, ss, 1/float32(n))
 		case op == comm.Sum:
 			fp16.SumBFloat16(out, ss)
 		default:
-			fp16.SumScaledBFloat16(out, ss, 1/float32(n))
+			// bfloat16 has float32's range: its sum must be pre-multiplied.
+			scratch := unsafe.Slice((*float32)(c.tmp), 2*bf16Block)
+			reduce.AvgBFloat16(out, ss, scratch[:bf16Block], scratch[bf16Block:])
 		}
 	}
 }
+
+// bf16Block is the block of a bfloat16 average: two float32 blocks of it
+// fill the worker's chunk scratch.
+const bf16Block = chunkBytes / 8
 
 // views returns srcs as m-element slices of T, in the worker's scratch.
 func views[T any](c *Comm, srcs []unsafe.Pointer, m int) [][]T {

@@ -2,7 +2,6 @@ package inproc
 
 import (
 	"fmt"
-	"log"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -16,29 +15,22 @@ import (
 type Options struct {
 	// StallInterval is how long a rank waits for its peers before it
 	// reports a stall, and then how often it repeats the report.
-	// Zero means 60 s.
+	// Zero means comm.DefaultStallInterval (60 s).
 	StallInterval time.Duration
 	// Timeout is how long a rank waits for its peers before the operation
-	// fails with comm.ErrTimeout and the group is aborted. Zero means 10 min.
+	// fails with comm.ErrTimeout and the group is aborted. Zero means
+	// comm.DefaultTimeout (10 min).
 	Timeout time.Duration
-	// OnStall receives stall reports. It is called on the waiting rank's
-	// worker goroutine and must not block for long or call Close. Nil logs
-	// them with the standard logger.
-	OnStall func(Stall)
+	// OnStall receives stall reports, which name the ranks that have not
+	// joined. It is called on the waiting rank's worker goroutine and must
+	// not block for long or call Close. Nil logs them with the standard
+	// logger.
+	OnStall func(comm.Stall)
 }
 
-// Stall reports a rank that has waited for its peers longer than the
-// stall interval.
-type Stall struct {
-	Rank    int       // the waiting rank
-	Seq     uint64    // its sequence number of the operation
-	Kind    comm.Kind // the operation
-	Missing []int     // the ranks that have not joined it
-	Waited  time.Duration
-}
-
-func (s Stall) String() string {
-	return fmt.Sprintf("inproc: rank %d has waited %v in %s #%d for rank(s) %v", s.Rank, s.Waited.Round(time.Millisecond), s.Kind, s.Seq, s.Missing)
+// watchdog returns the comm.Watchdog that o describes.
+func (o Options) watchdog() comm.Watchdog {
+	return comm.Watchdog{StallInterval: o.StallInterval, Timeout: o.Timeout, OnStall: o.OnStall}
 }
 
 // NewGroup returns n communicators, one per rank, with default options.
@@ -50,16 +42,11 @@ func NewGroupWith(n int, o Options) ([]*Comm, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("%w: inproc: group size %d, want at least 1", comm.ErrInvalid, n)
 	}
-	if o.StallInterval < 0 || o.Timeout < 0 {
-		return nil, fmt.Errorf("%w: inproc: negative StallInterval %v or Timeout %v", comm.ErrInvalid, o.StallInterval, o.Timeout)
+	dog := o.watchdog()
+	if err := dog.Validate(); err != nil {
+		return nil, fmt.Errorf("inproc: Options: %w", err)
 	}
-	if o.StallInterval == 0 {
-		o.StallInterval = 60 * time.Second
-	}
-	if o.Timeout == 0 {
-		o.Timeout = 10 * time.Minute
-	}
-	g := &group{n: n, opts: o, boxes: make([]atomic.Pointer[mailbox], n*n)}
+	g := &group{n: n, dog: dog.WithDefaults(), boxes: make([]atomic.Pointer[mailbox], n*n)}
 	for i := range g.slots {
 		g.slots[i].d = make([]desc, n)
 	}
@@ -88,7 +75,7 @@ const (
 
 type group struct {
 	n     int
-	opts  Options
+	dog   comm.Watchdog // stall reports and the timeout of every wait for peers
 	comms []*Comm
 
 	_        cpu.CacheLinePad
@@ -167,14 +154,6 @@ func (g *group) wakeAll() {
 	}
 }
 
-func (g *group) reportStall(s Stall) {
-	if g.opts.OnStall != nil {
-		g.opts.OnStall(s)
-		return
-	}
-	log.Print(s.String())
-}
-
 // parallel reports whether collective d is large enough for every rank to
 // take a share rather than the last rank doing all of it.
 func (g *group) parallel(d *desc) bool {
@@ -201,48 +180,18 @@ type desc struct {
 	kind  comm.Kind
 	op    comm.Op
 	dt    comm.DType
-	root  int // root, or peer for Send and Recv
-	count int // the count that must agree across ranks
+	root  int    // root, or peer for Send and Recv
+	count int    // the count that must agree across ranks
+	num   uint64 // the collective's number in the group, or the message's on its pair
 	send  unsafe.Pointer
 	recv  unsafe.Pointer
 	seq   uint64
 	err   error // argument error found when the call was issued
 }
 
-func (d *desc) reduces() bool {
-	return d.kind == comm.KindAllReduce || d.kind == comm.KindReduce || d.kind == comm.KindReduceScatter
-}
-
-func (d *desc) rooted() bool {
-	return d.kind == comm.KindBroadcast || d.kind == comm.KindReduce
-}
-
-// matches reports whether two ranks' calls of the same collective agree.
-func (d *desc) matches(e *desc) bool {
-	if d.kind != e.kind || d.dt != e.dt || d.count != e.count {
-		return false
-	}
-	if d.reduces() && d.op != e.op {
-		return false
-	}
-	if d.rooted() && d.root != e.root {
-		return false
-	}
-	return true
-}
-
-func (d *desc) String() string {
-	switch {
-	case d.kind == comm.KindBarrier:
-		return fmt.Sprintf("barrier (seq %d)", d.seq)
-	case d.kind == comm.KindReduce:
-		return fmt.Sprintf("reduce(%s, root %d, %d x %s) (seq %d)", d.op, d.root, d.count, d.dt, d.seq)
-	case d.reduces():
-		return fmt.Sprintf("%s(%s, %d x %s) (seq %d)", d.kind, d.op, d.count, d.dt, d.seq)
-	case d.kind == comm.KindBroadcast:
-		return fmt.Sprintf("broadcast(root %d, %d x %s) (seq %d)", d.root, d.count, d.dt, d.seq)
-	}
-	return fmt.Sprintf("%s(%d x %s) (seq %d)", d.kind, d.count, d.dt, d.seq)
+// call is what a mismatch report says of d.
+func (d *desc) call() comm.Call {
+	return comm.Call{Kind: d.kind, Op: d.op, DType: d.dt, Count: d.count, Root: d.root, Seq: d.seq}
 }
 
 // judge compares every rank's call of collective k and returns nil if they
@@ -261,41 +210,16 @@ func (g *group) judge(s *collSlot, k uint64) error {
 		}
 		return fmt.Errorf("%w: collective #%d: invalid call on rank(s) %v%s", comm.ErrInvalid, k, invalid, msg)
 	}
-	agree := true
-	for r := 1; r < len(s.d) && agree; r++ {
-		agree = s.d[r].matches(&s.d[0])
-	}
-	if agree {
-		return nil
-	}
-	// Name the ranks that differ from the call most ranks made (on a tie,
-	// the lowest rank's), so that one odd rank is named as the odd one
-	// even when it is rank 0.
-	ref, best := 0, 0
-	for r := range s.d {
-		votes := 0
-		for q := range s.d {
-			if s.d[q].matches(&s.d[r]) {
-				votes++
+	for r := 1; r < len(s.d); r++ {
+		if !s.d[r].call().Matches(s.d[0].call()) {
+			calls := make([]comm.Call, len(s.d))
+			for q := range s.d {
+				calls[q] = s.d[q].call()
 			}
-		}
-		if votes > best {
-			ref, best = r, votes
+			return comm.MismatchError(k, calls)
 		}
 	}
-	var same, differ []int
-	for r := range s.d {
-		if s.d[r].matches(&s.d[ref]) {
-			same = append(same, r)
-		} else {
-			differ = append(differ, r)
-		}
-	}
-	msg := ""
-	for r := range s.d {
-		msg += fmt.Sprintf("; rank %d: %s", r, &s.d[r])
-	}
-	return fmt.Errorf("%w: collective #%d: rank(s) %v differ from rank(s) %v%s", comm.ErrMismatch, k, differ, same, msg)
+	return nil
 }
 
 // violated reports a broken invariant of the protocol (invariants builds).

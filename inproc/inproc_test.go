@@ -243,11 +243,11 @@ func TestInvalidOnOneRank(t *testing.T) {
 // aborted.
 func TestStallAndTimeout(t *testing.T) {
 	var mu sync.Mutex
-	var stalls []Stall
+	var stalls []comm.Stall
 	cs := testGroup(t, 3, Options{
 		StallInterval: time.Millisecond,
 		Timeout:       50 * time.Millisecond,
-		OnStall: func(s Stall) {
+		OnStall: func(s comm.Stall) {
 			mu.Lock()
 			stalls = append(stalls, s)
 			mu.Unlock()

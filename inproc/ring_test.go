@@ -96,7 +96,7 @@ func TestTestOpWhileSlotReused(t *testing.T) {
 // says of both operations at every step: the old one never takes the new
 // one's result, and the new one is not done before its result is in place.
 func TestTestOpSlotBeingRewritten(t *testing.T) {
-	g := &group{n: 1, opts: Options{StallInterval: time.Minute, Timeout: time.Minute}}
+	g := &group{n: 1, dog: comm.Watchdog{StallInterval: time.Minute, Timeout: time.Minute}}
 	c := newComm(g, 0)
 	g.comms = []*Comm{c}
 	errOld := errors.New("old failure")

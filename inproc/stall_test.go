@@ -2,6 +2,7 @@ package inproc
 
 import (
 	"errors"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -12,7 +13,7 @@ import (
 
 func TestDefaultOptions(t *testing.T) {
 	cs := testGroup(t, 2, Options{})
-	if o := cs[0].g.opts; o.StallInterval != 60*time.Second || o.Timeout != 10*time.Minute {
+	if o := cs[0].g.dog; o.StallInterval != 60*time.Second || o.Timeout != 10*time.Minute {
 		t.Errorf("defaults: stall interval %v, timeout %v; want 60s and 10m", o.StallInterval, o.Timeout)
 	}
 }
@@ -23,8 +24,8 @@ func TestDefaultOptions(t *testing.T) {
 // complete normally once the missing ranks join.
 func TestStallReports(t *testing.T) {
 	const interval = time.Millisecond
-	stalls := make(chan Stall, 1024)
-	cs := testGroup(t, 4, Options{StallInterval: interval, Timeout: time.Hour, OnStall: func(s Stall) {
+	stalls := make(chan comm.Stall, 1024)
+	cs := testGroup(t, 4, Options{StallInterval: interval, Timeout: time.Hour, OnStall: func(s comm.Stall) {
 		select {
 		case stalls <- s:
 		default:
@@ -77,7 +78,7 @@ func TestStallReports(t *testing.T) {
 // the missing rank.
 func TestStallIntervalLongerThanTimeout(t *testing.T) {
 	reports := 0
-	cs := testGroup(t, 2, Options{StallInterval: time.Hour, Timeout: 20 * time.Millisecond, OnStall: func(Stall) { reports++ }})
+	cs := testGroup(t, 2, Options{StallInterval: time.Hour, Timeout: 20 * time.Millisecond, OnStall: func(comm.Stall) { reports++ }})
 	err := waitAll(t, []comm.Work{cs[0].Barrier()})[0]
 	if !errors.Is(err, comm.ErrTimeout) || !strings.Contains(err.Error(), "for rank(s) [1]") {
 		t.Errorf("%v; want ErrTimeout naming rank 1", err)
@@ -91,13 +92,72 @@ func TestStallIntervalLongerThanTimeout(t *testing.T) {
 // when the stall interval is not longer than the timeout, however late
 // the rank wakes up (here both are due at the same moment).
 func TestTimeoutReportsStall(t *testing.T) {
-	var reports []Stall
-	cs := testGroup(t, 2, Options{StallInterval: 5 * time.Millisecond, Timeout: 5 * time.Millisecond, OnStall: func(s Stall) { reports = append(reports, s) }})
+	var reports []comm.Stall
+	cs := testGroup(t, 2, Options{StallInterval: 5 * time.Millisecond, Timeout: 5 * time.Millisecond, OnStall: func(s comm.Stall) { reports = append(reports, s) }})
 	err := waitAll(t, []comm.Work{cs[0].Barrier()})[0]
 	if !errors.Is(err, comm.ErrTimeout) {
 		t.Fatalf("%v; want ErrTimeout", err)
 	}
 	if len(reports) != 1 || reports[0].Rank != 0 || !slices.Equal(reports[0].Missing, []int{1}) || reports[0].Kind != comm.KindBarrier {
 		t.Errorf("stall reports %v; want one from rank 0 waiting in barrier #1 for rank 1", reports)
+	}
+}
+
+// TestMissing asks a group, through comm.Progress, which ranks its
+// pending operations wait for: ranks that have not arrived at a
+// collective, a rank held back by its own earlier operation, the peer of
+// a message; and nothing for completed operations or another rank's.
+func TestMissing(t *testing.T) {
+	cs := testGroup(t, 3, Options{})
+	var c comm.Communicator = cs[0]
+	bufs := [][]int32{{1}, {2}, {3}}
+	first := []comm.Work{allReduceInPlace(cs[0], comm.Int32s(bufs[0]), comm.Sum), allReduceInPlace(cs[1], comm.Int32s(bufs[1]), comm.Sum)}
+	for cs[0].arrived.Load() < 1 || cs[1].arrived.Load() < 1 {
+		runtime.Gosched()
+	}
+	// Rank 0's barrier waits behind its all-reduce, which waits for rank 2;
+	// rank 1's message to rank 2 waits behind rank 1's all-reduce and for
+	// rank 2's Recv.
+	barrier := cs[0].Barrier()
+	msg := []int32{9}
+	send := cs[1].Send(comm.Int32s(msg), 2)
+	for _, tc := range []struct {
+		name string
+		c    *Comm
+		w    comm.Work
+		want []int
+	}{
+		{"all_reduce without rank 2", cs[0], first[0], []int{2}},
+		{"all_reduce without rank 2, from rank 1", cs[1], first[1], []int{2}},
+		{"barrier behind the all_reduce", cs[0], barrier, []int{0, 1, 2}},
+		{"send behind the all_reduce, to a rank that has not received", cs[1], send, []int{1, 2}},
+		{"another rank's operation", cs[0], send, nil},
+		{"a failed Work", cs[0], comm.FailedWork(comm.ErrClosed), nil},
+	} {
+		got := comm.MissingRanks(tc.c, tc.w)
+		if !slices.Equal(got, tc.want) || (got == nil) != (tc.want == nil) {
+			t.Errorf("%s: Missing = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	last := allReduceInPlace(cs[2], comm.Int32s(bufs[2]), comm.Sum)
+	waitAll(t, append(first, last))
+	for cs[1].current.Load() < 2 || cs[0].arrived.Load() < 2 {
+		runtime.Gosched() // rank 1's worker has posted the message; rank 0 is in the barrier
+	}
+	if got := comm.MissingRanks(c, barrier); !slices.Equal(got, []int{1, 2}) {
+		t.Errorf("barrier that rank 0 has joined: Missing = %v, want [1 2]", got)
+	}
+	if got := cs[1].Missing(send); !slices.Equal(got, []int{2}) {
+		t.Errorf("send posted by rank 1: Missing = %v, want [2]", got)
+	}
+	if got := cs[0].Missing(first[0]); got != nil {
+		t.Errorf("a completed all_reduce: Missing = %v, want nil", got)
+	}
+	got := []int32{0}
+	ws := []comm.Work{barrier, send, cs[2].Recv(comm.Int32s(got), 1), cs[1].Barrier(), cs[2].Barrier()}
+	for i, err := range waitAll(t, ws) {
+		if err != nil {
+			t.Fatalf("operation %d: %v", i, err)
+		}
 	}
 }

@@ -23,6 +23,7 @@ func (c *Comm) run() {
 			return // stopping, and everything issued has completed
 		}
 		d := &c.ring[next%ringSize]
+		c.current.Store(next)
 		c.complete(next, c.execute(d))
 	}
 }
@@ -40,19 +41,15 @@ func (c *Comm) execute(d *desc) error {
 	return c.collective(d)
 }
 
-// waitFor describes what an abortable wait is waiting for, for stall
-// reports and timeouts.
-type waitFor struct {
-	d    *desc
-	coll uint64 // collective number, or 0 for a message from or to d.root
-}
-
 // await returns nil once ready() holds. With w == nil it waits as long as
-// it takes; otherwise it gives up when the group fails or when the timeout
+// it takes; otherwise, while waiting for the peers in operation w, it
+// reports stalls and gives up when the group fails or when the timeout
 // passes (aborting the group), and returns the reason.
-func (c *Comm) await(ready func() bool, w *waitFor) error {
+func (c *Comm) await(ready func() bool, w *desc) error {
 	g := c.g
-	var start, report, deadline time.Time
+	var start time.Time
+	var watch comm.Watch
+	watching := false
 	for i := 0; ; i++ {
 		if ready() {
 			return nil
@@ -76,29 +73,21 @@ func (c *Comm) await(ready func() bool, w *waitFor) error {
 		var timeout time.Duration
 		if w != nil {
 			now := time.Now()
-			if deadline.IsZero() {
-				report = start.Add(g.opts.StallInterval)
-				deadline = start.Add(g.opts.Timeout)
+			if !watching {
+				watch, watching = g.dog.Start(start), true
 			}
-			// A stall that is due is reported even when the deadline has
-			// passed too (a late wake-up), so a timeout is always preceded
-			// by a report when the stall interval is the shorter.
-			if !now.Before(report) {
-				g.reportStall(Stall{Rank: c.rank, Seq: w.d.seq, Kind: w.d.kind, Missing: c.missing(w), Waited: now.Sub(start)})
-				for !now.Before(report) {
-					report = report.Add(g.opts.StallInterval)
+			if report, expired := watch.Check(now); report || expired {
+				s := comm.Stall{Rank: c.rank, Seq: w.seq, Kind: w.kind, Missing: c.missing(w), Waited: watch.Waited(now)}
+				if report {
+					g.dog.Report(s)
+				}
+				if expired {
+					err := s.TimeoutError()
+					g.abort(fmt.Errorf("%w: %w", comm.ErrAborted, err))
+					return err
 				}
 			}
-			if !now.Before(deadline) {
-				err := fmt.Errorf("%w after %v: rank %d waited in %s #%d for rank(s) %v", comm.ErrTimeout, now.Sub(start).Round(time.Millisecond), c.rank, w.d.kind, w.d.seq, c.missing(w))
-				g.abort(fmt.Errorf("%w: %w", comm.ErrAborted, err))
-				return err
-			}
-			next := report
-			if deadline.Before(next) {
-				next = deadline
-			}
-			timeout = max(next.Sub(now), time.Microsecond)
+			timeout = max(watch.Next(now), time.Microsecond)
 		}
 		c.parked.Store(true)
 		if ready() || (w != nil && g.failure() != nil) {
@@ -119,25 +108,68 @@ func (c *Comm) await(ready func() bool, w *waitFor) error {
 	}
 }
 
-// missing lists the ranks that have not joined what w waits for.
-func (c *Comm) missing(w *waitFor) []int {
-	if w.coll == 0 {
-		return []int{w.d.root}
-	}
-	var m []int
-	for r, p := range c.g.comms {
-		if p.arrived.Load() < w.coll {
-			m = append(m, r)
+// missing lists the ranks that have not joined operation d of this rank,
+// which the rank's worker has issued: for a collective, the ranks that
+// have not arrived at it; for a message, the peer while it has not come to
+// its end (posted the message, or taken it) and this rank while its worker
+// has not reached it.
+func (c *Comm) missing(d *desc) []int {
+	m := []int{}
+	if d.kind != comm.KindSend && d.kind != comm.KindRecv {
+		for r, p := range c.g.comms {
+			if p.arrived.Load() < d.num {
+				m = append(m, r)
+			}
 		}
+		return m
+	}
+	if d.root < 0 {
+		return m // an invalid peer: the operation fails at once
+	}
+	var peerAway bool
+	if d.kind == comm.KindSend {
+		st := c.g.box(c.rank, d.root).state.Load()
+		peerAway = st>>2 < d.num || st == d.num<<2|boxPosted
+	} else {
+		peerAway = c.g.box(d.root, c.rank).state.Load()>>2 < d.num
+	}
+	self := c.current.Load() < d.seq
+	if self && c.rank < d.root {
+		m = append(m, c.rank)
+	}
+	if peerAway {
+		m = append(m, d.root)
+	}
+	if self && c.rank > d.root {
+		m = append(m, c.rank)
 	}
 	return m
+}
+
+// Missing names the ranks that have not yet joined the pending operation
+// of w (see comm.Progress): nil if w is not a pending operation of this
+// communicator.
+func (c *Comm) Missing(w comm.Work) []int {
+	if !w.IssuedBy(c) {
+		return nil
+	}
+	id := w.ID()
+	if done, _ := c.TestOp(id); done {
+		return nil
+	}
+	c.mu.Lock()
+	d := c.ring[id%ringSize]
+	c.mu.Unlock()
+	if d.seq != id {
+		return nil // completed and its slot reused since TestOp
+	}
+	return c.missing(&d)
 }
 
 // collective joins the next collective of the group.
 func (c *Comm) collective(d *desc) error {
 	g := c.g
-	c.coll++
-	k := c.coll
+	k := d.num
 	s := &g.slots[k%slotCount]
 	s.d[c.rank] = *d
 	c.arrived.Store(k)
@@ -199,7 +231,7 @@ func (c *Comm) follow(s *collSlot, k uint64, d *desc) error {
 		v := g.gate.Load()
 		return v>>2 > k || v>>2 == k && v&3 != modeClaim
 	}
-	if err := c.await(ready, &waitFor{d: d, coll: k}); err != nil {
+	if err := c.await(ready, d); err != nil {
 		// Cancel the collective so that nobody touches this rank's
 		// buffers after its Work has failed; if it was claimed first,
 		// it finishes soon.
@@ -266,14 +298,13 @@ func (c *Comm) send(d *desc) error {
 	}
 	g := c.g
 	p := d.root
-	c.sent[p]++
-	k := c.sent[p]
+	k := d.num
 	b := g.box(c.rank, p)
 	b.d = *d
 	b.state.Store(k<<2 | boxPosted)
 	g.wake(p)
 	ready := func() bool { return b.state.Load() == k<<2|boxDone }
-	if err := c.await(ready, &waitFor{d: d}); err != nil {
+	if err := c.await(ready, d); err != nil {
 		if b.state.CompareAndSwap(k<<2|boxPosted, k<<2|boxCancel) {
 			return c.opErr(d, err)
 		}
@@ -289,10 +320,9 @@ func (c *Comm) recv(d *desc) error {
 	}
 	g := c.g
 	p := d.root
-	c.recvd[p]++
-	k := c.recvd[p]
+	k := d.num
 	b := g.box(p, c.rank)
-	if err := c.await(func() bool { return b.state.Load()>>2 == k }, &waitFor{d: d}); err != nil {
+	if err := c.await(func() bool { return b.state.Load()>>2 == k }, d); err != nil {
 		return c.opErr(d, err)
 	}
 	if !b.state.CompareAndSwap(k<<2|boxPosted, k<<2|boxTaken) {
@@ -303,10 +333,10 @@ func (c *Comm) recv(d *desc) error {
 	switch {
 	case sd.err != nil || d.err != nil:
 		v = fmt.Errorf("%w: message %d from rank %d to rank %d: send (seq %d): %v; recv (seq %d): %v", comm.ErrInvalid, k, p, c.rank, sd.seq, sd.err, d.seq, d.err)
-	case sd.count != d.count || sd.dt != d.dt:
-		v = fmt.Errorf("%w: message %d from rank %d to rank %d: rank %d sends %d x %s (seq %d), rank %d receives %d x %s (seq %d)", comm.ErrMismatch, k, p, c.rank, p, sd.count, sd.dt, sd.seq, c.rank, d.count, d.dt, d.seq)
 	default:
-		memmove(d.recv, sd.send, d.count*d.dt.Size())
+		if v = comm.MessageMismatchError(k, p, c.rank, sd.call(), d.call()); v == nil {
+			memmove(d.recv, sd.send, d.count*d.dt.Size())
+		}
 	}
 	b.verdict = v
 	b.state.Store(k<<2 | boxDone)

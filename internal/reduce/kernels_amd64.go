@@ -47,6 +47,31 @@ func twice(dst0, dst1, a, b []float32, kernel func(dst0, dst1, a, b unsafe.Point
 	}
 }
 
+// scaled is binary for the kernels that also take a factor s.
+func scaled[T Elem](dst, a, b []T, s T, minN int, kernel func(dst, a, b unsafe.Pointer, n int, s T), fallback func(dst, a, b []T, s T)) {
+	if !useAVX2 || len(dst) < minN {
+		fallback(dst, a, b, s)
+		return
+	}
+	a, b = a[:len(dst)], b[:len(dst)]
+	for i := 0; i < len(dst); i += maxRun {
+		kernel(at(dst, i), at(a, i), at(b, i), min(maxRun, len(dst)-i), s)
+	}
+}
+
+// scan runs a reporting kernel over x in runs of maxRun elements.
+func scan[T Elem](x []T, minN int, kernel func(p unsafe.Pointer, n int) bool, fallback func([]T) bool) bool {
+	if !useAVX2 || len(x) < minN {
+		return fallback(x)
+	}
+	for i := 0; i < len(x); i += maxRun {
+		if kernel(at(x, i), min(maxRun, len(x)-i)) {
+			return true
+		}
+	}
+	return false
+}
+
 //go:noescape
 func addF32AVX2(dst, a, b unsafe.Pointer, n int)
 
@@ -81,7 +106,52 @@ func SumFloat32Twice(dst0, dst1, a, b []float32) { twice(dst0, dst1, a, b, addF3
 //go:noescape
 func avgF32x2AVX2(dst0, dst1, a, b unsafe.Pointer, n int)
 
-// AvgFloat32Twice sets dst0[i] and dst1[i] to (a[i] + b[i]) / 2: the whole
-// in-place Avg all-reduce of two ranks in one pass, so averaging costs what
-// summing costs. Either dst may alias a or b.
+// AvgFloat32Twice sets dst0[i] and dst1[i] to a[i]*0.5 + b[i]*0.5, the
+// pre-multiplied average of AvgFloat32: the whole Avg all-reduce of two
+// ranks in one pass, so averaging costs what summing costs. Either dst may
+// alias a or b.
 func AvgFloat32Twice(dst0, dst1, a, b []float32) { twice(dst0, dst1, a, b, avgF32x2AVX2, avgTwice) }
+
+//go:noescape
+func premulF32AVX2(dst, a, b unsafe.Pointer, n int, s float32)
+
+//go:noescape
+func axpyF32AVX2(dst, a, b unsafe.Pointer, n int, s float32)
+
+//go:noescape
+func premulF64AVX2(dst, a, b unsafe.Pointer, n int, s float64)
+
+//go:noescape
+func axpyF64AVX2(dst, a, b unsafe.Pointer, n int, s float64)
+
+//go:noescape
+func nonfiniteF32AVX2(p unsafe.Pointer, n int) bool
+
+//go:noescape
+func nonfiniteF64AVX2(p unsafe.Pointer, n int) bool
+
+// PreMulSumFloat32 sets dst[i] = a[i]*s + b[i]*s, each product rounded on
+// its own and then the sum: the first step of a pre-multiplied average.
+func PreMulSumFloat32(dst, a, b []float32, s float32) {
+	scaled(dst, a, b, s, 8, premulF32AVX2, preMulSum[float32])
+}
+
+// AddScaledFloat32 sets dst[i] = a[i] + b[i]*s, the product rounded on its
+// own: the later steps of a pre-multiplied average.
+func AddScaledFloat32(dst, a, b []float32, s float32) {
+	scaled(dst, a, b, s, 8, axpyF32AVX2, addScaled[float32])
+}
+
+// PreMulSumFloat64 is PreMulSumFloat32 for float64.
+func PreMulSumFloat64(dst, a, b []float64, s float64) {
+	scaled(dst, a, b, s, 4, premulF64AVX2, preMulSum[float64])
+}
+
+// AddScaledFloat64 is AddScaledFloat32 for float64.
+func AddScaledFloat64(dst, a, b []float64, s float64) {
+	scaled(dst, a, b, s, 4, axpyF64AVX2, addScaled[float64])
+}
+
+func nonfiniteFloat32(x []float32) bool { return scan(x, 8, nonfiniteF32AVX2, nonfinite[float32]) }
+
+func nonfiniteFloat64(x []float64) bool { return scan(x, 4, nonfiniteF64AVX2, nonfinite[float64]) }

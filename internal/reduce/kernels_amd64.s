@@ -291,9 +291,10 @@ done9:
 	RET
 
 // func avgF32x2AVX2(dst0, dst1, a, b unsafe.Pointer, n int)
-// dst0[i] = dst1[i] = (a[i] + b[i]) * 0.5: the two-rank average. Multiplying
-// by 0.5 gives the correctly rounded half, as dividing by 2 does (exact but
-// for subnormal sums, which both round alike); the dsts may alias a or b.
+// dst0[i] = dst1[i] = a[i]*0.5 + b[i]*0.5: the two-rank pre-multiplied
+// average (each half is exact unless it is subnormal, and their sum rounds
+// once, so the result is finite for any finite inputs); the dsts may alias
+// a or b.
 TEXT ·avgF32x2AVX2(SB), NOSPLIT, $0-40
 	MOVQ dst0+0(FP), DI
 	MOVQ dst1+8(FP), R8
@@ -301,23 +302,23 @@ TEXT ·avgF32x2AVX2(SB), NOSPLIT, $0-40
 	MOVQ b+24(FP), DX
 	MOVQ n+32(FP), CX
 	MOVL $0x3f000000, AX
-	MOVL AX, X7
-	VBROADCASTSS X7, Y7
+	MOVL AX, X15
+	VBROADCASTSS X15, Y15
 loop10:
 	CMPQ CX, $32
 	JLT  tail10
-	VMOVUPS 0(SI), Y0
-	VMOVUPS 32(SI), Y1
-	VMOVUPS 64(SI), Y2
-	VMOVUPS 96(SI), Y3
-	VADDPS 0(DX), Y0, Y0
-	VADDPS 32(DX), Y1, Y1
-	VADDPS 64(DX), Y2, Y2
-	VADDPS 96(DX), Y3, Y3
-	VMULPS Y7, Y0, Y0
-	VMULPS Y7, Y1, Y1
-	VMULPS Y7, Y2, Y2
-	VMULPS Y7, Y3, Y3
+	VMULPS 0(SI), Y15, Y0
+	VMULPS 32(SI), Y15, Y1
+	VMULPS 64(SI), Y15, Y2
+	VMULPS 96(SI), Y15, Y3
+	VMULPS 0(DX), Y15, Y4
+	VMULPS 32(DX), Y15, Y5
+	VMULPS 64(DX), Y15, Y6
+	VMULPS 96(DX), Y15, Y7
+	VADDPS Y4, Y0, Y0
+	VADDPS Y5, Y1, Y1
+	VADDPS Y6, Y2, Y2
+	VADDPS Y7, Y3, Y3
 	VMOVUPS Y0, 0(DI)
 	VMOVUPS Y1, 32(DI)
 	VMOVUPS Y2, 64(DI)
@@ -336,8 +337,10 @@ tail10:
 	TESTQ CX, CX
 	JEQ  done10
 	VMOVSS 0(SI), X0
-	VADDSS 0(DX), X0, X0
-	VMULSS X7, X0, X0
+	VMULSS X15, X0, X0
+	VMOVSS 0(DX), X4
+	VMULSS X15, X4, X4
+	VADDSS X4, X0, X0
 	VMOVSS X0, 0(DI)
 	VMOVSS X0, 0(R8)
 	ADDQ $4, SI
@@ -347,5 +350,342 @@ tail10:
 	DECQ CX
 	JMP  tail10
 done10:
+	VZEROUPPER
+	RET
+
+// func premulF32AVX2(dst, a, b unsafe.Pointer, n int, s float32)
+// dst[i] = a[i]*s + b[i]*s, each product rounded, then the sum.
+TEXT ·premulF32AVX2(SB), NOSPLIT, $0-36
+	MOVQ dst+0(FP), DI
+	MOVQ a+8(FP), SI
+	MOVQ b+16(FP), DX
+	MOVQ n+24(FP), CX
+	VBROADCASTSS s+32(FP), Y15
+loop11:
+	CMPQ CX, $32
+	JLT  tail11
+	VMULPS 0(SI), Y15, Y0
+	VMULPS 32(SI), Y15, Y1
+	VMULPS 64(SI), Y15, Y2
+	VMULPS 96(SI), Y15, Y3
+	VMULPS 0(DX), Y15, Y4
+	VMULPS 32(DX), Y15, Y5
+	VMULPS 64(DX), Y15, Y6
+	VMULPS 96(DX), Y15, Y7
+	VADDPS Y4, Y0, Y0
+	VADDPS Y5, Y1, Y1
+	VADDPS Y6, Y2, Y2
+	VADDPS Y7, Y3, Y3
+	VMOVUPS Y0, 0(DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	ADDQ $128, SI
+	ADDQ $128, DX
+	ADDQ $128, DI
+	SUBQ $32, CX
+	JMP  loop11
+tail11:
+	CMPQ CX, $8
+	JLT  scalar11
+	VMULPS 0(SI), Y15, Y0
+	VMULPS 0(DX), Y15, Y4
+	VADDPS Y4, Y0, Y0
+	VMOVUPS Y0, 0(DI)
+	ADDQ $32, SI
+	ADDQ $32, DX
+	ADDQ $32, DI
+	SUBQ $8, CX
+	JMP  tail11
+scalar11:
+	TESTQ CX, CX
+	JEQ  done11
+	VMOVSS 0(SI), X0
+	VMULSS X15, X0, X0
+	VMOVSS 0(DX), X4
+	VMULSS X15, X4, X4
+	VADDSS X4, X0, X0
+	VMOVSS X0, 0(DI)
+	ADDQ $4, SI
+	ADDQ $4, DX
+	ADDQ $4, DI
+	DECQ CX
+	JMP  scalar11
+done11:
+	VZEROUPPER
+	RET
+
+// func axpyF32AVX2(dst, a, b unsafe.Pointer, n int, s float32)
+// dst[i] = a[i] + b[i]*s, the product rounded, then the sum.
+TEXT ·axpyF32AVX2(SB), NOSPLIT, $0-36
+	MOVQ dst+0(FP), DI
+	MOVQ a+8(FP), SI
+	MOVQ b+16(FP), DX
+	MOVQ n+24(FP), CX
+	VBROADCASTSS s+32(FP), Y15
+loop12:
+	CMPQ CX, $32
+	JLT  tail12
+	VMULPS 0(DX), Y15, Y4
+	VMULPS 32(DX), Y15, Y5
+	VMULPS 64(DX), Y15, Y6
+	VMULPS 96(DX), Y15, Y7
+	VADDPS 0(SI), Y4, Y0
+	VADDPS 32(SI), Y5, Y1
+	VADDPS 64(SI), Y6, Y2
+	VADDPS 96(SI), Y7, Y3
+	VMOVUPS Y0, 0(DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	ADDQ $128, SI
+	ADDQ $128, DX
+	ADDQ $128, DI
+	SUBQ $32, CX
+	JMP  loop12
+tail12:
+	CMPQ CX, $8
+	JLT  scalar12
+	VMULPS 0(DX), Y15, Y4
+	VADDPS 0(SI), Y4, Y0
+	VMOVUPS Y0, 0(DI)
+	ADDQ $32, SI
+	ADDQ $32, DX
+	ADDQ $32, DI
+	SUBQ $8, CX
+	JMP  tail12
+scalar12:
+	TESTQ CX, CX
+	JEQ  done12
+	VMOVSS 0(DX), X4
+	VMULSS X15, X4, X4
+	VMOVSS 0(SI), X0
+	VADDSS X4, X0, X0
+	VMOVSS X0, 0(DI)
+	ADDQ $4, SI
+	ADDQ $4, DX
+	ADDQ $4, DI
+	DECQ CX
+	JMP  scalar12
+done12:
+	VZEROUPPER
+	RET
+
+// func premulF64AVX2(dst, a, b unsafe.Pointer, n int, s float64)
+// dst[i] = a[i]*s + b[i]*s.
+TEXT ·premulF64AVX2(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), DI
+	MOVQ a+8(FP), SI
+	MOVQ b+16(FP), DX
+	MOVQ n+24(FP), CX
+	VBROADCASTSD s+32(FP), Y15
+loop13:
+	CMPQ CX, $16
+	JLT  tail13
+	VMULPD 0(SI), Y15, Y0
+	VMULPD 32(SI), Y15, Y1
+	VMULPD 64(SI), Y15, Y2
+	VMULPD 96(SI), Y15, Y3
+	VMULPD 0(DX), Y15, Y4
+	VMULPD 32(DX), Y15, Y5
+	VMULPD 64(DX), Y15, Y6
+	VMULPD 96(DX), Y15, Y7
+	VADDPD Y4, Y0, Y0
+	VADDPD Y5, Y1, Y1
+	VADDPD Y6, Y2, Y2
+	VADDPD Y7, Y3, Y3
+	VMOVUPD Y0, 0(DI)
+	VMOVUPD Y1, 32(DI)
+	VMOVUPD Y2, 64(DI)
+	VMOVUPD Y3, 96(DI)
+	ADDQ $128, SI
+	ADDQ $128, DX
+	ADDQ $128, DI
+	SUBQ $16, CX
+	JMP  loop13
+tail13:
+	CMPQ CX, $4
+	JLT  scalar13
+	VMULPD 0(SI), Y15, Y0
+	VMULPD 0(DX), Y15, Y4
+	VADDPD Y4, Y0, Y0
+	VMOVUPD Y0, 0(DI)
+	ADDQ $32, SI
+	ADDQ $32, DX
+	ADDQ $32, DI
+	SUBQ $4, CX
+	JMP  tail13
+scalar13:
+	TESTQ CX, CX
+	JEQ  done13
+	VMOVSD 0(SI), X0
+	VMULSD X15, X0, X0
+	VMOVSD 0(DX), X4
+	VMULSD X15, X4, X4
+	VADDSD X4, X0, X0
+	VMOVSD X0, 0(DI)
+	ADDQ $8, SI
+	ADDQ $8, DX
+	ADDQ $8, DI
+	DECQ CX
+	JMP  scalar13
+done13:
+	VZEROUPPER
+	RET
+
+// func axpyF64AVX2(dst, a, b unsafe.Pointer, n int, s float64)
+// dst[i] = a[i] + b[i]*s.
+TEXT ·axpyF64AVX2(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), DI
+	MOVQ a+8(FP), SI
+	MOVQ b+16(FP), DX
+	MOVQ n+24(FP), CX
+	VBROADCASTSD s+32(FP), Y15
+loop14:
+	CMPQ CX, $16
+	JLT  tail14
+	VMULPD 0(DX), Y15, Y4
+	VMULPD 32(DX), Y15, Y5
+	VMULPD 64(DX), Y15, Y6
+	VMULPD 96(DX), Y15, Y7
+	VADDPD 0(SI), Y4, Y0
+	VADDPD 32(SI), Y5, Y1
+	VADDPD 64(SI), Y6, Y2
+	VADDPD 96(SI), Y7, Y3
+	VMOVUPD Y0, 0(DI)
+	VMOVUPD Y1, 32(DI)
+	VMOVUPD Y2, 64(DI)
+	VMOVUPD Y3, 96(DI)
+	ADDQ $128, SI
+	ADDQ $128, DX
+	ADDQ $128, DI
+	SUBQ $16, CX
+	JMP  loop14
+tail14:
+	CMPQ CX, $4
+	JLT  scalar14
+	VMULPD 0(DX), Y15, Y4
+	VADDPD 0(SI), Y4, Y0
+	VMOVUPD Y0, 0(DI)
+	ADDQ $32, SI
+	ADDQ $32, DX
+	ADDQ $32, DI
+	SUBQ $4, CX
+	JMP  tail14
+scalar14:
+	TESTQ CX, CX
+	JEQ  done14
+	VMOVSD 0(DX), X4
+	VMULSD X15, X4, X4
+	VMOVSD 0(SI), X0
+	VADDSD X4, X0, X0
+	VMOVSD X0, 0(DI)
+	ADDQ $8, SI
+	ADDQ $8, DX
+	ADDQ $8, DI
+	DECQ CX
+	JMP  scalar14
+done14:
+	VZEROUPPER
+	RET
+
+// func nonfiniteF32AVX2(p unsafe.Pointer, n int) bool
+// Reports whether some p[i] is an infinity or a NaN: x - x is +0 for a
+// finite x and a NaN otherwise, so the OR of every x - x is zero exactly
+// when all are finite.
+TEXT ·nonfiniteF32AVX2(SB), NOSPLIT, $0-17
+	MOVQ p+0(FP), SI
+	MOVQ n+8(FP), CX
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+loop15:
+	CMPQ CX, $32
+	JLT  tail15
+	VMOVUPS 0(SI), Y0
+	VMOVUPS 32(SI), Y1
+	VMOVUPS 64(SI), Y2
+	VMOVUPS 96(SI), Y3
+	VSUBPS Y0, Y0, Y0
+	VSUBPS Y1, Y1, Y1
+	VSUBPS Y2, Y2, Y2
+	VSUBPS Y3, Y3, Y3
+	VORPS Y0, Y1, Y1
+	VORPS Y2, Y3, Y3
+	VORPS Y1, Y8, Y8
+	VORPS Y3, Y8, Y8
+	ADDQ $128, SI
+	SUBQ $32, CX
+	JMP  loop15
+tail15:
+	CMPQ CX, $8
+	JLT  scalar15
+	VMOVUPS 0(SI), Y0
+	VSUBPS Y0, Y0, Y0
+	VORPS Y0, Y8, Y8
+	ADDQ $32, SI
+	SUBQ $8, CX
+	JMP  tail15
+scalar15:
+	TESTQ CX, CX
+	JEQ  done15
+	VMOVSS 0(SI), X0
+	VSUBSS X0, X0, X0
+	VORPS X0, X9, X9
+	ADDQ $4, SI
+	DECQ CX
+	JMP  scalar15
+done15:
+	VORPS Y9, Y8, Y8
+	VPTEST Y8, Y8
+	SETNE ret+16(FP)
+	VZEROUPPER
+	RET
+
+// func nonfiniteF64AVX2(p unsafe.Pointer, n int) bool
+TEXT ·nonfiniteF64AVX2(SB), NOSPLIT, $0-17
+	MOVQ p+0(FP), SI
+	MOVQ n+8(FP), CX
+	VXORPD Y8, Y8, Y8
+	VXORPD Y9, Y9, Y9
+loop16:
+	CMPQ CX, $16
+	JLT  tail16
+	VMOVUPD 0(SI), Y0
+	VMOVUPD 32(SI), Y1
+	VMOVUPD 64(SI), Y2
+	VMOVUPD 96(SI), Y3
+	VSUBPD Y0, Y0, Y0
+	VSUBPD Y1, Y1, Y1
+	VSUBPD Y2, Y2, Y2
+	VSUBPD Y3, Y3, Y3
+	VORPD Y0, Y1, Y1
+	VORPD Y2, Y3, Y3
+	VORPD Y1, Y8, Y8
+	VORPD Y3, Y8, Y8
+	ADDQ $128, SI
+	SUBQ $16, CX
+	JMP  loop16
+tail16:
+	CMPQ CX, $4
+	JLT  scalar16
+	VMOVUPD 0(SI), Y0
+	VSUBPD Y0, Y0, Y0
+	VORPD Y0, Y8, Y8
+	ADDQ $32, SI
+	SUBQ $4, CX
+	JMP  tail16
+scalar16:
+	TESTQ CX, CX
+	JEQ  done16
+	VMOVSD 0(SI), X0
+	VSUBSD X0, X0, X0
+	VORPD X0, X9, X9
+	ADDQ $8, SI
+	DECQ CX
+	JMP  scalar16
+done16:
+	VORPD Y9, Y8, Y8
+	VPTEST Y8, Y8
+	SETNE ret+16(FP)
 	VZEROUPPER
 	RET

@@ -16,7 +16,9 @@ type Elem interface {
 type Binary[T Elem] func(dst, a, b []T)
 
 // Kernel returns the binary kernel of op for T. Avg returns the Sum kernel:
-// the caller divides the final sum with Div.
+// the caller divides the final sum with Div, which is how integer Avg
+// truncates; floating-point Avg is a pre-multiplied sum (AvgFloat32,
+// AvgFloat64, AvgBFloat16), which never goes through Kernel.
 func Kernel[T Elem](op comm.Op) Binary[T] {
 	var zero T
 	switch any(zero).(type) {
@@ -181,7 +183,7 @@ func sumTwice(dst0, dst1, a, b []float32) {
 func avgTwice(dst0, dst1, a, b []float32) {
 	dst1, a, b = dst1[:len(dst0)], a[:len(dst0)], b[:len(dst0)]
 	for i := range dst0 {
-		s := (a[i] + b[i]) * 0.5
+		s := float32(a[i]*0.5) + float32(b[i]*0.5)
 		dst0[i] = s
 		dst1[i] = s
 	}

@@ -226,8 +226,7 @@ func TestAvgFloat32Twice(t *testing.T) {
 	for n := 0; n < 80; n++ {
 		a, b := randF32(r, n), randF32(r, n)
 		want := make([]float32, n)
-		Sum(want, a, b)
-		Div(want, 2)
+		preMulSum(want, a, b, 0.5)
 		x, y := append([]float32(nil), a...), append([]float32(nil), b...)
 		AvgFloat32Twice(x, y, x, y)
 		for i := range want {
@@ -259,7 +258,7 @@ func randEdgeF32(r *rand.Rand, n int) []float32 {
 }
 
 // TestTwiceKernels checks SumFloat32Twice and AvgFloat32Twice against Sum
-// (and Sum then Div by 2) bit for bit, for every length across the vector
+// (and the portable pre-multiplied sum with s = 0.5) bit for bit, for every length across the vector
 // block and the scalar tail, at unaligned starts, with the destinations
 // separate from the inputs, in place, swapped, and one of them aliased.
 func TestTwiceKernels(t *testing.T) {
@@ -277,7 +276,7 @@ func TestTwiceKernels(t *testing.T) {
 				want := make([]float32, n)
 				Sum(want, a, b)
 				if k.avg {
-					Div(want, 2)
+					preMulSum(want, a, b, 0.5)
 				}
 				for _, alias := range aliases {
 					aa, bb := append([]float32(nil), a...), append([]float32(nil), b...)
@@ -342,7 +341,7 @@ func FuzzTwiceKernels(f *testing.F) {
 		Sum(want, a, b)
 		k := SumFloat32Twice
 		if avg {
-			Div(want, 2)
+			preMulSum(want, a, b, 0.5)
 			k = AvgFloat32Twice
 		}
 		k(a, b, a, b)
@@ -377,8 +376,13 @@ func TestLongRuns(t *testing.T) {
 			}
 		}, Sum[float32]},
 		{"avg twice", func(dst, a, b []float32) { AvgFloat32Twice(dst, make([]float32, len(dst)), a, b) }, func(dst, a, b []float32) {
-			Sum(dst, a, b)
-			Div(dst, 2)
+			preMulSum(dst, a, b, 0.5)
+		}},
+		{"pre-multiplied sum", func(dst, a, b []float32) { PreMulSumFloat32(dst, a, b, 1.0/3) }, func(dst, a, b []float32) {
+			preMulSum(dst, a, b, 1.0/3)
+		}},
+		{"add scaled", func(dst, a, b []float32) { AddScaledFloat32(dst, a, b, 1.0/3) }, func(dst, a, b []float32) {
+			addScaled(dst, a, b, 1.0/3)
 		}},
 	}
 	for _, k := range kernels {
@@ -405,6 +409,29 @@ func TestLongRuns(t *testing.T) {
 	for i := range want {
 		if got[i] != want[i] {
 			t.Fatalf("float64 sum: [%d] = %v, want %v", i, got[i], want[i])
+		}
+	}
+}
+
+// BenchmarkTwice times the two-rank all-reduce kernels in place; Avg
+// should cost what Sum costs (both are bound by memory, or by the loads
+// and stores of one pass when the buffers sit in cache).
+func BenchmarkTwice(b *testing.B) {
+	for _, n := range []int{1024, 1 << 20} {
+		x, y := make([]float32, n), make([]float32, n)
+		for i := range x {
+			x[i], y[i] = float32(i), 1
+		}
+		for _, k := range []struct {
+			name string
+			f    func(dst0, dst1, a, b []float32)
+		}{{"sum", SumFloat32Twice}, {"avg", AvgFloat32Twice}} {
+			b.Run(fmt.Sprintf("%s/%dKiB", k.name, 4*n>>10), func(b *testing.B) {
+				b.SetBytes(int64(16 * n))
+				for b.Loop() {
+					k.f(x, y, x, y)
+				}
+			})
 		}
 	}
 }
