@@ -179,9 +179,13 @@
 // context and Options.Timeout: Wait's, and those of New's check, the
 // rebuild, Broadcast and Join; when one fails the Reducer aborts the
 // group, since its peers may have got past that collective and would wait
-// for this rank's next one. While Wait waits, after every
-// Options.StallInterval it reports the bucket it waits for
-// (Options.OnStall, or the log). A failed collective, a timeout or a
+// for this rank's next one. Wait is watched by a comm.Watchdog (Timeout,
+// StallInterval, OnStall), as the backends' own waits are: after every
+// StallInterval it reports a comm.Stall naming the step, the bucket it
+// waits for and, once the bucket's collective is on the wire, the ranks
+// that have not joined it (where the backend can tell: inproc can, MPI
+// and NCCL cannot), and before that, this rank's own parameters not yet
+// marked ready; at Timeout it fails with that stall's comm.ErrTimeout. A failed collective, a timeout or a
 // cancelled context makes the error sticky: the Reducer aborts the group
 // (so peers fail fast instead of hanging) and returns the error, naming
 // the rank, step, bucket and the bucket's parameters, from every later

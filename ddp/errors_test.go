@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -356,8 +357,8 @@ func TestTimeoutAndStall(t *testing.T) {
 		g.hangSeq = 2
 		var stalls atomic.Int32
 		errs := withReducers(t, cs, threeParams, func() Options {
-			return Options{Timeout: 300 * time.Millisecond, StallInterval: 20 * time.Millisecond, OnStall: func(s Stall) {
-				if s.OnWire && s.Bucket == 0 && s.Waited%(20*time.Millisecond) == 0 {
+			return Options{Timeout: 300 * time.Millisecond, StallInterval: 20 * time.Millisecond, OnStall: func(s comm.Stall) {
+				if strings.Contains(s.Detail, "bucket 0 of") && strings.Contains(s.Detail, "on the wire") && s.Waited%(20*time.Millisecond) == 0 {
 					stalls.Add(1)
 				}
 			}}
@@ -382,10 +383,82 @@ func TestTimeoutAndStall(t *testing.T) {
 		if err := firstErr(errs); err != nil {
 			t.Fatal(err)
 		}
-		if n := stalls.Load(); n != 2*14 {
-			t.Errorf("%d stall reports, want 14 per rank (every 20ms before the 300ms timeout)", n)
+		if n := stalls.Load(); n != 2*15 {
+			t.Errorf("%d stall reports, want 15 per rank (every 20ms up to the 300ms timeout, the last just before it)", n)
 		}
 	})
+}
+
+// TestMissingRankNamed: a rank that never begins a step leaves its peers
+// waiting in the first bucket's collective; their stall reports and the
+// timeout error name it (inproc can tell which ranks have not joined).
+func TestMissingRankNamed(t *testing.T) {
+	checkNoLeak(t)
+	cs := newTestGroup(t, 3)
+	var mu sync.Mutex
+	var reports []comm.Stall
+	errs := make([]error, 2)
+	built := make(chan *Reducer, 1)
+	var wg sync.WaitGroup
+	for rank := range 3 {
+		wg.Go(func() {
+			o := Options{Timeout: 400 * time.Millisecond, StallInterval: 100 * time.Millisecond, KeepLayout: true}
+			if rank < 2 {
+				o.OnStall = func(s comm.Stall) {
+					mu.Lock()
+					reports = append(reports, s)
+					mu.Unlock()
+				}
+			}
+			r, err := New(context.Background(), cs[rank], threeParams, o)
+			if err != nil {
+				if rank < 2 {
+					errs[rank] = err
+				}
+				return
+			}
+			if rank == 2 { // builds its Reducer, then never begins a step
+				built <- r
+				return
+			}
+			defer r.Close()
+			if err := r.Begin(Sync); err != nil {
+				errs[rank] = err
+				return
+			}
+			for i := range threeParams {
+				if err := r.Ready(i); err != nil {
+					errs[rank] = err
+					return
+				}
+			}
+			errs[rank] = r.Wait(context.Background())
+		})
+	}
+	wg.Wait()
+	(<-built).Close()
+	for rank, err := range errs {
+		if !errors.Is(err, comm.ErrTimeout) || !strings.Contains(err.Error(), "rank(s) [2]") || !strings.Contains(err.Error(), "bucket 0") {
+			t.Errorf("rank %d: Wait = %v; want a timeout naming rank 2 and bucket 0", rank, err)
+		}
+	}
+	// A report taken as a peer's timeout aborts the group may find the
+	// collective gone, and then cannot tell (Missing nil); any report that
+	// names ranks must name rank 2 alone, and each waiting rank must have
+	// named it at least once.
+	named := map[int]bool{}
+	for _, s := range reports {
+		if s.Missing == nil {
+			continue
+		}
+		if len(s.Missing) != 1 || s.Missing[0] != 2 || !strings.Contains(s.String(), "rank(s) [2]") {
+			t.Errorf("stall report %q: missing %v; want rank 2", s, s.Missing)
+		}
+		named[s.Rank] = true
+	}
+	if !named[0] || !named[1] {
+		t.Errorf("stall reports %v: want ranks 0 and 1 each to name rank 2", reports)
+	}
 }
 
 // TestWaitContext: a context that expires ends Wait with its error.

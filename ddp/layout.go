@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 
 	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/bucket"
@@ -25,6 +26,11 @@ type layout struct {
 	bucketOf []int             // parameter -> bucket
 	hb       []hooks.Bucket    // what the hook reduces, per bucket
 	sched    *schedule
+	// works[k] is bucket k's collective in this step, for stall reports;
+	// the launcher stores it, then counts it in issued, which the waiting
+	// goroutine reads first.
+	works  []comm.Work
+	issued atomic.Int32
 }
 
 // adopt makes bs the current layout: it takes new blocks from the pool
@@ -70,6 +76,7 @@ func (r *Reducer) build(bs []bucket.Bucket) (*layout, error) {
 		bufs:     make([]comm.Buffer, len(r.params)),
 		bucketOf: make([]int, len(r.params)),
 		hb:       make([]hooks.Bucket, len(bs)),
+		works:    make([]comm.Work, len(bs)),
 	}
 	if r.host {
 		L.views = make([][]float32, len(r.params))

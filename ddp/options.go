@@ -1,7 +1,6 @@
 package ddp
 
 import (
-	"fmt"
 	"math"
 	"time"
 
@@ -39,8 +38,8 @@ func (p Param) Numel() int {
 const (
 	DefaultBucketCap      = 25 << 20
 	DefaultFirstBucketCap = 1 << 20
-	DefaultTimeout        = 10 * time.Minute
-	DefaultStallInterval  = 60 * time.Second
+	DefaultTimeout        = comm.DefaultTimeout
+	DefaultStallInterval  = comm.DefaultStallInterval
 	DefaultDrainTimeout   = 30 * time.Second
 )
 
@@ -117,9 +116,16 @@ type Options struct {
 	Timeout time.Duration
 	// StallInterval is how long Wait waits before reporting a stall (and
 	// again after each further interval); 0 means DefaultStallInterval.
+	// Timeout, StallInterval and OnStall make the comm.Watchdog that
+	// watches Wait, as the backends' own waits are watched.
 	StallInterval time.Duration
-	// OnStall receives stall reports; nil logs them with the log package.
-	OnStall func(Stall)
+	// OnStall receives stall reports on the goroutine in Wait; nil logs
+	// them with the log package. A report names the step and the bucket
+	// waited for in Detail, and in Missing the ranks that have not joined
+	// its collective (where the backend can tell, as inproc can; nil
+	// where it cannot), or this rank alone when the bucket still waits
+	// for this rank's own gradients (Detail names them).
+	OnStall func(comm.Stall)
 	// DrainTimeout is how long the Reducer waits, once it has aborted the
 	// group (a failed step, Close during a step), for collectives still in
 	// flight before it gives their memory up: that memory is then kept
@@ -127,24 +133,6 @@ type Options struct {
 	// never reused while they may still write it. 0 means
 	// DefaultDrainTimeout.
 	DrainTimeout time.Duration
-}
-
-// Stall reports a step that has waited StallInterval (or a multiple) for a
-// bucket.
-type Stall struct {
-	Rank    int
-	Step    uint64
-	Waited  time.Duration
-	Bucket  int      // the oldest bucket not yet reduced
-	OnWire  bool     // its collective is issued; a peer is behind or stuck
-	Missing []string // parameters of the bucket not marked ready (when !OnWire)
-}
-
-func (s Stall) String() string {
-	if s.OnWire {
-		return fmt.Sprintf("ddp: rank %d step %d: bucket %d still being reduced after %v (a peer has not joined the collective)", s.Rank, s.Step, s.Bucket, s.Waited)
-	}
-	return fmt.Sprintf("ddp: rank %d step %d: bucket %d waiting %v for gradients of %v", s.Rank, s.Step, s.Bucket, s.Waited, s.Missing)
 }
 
 // withDefaults returns o with its zero fields replaced by the defaults.

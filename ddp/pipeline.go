@@ -165,6 +165,8 @@ func (r *Reducer) launchOne(L *layout, k int) bool {
 		r.signal()
 		return false
 	}
+	L.works[k] = w
+	L.issued.Store(int32(k + 1))
 	r.fifo <- inflight{k: k, w: w}
 	return true
 }

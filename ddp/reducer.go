@@ -80,6 +80,7 @@ type Reducer struct {
 	ctx      context.Context
 	cancel   context.CancelFunc
 	timer    *time.Timer
+	dog      comm.Watchdog // watches Wait
 
 	mu        sync.Mutex
 	err       error
@@ -108,6 +109,7 @@ func New(ctx context.Context, c comm.Communicator, params []Param, o Options) (*
 	}
 	o = o.withDefaults()
 	r := &Reducer{c: c, o: o, hook: o.Hook, prevSync: true}
+	r.dog = comm.Watchdog{StallInterval: o.StallInterval, Timeout: o.Timeout, OnStall: o.OnStall}
 	r.reap.r = r
 	fatal, local := r.memory(params)
 	if fatal != nil {

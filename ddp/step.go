@@ -73,6 +73,7 @@ func (r *Reducer) open(sync, shadow bool) error {
 	}
 	r.stepNo++
 	L.sched.reset()
+	L.issued.Store(0)
 	r.nready.Store(0)
 	r.reduced.Store(0)
 	clear(r.isUnused)

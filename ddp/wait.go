@@ -3,7 +3,6 @@ package ddp
 import (
 	"context"
 	"fmt"
-	"log"
 	"strings"
 	"time"
 
@@ -119,8 +118,7 @@ func (r *Reducer) handleUnready(L *layout) error {
 // waitDone blocks until the finisher has reduced the last bucket, calling
 // each (if not nil) for every bucket reduced meanwhile, in index order.
 func (r *Reducer) waitDone(ctx context.Context, L *layout, each func(Reduced)) error {
-	began := time.Now()
-	stallAt := r.o.StallInterval
+	watch := r.dog.Start(time.Now())
 	next := 0 // the next bucket to report to each
 	report := func() {
 		for n := int(r.reduced.Load()); next < n && !r.failed.Load(); next++ {
@@ -138,12 +136,7 @@ func (r *Reducer) waitDone(ctx context.Context, L *layout, each func(Reduced)) e
 		if each != nil {
 			report()
 		}
-		waited := time.Since(began)
-		d := min(stallAt, r.o.Timeout) - waited
-		if d <= 0 {
-			d = time.Nanosecond
-		}
-		r.timer.Reset(d)
+		r.timer.Reset(max(watch.Next(time.Now()), time.Nanosecond))
 		select {
 		case <-r.done:
 			r.timer.Stop()
@@ -163,39 +156,58 @@ func (r *Reducer) waitDone(ctx context.Context, L *layout, each func(Reduced)) e
 			k := int(r.reduced.Load())
 			return r.fail(fmt.Errorf("ddp: rank %d step %d: waiting for bucket %d of %d (%s): %w", r.c.Rank(), r.stepNo, k, len(L.buckets), L.describe(k, r.params), ctx.Err()))
 		case <-r.timer.C:
-			waited = time.Since(began)
-			k := int(r.reduced.Load())
-			if waited >= r.o.Timeout {
+			now := time.Now()
+			report, expired := watch.Check(now)
+			if !report && !expired {
+				continue
+			}
+			s := r.stall(L, int(r.reduced.Load()), watch.Waited(now))
+			if report {
+				r.dog.Report(s)
+			}
+			if expired {
 				select {
 				case <-r.done:
 					return nil
 				default:
 				}
-				return r.fail(fmt.Errorf("%w: ddp: rank %d step %d: bucket %d of %d (%s) not reduced after %v",
-					comm.ErrTimeout, r.c.Rank(), r.stepNo, k, len(L.buckets), L.describe(k, r.params), r.o.Timeout))
-			}
-			if waited >= stallAt {
-				r.reportStall(L, k, waited)
-				stallAt += r.o.StallInterval
+				return r.fail(fmt.Errorf("ddp: %w", s.TimeoutError()))
 			}
 		}
 	}
 }
 
-func (r *Reducer) reportStall(L *layout, k int, waited time.Duration) {
-	s := Stall{Rank: r.c.Rank(), Step: r.stepNo, Waited: waited, Bucket: k, OnWire: k < L.sched.launched()}
-	if !s.OnWire && k < len(L.buckets) {
-		for _, p := range L.buckets[k].Tensors {
-			if !L.sched.isMarked(p) {
-				s.Missing = append(s.Missing, r.params[p].Name)
-			}
+// stall describes the wait for bucket k: the ranks missing from its
+// collective (as far as the backend can tell) once it is on the wire, or
+// this rank's own parameters that have not been marked ready.
+func (r *Reducer) stall(L *layout, k int, waited time.Duration) comm.Stall {
+	rank := r.c.Rank()
+	s := comm.Stall{Rank: rank, Waited: waited}
+	if k >= len(L.buckets) {
+		s.Detail = fmt.Sprintf("ddp step %d: every bucket reduced, finishing", r.stepNo)
+		return s
+	}
+	where := fmt.Sprintf("ddp step %d, bucket %d of %d (%s)", r.stepNo, k, len(L.buckets), L.describe(k, r.params))
+	if int(L.issued.Load()) > k {
+		w := L.works[k]
+		s.Seq = w.ID()
+		s.Missing = comm.MissingRanks(r.c, w)
+		s.Detail = where + ": its collective is on the wire"
+		return s
+	}
+	var names []string
+	for _, p := range L.buckets[k].Tensors {
+		if !L.sched.isMarked(p) {
+			names = append(names, fmt.Sprintf("%q", r.params[p].Name))
 		}
 	}
-	if r.o.OnStall != nil {
-		r.o.OnStall(s)
-		return
+	s.Missing = []int{rank}
+	if len(names) == 0 {
+		s.Detail = where + ": complete, waiting for earlier buckets to launch"
+	} else {
+		s.Detail = where + ": waiting for this rank to mark " + strings.Join(names, ", ") + " ready"
 	}
-	log.Print(s.String())
+	return s
 }
 
 // finish ends the running step: statistics become final and visible
