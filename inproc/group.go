@@ -47,6 +47,7 @@ func NewGroupWith(n int, o Options) ([]*Comm, error) {
 		return nil, fmt.Errorf("inproc: Options: %w", err)
 	}
 	g := &group{n: n, dog: dog.WithDefaults(), boxes: make([]atomic.Pointer[mailbox], n*n)}
+	g.tick = max(g.dog.StallInterval/4, time.Millisecond)
 	for i := range g.slots {
 		g.slots[i].d = make([]desc, n)
 	}
@@ -65,17 +66,19 @@ func NewGroupWith(n int, o Options) ([]*Comm, error) {
 const slotCount = 4
 
 // Gate modes: the low two bits of group.gate; the rest is the collective's
-// number.
+// number. The last rank to arrive opens the gate in the mode every rank
+// then follows.
 const (
 	modeCancel = 0 // the collective was cancelled by a failing rank
-	modeClaim  = 1 // the last rank to arrive is doing the whole operation
-	modeDone   = 2 // finished (or failed: see the slot's verdict)
+	modeSmall  = 1 // every rank does its own part from the staged inputs
+	modeDone   = 2 // the calls were judged wrong: every rank reports the verdict
 	modeGo     = 3 // every rank does its share, then the finish barrier
 )
 
 type group struct {
 	n     int
 	dog   comm.Watchdog // stall reports and the timeout of every wait for peers
+	tick  time.Duration // how often an idle worker looks at collectives joined inline
 	comms []*Comm
 
 	_        cpu.CacheLinePad
@@ -95,6 +98,7 @@ type group struct {
 type collSlot struct {
 	d       []desc // each rank's call
 	verdict error  // set by the last rank to arrive, before it opens the gate
+	mode    uint64 // the gate's mode, set with verdict
 }
 
 // Mailbox states: the low two bits of mailbox.state; the rest is the
@@ -154,26 +158,29 @@ func (g *group) wakeAll() {
 	}
 }
 
-// parallel reports whether collective d is large enough for every rank to
-// take a share rather than the last rank doing all of it.
-func (g *group) parallel(d *desc) bool {
-	if g.n == 1 {
+// small reports whether collective d moves less than parallelBytes per
+// rank (counting every block of an AllGather or ReduceScatter), so that
+// every rank stages its input and does its own part, rather than every
+// rank taking a share of every output. An invalid call stages nothing and
+// fails on every rank, whichever path it takes.
+func (g *group) small(d *desc) bool {
+	if d.kind == comm.KindBarrier || d.err != nil {
+		return true
+	}
+	if d.count >= parallelBytes {
 		return false
 	}
 	bytes := d.count * d.dt.Size()
-	switch d.kind {
-	case comm.KindAllGather, comm.KindReduceScatter:
+	if d.kind == comm.KindAllGather || d.kind == comm.KindReduceScatter {
 		bytes *= g.n
-	case comm.KindBarrier:
-		return false
 	}
-	return bytes >= parallelBytes
+	return bytes < parallelBytes
 }
 
 // parallelBytes is the message size from which every rank takes a share of
-// a collective. Below it one rank does all the work, which saves the finish
-// barrier.
-var parallelBytes = 32 << 10
+// a collective. Below it every rank stages its input at arrival and then
+// does its own part, which needs no finish barrier.
+const parallelBytes = 32 << 10
 
 // desc is one rank's call.
 type desc struct {
@@ -187,7 +194,22 @@ type desc struct {
 	recv  unsafe.Pointer
 	seq   uint64
 	err   error // argument error found when the call was issued
+	// small: a collective whose ranks each do their own part from the
+	// inputs staged at arrival (below parallelBytes)
+	small bool
+	// inline: the issuing goroutine joined the collective itself (see
+	// Comm.issue), not the rank's worker
+	inline bool
+	// Every rank writes its own desc into a collective's slot and reads
+	// the others': two cache lines each, so that no two ranks write one.
+	_ [54]byte
 }
+
+// desc must be exactly two cache lines (see its padding).
+var (
+	_ [128 - unsafe.Sizeof(desc{})]byte
+	_ [unsafe.Sizeof(desc{}) - 128]byte
+)
 
 // call is what a mismatch report says of d.
 func (d *desc) call() comm.Call {

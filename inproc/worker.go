@@ -9,22 +9,120 @@ import (
 )
 
 // Spinning: a wait first polls pureSpins times, then yields the processor
-// between polls for up to spinTime, then parks on a channel.
+// between polls for up to spinTime, then parks on a channel. (Polling
+// longer without yielding was measured slower on a loaded machine: the
+// goroutine that the waiter waits for may need this processor.)
 const pureSpins = 64
 
 var spinTime = 50 * time.Microsecond
 
+// spinner paces one busy wait; its zero value starts one.
+type spinner struct {
+	i     int
+	start time.Time
+	brief bool // park after the first polls: nothing is expected soon
+}
+
+// spin is called after each poll that found nothing; it returns false
+// once the caller should park.
+func (s *spinner) spin() bool {
+	s.i++
+	switch {
+	case s.i < pureSpins:
+		return true
+	case s.brief:
+		return false
+	case s.i == pureSpins:
+		s.start = time.Now()
+	case s.i%16 == 0 && time.Since(s.start) >= spinTime:
+		return false
+	}
+	runtime.Gosched()
+	return true
+}
+
 // run is the rank's worker: it executes operations in issue order.
 func (c *Comm) run() {
 	defer close(c.exited)
+	busy := false // the last operation was the worker's to run
 	for next := uint64(1); ; next++ {
-		_ = c.await(func() bool { return c.issued.Load() >= next || c.stopping.Load() }, nil)
+		for !(c.issued.Load() >= next || c.stopping.Load()) {
+			// After running an operation, stay ready for the next one a
+			// while; after skipping collectives joined inline, rest at
+			// once: the goroutines that issue them need the processor.
+			c.rest(spinner{brief: !busy}, func() bool { return c.issued.Load() >= next || c.stopping.Load() })
+		}
 		if c.issued.Load() < next {
 			return // stopping, and everything issued has completed
 		}
 		d := &c.ring[next%ringSize]
-		c.current.Store(next)
-		c.complete(next, c.execute(d))
+		if busy = !d.inline; busy {
+			c.current.Store(next)
+			c.complete(next, c.execute(d))
+		} else {
+			c.takeOver(d)
+		}
+		c.passed.Store(next)
+	}
+}
+
+// takeOver deals with collective d, which the rank joined inline. A Wait
+// or Test, or the last rank to arrive, finishes it, so the worker leaves
+// it alone unless it is needed: when a later operation of the rank waits
+// behind it, a Wait on it parks, the group fails, the rank closes, or it
+// is still pending after a tick (a quarter of the stall interval, so that
+// a collective nobody waits for is still reported within about one and a
+// half stall intervals). The worker then claims it, unless someone has,
+// waits for it as if it had joined it itself (stall reports, timeout) and
+// completes it.
+func (c *Comm) takeOver(d *desc) {
+	s := &c.slots[d.seq%ringSize]
+	done := func() bool { return s.done.Load() == d.seq }
+	needed := func() bool {
+		return done() || c.issued.Load() > d.seq || c.watch.Load() >= d.seq || c.g.failure() != nil || c.stopping.Load()
+	}
+	for !needed() {
+		if c.rest(spinner{brief: true}, needed) {
+			break // a tick
+		}
+	}
+	if done() {
+		return
+	}
+	if c.inl.CompareAndSwap(d.seq, d.seq|inlClaimed) {
+		c.current.Store(d.seq)
+		c.complete(d.seq, c.follow(&c.g.slots[d.num%slotCount], d.num, d))
+		return
+	}
+	_ = c.await(done, nil)
+}
+
+// rest waits, paced by sp, until ready() holds or, once parked, a tick
+// passes; it reports whether the tick passed. Only the worker rests.
+func (c *Comm) rest(sp spinner, ready func() bool) (ticked bool) {
+	for {
+		if ready() {
+			return false
+		}
+		if sp.spin() {
+			continue
+		}
+		c.parked.Store(true)
+		if ready() {
+			c.parked.Store(false)
+			return false
+		}
+		c.timer.Reset(c.g.tick)
+		select {
+		case <-c.wake:
+		case <-c.timer.C:
+			ticked = true
+		}
+		c.timer.Stop()
+		c.parked.Store(false)
+		if ticked {
+			return true
+		}
 	}
 }
 
@@ -47,10 +145,10 @@ func (c *Comm) execute(d *desc) error {
 // passes (aborting the group), and returns the reason.
 func (c *Comm) await(ready func() bool, w *desc) error {
 	g := c.g
-	var start time.Time
+	var sp spinner
 	var watch comm.Watch
 	watching := false
-	for i := 0; ; i++ {
+	for {
 		if ready() {
 			return nil
 		}
@@ -59,22 +157,14 @@ func (c *Comm) await(ready func() bool, w *desc) error {
 				return err
 			}
 		}
-		switch {
-		case i < pureSpins:
-			continue
-		case i == pureSpins:
-			start = time.Now()
-			runtime.Gosched()
-			continue
-		case i%16 != 0 || time.Since(start) < spinTime:
-			runtime.Gosched()
+		if sp.spin() {
 			continue
 		}
 		var timeout time.Duration
 		if w != nil {
 			now := time.Now()
 			if !watching {
-				watch, watching = g.dog.Start(start), true
+				watch, watching = g.dog.Start(sp.start), true
 			}
 			if report, expired := watch.Check(now); report || expired {
 				s := comm.Stall{Rank: c.rank, Seq: w.seq, Kind: w.kind, Missing: c.missing(w), Waited: watch.Waited(now)}
@@ -166,11 +256,26 @@ func (c *Comm) Missing(w comm.Work) []int {
 	return c.missing(&d)
 }
 
-// collective joins the next collective of the group.
+// collective joins the next collective of the group on the worker.
 func (c *Comm) collective(d *desc) error {
+	s, k := c.arrive(d)
+	if s == nil {
+		return c.follow(&c.g.slots[k%slotCount], k, d)
+	}
+	return c.lead(s, k, d, true)
+}
+
+// arrive publishes d, this rank's call of collective k = d.num, with its
+// input staged if the collective is small, and counts the rank in. It
+// returns the collective's slot if this rank is the last to arrive, and
+// nil otherwise.
+func (c *Comm) arrive(d *desc) (*collSlot, uint64) {
 	g := c.g
 	k := d.num
 	s := &g.slots[k%slotCount]
+	if d.small && d.err == nil {
+		c.stageIn(d, k)
+	}
 	s.d[c.rank] = *d
 	c.arrived.Store(k)
 	t := g.arrivals.Add(1)
@@ -178,63 +283,83 @@ func (c *Comm) collective(d *desc) error {
 		violated("rank %d: arrival ticket %d at collective #%d of %d ranks", c.rank, t, k, n)
 	}
 	if t == k*uint64(g.n) {
-		return c.lead(s, k, d)
+		return s, k
 	}
-	return c.follow(s, k, d)
+	return nil, k
 }
 
 // lead runs on the last rank to arrive at collective k: it judges the
-// calls and either does the whole operation or opens the gate for shares.
-func (c *Comm) lead(s *collSlot, k uint64, d *desc) error {
+// calls and opens the gate, in the mode every rank then follows: each
+// rank's own part of a small collective, shares of a parallel one, or the
+// verdict. With own set it does this rank's part too.
+func (c *Comm) lead(s *collSlot, k uint64, d *desc, own bool) error {
 	g := c.g
 	v := g.judge(s, k)
-	mode := uint64(modeClaim)
+	mode := uint64(modeSmall)
 	switch {
 	case v != nil:
 		mode = modeDone
-	case g.parallel(d):
+	case !d.small:
 		mode = modeGo
 	}
-	s.verdict = v
+	s.verdict, s.mode = v, mode
 	for {
 		cur := g.gate.Load()
 		if cur>>2 == k { // a failing rank cancelled the collective
 			return c.opErr(d, g.failure())
 		}
-		if invariants && !(cur>>2 == k-1 && cur&3 != modeClaim) {
+		if invariants && cur>>2 != k-1 {
 			violated("rank %d leads collective #%d but the gate is at #%d mode %d", c.rank, k, cur>>2, cur&3)
 		}
 		if g.gate.CompareAndSwap(cur, k<<2|mode) {
 			break
 		}
 	}
-	switch mode {
-	case modeDone:
-		g.wakeAll()
-		return c.verdictErr(d, v)
-	case modeClaim:
-		c.runPart(s.d, d, 0, 1)
-		g.gate.Store(k<<2 | modeDone)
-		g.wakeAll()
-		return nil
+	if mode != modeGo {
+		g.wakeGateWaiters(k)
+		if !own {
+			return nil
+		}
+		return c.afterGate(s, k, d)
+	}
+	if invariants {
+		for r := range s.d {
+			if s.d[r].inline {
+				violated("rank %d joined parallel collective #%d inline", r, k)
+			}
+		}
 	}
 	g.wakeAll()
 	return c.share(s, d)
 }
 
-// follow waits for the last rank of collective k to open the gate.
+// wakeGateWaiters wakes the workers that wait for the gate of collective
+// k. Waking only those spares idle workers a pointless round trip.
+func (g *group) wakeGateWaiters(k uint64) {
+	for r, p := range g.comms {
+		if p.gateWait.Load() == k {
+			g.wake(r)
+		}
+	}
+}
+
+// gateOpen reports whether the gate of collective k has opened (in any
+// mode, cancellation included). A gate past k can only be a later
+// collective's cancellation, and only once k has opened.
+func (g *group) gateOpen(k uint64) bool { return g.gate.Load()>>2 >= k }
+
+// follow waits for the last rank of collective k to open the gate, and
+// then does what the gate says.
 func (c *Comm) follow(s *collSlot, k uint64, d *desc) error {
 	g := c.g
-	// A gate past k can only be a later collective's cancellation, and
-	// other ranks can only have moved past k if k completed (modeDone).
-	ready := func() bool {
-		v := g.gate.Load()
-		return v>>2 > k || v>>2 == k && v&3 != modeClaim
-	}
-	if err := c.await(ready, d); err != nil {
+	ready := func() bool { return g.gateOpen(k) }
+	c.gateWait.Store(k)
+	err := c.await(ready, d)
+	c.gateWait.Store(0)
+	if err != nil {
 		// Cancel the collective so that nobody touches this rank's
-		// buffers after its Work has failed; if it was claimed first,
-		// it finishes soon.
+		// buffers after its Work has failed; if it opened first, this
+		// rank does its part as usual.
 		for {
 			cur := g.gate.Load()
 			if cur>>2 >= k {
@@ -245,17 +370,25 @@ func (c *Comm) follow(s *collSlot, k uint64, d *desc) error {
 				return c.opErr(d, err)
 			}
 		}
-		_ = c.await(ready, nil)
 	}
-	v := g.gate.Load()
-	if v>>2 > k {
-		return c.verdictErr(d, s.verdict)
+	return c.afterGate(s, k, d)
+}
+
+// afterGate does this rank's part of collective k once its gate is open.
+func (c *Comm) afterGate(s *collSlot, k uint64, d *desc) error {
+	g := c.g
+	mode := s.mode
+	if v := g.gate.Load(); v>>2 == k && v&3 == modeCancel {
+		mode = modeCancel
 	}
-	switch v & 3 {
+	switch mode {
 	case modeCancel:
 		return c.opErr(d, g.failure())
 	case modeDone:
 		return c.verdictErr(d, s.verdict)
+	case modeSmall:
+		c.ownPart(s, d, k)
+		return nil
 	}
 	return c.share(s, d)
 }
