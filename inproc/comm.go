@@ -39,7 +39,7 @@ type Comm struct {
 	_       cpu.CacheLinePad
 	issued  atomic.Uint64 // sequence number of the last issued operation
 	_       cpu.CacheLinePad
-	arrived atomic.Uint64 // number of the last collective this rank joined
+	arrived atomic.Uint64 // number of the last collective this rank published its call of
 	current atomic.Uint64 // sequence number of the operation the worker runs or ran last
 	passed  atomic.Uint64 // the worker is done with every operation up to this one
 	watch   atomic.Uint64 // a Wait has parked on this operation: the worker must watch it
@@ -52,9 +52,9 @@ type Comm struct {
 	inl  atomic.Uint64
 	inlK atomic.Uint64
 	_    cpu.CacheLinePad
-	// gateWait is the collective whose gate the worker waits for, or 0.
-	gateWait atomic.Uint64
-	_        cpu.CacheLinePad
+	// waitingFor is the collective whose calls the worker waits for, or 0.
+	waitingFor atomic.Uint64
+	_          cpu.CacheLinePad
 
 	wake     chan struct{}
 	stopping atomic.Bool
@@ -85,8 +85,10 @@ type Comm struct {
 	tmp        unsafe.Pointer
 	tmpMem     []byte
 
-	// staging buffers of small collectives (see small.go), made on first
-	// use under mu, before the rank first arrives at one
+	// headers and staging buffers of small collectives (see small.go):
+	// the headers made with the group, the buffers on first use, before
+	// the rank first publishes a call that needs them
+	hdr      [2]*header
 	stage    [2]unsafe.Pointer
 	stageMem []byte
 }
@@ -330,8 +332,9 @@ func (c *Comm) issue(d *desc) comm.Work {
 }
 
 // inlClaimed marks Comm.inl once a goroutine has taken on finishing the
-// collective: the issuing goroutine when it arrives last, a Wait or Test
-// that finds the gate open, or the rank's worker (see takeOver).
+// collective: the issuing goroutine when it publishes last, a Wait or
+// Test that finds every call published, or the rank's worker (see
+// takeOver).
 const inlClaimed = 1 << 63
 
 // idle reports whether operation seq would be the rank's only pending
@@ -342,44 +345,36 @@ func (c *Comm) idle(seq uint64) bool {
 }
 
 // joinInline joins small collective d on the issuing goroutine, which
-// saves the hand-offs to and from the worker: the rank stages its input
-// and arrives; if it is the last to arrive it opens the gate and does its
-// own part at once. Otherwise its part is done by whichever comes first:
-// a Wait or Test of the operation that finds the gate open (tryFinish), or
-// the rank's worker, which takes the collective over when a later
-// operation of the rank waits behind it, a Wait on it parks or the group
-// fails, and then watches it as it watches its own waits. c.mu is held.
+// saves the hand-offs to and from the worker: the rank publishes its call
+// with its input staged and, if every rank has published already, does
+// its own part at once. Otherwise its part is done by whichever comes
+// first: a Wait or Test of the operation that finds every call published
+// (tryFinish), or the rank's worker, which takes the collective over when
+// a later operation of the rank waits behind it, a Wait on it parks or the
+// group fails, and then watches it as it watches its own waits. c.mu is
+// held.
 func (c *Comm) joinInline(d *desc) {
 	c.inlK.Store(d.num)
 	c.inl.Store(d.seq)
-	s, k := c.arrive(d)
-	if s == nil {
-		return
-	}
-	own := c.inl.CompareAndSwap(d.seq, d.seq|inlClaimed)
-	err := c.lead(s, k, d, own)
-	if own {
-		c.complete(d.seq, err)
+	c.publish(d)
+	if c.g.published(d.num, 0) == c.g.n && c.inl.CompareAndSwap(d.seq, d.seq|inlClaimed) {
+		c.complete(d.seq, c.finishSmall(d, nil))
 	}
 }
 
 // tryFinish finishes operation id if it is a collective the rank joined
-// inline whose gate is open and that nobody has claimed: a bounded amount
-// of work, which Wait and Test may do.
+// inline, every rank has published its call, and nobody has claimed it: a
+// bounded amount of work, which Wait and Test may do.
 func (c *Comm) tryFinish(id uint64) {
 	if c.inl.Load() != id {
 		return
 	}
-	k := c.inlK.Load()
-	g := c.g
-	if !g.gateOpen(k) || !c.inl.CompareAndSwap(id, id|inlClaimed) {
+	if c.g.published(c.inlK.Load(), 0) != c.g.n || !c.inl.CompareAndSwap(id, id|inlClaimed) {
 		return
 	}
 	// Claimed: the operation stays pending until completed here, so its
-	// call stays in the collective's slot.
-	s := &g.slots[k%slotCount]
-	d := &s.d[c.rank]
-	c.complete(id, c.afterGate(s, k, d))
+	// slot of the ring holds its call.
+	c.complete(id, c.finishSmall(&c.ring[id%ringSize], nil))
 }
 
 // TestOp reports whether operation id has completed, and its error. It

@@ -1,8 +1,12 @@
 package inproc
 
 import (
+	"errors"
+	"fmt"
 	"runtime"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/ddpgo/ddpgo/comm"
 )
@@ -85,5 +89,52 @@ func TestInlineLongRun(t *testing.T) {
 		if lag := c.issued.Load() - c.passed.Load(); lag >= ringSize {
 			t.Errorf("rank %d: the worker is %d operations behind", r, lag)
 		}
+	}
+}
+
+// TestSmallAgainstLarge: ranks that disagree on a count across the
+// small/large boundary (one stages its input, the other would take a
+// share) both get ErrMismatch, at once; the group stays usable.
+func TestSmallAgainstLarge(t *testing.T) {
+	cs := testGroup(t, 2, Options{Timeout: time.Minute})
+	small, large := make([]float32, 100), make([]float32, parallelBytes/4+1)
+	ws := []comm.Work{allReduceInPlace(cs[0], comm.Float32s(small), comm.Sum), allReduceInPlace(cs[1], comm.Float32s(large), comm.Sum)}
+	for r, err := range waitAll(t, ws) {
+		if !errors.Is(err, comm.ErrMismatch) || !strings.Contains(err.Error(), "100 x float") || !strings.Contains(err.Error(), fmt.Sprintf("%d x float", len(large))) {
+			t.Errorf("rank %d: %v; want ErrMismatch naming both counts", r, err)
+		}
+	}
+	for r, err := range waitAll(t, []comm.Work{cs[0].Barrier(), cs[1].Barrier()}) {
+		if err != nil {
+			t.Errorf("rank %d: barrier after the mismatch: %v", r, err)
+		}
+	}
+}
+
+// TestTestOnly: a rank that only polls Test, never Wait, still sees its
+// small collective complete: Test finishes it once every rank's call is
+// published.
+func TestTestOnly(t *testing.T) {
+	cs := testGroup(t, 2, Options{})
+	a, b := []int64{1, 2}, []int64{10, 20}
+	w0 := allReduceInPlace(cs[0], comm.Int64s(a), comm.Sum)
+	w1 := allReduceInPlace(cs[1], comm.Int64s(b), comm.Sum)
+	for _, w := range []comm.Work{w0, w1} {
+		for i := 0; ; i++ {
+			done, err := w.Test()
+			if done {
+				if err != nil {
+					t.Fatal(err)
+				}
+				break
+			}
+			if i == 1e8 {
+				t.Fatal("Test never reported the all-reduce done")
+			}
+			runtime.Gosched()
+		}
+	}
+	if a[0] != 11 || a[1] != 22 || b[0] != 11 || b[1] != 22 {
+		t.Errorf("%v %v; want [11 22] twice", a, b)
 	}
 }

@@ -67,14 +67,14 @@ func (c *Comm) run() {
 }
 
 // takeOver deals with collective d, which the rank joined inline. A Wait
-// or Test, or the last rank to arrive, finishes it, so the worker leaves
-// it alone unless it is needed: when a later operation of the rank waits
-// behind it, a Wait on it parks, the group fails, the rank closes, or it
-// is still pending after a tick (a quarter of the stall interval, so that
-// a collective nobody waits for is still reported within about one and a
-// half stall intervals). The worker then claims it, unless someone has,
-// waits for it as if it had joined it itself (stall reports, timeout) and
-// completes it.
+// or Test of it, or the issuing goroutine when it published last,
+// finishes it, so the worker leaves it alone unless it is needed: when a
+// later operation of the rank waits behind it, a Wait on it parks, the
+// group fails, the rank closes, or it is still pending after a tick (a
+// quarter of the stall interval, so that a collective nobody waits for is
+// still reported within about one and a half stall intervals). The worker
+// then claims it, unless someone has, waits for the other ranks' calls as
+// it waits for any peer (stall reports, timeout) and completes it.
 func (c *Comm) takeOver(d *desc) {
 	s := &c.slots[d.seq%ringSize]
 	done := func() bool { return s.done.Load() == d.seq }
@@ -91,7 +91,7 @@ func (c *Comm) takeOver(d *desc) {
 	}
 	if c.inl.CompareAndSwap(d.seq, d.seq|inlClaimed) {
 		c.current.Store(d.seq)
-		c.complete(d.seq, c.follow(&c.g.slots[d.num%slotCount], d.num, d))
+		c.complete(d.seq, c.finishSmall(d, c.awaitPublished(d)))
 		return
 	}
 	_ = c.await(done, nil)
@@ -179,9 +179,18 @@ func (c *Comm) await(ready func() bool, w *desc) error {
 			}
 			timeout = max(watch.Next(now), time.Microsecond)
 		}
+		// A rank that publishes wakes the workers parked for its call
+		// only while some are: count this one in before the last look.
+		sleeping := c.waitingFor.Load() != 0
+		if sleeping {
+			g.sleepers.Add(1)
+		}
 		c.parked.Store(true)
 		if ready() || (w != nil && g.failure() != nil) {
 			c.parked.Store(false)
+			if sleeping {
+				g.sleepers.Add(-1)
+			}
 			continue
 		}
 		if timeout > 0 {
@@ -195,12 +204,15 @@ func (c *Comm) await(ready func() bool, w *desc) error {
 			<-c.wake
 		}
 		c.parked.Store(false)
+		if sleeping {
+			g.sleepers.Add(-1)
+		}
 	}
 }
 
 // missing lists the ranks that have not joined operation d of this rank,
 // which the rank's worker has issued: for a collective, the ranks that
-// have not arrived at it; for a message, the peer while it has not come to
+// have not published their calls of it; for a message, the peer while it has not come to
 // its end (posted the message, or taken it) and this rank while its worker
 // has not reached it.
 func (c *Comm) missing(d *desc) []int {
@@ -256,141 +268,115 @@ func (c *Comm) Missing(w comm.Work) []int {
 	return c.missing(&d)
 }
 
-// collective joins the next collective of the group on the worker.
+// collective runs the rank's next collective on the worker.
 func (c *Comm) collective(d *desc) error {
-	s, k := c.arrive(d)
-	if s == nil {
-		return c.follow(&c.g.slots[k%slotCount], k, d)
+	c.publish(d)
+	if d.small || d.err != nil {
+		return c.finishSmall(d, c.awaitPublished(d))
 	}
-	return c.lead(s, k, d, true)
+	return c.parallel(d)
 }
 
-// arrive publishes d, this rank's call of collective k = d.num, with its
-// input staged if the collective is small, and counts the rank in. It
-// returns the collective's slot if this rank is the last to arrive, and
-// nil otherwise.
-func (c *Comm) arrive(d *desc) (*collSlot, uint64) {
+// publish publishes this rank's call d of collective k = d.num: the
+// buffers of a parallel collective and the error of an invalid call in
+// the collective's slot, the call in the rank's header, with the input of
+// a small collective staged, and then the header's word.
+func (c *Comm) publish(d *desc) {
 	g := c.g
 	k := d.num
-	s := &g.slots[k%slotCount]
-	if d.small && d.err == nil {
-		c.stageIn(d, k)
+	h := c.hdr[k%2]
+	if invariants && h.word.Load() >= k {
+		violated("rank %d publishes collective #%d over #%d", c.rank, k, h.word.Load())
 	}
-	s.d[c.rank] = *d
+	if !d.small || d.err != nil {
+		g.slots[k%slotCount].d[c.rank] = *d
+	}
+	h.kind, h.op, h.dt, h.root, h.count, h.seq, h.flags = d.kind, d.op, d.dt, int64(d.root), int64(d.count), d.seq, 0
+	if d.err != nil {
+		h.flags |= hdrInvalid
+	} else if d.small {
+		h.flags |= hdrSmall
+		c.stageIn(d, h)
+	}
 	c.arrived.Store(k)
-	t := g.arrivals.Add(1)
-	if n := uint64(g.n); invariants && !(t > (k-1)*n && t <= k*n || g.failure() != nil) {
-		violated("rank %d: arrival ticket %d at collective #%d of %d ranks", c.rank, t, k, n)
-	}
-	if t == k*uint64(g.n) {
-		return s, k
-	}
-	return nil, k
-}
-
-// lead runs on the last rank to arrive at collective k: it judges the
-// calls and opens the gate, in the mode every rank then follows: each
-// rank's own part of a small collective, shares of a parallel one, or the
-// verdict. With own set it does this rank's part too.
-func (c *Comm) lead(s *collSlot, k uint64, d *desc, own bool) error {
-	g := c.g
-	v := g.judge(s, k)
-	mode := uint64(modeSmall)
-	switch {
-	case v != nil:
-		mode = modeDone
-	case !d.small:
-		mode = modeGo
-	}
-	s.verdict, s.mode = v, mode
-	for {
-		cur := g.gate.Load()
-		if cur>>2 == k { // a failing rank cancelled the collective
-			return c.opErr(d, g.failure())
-		}
-		if invariants && cur>>2 != k-1 {
-			violated("rank %d leads collective #%d but the gate is at #%d mode %d", c.rank, k, cur>>2, cur&3)
-		}
-		if g.gate.CompareAndSwap(cur, k<<2|mode) {
-			break
-		}
-	}
-	if mode != modeGo {
-		g.wakeGateWaiters(k)
-		if !own {
-			return nil
-		}
-		return c.afterGate(s, k, d)
-	}
-	if invariants {
-		for r := range s.d {
-			if s.d[r].inline {
-				violated("rank %d joined parallel collective #%d inline", r, k)
+	h.word.Store(k)
+	if g.sleepers.Load() > 0 {
+		for r, p := range g.comms {
+			if p.waitingFor.Load() == k {
+				g.wake(r)
 			}
 		}
 	}
-	g.wakeAll()
-	return c.share(s, d)
 }
 
-// wakeGateWaiters wakes the workers that wait for the gate of collective
-// k. Waking only those spares idle workers a pointless round trip.
-func (g *group) wakeGateWaiters(k uint64) {
-	for r, p := range g.comms {
-		if p.gateWait.Load() == k {
-			g.wake(r)
-		}
-	}
-}
-
-// gateOpen reports whether the gate of collective k has opened (in any
-// mode, cancellation included). A gate past k can only be a later
-// collective's cancellation, and only once k has opened.
-func (g *group) gateOpen(k uint64) bool { return g.gate.Load()>>2 >= k }
-
-// follow waits for the last rank of collective k to open the gate, and
-// then does what the gate says.
-func (c *Comm) follow(s *collSlot, k uint64, d *desc) error {
+// awaitPublished waits, as a wait for peers (stall reports, timeout),
+// until every rank has published its call of collective d.num.
+func (c *Comm) awaitPublished(d *desc) error {
 	g := c.g
-	ready := func() bool { return g.gateOpen(k) }
-	c.gateWait.Store(k)
-	err := c.await(ready, d)
-	c.gateWait.Store(0)
+	k := d.num
+	from := g.published(k, 0)
+	if from == g.n {
+		return nil
+	}
+	c.waitingFor.Store(k)
+	err := c.await(func() bool {
+		from = g.published(k, from)
+		return from == g.n
+	}, d)
+	c.waitingFor.Store(0)
+	return err
+}
+
+// finishSmall ends small collective d once every rank has published (or
+// with err, the failed wait for them): it judges the calls and, if they
+// agree, computes this rank's output.
+func (c *Comm) finishSmall(d *desc, err error) error {
 	if err != nil {
-		// Cancel the collective so that nobody touches this rank's
-		// buffers after its Work has failed; if it opened first, this
-		// rank does its part as usual.
+		return c.opErr(d, err)
+	}
+	if v := c.g.judge(d.num); v != nil {
+		return c.verdictErr(d, v)
+	}
+	c.ownPart(d)
+	return nil
+}
+
+// parallel runs parallel collective d: once every rank has published, the
+// first to see it opens the gate and every rank takes its share. A rank
+// whose wait fails first cancels the collective instead, so that nobody
+// writes its buffers after its Work has failed; whichever comes first
+// decides for every rank.
+func (c *Comm) parallel(d *desc) error {
+	g := c.g
+	k := d.num
+	if err := c.awaitPublished(d); err != nil {
 		for {
 			cur := g.gate.Load()
 			if cur>>2 >= k {
-				break
+				break // opened: this rank takes its share
 			}
 			if g.gate.CompareAndSwap(cur, k<<2|modeCancel) {
 				g.wakeAll()
 				return c.opErr(d, err)
 			}
 		}
+	} else if v := g.judge(k); v != nil {
+		return c.verdictErr(d, v)
 	}
-	return c.afterGate(s, k, d)
-}
-
-// afterGate does this rank's part of collective k once its gate is open.
-func (c *Comm) afterGate(s *collSlot, k uint64, d *desc) error {
-	g := c.g
-	mode := s.mode
-	if v := g.gate.Load(); v>>2 == k && v&3 == modeCancel {
-		mode = modeCancel
+	for {
+		cur := g.gate.Load()
+		if cur>>2 >= k {
+			break
+		}
+		if g.gate.CompareAndSwap(cur, k<<2|modeGo) {
+			g.wakeAll()
+			break
+		}
 	}
-	switch mode {
-	case modeCancel:
+	if g.gate.Load() == k<<2|modeCancel {
 		return c.opErr(d, g.failure())
-	case modeDone:
-		return c.verdictErr(d, s.verdict)
-	case modeSmall:
-		c.ownPart(s, d, k)
-		return nil
 	}
-	return c.share(s, d)
+	return c.share(&g.slots[k%slotCount], d)
 }
 
 // share does this rank's part of a parallel collective and waits until
