@@ -10,6 +10,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/fp16"
 )
@@ -217,8 +218,43 @@ func (cfg *CollectiveConfig) validate(n int) error {
 		return fmt.Errorf("%w: no ranks", ErrConfig)
 	case cfg.Op == SendRecv && n < 2:
 		return fmt.Errorf("%w: sendrecv needs at least 2 ranks", ErrConfig)
+	case cfg.MaxBytes/int64(cfg.DType.Size()) > math.MaxInt32:
+		// Element counts are ints in the comm contract and int32 in NCCL
+		// and MPI (nccl-tests' own limit): refuse what would not fit.
+		return fmt.Errorf("%w: %d bytes of %s are %d elements, more than a count can hold (%d)",
+			ErrConfig, cfg.MaxBytes, cfg.DType, cfg.MaxBytes/int64(cfg.DType.Size()), math.MaxInt32)
+	}
+	if k := cfg.NumSizes(); k > MaxSizes {
+		return fmt.Errorf("%w: %d sizes from %d to %d bytes, want at most %d", ErrConfig, k, cfg.MinBytes, cfg.MaxBytes, MaxSizes)
 	}
 	return nil
+}
+
+// MaxSizes bounds the number of sizes of one sweep: its rows are kept
+// for the footer, so their number bounds the memory of the sweep.
+const MaxSizes = 1 << 16
+
+// NumSizes returns the number of sizes the sweep walks (len(Sizes())),
+// without building the list: at most MaxSizes+1, so that a step of one
+// byte up to a terabyte is counted in constant time and refused.
+func (cfg *CollectiveConfig) NumSizes() int {
+	if cfg.MinBytes <= 0 || cfg.MaxBytes < cfg.MinBytes {
+		return 0
+	}
+	if cfg.Factor <= 1 {
+		if cfg.Step <= 0 {
+			return 1
+		}
+		k := (cfg.MaxBytes-cfg.MinBytes)/cfg.Step + 1
+		return int(min(k, MaxSizes+1))
+	}
+	k := 0
+	for s := cfg.MinBytes; ; s *= int64(cfg.Factor) {
+		k++
+		if s > cfg.MaxBytes/int64(cfg.Factor) {
+			return k
+		}
+	}
 }
 
 // geometry returns, for a requested size, the element counts nccl-tests
@@ -257,10 +293,11 @@ func RunCollective(ctx context.Context, comms []comm.Communicator, cfg Collectiv
 	sizes := cfg.Sizes()
 	maxCount, _ := geometry(cfg.Op, cfg.DType, sizes[len(sizes)-1], n)
 	es := cfg.DType.Size()
-	ranks := make([]*rankBufs, n)
-	for r := range ranks {
-		ranks[r] = &rankBufs{send: alignedBytes(maxCount * es), recv: alignedBytes(maxCount * es)}
+	ranks, release, err := newRankBufs(n, maxCount*es)
+	if err != nil {
+		return nil, err
 	}
+	defer release()
 	var rows []CollectiveRow
 	for _, size := range sizes {
 		count, per := geometry(cfg.Op, cfg.DType, size, n)
@@ -312,19 +349,90 @@ func placeName(inPlace bool) string {
 	return "out-of-place"
 }
 
+// rankBufs is one rank's buffers and its outcome in the current
+// placement.
 type rankBufs struct {
-	send, recv []byte
+	send, recv []byte // views of pool blocks
 	elapsed    time.Duration
 	wrong      int64
 	err        error
+	// pending is an operation whose Wait ended with its context: the
+	// backend may still write its buffers until it completes.
+	pending    comm.Work
+	hasPending bool
 }
 
-// alignedBytes returns n bytes, 64-byte aligned, backed by a []uint64.
-func alignedBytes(n int) []byte {
-	words := make([]uint64, (n+7)/8+8)
-	b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(words))), len(words)*8)
-	off := (64 - int(uintptr(unsafe.Pointer(&b[0]))%64)) % 64
-	return b[off : off+n : off+n]
+// drainTimeout bounds the wait, after an aborted or interrupted
+// placement, for the operations still pending: an aborted backend
+// completes them within a bound it documents (seconds); past this one the
+// buffers are leaked rather than reused.
+const drainTimeout = 30 * time.Second
+
+// newRankBufs returns a send and a receive buffer of size bytes for each
+// of n ranks, from a CommPool (collectives take pool memory, never Go
+// heap memory), and the function that returns them. A buffer whose
+// operation may still be pending is never returned to the pool.
+func newRankBufs(n, size int) ([]*rankBufs, func(), error) {
+	// Two blocks per rank, all carved from one slab sized for them (not
+	// the default 64 MiB: a sweep of small sizes maps, and under the
+	// invariants tag poisons, only what it uses). The limit is that slab
+	// and a page of rounding.
+	per := int64(size+allocator.Alignment-1) &^ (allocator.Alignment - 1)
+	slab := 2 * int64(n) * per
+	if slab > math.MaxInt-(1<<20) {
+		return nil, nil, fmt.Errorf("bench: %d ranks x 2 buffers of %d bytes: more than an address space holds", n, size)
+	}
+	pool, err := allocator.New(allocator.Options{Limit: slab + 1<<20, SlabSize: int(slab)})
+	if err != nil {
+		return nil, nil, fmt.Errorf("bench: CommPool for %d ranks of 2 x %d bytes: %w", n, size, err)
+	}
+	var blocks []allocator.Block
+	ranks := make([]*rankBufs, n)
+	release := func() {
+		for i, b := range blocks {
+			if rb := ranks[i/2]; rb == nil || !rb.drained() {
+				continue // the backend may still write it: leak it
+			}
+			pool.Put(b)
+		}
+		pool.Close() // a leaked block keeps its slab mapped
+	}
+	for r := range ranks {
+		for range 2 {
+			b, err := pool.Get(size)
+			if err != nil {
+				release()
+				return nil, nil, fmt.Errorf("bench: rank %d: a buffer of %d bytes (%d ranks x 2): %w", r, size, n, err)
+			}
+			blocks = append(blocks, b)
+		}
+		ranks[r] = &rankBufs{send: blocks[2*r].Bytes()[:size:size], recv: blocks[2*r+1].Bytes()[:size:size]}
+	}
+	return ranks, release, nil
+}
+
+// wait waits for w, remembering it if ctx ends first.
+func (b *rankBufs) wait(ctx context.Context, w comm.Work) error {
+	err := w.Wait(ctx)
+	if err != nil && ctx.Err() != nil {
+		b.pending, b.hasPending = w, true
+	}
+	return err
+}
+
+// drained waits (bounded) for an operation left pending, and reports
+// whether the backend is done with the rank's buffers.
+func (b *rankBufs) drained() bool {
+	if !b.hasPending {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
+	defer cancel()
+	if err := b.pending.Wait(ctx); err != nil && ctx.Err() != nil {
+		return false
+	}
+	b.hasPending = false
+	return true
 }
 
 // issueFunc returns the call one rank makes for one iteration, and the
@@ -470,16 +578,16 @@ func runRank(ctx context.Context, c comm.Communicator, b *rankBufs, cfg *Collect
 	// Timed data: the pattern too, so that reductions over it stay finite.
 	p.fillInputs(cfg, b, c.Rank(), count, per, inPlace)
 	for range cfg.Warmup {
-		if err := issue().Wait(ctx); err != nil {
+		if err := b.wait(ctx, issue()); err != nil {
 			return err
 		}
 	}
-	if err := c.Barrier().Wait(ctx); err != nil {
+	if err := b.wait(ctx, c.Barrier()); err != nil {
 		return err
 	}
 	start := time.Now()
 	for range cfg.Iters {
-		if err := issue().Wait(ctx); err != nil {
+		if err := b.wait(ctx, issue()); err != nil {
 			return err
 		}
 	}
@@ -489,10 +597,10 @@ func runRank(ctx context.Context, c comm.Communicator, b *rankBufs, cfg *Collect
 	}
 	// One more iteration on fresh inputs, verified element by element.
 	p.fillInputs(cfg, b, c.Rank(), count, per, inPlace)
-	if err := c.Barrier().Wait(ctx); err != nil {
+	if err := b.wait(ctx, c.Barrier()); err != nil {
 		return err
 	}
-	if err := issue().Wait(ctx); err != nil {
+	if err := b.wait(ctx, issue()); err != nil {
 		return err
 	}
 	if corruptHook != nil {

@@ -305,3 +305,109 @@ func TestGeometry(t *testing.T) {
 		t.Errorf("all_gather 4096 B on 3 ranks: %+v, want 4080 bytes, count 340", rows)
 	}
 }
+
+// TestNumSizes checks that NumSizes counts what Sizes lists, and that a
+// sweep with more sizes than MaxSizes is refused before any list or
+// buffer is made.
+func TestNumSizes(t *testing.T) {
+	for _, c := range []CollectiveConfig{
+		{MinBytes: 4 << 10, MaxBytes: 256 << 20, Factor: 4},
+		{MinBytes: 8, MaxBytes: 8, Factor: 2},
+		{MinBytes: 1000, MaxBytes: 3000, Factor: 1, Step: 1000},
+		{MinBytes: 1000, MaxBytes: 3999, Factor: 1, Step: 1000},
+		{MinBytes: 4096, MaxBytes: 1 << 30, Factor: math.MaxInt},
+		{MinBytes: 1, MaxBytes: 1 << 50, Factor: 2},
+		{MinBytes: 4096, MaxBytes: 1 << 30, Factor: 1, Step: math.MaxInt64},
+	} {
+		if got, want := c.NumSizes(), len(c.Sizes()); got != want {
+			t.Errorf("%+v: NumSizes %d, Sizes lists %d", c, got, want)
+		}
+	}
+	huge := small(AllReduce, comm.Float32, comm.Sum)
+	huge.MinBytes, huge.MaxBytes, huge.Factor, huge.Step = 4, 1<<40, 1, 4
+	if k := huge.NumSizes(); k != MaxSizes+1 {
+		t.Errorf("2^38 sizes counted as %d, want MaxSizes+1", k)
+	}
+	big := small(AllReduce, comm.Float32, comm.Sum)
+	big.MinBytes, big.MaxBytes = 4, 1<<40 // 2^38 floats: more than a count holds
+	g := group(t, 2)
+	for _, cfg := range []CollectiveConfig{huge, big} {
+		if _, err := RunCollective(context.Background(), g, cfg, nil); !errors.Is(err, ErrConfig) {
+			t.Errorf("%d..%d bytes, step %d: %v, want ErrConfig", cfg.MinBytes, cfg.MaxBytes, cfg.Step, err)
+		}
+	}
+}
+
+// TestCollectiveInterrupted checks that a sweep cancelled between sizes
+// returns the rows it completed with the context's error.
+func TestCollectiveInterrupted(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cfg := small(AllReduce, comm.Float32, comm.Sum)
+	var seen int
+	rows, err := RunCollective(ctx, group(t, 2), cfg, func(CollectiveRow) {
+		if seen++; seen == 2 {
+			cancel()
+		}
+	})
+	if !errors.Is(err, context.Canceled) || len(rows) != 2 {
+		t.Errorf("%d rows, error %v: want the 2 rows done and context.Canceled", len(rows), err)
+	}
+}
+
+// stuckComm is a communicator whose all-reduce never completes until the
+// rank is aborted, as a peer that never joins would leave it.
+type stuckComm struct {
+	comm.Communicator
+	aborted chan struct{}
+}
+
+func (c *stuckComm) AllReduce(_, _ comm.Buffer, _ comm.Op) comm.Work {
+	return comm.NewWork(stuck{c.aborted}, 0)
+}
+
+func (c *stuckComm) Abort(err error) {
+	select {
+	case <-c.aborted:
+	default:
+		close(c.aborted)
+	}
+	c.Communicator.Abort(err)
+}
+
+type stuck struct{ aborted chan struct{} }
+
+func (s stuck) WaitOp(ctx context.Context, _ uint64) error {
+	select {
+	case <-s.aborted:
+		return comm.ErrAborted
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s stuck) TestOp(uint64) (bool, error) {
+	select {
+	case <-s.aborted:
+		return true, comm.ErrAborted
+	default:
+		return false, nil
+	}
+}
+
+// TestCollectiveTimeoutDrains checks that a placement cut short by its
+// deadline aborts the ranks and waits for the pending operations before
+// the buffers go back to the pool: RunCollective returns the deadline's
+// error and leaves no goroutine behind.
+func TestCollectiveTimeoutDrains(t *testing.T) {
+	g := group(t, 2)
+	for i := range g {
+		g[i] = &stuckComm{Communicator: g[i], aborted: make(chan struct{})}
+	}
+	cfg := small(AllReduce, comm.Float32, comm.Sum)
+	cfg.Timeout = 50 * time.Millisecond
+	_, err := RunCollective(context.Background(), g, cfg, nil)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("%v, want the placement's deadline", err)
+	}
+}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"runtime"
-	"slices"
 	"sync"
 	"time"
 
@@ -101,10 +100,15 @@ type Config struct {
 	Timeout time.Duration
 }
 
-// Dist summarizes one quantity over the measured steps.
+// Dist summarizes one quantity over the measured steps: its quantiles
+// over the steps Result.Sampled says, its mean over every step.
 type Dist struct {
 	Median, P10, P90, Mean float64
 }
+
+// MaxComputeTarget bounds the simulated backward of one step, so that a
+// mistyped rate fails at once instead of computing for years.
+const MaxComputeTarget = 24 * time.Hour
 
 // Result is what Run measured. Times are in seconds, bandwidths in GB/s.
 // A step's time is the slowest rank's (Begin to the end of Wait); its
@@ -114,13 +118,21 @@ type Dist struct {
 // that rank's communication time (the union of its buckets' reductions),
 // times all-reduce's factor 2(n-1)/n, averaged over ranks.
 type Result struct {
-	Ranks         int
-	Params        int
-	Numel         int64
-	GradBytes     int64 // float32 gradient bytes per rank
+	Ranks     int
+	Params    int
+	Numel     int64
+	GradBytes int64 // float32 gradient bytes per rank
+	// Steps is the number of measured steps every rank completed: the
+	// configured number, or fewer when the run was interrupted.
 	Steps, Warmup int
+	// Sampled is the number of steps the quantiles come from: Steps, or
+	// SampleSize drawn uniformly from them when Steps is larger.
+	Sampled int
+	// Interrupted reports that the context ended the run early: the
+	// statistics cover the Steps measured steps completed before it.
+	Interrupted   bool
 	StepTime      Dist    // seconds, Begin returned to Wait returned (the reducer's Wall)
-	IterTime      Dist    // seconds, Begin called to Wait returned (adds Begin's zeroing)
+	IterTime      Dist    // seconds, Begin called to Wait returned (adds Begin itself)
 	ComputeTime   Dist    // seconds, first to last ready mark
 	CommTime      Dist    // seconds
 	OverlapRatio  Dist    // communication hidden behind compute / communication
@@ -141,10 +153,21 @@ type Result struct {
 // ErrCheck reports gradients that were not averaged correctly.
 var ErrCheck = errors.New("bench: wrong gradient average")
 
+// MaxTraceSteps bounds Config.TraceSteps: a traced step keeps every
+// rank's full statistics in memory until Run returns.
+const MaxTraceSteps = 1000
+
 // Run builds one Reducer per rank, runs Warmup+Steps training steps on
 // every rank concurrently with a simulated backward pass, and returns the
 // statistics. The first measured step verifies that each gradient's first
-// element holds the average of the ranks' values.
+// element holds the average of the ranks' values. Memory does not grow
+// with Steps (see SampleSize).
+//
+// When ctx ends during the run, every rank stops within one gradient's
+// share of the simulated backward (sleeping and spinning both watch ctx),
+// and Run returns the statistics of the measured steps every rank
+// completed, with Interrupted set, together with an error wrapping
+// ctx.Err(). The group has then been aborted.
 func Run(ctx context.Context, cfg Config) (*Result, error) {
 	n := len(cfg.Comms)
 	switch {
@@ -158,6 +181,20 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, fmt.Errorf("%w: compute %s needs a positive rate, got %g", ErrConfig, cfg.Compute, cfg.Rate)
 	case cfg.Pools != nil && len(cfg.Pools) != n:
 		return nil, fmt.Errorf("%w: %d pools for %d ranks", ErrConfig, len(cfg.Pools), n)
+	case cfg.TraceSteps > MaxTraceSteps:
+		return nil, fmt.Errorf("%w: %d traced steps, want at most %d", ErrConfig, cfg.TraceSteps, MaxTraceSteps)
+	}
+	res := &Result{Ranks: n, Params: len(cfg.Params), Warmup: cfg.Warmup}
+	for _, p := range cfg.Params {
+		res.Numel += int64(p.Numel())
+	}
+	res.GradBytes = 4 * res.Numel
+	if cfg.Compute != ComputeNone {
+		res.ComputeTarget = float64(res.Numel) / cfg.Rate
+		if !(res.ComputeTarget <= MaxComputeTarget.Seconds()) {
+			return nil, fmt.Errorf("%w: %d parameters at %g per second take %.3g s of backward per step, more than %v",
+				ErrConfig, res.Numel, cfg.Rate, res.ComputeTarget, MaxComputeTarget)
+		}
 	}
 	newHook := cfg.Hook
 	if newHook == nil {
@@ -192,37 +229,28 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 	}()
 	if err := errors.Join(errs...); err != nil {
+		if ctx.Err() != nil {
+			res.Interrupted = true
+			return res, fmt.Errorf("bench: interrupted while building the reducers: %w", ctx.Err())
+		}
 		return nil, err
 	}
 
-	res := &Result{Ranks: n, Params: len(cfg.Params), Steps: cfg.Steps, Warmup: cfg.Warmup}
-	for _, p := range cfg.Params {
-		res.Numel += int64(p.Numel())
-	}
-	res.GradBytes = 4 * res.Numel
-	if cfg.Compute != ComputeNone {
-		res.ComputeTarget = float64(res.Numel) / cfg.Rate
-	}
+	// Every rank's full statistics are kept only for the traced steps, in
+	// res.Trace, sized now so that copying them allocates nothing while
+	// allocations are being counted (there are never more buckets than
+	// parameters). Everything else goes through agg, whose memory is
+	// fixed.
 	trace := min(max(cfg.TraceSteps, 0), cfg.Steps)
 	res.Trace = make([][]ddp.StepStats, trace)
 	for s := range res.Trace {
 		res.Trace[s] = make([]ddp.StepStats, n)
-	}
-	// per[rank][step] holds what the results need of each measured step:
-	// a few numbers, so that long runs stay small. Every rank's full
-	// statistics are kept only for the traced steps, in res.Trace, sized
-	// now so that copying them allocates nothing while allocations are
-	// being counted (there are never more buckets than parameters).
-	per := make([][]stepSummary, n)
-	for r := range per {
-		per[r] = make([]stepSummary, cfg.Steps)
-	}
-	for s := range res.Trace {
 		for r := range res.Trace[s] {
 			res.Trace[s][r].Buckets = make([]ddp.BucketStats, 0, len(cfg.Params))
 			res.Trace[s][r].ParamReady = make([]time.Duration, 0, len(cfg.Params))
 		}
 	}
+	agg := newAggregator(n, cfg.Steps)
 
 	// Two phases separated by a process-local rendezvous, so that the
 	// allocation count covers exactly the measured steps.
@@ -234,13 +262,15 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		go func() {
 			defer wg.Done()
 			d := newDriver(reducers[r], cfg, r, n)
-			err := d.steps(ctx, cfg.Warmup, false, nil, nil)
+			defer d.timer.Stop()
+			err := d.steps(ctx, cfg.Warmup, nil, nil)
 			warm.Done()
 			measured.Wait()
 			if err == nil {
-				err = d.steps(ctx, cfg.Steps, true, per[r], res.Trace)
+				err = d.steps(ctx, cfg.Steps, agg, res.Trace)
 			}
 			if err != nil {
+				agg.stop()
 				errs[r] = fmt.Errorf("rank %d: %w", r, err)
 				cfg.Comms[r].Abort(errs[r])
 			}
@@ -252,42 +282,25 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	measured.Done()
 	wg.Wait()
 	runtime.ReadMemStats(&m1)
-	if err := firstErr(errs); err != nil {
+	res.Interrupted = ctx.Err() != nil
+	if err := firstErr(errs); err != nil && !res.Interrupted {
 		return nil, err
 	}
-	res.AllocsPerStep = float64(m1.Mallocs-m0.Mallocs) / float64(cfg.Steps)
-
-	var wall, iter, compute, commT, ratio, bw []float64
-	for s := range cfg.Steps {
-		var w, it, c, cm time.Duration
-		var ov, cs time.Duration
-		var bws float64
-		for r := range n {
-			st := &per[r][s]
-			w, c, cm = max(w, st.wall), max(c, st.compute), max(cm, st.comm)
-			it = max(it, st.iter)
-			ov += st.overlap
-			cs += st.comm
-			bws += comm.BusBW(comm.KindAllReduce, n, st.bytes, st.comm)
-			res.Overflows += st.overflows
-		}
-		wall = append(wall, w.Seconds())
-		iter = append(iter, it.Seconds())
-		compute = append(compute, c.Seconds())
-		commT = append(commT, cm.Seconds())
-		if cs > 0 {
-			ratio = append(ratio, float64(ov)/float64(cs))
-		} else {
-			ratio = append(ratio, 0)
-		}
-		bw = append(bw, bws/float64(n))
+	res.Steps = agg.steps()
+	res.Trace = res.Trace[:min(len(res.Trace), res.Steps)]
+	s := agg.s
+	res.Sampled = len(s.rows)
+	res.StepTime, res.IterTime, res.ComputeTime = s.dist(qWall), s.dist(qIter), s.dist(qCompute)
+	res.CommTime, res.OverlapRatio, res.BusBW = s.dist(qComm), s.dist(qOverlap), s.dist(qBusBW)
+	res.Overflows, res.WireBytes = agg.overflows, agg.lastBytes
+	if res.Steps > 0 {
+		res.AllocsPerStep = float64(m1.Mallocs-m0.Mallocs) / float64(res.Steps)
 	}
-	res.IterTime = dist(iter)
-	res.StepTime, res.ComputeTime, res.CommTime = dist(wall), dist(compute), dist(commT)
-	res.OverlapRatio, res.BusBW = dist(ratio), dist(bw)
-	res.WireBytes = per[0][cfg.Steps-1].bytes
 	for _, b := range reducers[0].Buckets() {
 		res.Buckets = append(res.Buckets, int64(b.Bytes))
+	}
+	if res.Interrupted {
+		return res, fmt.Errorf("bench: interrupted after %d of %d measured steps: %w", res.Steps, cfg.Steps, ctx.Err())
 	}
 	return res, nil
 }
@@ -295,7 +308,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 func firstErr(errs []error) error {
 	// Prefer a root cause over the aborts it caused on other ranks.
 	for _, e := range errs {
-		if e != nil && !errors.Is(e, comm.ErrAborted) {
+		if e != nil && !errors.Is(e, comm.ErrAborted) && !errors.Is(e, errStopped) {
 			return e
 		}
 	}
@@ -307,28 +320,8 @@ func firstErr(errs []error) error {
 	return nil
 }
 
-// dist returns the median, 10th and 90th percentiles (nearest rank) and
-// the mean of v.
-func dist(v []float64) Dist {
-	if len(v) == 0 {
-		return Dist{}
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	q := func(p float64) float64 {
-		i := int(math.Ceil(p*float64(len(s)))) - 1
-		return s[min(max(i, 0), len(s)-1)]
-	}
-	var sum float64
-	for _, x := range s {
-		sum += x
-	}
-	med := s[len(s)/2]
-	if len(s)%2 == 0 {
-		med = (s[len(s)/2-1] + s[len(s)/2]) / 2
-	}
-	return Dist{Median: med, P10: q(0.10), P90: q(0.90), Mean: sum / float64(len(s))}
-}
+// errStopped ends a rank whose peer stopped first.
+var errStopped = errors.New("bench: stopped because another rank did")
 
 // driver runs one rank's training loop.
 type driver struct {
@@ -339,10 +332,14 @@ type driver struct {
 	deadlines []time.Duration // cumulative compute time when each becomes ready
 	stats     ddp.StepStats
 	checked   bool
+	// timer paces ComputeSleep; one per driver, reset for every wait, so
+	// that a cancellable sleep allocates nothing.
+	timer *time.Timer
 }
 
 func newDriver(red *ddp.Reducer, cfg Config, rank, n int) *driver {
-	d := &driver{red: red, cfg: &cfg, rank: rank, n: n}
+	d := &driver{red: red, cfg: &cfg, rank: rank, n: n, timer: time.NewTimer(time.Hour)}
+	d.timer.Stop()
 	var cum float64
 	for i := len(cfg.Params) - 1; i >= 0; i-- {
 		d.order = append(d.order, i)
@@ -354,16 +351,11 @@ func newDriver(red *ddp.Reducer, cfg Config, rank, n int) *driver {
 	return d
 }
 
-// stepSummary is what Result needs of one rank's measured step.
-type stepSummary struct {
-	wall, iter, compute, comm, overlap time.Duration
-	bytes, overflows                   int64
-}
-
-// steps runs k synced steps; when measured, it summarizes each step into
-// out (with its duration from calling Begin) and copies the statistics of
-// the first len(trace) steps into trace[step][rank].
-func (d *driver) steps(ctx context.Context, k int, measured bool, out []stepSummary, trace [][]ddp.StepStats) error {
+// steps runs k synced steps. Measured steps (agg not nil) are summarized
+// into agg, with their duration from calling Begin, and the statistics of
+// the first len(trace) of them are copied into trace[step][rank].
+func (d *driver) steps(ctx context.Context, k int, agg *aggregator, trace [][]ddp.StepStats) error {
+	measured := agg != nil
 	for s := range k {
 		// Wait need not look at ctx when nothing is left to wait for.
 		if err := ctx.Err(); err != nil {
@@ -381,13 +373,15 @@ func (d *driver) steps(ctx context.Context, k int, measured bool, out []stepSumm
 			d.checked = true
 		}
 		d.red.StatsInto(&d.stats)
-		if out != nil {
-			st := &d.stats
-			out[s] = stepSummary{wall: st.Wall, iter: iter, compute: st.Compute, comm: st.Comm,
-				overlap: st.Overlap, bytes: st.Bytes, overflows: st.Overflows}
-		}
 		if s < len(trace) {
 			d.red.StatsInto(&trace[s][d.rank])
+		}
+		if measured {
+			st := &d.stats
+			if !agg.add(d.rank, s, stepSummary{wall: st.Wall, iter: iter, compute: st.Compute, comm: st.Comm,
+				overlap: st.Overlap, bytes: st.Bytes, overflows: st.Overflows}) {
+				return errStopped
+			}
 		}
 		if d.cfg.OnStep != nil {
 			d.cfg.OnStep(d.rank, measured, &d.stats)
@@ -399,18 +393,23 @@ func (d *driver) steps(ctx context.Context, k int, measured bool, out []stepSumm
 // step is one synced step: the simulated backward marks every gradient
 // ready in reverse order on its deadline, then Wait.
 func (d *driver) step(ctx context.Context) error {
-	if err := d.red.Begin(true); err != nil {
+	if err := d.red.Begin(ddp.Sync); err != nil {
 		return err
 	}
 	start := time.Now()
 	v := float32(d.rank + 1)
 	for j, i := range d.order {
 		if d.deadlines != nil {
-			d.await(start, d.deadlines[j])
+			if err := d.await(ctx, start, d.deadlines[j]); err != nil {
+				return err
+			}
 		}
 		// Producing the gradient is part of the compute being simulated:
 		// mark its ends, which the check reads back after the reduction.
-		g := d.red.Grad(i)
+		g, err := d.red.Grad(i)
+		if err != nil {
+			return err
+		}
 		g[0], g[len(g)-1] = v, v
 		if err := d.red.Ready(i); err != nil {
 			return err
@@ -419,16 +418,33 @@ func (d *driver) step(ctx context.Context) error {
 	return d.red.Wait(ctx)
 }
 
-// await returns when at has passed since start, sleeping or spinning.
-func (d *driver) await(start time.Time, at time.Duration) {
+// await returns when at has passed since start, sleeping or spinning, or
+// with ctx's error as soon as ctx ends: a slow simulated backward must
+// not hold an interrupted run for the rest of its step.
+func (d *driver) await(ctx context.Context, start time.Time, at time.Duration) error {
+	done := ctx.Done()
 	if d.cfg.Compute == ComputeSleep {
-		if left := at - time.Since(start); left > 0 {
-			time.Sleep(left)
+		left := at - time.Since(start)
+		if left <= 0 {
+			return nil
 		}
-		return
+		d.timer.Reset(left)
+		select {
+		case <-d.timer.C:
+			return nil
+		case <-done:
+			d.timer.Stop()
+			return ctx.Err()
+		}
 	}
 	for time.Since(start) < at {
+		select {
+		case <-done:
+			return ctx.Err()
+		default:
+		}
 	}
+	return nil
 }
 
 // check verifies that every gradient's ends hold the average of the
@@ -436,7 +452,10 @@ func (d *driver) await(start time.Time, at time.Duration) {
 func (d *driver) check() error {
 	want := float32(d.n+1) / 2
 	for i, p := range d.cfg.Params {
-		g := d.red.Grad(i)
+		g, err := d.red.Grad(i)
+		if err != nil {
+			return err
+		}
 		// fp16 and bf16 round the 1/n-scaled values: allow their precision.
 		if !near(g[0], want) || !near(g[len(g)-1], want) {
 			return fmt.Errorf("%w: rank %d param %d (%s): got %g and %g at its ends, want %g",

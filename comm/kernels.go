@@ -2,6 +2,7 @@ package comm
 
 import (
 	"fmt"
+	"sync"
 	"unsafe"
 
 	"github.com/ddpgo/ddpgo/fp16"
@@ -25,9 +26,15 @@ type Kernels interface {
 	Zero(b Buffer)
 	// Copy copies src into dst (same count and dtype; no overlap).
 	Copy(dst, src Buffer)
-	// Add adds src into dst, element by element (Float32).
+	// Add adds src into dst, element by element (same count and a
+	// floating-point dtype: Float32, Float64, Float16 or BFloat16). Half
+	// precision adds in float32 and rounds once to the element type,
+	// which is the correctly rounded half-precision sum.
 	Add(dst, src Buffer)
-	// Scale multiplies every element of b by s (Float32).
+	// Scale multiplies every element of b by s (Float32, Float64, Float16
+	// or BFloat16). Float64 multiplies by float64(s), exactly that value;
+	// half precision multiplies in float32, as Compress does, and rounds
+	// the product to the element type.
 	Scale(b Buffer, s float32)
 	// Compress writes src (Float32) times scale into dst (Float16 or
 	// BFloat16), rounding once to nearest even.
@@ -88,15 +95,39 @@ func (hostKernels) Copy(dst, src Buffer) {
 
 func (hostKernels) Add(dst, src Buffer) {
 	same("Add", dst, src)
-	d, s := dst.AsFloat32(), src.AsFloat32()
+	switch dst.DType {
+	case Float32:
+		addTo(dst.AsFloat32(), src.AsFloat32())
+	case Float64:
+		addTo(dst.AsFloat64(), src.AsFloat64())
+	case Float16, BFloat16:
+		addHalf(dst.DType, dst.AsUint16(), src.AsUint16())
+	default:
+		panic(fmt.Sprintf("comm: Add of %s buffers", dst.DType))
+	}
+}
+
+func (hostKernels) Scale(b Buffer, s float32) {
+	switch b.DType {
+	case Float32:
+		scale(b.AsFloat32(), s)
+	case Float64:
+		scale(b.AsFloat64(), float64(s))
+	case Float16, BFloat16:
+		scaleHalf(b.DType, b.AsUint16(), s)
+	default:
+		panic(fmt.Sprintf("comm: Scale of a %s buffer", b.DType))
+	}
+}
+
+func addTo[T float32 | float64](d, s []T) {
 	s = s[:len(d)]
 	for i, v := range s {
 		d[i] += v
 	}
 }
 
-func (hostKernels) Scale(b Buffer, s float32) {
-	v := b.AsFloat32()
+func scale[T float32 | float64](v []T, s T) {
 	i := 0
 	for ; i+8 <= len(v); i += 8 {
 		w := v[i : i+8 : i+8]
@@ -111,6 +142,67 @@ func (hostKernels) Scale(b Buffer, s float32) {
 	}
 	for ; i < len(v); i++ {
 		v[i] *= s
+	}
+}
+
+// halfChunk is how many half-precision elements the half kernels widen to
+// float32 at a time.
+const halfChunk = 512
+
+// widened holds the float32 chunks of the half kernels. They come from a
+// pool rather than the stack because the SIMD conversions are called
+// through function values, which makes the compiler move stack arrays to
+// the heap on every call.
+var widened = sync.Pool{New: func() any { return new([2][halfChunk]float32) }}
+
+// addHalf adds s into d (both dt: Float16 or BFloat16) through float32:
+// the float32 sum of two half-precision values rounds to the same value
+// as their exact sum would, since float32 carries more than twice their
+// precision plus two bits.
+func addHalf(dt DType, d, s []uint16) {
+	w := widened.Get().(*[2][halfChunk]float32)
+	defer widened.Put(w)
+	a, b := &w[0], &w[1]
+	s = s[:len(d)]
+	for len(d) > 0 {
+		k := min(len(d), halfChunk)
+		widen(dt, a[:k], d[:k])
+		widen(dt, b[:k], s[:k])
+		for i := range k {
+			a[i] += b[i]
+		}
+		narrow(dt, d[:k], a[:k], 1)
+		d, s = d[k:], s[k:]
+	}
+}
+
+// scaleHalf multiplies v (dt: Float16 or BFloat16) by s in float32 and
+// rounds each product to dt.
+func scaleHalf(dt DType, v []uint16, s float32) {
+	w := widened.Get().(*[2][halfChunk]float32)
+	defer widened.Put(w)
+	a := &w[0]
+	for len(v) > 0 {
+		k := min(len(v), halfChunk)
+		widen(dt, a[:k], v[:k])
+		narrow(dt, v[:k], a[:k], s)
+		v = v[k:]
+	}
+}
+
+func widen(dt DType, dst []float32, src []uint16) {
+	if dt == Float16 {
+		fp16.HalfToFloat32(dst, src)
+	} else {
+		fp16.BFloat16ToFloat32(dst, src)
+	}
+}
+
+func narrow(dt DType, dst []uint16, src []float32, scale float32) {
+	if dt == Float16 {
+		fp16.ScaleToHalf(dst, src, scale)
+	} else {
+		fp16.ScaleToBFloat16(dst, src, scale)
 	}
 }
 

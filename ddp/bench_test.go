@@ -7,10 +7,10 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
-	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/hooks"
 )
@@ -98,11 +98,11 @@ func newPair(t testing.TB, cs []comm.Communicator, params []Param, opts func() O
 // gradients are marked ready in reverse registration order, as backward
 // produces them; one element per gradient is written.
 func benchStep(r *Reducer) error {
-	if err := r.Begin(true); err != nil {
+	if err := r.Begin(Sync); err != nil {
 		return err
 	}
 	for i := len(r.params) - 1; i >= 0; i-- {
-		if g := r.Grad(i); len(g) > 0 {
+		if g := mustGrad(r, i); len(g) > 0 {
 			g[0] += 1
 		}
 		if err := r.Ready(i); err != nil {
@@ -112,7 +112,6 @@ func benchStep(r *Reducer) error {
 	if err := r.Wait(context.Background()); err != nil {
 		return err
 	}
-	_ = r.Stats()
 	return nil
 }
 
@@ -130,11 +129,11 @@ func (p *pair) run(r *Reducer) error {
 // window).
 func writeStep(assign bool) func(*Reducer) error {
 	return func(r *Reducer) error {
-		if err := r.Begin(true); err != nil {
+		if err := r.Begin(Sync); err != nil {
 			return err
 		}
 		for i := len(r.params) - 1; i >= 0; i-- {
-			g := r.Grad(i)
+			g := mustGrad(r, i)
 			if assign {
 				for j := range g {
 					g[j] = 1
@@ -156,7 +155,7 @@ func writeStep(assign bool) func(*Reducer) error {
 // src[i].
 func addGradStep(src [][]float32) func(*Reducer) error {
 	return func(r *Reducer) error {
-		if err := r.Begin(true); err != nil {
+		if err := r.Begin(Sync); err != nil {
 			return err
 		}
 		for i := len(r.params) - 1; i >= 0; i-- {
@@ -273,6 +272,8 @@ func BenchmarkStepResNet50(b *testing.B) {
 		vs = append(vs, variant{w.name + "/nozero", func() Options { return Options{Hook: w.hook(), NoZeroGrad: true} }, nil})
 	}
 	vs = append(vs, variant{"avg/zero", func() Options { return Options{Hook: hooks.Avg()} }, nil})
+	// Uneven inputs on: one small all-reduce per step (the join flag).
+	vs = append(vs, variant{"default/join", func() Options { return Options{Join: JoinWorld} }, nil})
 	// The Reducer's own cost: a hook that only sums (no averaging), so
 	// that step/floor compares the same collectives with and without the
 	// Reducer around them.
@@ -356,7 +357,7 @@ func TestStepAllocsVariants(t *testing.T) {
 			var stepErr error
 			step := func() {
 				for _, synced := range []bool{false, true} {
-					if err := r.Begin(synced); err != nil {
+					if err := r.Begin(modeOf(synced)); err != nil {
 						stepErr = err
 						return
 					}
@@ -394,17 +395,250 @@ func TestStepAllocsVariants(t *testing.T) {
 
 // sumHook all-reduces a bucket with Sum and nothing else: not an average,
 // only a way to measure what the Reducer adds around the collectives.
-type sumHook struct{}
+type sumHook struct{ c comm.Communicator }
 
-func (*sumHook) Name() string                                          { return "sumonly" }
-func (*sumHook) Setup(comm.Communicator, *allocator.Pool, []int) error { return nil }
-func (*sumHook) Close() error                                          { return nil }
-func (*sumHook) Reduce(ctx context.Context, c comm.Communicator, b *hooks.Bucket) error {
-	b.Times = hooks.Times{}
-	b.Times.CollectiveStart = time.Since(b.Start)
-	err := c.AllReduce(b.Buf, b.Buf, comm.Sum).Wait(ctx)
-	b.Times.CollectiveEnd = time.Since(b.Start)
-	b.Times.DecompressEnd = b.Times.CollectiveEnd
-	b.Times.WireBytes = int64(b.Buf.Bytes())
-	return err
+func (*sumHook) Name() string                                      { return "sumonly" }
+func (*sumHook) Wire(dt comm.DType) comm.DType                     { return dt }
+func (*sumHook) Scratch(int, comm.DType) int                       { return 0 }
+func (h *sumHook) Setup(c comm.Communicator, _ comm.Kernels) error { h.c = c; return nil }
+func (*sumHook) Finish(*hooks.Bucket) error                        { return nil }
+func (*sumHook) Close() error                                      { return nil }
+func (h *sumHook) Launch(b *hooks.Bucket) (comm.Work, error) {
+	b.WireBytes = int64(b.Buf.Bytes())
+	return h.c.AllReduce(b.Buf, b.Buf, comm.Sum), nil
+}
+
+// sgdState is one rank's optimizer state: weights and momentum.
+type sgdState struct{ w, v [][]float32 }
+
+func newSGDState(params []Param) *sgdState {
+	s := &sgdState{w: make([][]float32, len(params)), v: make([][]float32, len(params))}
+	for i, p := range params {
+		s.w[i], s.v[i] = make([]float32, p.Numel()), make([]float32, p.Numel())
+	}
+	return s
+}
+
+// update is SGD with momentum and weight decay on parameter i.
+func (s *sgdState) update(r *Reducer, i int) error {
+	g, err := r.Grad(i)
+	if err != nil {
+		return err
+	}
+	w, v := s.w[i], s.v[i]
+	const lr, mu, wd = 0.1, 0.9, 1e-4
+	for j := range g {
+		v[j] = mu*v[j] + g[j] + wd*w[j]
+		w[j] -= lr * v[j]
+	}
+	return nil
+}
+
+// optimizerStep is benchStep followed by the optimizer over every
+// parameter: after Wait, or, with overlap, bucket by bucket from WaitEach
+// while later buckets are still being reduced. It records how long the
+// wait and the optimizer took when timed is set.
+func optimizerStep(states map[*Reducer]*sgdState, overlap bool, timed *[2]time.Duration) func(*Reducer) error {
+	return func(r *Reducer) error {
+		st := states[r]
+		if err := r.Begin(Sync); err != nil {
+			return err
+		}
+		for i := len(r.params) - 1; i >= 0; i-- {
+			if g, err := r.Grad(i); err != nil {
+				return err
+			} else if len(g) > 0 {
+				g[0] += 1
+			}
+			if err := r.Ready(i); err != nil {
+				return err
+			}
+		}
+		if overlap {
+			var uerr error
+			err := r.WaitEach(context.Background(), func(b Reduced) {
+				for _, p := range b.Params {
+					if err := st.update(r, p); err != nil && uerr == nil {
+						uerr = err
+					}
+				}
+			})
+			if err != nil {
+				return err
+			}
+			return uerr
+		}
+		t0 := time.Now()
+		if err := r.Wait(context.Background()); err != nil {
+			return err
+		}
+		t1 := time.Now()
+		for i := range r.params {
+			if err := st.update(r, i); err != nil {
+				return err
+			}
+		}
+		if timed != nil && r.Rank() == 0 {
+			timed[0], timed[1] = t1.Sub(t0), time.Since(t1)
+		}
+		return nil
+	}
+}
+
+// BenchmarkOptimizerOverlap measures WaitEach on ResNet-50's parameters,
+// 2 ranks in process: an SGD step with momentum and weight decay run after
+// Wait (sequential) and bucket by bucket from WaitEach (overlap),
+// alternating in one loop. It reports both medians and their ratio, and,
+// from the sequential step, the median time spent waiting for the
+// reduction and in the optimizer.
+//
+// On "inproc" the reduction is the ranks' own memory traffic, which
+// competes with the optimizer for the same cores. On "link" each
+// all-reduce also crosses a simulated link (wireComm), as it crosses a
+// network whose adapter moves the data while the cores are free; the
+// link's speed is set, from a measurement of the optimizer, so that one
+// step's transfers take as long as its optimizer.
+func BenchmarkOptimizerOverlap(b *testing.B) {
+	params := loadManifest(b, "testdata/resnet50.json")
+	for _, link := range []bool{false, true} {
+		name := "inproc"
+		if link {
+			name = "link"
+		}
+		b.Run(name, func(b *testing.B) {
+			cs := newTestGroup(b, 2)
+			var wires []*wireComm
+			if link {
+				for r, c := range cs {
+					w := &wireComm{Communicator: c, ops: map[uint64]*wireOp{}}
+					wires, cs[r] = append(wires, w), w
+				}
+			}
+			p := newPair(b, cs, params, func() Options { return Options{} })
+			states := map[*Reducer]*sgdState{p.rs[0]: newSGDState(params), p.rs[1]: newSGDState(params)}
+			var timed [2]time.Duration
+			seq, ovl := optimizerStep(states, false, &timed), optimizerStep(states, true, nil)
+			var warm []time.Duration
+			for j, f := range []func(*Reducer) error{seq, ovl, seq, ovl, seq, seq, seq} { // through the rebuild
+				p.stepFn = f
+				if err := p.step(); err != nil {
+					b.Fatal(err)
+				}
+				if j >= 4 {
+					warm = append(warm, timed[1])
+				}
+			}
+			if link {
+				var bytes int
+				for _, bi := range p.rs[0].Buckets() {
+					bytes += bi.Bytes
+				}
+				slices.Sort(warm)
+				for _, w := range wires {
+					w.setLink(bytes, warm[len(warm)/2])
+				}
+			}
+			var seqs, ovls, waits, opts []time.Duration
+			for b.Loop() {
+				p.stepFn = seq
+				t0 := time.Now()
+				if err := p.step(); err != nil {
+					b.Fatal(err)
+				}
+				t1 := time.Now()
+				p.stepFn = ovl
+				if err := p.step(); err != nil {
+					b.Fatal(err)
+				}
+				seqs, ovls = append(seqs, t1.Sub(t0)), append(ovls, time.Since(t1))
+				waits, opts = append(waits, timed[0]), append(opts, timed[1])
+			}
+			median := func(d []time.Duration) time.Duration { slices.Sort(d); return d[len(d)/2] }
+			s, o := median(seqs), median(ovls)
+			b.ReportMetric(float64(s.Microseconds())/1000, "ms/step-sequential")
+			b.ReportMetric(float64(o.Microseconds())/1000, "ms/step-overlap")
+			b.ReportMetric(float64(o)/float64(s), "overlap/sequential")
+			b.ReportMetric(float64(median(waits).Microseconds())/1000, "ms/wait")
+			b.ReportMetric(float64(median(opts).Microseconds())/1000, "ms/optimizer")
+			b.ReportMetric(float64(len(p.rs[0].Buckets())), "buckets")
+		})
+	}
+}
+
+// wireComm delays the completion of each all-reduce of its communicator
+// until its bytes have crossed a simulated link of a set speed, one
+// transfer at a time from the moment it is issued, as a network adapter
+// moves data while the cores are free (and at least until the in-process
+// reduction, which computes the result, has completed). Other collectives
+// pass through.
+type wireComm struct {
+	comm.Communicator
+	mu   sync.Mutex
+	ns   float64 // per byte; 0 until setLink: no delay
+	free time.Time
+	seq  uint64
+	ops  map[uint64]*wireOp
+}
+
+type wireOp struct {
+	done chan struct{}
+	err  error
+}
+
+// setLink sets the link's speed so that bytes take d.
+func (c *wireComm) setLink(bytes int, d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ns = float64(d) / float64(bytes)
+}
+
+func (c *wireComm) Capabilities() comm.Caps { return comm.CapsOf(c.Communicator) }
+
+func (c *wireComm) AllReduce(send, recv comm.Buffer, op comm.Op) comm.Work {
+	inner := c.Communicator.AllReduce(send, recv, op)
+	o := &wireOp{done: make(chan struct{})}
+	c.mu.Lock()
+	c.seq++
+	id := c.seq
+	c.ops[id] = o
+	start := time.Now()
+	if c.free.After(start) {
+		start = c.free
+	}
+	c.free = start.Add(time.Duration(c.ns * float64(send.Bytes())))
+	end := c.free
+	c.mu.Unlock()
+	go func() {
+		err := inner.Wait(context.Background())
+		time.Sleep(time.Until(end))
+		o.err = err
+		close(o.done)
+	}()
+	return comm.NewWork(c, id)
+}
+
+func (c *wireComm) op(id uint64) *wireOp {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ops[id]
+}
+
+func (c *wireComm) WaitOp(ctx context.Context, id uint64) error {
+	o := c.op(id)
+	select {
+	case <-o.done:
+		return o.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (c *wireComm) TestOp(id uint64) (bool, error) {
+	o := c.op(id)
+	select {
+	case <-o.done:
+		return true, o.err
+	default:
+		return false, nil
+	}
 }

@@ -18,28 +18,15 @@ import (
 //
 // A rank that failed to prepare its Reducer (bad is true) still takes part
 // in the AllGather, so that every other rank learns of it and fails too.
-func checkParams(ctx context.Context, c comm.Communicator, params []Param, o *Options, bad bool) error {
+// The exchanges go through pool memory (control.go).
+func (r *Reducer) checkParams(ctx context.Context, bad bool) error {
+	c, params, o := r.c, r.params, &r.o
 	n := c.Size()
-	h := fnv.New64a()
-	maxDims := 0
-	var w [8]byte
-	put := func(v int64) {
-		for j := range w {
-			w[j] = byte(v >> (8 * j))
-		}
-		h.Write(w[:])
-	}
-	put(int64(len(params)))
-	for _, p := range params {
-		put(int64(p.DType))
-		put(int64(len(p.Shape)))
-		for _, d := range p.Shape {
-			put(int64(d))
-		}
-		maxDims = max(maxDims, len(p.Shape))
-	}
+	sum, maxDims := fingerprint(params)
+	bufSum, _ := fingerprint(r.bufs.params) // broadcast every step: must agree too
 	// Options that decide the sequence of collectives must agree too: the
-	// hook (by name, up to 16 bytes), the bucket caps and KeepLayout.
+	// hook (by name, up to 16 bytes), the bucket caps, KeepLayout, the
+	// buffers and the join mode.
 	var hookName [16]byte
 	copy(hookName[:], o.Hook.Name())
 	keep := int64(0)
@@ -50,18 +37,19 @@ func checkParams(ctx context.Context, c comm.Communicator, params []Param, o *Op
 	if bad {
 		failed = 1
 	}
-	const words = 9
-	mine := []int64{int64(len(params)), int64(h.Sum64()), int64(maxDims),
-		int64(o.FirstBucketCap), int64(o.BucketCap), keep, word(hookName[:8]), word(hookName[8:]), failed}
+	const words = 11
+	mine := []int64{int64(len(params)), int64(sum), int64(maxDims),
+		int64(o.FirstBucketCap), int64(o.BucketCap), keep, word(hookName[:8]), word(hookName[8:]),
+		int64(bufSum), int64(o.Join), failed}
 	all := make([]int64, words*n)
-	if err := c.AllGather(comm.Int64s(mine), comm.Int64s(all)).Wait(ctx); err != nil {
+	if err := r.ctlAllGather(ctx, "the parameter check", asBytes(mine), asBytes(all), comm.Int64); err != nil {
 		return fmt.Errorf("ddp: rank %d checking parameters across ranks: %w", c.Rank(), err)
 	}
 	if bad {
 		return nil // the caller returns its own error
 	}
 	for r := range n {
-		if all[words*r+8] != 0 {
+		if all[words*r+10] != 0 {
 			return fmt.Errorf("%w: rank %d could not build its reducer (its own error says why: an unsupported parameter, bad options or no memory), so rank %d cannot proceed either",
 				ErrParamMismatch, r, c.Rank())
 		}
@@ -79,9 +67,12 @@ func checkParams(ctx context.Context, c comm.Communicator, params []Param, o *Op
 	if same {
 		for r := 1; r < n; r++ {
 			a := all[words*r : words*(r+1)]
-			if !slices.Equal(a[3:8], all[3:8]) {
-				return fmt.Errorf("%w: options differ between rank 0 and rank %d: rank 0 has hook %q, bucket caps [%d %d], KeepLayout %v; rank %d has hook %q, bucket caps [%d %d], KeepLayout %v",
-					ErrParamMismatch, r, unword(all[6], all[7]), all[3], all[4], all[5] != 0, r, unword(a[6], a[7]), a[3], a[4], a[5] != 0)
+			if !slices.Equal(a[3:8], all[3:8]) || a[9] != all[9] {
+				return fmt.Errorf("%w: options differ between rank 0 and rank %d: rank 0 has hook %q, bucket caps [%d %d], KeepLayout %v, Join %v; rank %d has hook %q, bucket caps [%d %d], KeepLayout %v, Join %v",
+					ErrParamMismatch, r, unword(all[6], all[7]), all[3], all[4], all[5] != 0, JoinMode(all[9]), r, unword(a[6], a[7]), a[3], a[4], a[5] != 0, JoinMode(a[9]))
+			}
+			if a[8] != all[8] {
+				return fmt.Errorf("%w: Options.Buffers differ between rank 0 and rank %d (count, shapes or dtypes): every rank needs the same buffers", ErrParamMismatch, r)
 			}
 		}
 		return nil
@@ -107,10 +98,10 @@ func checkParams(ctx context.Context, c comm.Communicator, params []Param, o *Op
 	}
 	allDesc := make([]int64, n*len(desc))
 	allNames := make([]uint8, n*len(names))
-	if err := c.AllGather(comm.Int64s(desc), comm.Int64s(allDesc)).Wait(ctx); err != nil {
+	if err := r.ctlAllGather(ctx, "the parameter descriptors", asBytes(desc), asBytes(allDesc), comm.Int64); err != nil {
 		return fmt.Errorf("ddp: rank %d gathering parameter descriptors: %w", c.Rank(), err)
 	}
-	if err := c.AllGather(comm.Uint8s(names), comm.Uint8s(allNames)).Wait(ctx); err != nil {
+	if err := r.ctlAllGather(ctx, "the parameter names", names, allNames, comm.Uint8); err != nil {
 		return fmt.Errorf("ddp: rank %d gathering parameter names: %w", c.Rank(), err)
 	}
 	at := func(r, i int) []int64 { return allDesc[r*len(desc)+i*width : r*len(desc)+(i+1)*width] }
@@ -145,6 +136,30 @@ func checkParams(ctx context.Context, c comm.Communicator, params []Param, o *Op
 		}
 	}
 	return fmt.Errorf("%w: fingerprints differ but no differing parameter was found (rank %d)", ErrParamMismatch, c.Rank())
+}
+
+// fingerprint hashes the count, dtypes and shapes of ps (not the names, as
+// in PyTorch) and returns the largest number of dimensions.
+func fingerprint(ps []Param) (uint64, int) {
+	h := fnv.New64a()
+	var w [8]byte
+	put := func(v int64) {
+		for j := range w {
+			w[j] = byte(v >> (8 * j))
+		}
+		h.Write(w[:])
+	}
+	maxDims := 0
+	put(int64(len(ps)))
+	for _, p := range ps {
+		put(int64(p.DType))
+		put(int64(len(p.Shape)))
+		for _, d := range p.Shape {
+			put(int64(d))
+		}
+		maxDims = max(maxDims, len(p.Shape))
+	}
+	return h.Sum64(), maxDims
 }
 
 // word packs 8 bytes into an int64, little-endian.

@@ -112,7 +112,7 @@ func train(t *testing.T, cs []comm.Communicator, cfg trainConfig, m *mlp, xs, ys
 		rng := rand.New(rand.NewPCG(uint64(rank), 7))
 		for step := range cfg.steps {
 			g := mine.grads(xs[rank*per:(rank+1)*per], ys[rank*per:(rank+1)*per])
-			if err := r.Begin(true); err != nil {
+			if err := r.Begin(Sync); err != nil {
 				return err
 			}
 			order := rng.Perm(len(g))
@@ -124,7 +124,7 @@ func train(t *testing.T, cs []comm.Communicator, cfg trainConfig, m *mlp, xs, ys
 						}
 						continue
 					}
-					copy(r.Grad(p), g[p])
+					copy(mustGrad(r, p), g[p])
 					if err := r.Ready(p); err != nil {
 						return err
 					}
@@ -149,7 +149,7 @@ func train(t *testing.T, cs []comm.Communicator, cfg trainConfig, m *mlp, xs, ys
 			}
 			red := make([][]float32, len(g))
 			for p := range g {
-				red[p] = slices.Clone(r.Grad(p))
+				red[p] = slices.Clone(mustGrad(r, p))
 			}
 			var st StepStats
 			r.StatsInto(&st)
@@ -330,12 +330,12 @@ func TestRebuildKeepsValues(t *testing.T) {
 		}
 		defer r.Close()
 		before := r.Buckets()
-		if err := r.Begin(true); err != nil {
+		if err := r.Begin(Sync); err != nil {
 			return err
 		}
 		views := make([][]float32, len(params))
 		for _, p := range []int{0, 2, 1} { // not the initial (reverse) order
-			views[p] = r.Grad(p)
+			views[p] = mustGrad(r, p)
 			for i := range views[p] {
 				views[p][i] = float32(100*p + i + rank)
 			}
@@ -347,7 +347,7 @@ func TestRebuildKeepsValues(t *testing.T) {
 			return err
 		}
 		for p := range params {
-			g := r.Grad(p)
+			g := mustGrad(r, p)
 			for i := range g {
 				want := float32(100*p+i) + 0.5
 				if g[i] != want || views[p][i] != want {
@@ -355,7 +355,7 @@ func TestRebuildKeepsValues(t *testing.T) {
 				}
 			}
 		}
-		if err := r.Begin(true); err != nil {
+		if err := r.Begin(Sync); err != nil {
 			return err
 		}
 		after := r.Buckets()
@@ -366,7 +366,7 @@ func TestRebuildKeepsValues(t *testing.T) {
 			return fmt.Errorf("rebuilt layout %v does not follow the ready order", after)
 		}
 		for p := range params {
-			if g := r.Grad(p); slices.ContainsFunc(g, func(v float32) bool { return v != 0 }) {
+			if g := mustGrad(r, p); slices.ContainsFunc(g, func(v float32) bool { return v != 0 }) {
 				return fmt.Errorf("param %d not zero after Begin: %v", p, g)
 			}
 		}
@@ -404,11 +404,11 @@ func TestNoSync(t *testing.T) {
 				for step := range 2 { // the second round checks zeroing after a synced step
 					acc := [][]float32{make([]float32, 20), make([]float32, 5)}
 					for micro := range 3 {
-						if err := r.Begin(micro == 2); err != nil {
+						if err := r.Begin(modeOf(micro == 2)); err != nil {
 							return err
 						}
 						for p := range params {
-							g := r.Grad(p)
+							g := mustGrad(r, p)
 							for i := range g {
 								v := local(rank, micro+step, p, i)
 								g[i] += v
@@ -420,8 +420,8 @@ func TestNoSync(t *testing.T) {
 						}
 						if micro < 2 {
 							for p := range params {
-								if !slices.Equal(r.Grad(p), acc[p]) {
-									return fmt.Errorf("no-sync step %d: param %d holds %v, want the local sum %v", micro, p, r.Grad(p), acc[p])
+								if !slices.Equal(mustGrad(r, p), acc[p]) {
+									return fmt.Errorf("no-sync step %d: param %d holds %v, want the local sum %v", micro, p, mustGrad(r, p), acc[p])
 								}
 							}
 						}
@@ -430,7 +430,7 @@ func TestNoSync(t *testing.T) {
 						return err
 					}
 					for p := range params {
-						g := r.Grad(p)
+						g := mustGrad(r, p)
 						for i := range g {
 							var exact float64
 							for q := range n {
@@ -480,7 +480,7 @@ func TestConcurrentReady(t *testing.T) {
 		rng := rand.New(rand.NewPCG(uint64(rank), 5))
 		for step := range 8 {
 			synced := step%3 != 1 // every third step is a no-sync step, accumulated into the next
-			if err := r.Begin(synced); err != nil {
+			if err := r.Begin(modeOf(synced)); err != nil {
 				return err
 			}
 			order := rng.Perm(np)
@@ -488,7 +488,7 @@ func TestConcurrentReady(t *testing.T) {
 			for w := range workers {
 				go func() {
 					for _, p := range order[w*np/workers : (w+1)*np/workers] {
-						g := r.Grad(p)
+						g := mustGrad(r, p)
 						for j := range g {
 							g[j] += val(rank, step, p, j)
 						}
@@ -512,7 +512,7 @@ func TestConcurrentReady(t *testing.T) {
 				return err
 			}
 			for p := range params {
-				for j, v := range r.Grad(p) {
+				for j, v := range mustGrad(r, p) {
 					var want float64
 					for q := range n {
 						want += float64(val(q, step, p, j)) / n
@@ -531,4 +531,30 @@ func TestConcurrentReady(t *testing.T) {
 	if err := firstErr(errs); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// mustGrad is Grad for tests whose calls are valid: it panics on an error.
+func mustGrad(r *Reducer, i int) []float32 {
+	g, err := r.Grad(i)
+	if err != nil {
+		panic(err)
+	}
+	return g
+}
+
+// mustGradBuffer is GradBuffer for tests whose calls are valid.
+func mustGradBuffer(r *Reducer, i int) comm.Buffer {
+	b, err := r.GradBuffer(i)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// modeOf is Sync for true, NoSync for false.
+func modeOf(sync bool) SyncMode {
+	if sync {
+		return Sync
+	}
+	return NoSync
 }

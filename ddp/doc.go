@@ -4,104 +4,167 @@
 //
 // # Model
 //
-// Parameters are grouped into buckets (package bucket; PyTorch's rules).
-// Each bucket is one 512-byte-aligned block of CommPool memory, and by
-// default a parameter's gradient IS its slot in that block: Grad(i)
-// returns a []float32 view into the bucket, the training loop writes (or
-// adds) the gradient there and calls Ready(i). Ready is O(1) and never
-// waits for the network: an atomic decrement of the bucket's pending count;
-// the call that brings it to zero pokes the rank's communication goroutine
-// (a non-blocking send on a one-slot channel). That goroutine launches
-// buckets strictly in index order, each as soon as it is complete and every
-// earlier bucket has launched, and runs the Hook on it (compress,
-// collective, decompress). Every rank therefore issues the same collectives
-// in the same order, whatever order its gradients arrive in. Wait returns
-// once the last bucket is reduced: every gradient then holds the average
-// over ranks, in place, for the optimizer to read.
+// Parameters are grouped into buckets (package bucket; PyTorch's rules),
+// apart by dtype. Each bucket is one 512-byte-aligned block of CommPool
+// memory, and by default a parameter's gradient IS its slot in that block:
+// Grad(i) returns a []float32 view into the bucket, the training loop
+// writes (or adds) the gradient there and calls Ready(i). Ready is O(1)
+// and never waits for the network: an atomic decrement of the bucket's
+// pending count; the call that brings it to zero pokes the rank's launcher
+// goroutine (a non-blocking send on a one-slot channel). The launcher
+// launches buckets strictly in index order, each as soon as it is complete
+// and every earlier bucket has launched, through the Hook's first phase
+// (compress, issue the collective); buckets complete at the same moment
+// launch as one group (comm.Grouper). A second goroutine, the finisher,
+// waits for the collectives in the same order and runs the Hook's second
+// phase (decompress). Up to Options.MaxInFlight buckets (default: all) are
+// on the wire at once, so bucket k+1 is reduced while bucket k still is,
+// and every rank issues the same collectives in the same order, whatever
+// order its gradients arrive in. Wait returns once the last bucket is
+// finished: every gradient then holds the average over ranks, in place,
+// for the optimizer to read.
 //
 // The bookkeeping (which parameters are marked, which buckets are complete,
 // which may launch next) is a small deterministic state machine without
-// goroutines or clocks (schedule.go); goroutines wrap around it.
+// goroutines or clocks (schedule.go); goroutines wrap around it. The files
+// follow the roles: options.go, reducer.go (New, Close, the layout's
+// queries), step.go (Begin, Grad, Ready and the other calls of backward),
+// pipeline.go (the launcher and the finisher), wait.go (Wait, WaitEach),
+// failure.go (sticky errors, aborts, memory held back), zero.go, join.go,
+// buffers.go, check.go and control.go (New's cross-rank check and the
+// Reducer's own collectives), broadcast.go, stats.go and timeline.go.
 //
 // # A step
 //
-//	r.Begin(sync)          // starts step; zeroes gradients (lazily) unless the last step was no-sync
-//	g := r.Grad(i)         // write or += the gradient of parameter i ...
+//	r.Begin(ddp.Sync)      // starts a step
+//	g, err := r.Grad(i)    // write or += the gradient of parameter i ...
 //	r.Ready(i)             // ... then mark it, from any goroutine, in any order
-//	r.Wait(ctx)            // synced step: all buckets reduced; Grad(i) holds the average
+//	r.Wait(ctx)            // all buckets reduced: Grad(i) holds the average
 //
 // SetGrad(i, g) copies g in and marks it; AddGrad adds. With
 // Options.CopyGrads, Grad(i) is a Go slice of the Reducer's own, copied into
-// the bucket at Ready and back after the reduction.
+// the bucket at Ready and back after the reduction. Index finds a
+// parameter by name.
 //
-// Begin(true) starts a synced step; Wait must follow before the next
-// Begin. Begin(false) starts a no-sync step (PyTorch's no_sync): Ready only
-// records, nothing is communicated, and Wait is optional. Gradients are
-// zeroed at Begin when the previous step was synced (or there was none),
-// like zero_grad; after a no-sync step they are not, so no-sync steps
-// accumulate and the next synced step reduces the accumulated sum. The
-// caller writes (=) or adds (+=) into Grad(i); both work after a zeroing
-// Begin.
+// Begin(Sync) starts a synced step; Wait (or WaitEach) must follow before
+// the next Begin. Begin(NoSync) starts a no-sync step (PyTorch's
+// no_sync): Ready only records, nothing is communicated, and Wait is
+// optional. Gradients read as zero after a Begin that follows a synced
+// step (or none), like zero_grad; after a no-sync step they are not
+// zeroed, so no-sync steps accumulate and the next synced step reduces the
+// accumulated sum. The caller writes (=) or adds (+=) into Grad(i); both
+// work after a zeroing Begin.
+//
+// WaitEach(ctx, f) is Wait that calls f on the caller's goroutine for each
+// bucket as soon as it is reduced, in order, with its parameters: the
+// optimizer can update them while later buckets are still on the wire
+// (see its Example).
+//
+// # Zeroing
 //
 // The zeroing is lazy, so that Begin does not pay a serial pass over all
 // gradient memory (on ResNet-50 as long as the whole all-reduce) before
-// backward can start: Begin only marks every gradient stale, in O(1), by
-// advancing a generation number that each parameter's own word is
-// compared with. The first Grad(i) of the window zeroes parameter i's
-// gradient and hands it out (its cache lines are then warm for the
-// caller's write, and the cost is spread over backward instead of
-// preceding it); SetGrad overwrites it and AddGrad on a stale gradient
-// overwrites instead of adding, neither zeroing at all. A parameter
-// marked ready with no Grad in the window, by the caller or as unused
-// (below), is zeroed on the communication goroutine just before its
-// bucket is reduced, so Ready stays O(1); StepStats.ZeroComm reports that
-// time. Every gradient thus reads as zero the first time the caller looks
-// at it, exactly as if Begin had zeroed them all.
+// backward can start: Begin only marks every gradient stale, in O(1). The
+// first Grad(i) or GradBuffer(i) of the accumulation window zeroes
+// parameter i's gradient and hands it out (its cache lines are then warm
+// for the caller's write); SetGrad overwrites it, and AddGrad on a stale
+// gradient overwrites instead of adding, neither zeroing at all. A
+// parameter marked ready with no Grad in the window, by the caller or as
+// unused (below), is zeroed by the launcher just before its bucket is
+// launched, so Ready stays O(1); BucketStats.Zero and StepStats.ZeroComm
+// report that time. Every gradient thus reads as zero the first time the
+// caller looks at it, exactly as if Begin had zeroed them all. It follows
+// that a gradient must be fetched with Grad (or GradBuffer) in each
+// window before it is written: a write through a slice kept from an
+// earlier window, with no Grad since, is zeroed before the reduction.
+// (zero.go has the mechanism.)
 //
-// Options.NoZeroGrad skips the zeroing in Grad: the gradients
-// then hold the last average until overwritten, so the first step of each
+// Options.NoZeroGrad skips the zeroing in Grad: the gradients then hold
+// the last average until overwritten, so the first step of each
 // accumulation window that marks a parameter must write (=) its gradient,
 // as PyTorch's zero_grad(set_to_none=True) requires of autograd (SetGrad
 // overwrites, and AddGrad overwrites a gradient still holding the last
-// average, so both are always right). A
-// parameter that the caller leaves unmarked through a whole window and the
-// Reducer marks unused (below) is zeroed before it is reduced, never
-// reduced again with its stale average.
+// average, so both are always right), and Ready takes the caller's word
+// for it. A parameter that the caller leaves unmarked through a whole
+// window and the Reducer marks unused (below) is zeroed before it is
+// reduced, never reduced again with its stale average.
+//
+// # Calling rules
 //
 // Ready (and Grad, SetGrad, AddGrad) may be called from any goroutine,
 // concurrently for different parameters, but every Ready of a step (and
 // every write into a gradient) must have returned before Wait is called:
 // Wait decides which parameters are missing. Once a parameter is marked
-// in a synced step, its gradient belongs to the communication goroutine
-// until Wait returns: do not call Grad for it in between. Close may be called from
-// another goroutine to end a Wait that is blocked (Wait then returns
-// ErrClosed); it must not run concurrently with Begin, Grad or Ready.
+// in a synced step, its gradient belongs to the communication goroutines
+// until its bucket is reduced: Grad fails with ErrBusy until then. Close
+// may be called from another goroutine to end a Wait that is blocked
+// (Wait then returns ErrClosed); it must not run concurrently with Begin,
+// Grad or Ready.
 //
-// Errors: Ready of a parameter already marked in the step (ErrMarkedTwice),
-// of an index out of range (ErrIndex), or outside a step (ErrNoStep) name
-// the parameter. If Wait finds parameters never marked ready it fails with
-// ErrUnready, naming them and the fix, and leaves the step open; with
-// Options.FindUnusedParameters it marks them itself instead (their current
-// gradient, zero unless accumulated, is reduced) and lists them in
+// Errors: Ready of a parameter already marked in the step
+// (ErrMarkedTwice), of an index out of range (ErrIndex, from Grad and
+// GradBuffer too), or outside a step (ErrNoStep) name the parameter. If
+// Wait finds parameters never marked ready it fails with ErrUnready,
+// naming them and the fix, and leaves the step open; with
+// Options.FindUnusedParameters it marks them itself instead (their
+// current gradient, zero unless accumulated, is reduced) and lists them in
 // StepStats.Unused. With Options.StaticGraph the first synced step finds
 // them the same way and later steps mark them at Begin.
 //
+// # Dtypes
+//
+// Param.DType may be Float32 (the default), Float64, Float16 or BFloat16.
+// Each dtype has buckets of its own, which the hook reduces in that dtype
+// (package hooks, "Dtypes": float64 through comm.Avg in float64; FP16 and
+// BF16 compress float32 buckets, reduce half buckets as they are and
+// refuse float64, which New reports as ErrUnsupported). Grad, SetGrad and
+// AddGrad take float32 gradients; GradBuffer gives any gradient as a
+// comm.Buffer whose AsFloat64, AsUint16 (the bits of float16 and bfloat16)
+// and AsFloat32 views a host training loop writes through. Broadcast
+// carries parameter values of every dtype; BroadcastParameters is its
+// float32 form from rank 0.
+//
 // # Views and the rebuild
 //
-// A slice returned by Grad is valid until the next Begin, and no longer.
-// After the first synced step, Wait rebuilds the buckets from the order in
-// which gradients became ready (limits [FirstBucketCap, BucketCap]), as
-// PyTorch does: rank 0 computes the layout and broadcasts it (bucket.Encode)
-// and every rank adopts it. The new layout takes effect at the next Begin
-// (whose gradients start at zero, fresh memory, even with NoZeroGrad), so
-// a slice taken during the first step still shows the reduced gradient
-// after Wait; after that Begin it refers to memory returned to the pool
-// (under the invariants build tag the pool poisons freed memory with NaNs,
-// so stale use shows). Options.KeepLayout
-// disables the rebuild. The initial layout assigns buckets over the
-// parameters in reverse registration order with limits [FirstBucketCap,
-// BucketCap], so bucket 0 holds the last layers, whose gradients backward
-// produces first.
+// Grad's slices and GradBuffer's Buffers stay valid while Generation does
+// not change. After the first synced step, Wait rebuilds the buckets from
+// the order in which gradients became ready (limits [FirstBucketCap,
+// BucketCap]), as PyTorch does: rank 0 computes the layout and broadcasts
+// it (bucket.Encode) and every rank adopts it. The new layout takes
+// effect at the next Begin, which increments Generation (whose gradients
+// start at zero, fresh memory, even with NoZeroGrad), so a slice taken
+// during the first step still shows the reduced gradient after Wait; after
+// that Begin it refers to memory returned to the pool (under the
+// invariants build tag the pool poisons freed memory with NaNs, so stale
+// use shows): a model that caches gradient slices fetches them again when
+// Generation changes, that is, with the default options, once, at the
+// Begin of the second synced step. Options.KeepLayout disables the
+// rebuild. The initial layout assigns buckets over the parameters in
+// reverse registration order with limits [FirstBucketCap, BucketCap], so
+// bucket 0 holds the last layers, whose gradients backward produces first.
+//
+// # Buffers
+//
+// Options.Buffers lists model state that is not a gradient but must be
+// the same on every rank (BatchNorm's running statistics: PyTorch's
+// broadcast_buffers). The Reducer keeps them in pool memory that never
+// moves (Buffer(i)); forward updates them, and every synced step
+// broadcasts them from rank 0, issued by the launcher just before bucket
+// 0's collective, so it overlaps the rest of backward: when Wait returns,
+// every rank holds rank 0's values.
+//
+// # Uneven inputs
+//
+// With Options.Join, ranks may run out of batches at different steps: a
+// rank out of data calls Join, which shadows its peers' synced steps with
+// zero gradients until every rank has joined, and returns the rank that
+// joined last, whose parameters Broadcast then gives every rank (see the
+// Example). The average divides by the group size (JoinWorld, PyTorch's
+// default) or by the ranks still active (JoinActive); JoinThrow ends every
+// rank with ErrJoined instead. Every rank must know, at each synced step,
+// which ranks are active: one small all-reduce per synced step, issued at
+// Begin and read before the first bucket launches, tells them (join.go).
+// Without Options.Join a step pays nothing for it.
 //
 // # Failures
 //
@@ -109,41 +172,68 @@
 // shapes, dtypes) with one AllGather of a fingerprint; on a mismatch it
 // gathers the descriptors and fails with ErrParamMismatch naming the first
 // differing parameter and rank. The same AllGather compares the options
-// that decide which collectives run (hook, bucket caps, KeepLayout), and
-// carries a rank's own failure to build (an unsupported parameter, bad
-// options, no memory), so that its peers fail with it instead of waiting.
-// Every wait for a collective honours its context and Options.Timeout:
-// Wait's, and those of New's check, the rebuild and BroadcastParameters;
-// when one fails the Reducer aborts the group, since its peers may have
-// got past that collective and would wait for this rank's next one.
-// While Wait waits, after every Options.StallInterval it reports the
-// bucket it waits for (Options.OnStall, or the log). A failed collective,
-// a timeout or a cancelled context makes the error sticky: the Reducer
-// aborts the group (so peers fail fast instead of hanging) and returns the
-// error, naming the rank, step, bucket and the bucket's parameters, from
-// every later call until Close. A step that has finished when the context
-// ends stands. Close during a synced step aborts the group too.
+// that decide which collectives run (hook, bucket caps, KeepLayout, the
+// buffers, Join), and carries a rank's own failure to build (an
+// unsupported parameter, bad options, no memory), so that its peers fail
+// with it instead of waiting. Every wait for a collective honours its
+// context and Options.Timeout: Wait's, and those of New's check, the
+// rebuild, Broadcast and Join; when one fails the Reducer aborts the
+// group, since its peers may have got past that collective and would wait
+// for this rank's next one. While Wait waits, after every
+// Options.StallInterval it reports the bucket it waits for
+// (Options.OnStall, or the log). A failed collective, a timeout or a
+// cancelled context makes the error sticky: the Reducer aborts the group
+// (so peers fail fast instead of hanging) and returns the error, naming
+// the rank, step, bucket and the bucket's parameters, from every later
+// call until Close. A step that has finished when the context ends
+// stands. Close during a synced step aborts the group too.
+//
+// # Memory
+//
+// Bucket memory, the hook's scratch (one region per bucket that may be in
+// flight), the buffers, the join flag and the Reducer's own control
+// traffic (New's cross-rank check, the rebuilt layout's broadcast,
+// Broadcast) all live in pool memory, so a backend only ever sees pool
+// memory. A pool of device memory (Pool.Host false) works with device
+// kernels (Options.Kernels, or the communicator's comm.KernelSource) and a
+// communicator that carries device memory: the Reducer then reaches the
+// gradients only through the kernels, GradBuffer gives them as
+// comm.Buffers, SetGrad uploads, and Grad fails with ErrOptions.
+//
+// No block goes back to the pool while a collective may still write it.
+// When the Reducer lets go of memory with collectives in flight (Close
+// during a step, a failed step, a failed Broadcast), it aborts the group,
+// whose backend then completes every pending collective within its
+// documented bound, and waits for them up to Options.DrainTimeout. Memory
+// whose collectives are pending even then is kept out of the pool, on
+// purpose and reported (ErrInFlight), and returned only once they
+// complete; the Reducer's own pool is not unmapped before that.
 //
 // # Statistics
 //
-// Stats returns the last completed step's StepStats without allocating
-// (its slices are reused: valid until the next Wait; StatsInto copies):
-// per-bucket timelines (ready, launch, compress, collective, decompress,
-// done) and per-parameter ready times relative to the step start; Compute
-// (first to last Ready), Comm (union of the buckets' busy intervals),
-// Overlap (the part of Comm before the last Ready) and OverlapRatio; bytes
-// handed to collectives; fp16 overflows; unused parameters; the time the
-// communication goroutine spent zeroing stale gradients (ZeroComm, per
-// bucket BucketStats.Zero). A warm step
-// allocates nothing on the Go heap.
+// StatsInto copies the last completed step's StepStats into the caller's,
+// reusing its slices (no allocation once warm); Stats returns a copy with
+// slices of its own. Neither hands out memory a later step writes. They
+// hold per-bucket timelines (ready, launch, compress, collective,
+// decompress, done) and per-parameter ready times relative to the step
+// start; Compute (first to last Ready), Comm (union of the buckets' busy
+// intervals), Overlap (the part of Comm before the last Ready) and
+// OverlapRatio; bytes handed to collectives, per bucket with its dtype and
+// wire dtype; fp16 overflows; unused parameters; the time the launcher
+// spent zeroing stale gradients; with Join, the ranks active. A warm step
+// allocates nothing on the Go heap. Package ddp/metrics exports them to
+// Prometheus (ddp itself links no Prometheus, protobuf or net/http), and
+// WriteTimeline draws them as a trace.
 //
 // # Hooks
 //
 // Options.Hook decides how a bucket is reduced (package hooks): the
-// default hooks.Avg lets the backend divide by N inside its reduction pass
+// default hooks.Avg lets the backend average inside its reduction pass
 // (no separate pass over the bucket: on ResNet-50 shapes that pass costs
 // as much as the all-reduce itself); hooks.AllReduce is PyTorch's
 // allreduce_hook, dividing by N before a Sum; hooks.FP16 and hooks.BF16
-// halve the bytes on the wire. Each rank needs its own Hook value; the
-// Reducer closes it.
+// halve the bytes on the wire. A hook works in two phases (launch, then
+// finish once the collective completes), which is what lets several
+// buckets be in flight. Each rank needs its own Hook value; the Reducer
+// closes it.
 package ddp

@@ -30,12 +30,27 @@ var (
 	ErrParamMismatch = errors.New("ddp: parameters differ between ranks")
 	// ErrGradSize: a gradient or value slice has the wrong length.
 	ErrGradSize = errors.New("ddp: wrong gradient size")
-	// ErrUnsupported: a parameter's dtype is not supported (only Float32
-	// gradients are reduced today).
+	// ErrUnsupported: a parameter New cannot reduce: a dtype that is not
+	// floating-point, one the hook refuses (hooks.FP16 and hooks.BF16
+	// refuse float64), or a shape whose size overflows.
 	ErrUnsupported = errors.New("ddp: unsupported parameter")
 	// ErrOptions: an Options field is out of range (a negative bucket
-	// cap).
+	// cap) or does not fit the memory or the communicator (a device pool
+	// without kernels, CopyGrads with device memory).
 	ErrOptions = errors.New("ddp: invalid options")
+	// ErrInFlight: memory the Reducer was releasing is still in use by a
+	// collective that did not complete after the group was aborted; it
+	// stays out of the pool until the collective completes (see
+	// Options.DrainTimeout).
+	ErrInFlight = errors.New("ddp: memory still in use by a collective")
+	// ErrBusy: a gradient was asked for while its bucket is being reduced
+	// (after its Ready in a synced step, before Wait or WaitEach reports
+	// the bucket reduced).
+	ErrBusy = errors.New("ddp: gradient is being reduced")
+	// ErrDType: a gradient or value was given or asked for as a type it
+	// does not have (Grad, SetGrad or AddGrad of a parameter that is not
+	// float32; a value of the wrong dtype for Broadcast).
+	ErrDType = errors.New("ddp: wrong gradient dtype")
 	// ErrClosed: the Reducer was closed.
 	ErrClosed = errors.New("ddp: reducer closed")
 )

@@ -61,10 +61,10 @@ func TestMisuseErrors(t *testing.T) {
 	wantErr(t, r.Ready(3), ErrIndex, "rank 0: Ready(3)", "3 parameters")
 	wantErr(t, r.AddGrad(-2, nil), ErrIndex, "rank 0: AddGrad(-2)", "3 parameters")
 	wantErr(t, r.Ready(-1), ErrIndex)
-	if err := r.Begin(true); err != nil {
+	if err := r.Begin(Sync); err != nil {
 		t.Fatal(err)
 	}
-	wantErr(t, r.Begin(true), ErrStepInProgress, "rank 0", "step 1", "Wait")
+	wantErr(t, r.Begin(Sync), ErrStepInProgress, "rank 0", "step 1", "Wait")
 	wantErr(t, r.SetGrad(2, make([]float32, 5)), ErrGradSize, `rank 0: SetGrad: parameter 2 ("fc.bias", shape [2]) has 2 elements, got 5`)
 	if err := r.Ready(2); err != nil {
 		t.Fatal(err)
@@ -94,7 +94,7 @@ func TestMisuseErrors(t *testing.T) {
 	if err := r.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
 	}
-	wantErr(t, r.Begin(true), ErrClosed)
+	wantErr(t, r.Begin(Sync), ErrClosed)
 	wantErr(t, r.Ready(0), ErrClosed)
 }
 
@@ -103,19 +103,15 @@ func TestNewErrors(t *testing.T) {
 	ctx := context.Background()
 	_, err := New(ctx, cs[0], nil, Options{})
 	wantErr(t, err, ErrUnsupported, "no parameters")
-	_, err = New(ctx, cs[0], []Param{{Name: "h", Shape: []int{2}, DType: comm.Float16}}, Options{})
-	wantErr(t, err, ErrUnsupported, `"h"`, "half")
+	_, err = New(ctx, cs[0], []Param{{Name: "h", Shape: []int{2}, DType: comm.Int32}}, Options{})
+	wantErr(t, err, ErrUnsupported, `"h"`, "int32")
+	_, err = New(ctx, cs[0], []Param{{Name: "d", Shape: []int{2}, DType: comm.Float64}}, Options{Hook: hooks.FP16()})
+	wantErr(t, err, ErrUnsupported, `"d"`, "double", "hook fp16")
 }
 
 // TestNewLocalFailure: a rank that rejects its own parameters or options
 // still joins New's cross-rank check, so its peers fail at once with an
 // error naming it instead of waiting in the check's collective.
-// deviceSource maps host memory but says it is device memory, as a CUDA
-// source would.
-type deviceSource struct{ allocator.Source }
-
-func (deviceSource) Host() bool { return false }
-
 func TestNewLocalFailure(t *testing.T) {
 	checkNoLeak(t)
 	devPool, err := allocator.New(allocator.Options{Source: deviceSource{allocator.HostSource()}})
@@ -130,8 +126,8 @@ func TestNewLocalFailure(t *testing.T) {
 		target error
 		substr []string
 	}{
-		{"dtype", []Param{threeParams[0], {Name: "fc.weight", Shape: []int{2, 3}, DType: comm.Float16}, threeParams[2]}, Options{}, ErrUnsupported,
-			[]string{"rank 1", "parameter 1", `"fc.weight"`, "half"}},
+		{"dtype", []Param{threeParams[0], {Name: "fc.weight", Shape: []int{2, 3}, DType: comm.Int64}, threeParams[2]}, Options{}, ErrUnsupported,
+			[]string{"rank 1", "parameter 1", `"fc.weight"`, "int64"}},
 		{"shape", []Param{threeParams[0], threeParams[1], {Name: "fc.bias", Shape: []int{-2}}}, Options{}, ErrUnsupported,
 			[]string{"rank 1", "parameter 2", `"fc.bias"`, "[-2]"}},
 		{"no parameters", nil, Options{}, ErrUnsupported, []string{"rank 1", "no parameters"}},
@@ -228,14 +224,14 @@ func TestFindUnused(t *testing.T) {
 				func(rank int, r *Reducer) error {
 					ctx := context.Background()
 					for step := range 3 {
-						if err := r.Begin(true); err != nil {
+						if err := r.Begin(Sync); err != nil {
 							return err
 						}
 						for i := range threeParams {
 							if rank == 1 && i == 1 {
 								continue // unused on rank 1
 							}
-							g := r.Grad(i)
+							g := mustGrad(r, i)
 							for j := range g {
 								g[j] = float32(2 + step)
 							}
@@ -251,7 +247,7 @@ func TestFindUnused(t *testing.T) {
 							if i == 1 {
 								want /= 2
 							}
-							for _, v := range r.Grad(i) {
+							for _, v := range mustGrad(r, i) {
 								if v != want {
 									return fmt.Errorf("step %d param %d: %v, want %v", step, i, v, want)
 								}
@@ -284,7 +280,7 @@ func TestStaticGraph(t *testing.T) {
 		func(rank int, r *Reducer) error {
 			ctx := context.Background()
 			for step := range 3 {
-				if err := r.Begin(true); err != nil {
+				if err := r.Begin(Sync); err != nil {
 					return err
 				}
 				for _, i := range []int{2, 0} {
@@ -325,7 +321,7 @@ func TestCollectiveFailure(t *testing.T) {
 	errs := withReducers(t, cs, threeParams, func() Options { return Options{} },
 		func(rank int, r *Reducer) error {
 			ctx := context.Background()
-			if err := r.Begin(true); err != nil {
+			if err := r.Begin(Sync); err != nil {
 				return err
 			}
 			for i := range threeParams {
@@ -337,7 +333,7 @@ func TestCollectiveFailure(t *testing.T) {
 			if !errors.Is(err, comm.ErrAborted) || !strings.Contains(err.Error(), "bucket 0") || !strings.Contains(err.Error(), `"fc.bias"`) {
 				return fmt.Errorf("Wait: %v, want an abort naming bucket 0 and its parameters", err)
 			}
-			if err2 := r.Begin(true); !errors.Is(err2, comm.ErrAborted) {
+			if err2 := r.Begin(Sync); !errors.Is(err2, comm.ErrAborted) {
 				return fmt.Errorf("Begin after a failure: %v, want the sticky error", err2)
 			}
 			if r.Err() == nil {
@@ -366,7 +362,7 @@ func TestTimeoutAndStall(t *testing.T) {
 				}
 			}}
 		}, func(rank int, r *Reducer) error {
-			if err := r.Begin(true); err != nil {
+			if err := r.Begin(Sync); err != nil {
 				return err
 			}
 			for i := range threeParams {
@@ -399,7 +395,7 @@ func TestWaitContext(t *testing.T) {
 		g, cs := newFakeGroup(2)
 		g.hangSeq = 2
 		errs := withReducers(t, cs, threeParams, func() Options { return Options{} }, func(rank int, r *Reducer) error {
-			if err := r.Begin(true); err != nil {
+			if err := r.Begin(Sync); err != nil {
 				return err
 			}
 			for i := range threeParams {
@@ -449,7 +445,7 @@ func TestBroadcastParameters(t *testing.T) {
 		if err := r.BroadcastParameters(context.Background(), bad); !errors.Is(err, ErrGradSize) || !strings.Contains(err.Error(), `"fc.bias"`) {
 			return fmt.Errorf("short value slice: %v, want ErrGradSize naming fc.bias", err)
 		}
-		if err := r.Begin(true); !errors.Is(err, ErrGradSize) {
+		if err := r.Begin(Sync); !errors.Is(err, ErrGradSize) {
 			return fmt.Errorf("Begin after a failed BroadcastParameters: %v, want the sticky error", err)
 		}
 		return nil
@@ -478,7 +474,7 @@ func TestBroadcastParametersOneBadRank(t *testing.T) {
 		defer cancel()
 		err := r.BroadcastParameters(ctx, vals)
 		switch {
-		case rank == 1 && (!errors.Is(err, ErrGradSize) || !strings.Contains(err.Error(), `rank 1: BroadcastParameters: parameter 2 ("fc.bias") has 2 elements, got 1`)):
+		case rank == 1 && (!errors.Is(err, ErrGradSize) || !strings.Contains(err.Error(), `rank 1: Broadcast: parameter 2 ("fc.bias") has 2 elements, got 1`)):
 			return fmt.Errorf("BroadcastParameters with a short slice: %v", err)
 		case rank != 1 && !errors.Is(err, comm.ErrAborted):
 			return fmt.Errorf("BroadcastParameters while rank 1 failed: %v, want the group aborted", err)
@@ -501,7 +497,7 @@ func TestRebuildTimeout(t *testing.T) {
 		g, cs := newFakeGroup(2)
 		g.hangSeq = 3 // 1: New's check, 2: the only bucket, 3: the rebuild's first broadcast
 		errs := withReducers(t, cs, threeParams, func() Options { return Options{Timeout: time.Second} }, func(rank int, r *Reducer) error {
-			if err := r.Begin(true); err != nil {
+			if err := r.Begin(Sync); err != nil {
 				return err
 			}
 			for i := range threeParams {
@@ -531,7 +527,7 @@ func TestStats(t *testing.T) {
 	errs := withReducers(t, cs, threeParams, func() Options { return Options{BucketCap: 24, FirstBucketCap: 8} }, func(rank int, r *Reducer) error {
 		ctx := context.Background()
 		for step := 1; step <= 3; step++ {
-			if err := r.Begin(true); err != nil {
+			if err := r.Begin(Sync); err != nil {
 				return err
 			}
 			for i := len(threeParams) - 1; i >= 0; i-- {
@@ -552,14 +548,16 @@ func TestStats(t *testing.T) {
 			if st.Compute != st.LastReady-st.FirstReady || st.Overlap > st.Comm || st.Comm > st.Wall || st.OverlapRatio < 0 || st.OverlapRatio > 1 {
 				return fmt.Errorf("inconsistent totals: %+v", st)
 			}
-			var prevDone time.Duration
+			// Buckets launch and finish in index order; bucket k+1 may
+			// launch before k is done (both on the wire).
+			var prevLaunch, prevDone time.Duration
 			for k, b := range st.Buckets {
 				if b.Index != k || b.Ready > b.Launch || b.Launch > b.CompressStart || b.CompressStart > b.CompressEnd ||
 					b.CompressEnd > b.CollectiveStart || b.CollectiveStart > b.CollectiveEnd || b.CollectiveEnd > b.DecompressEnd ||
-					b.DecompressEnd > b.Done || b.Launch < prevDone || b.Latency() < 0 {
+					b.DecompressEnd > b.Done || b.Launch < prevLaunch || b.Done < prevDone || b.Latency() < 0 {
 					return fmt.Errorf("bucket %d timeline out of order: %+v", k, b)
 				}
-				prevDone = b.Done
+				prevLaunch, prevDone = b.Launch, b.Done
 			}
 			for i, tr := range st.ParamReady {
 				if tr < 0 {
@@ -633,7 +631,7 @@ func TestCloseMidStep(t *testing.T) {
 		}
 		defer r.Close()
 		if rank == 1 {
-			if err := r.Begin(true); err != nil {
+			if err := r.Begin(Sync); err != nil {
 				return err
 			}
 			for i := range threeParams {
@@ -653,7 +651,7 @@ func TestCloseMidStep(t *testing.T) {
 			return nil
 		}
 		<-closed
-		if err := r.Begin(true); err != nil {
+		if err := r.Begin(Sync); err != nil {
 			return err
 		}
 		for i := range threeParams {
@@ -686,7 +684,7 @@ func TestWaitCancelledAfterDone(t *testing.T) {
 		cancelled, cancel := context.WithCancel(context.Background())
 		cancel()
 		for step := range 20 {
-			if err := r.Begin(true); err != nil {
+			if err := r.Begin(Sync); err != nil {
 				t.Fatal(err)
 			}
 			for i := range threeParams {
@@ -723,7 +721,7 @@ func TestReadyRacesAbort(t *testing.T) {
 				return err
 			}
 			defer r.Close()
-			if err := r.Begin(true); err != nil {
+			if err := r.Begin(Sync); err != nil {
 				return err
 			}
 			if rank == 0 {
@@ -792,7 +790,7 @@ func TestNewCancelled(t *testing.T) {
 			return nil
 		}
 		defer r.Close()
-		if err := r.Begin(true); err != nil {
+		if err := r.Begin(Sync); err != nil {
 			return err
 		}
 		for i := range threeParams {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/ddp"
 	"github.com/ddpgo/ddpgo/inproc"
 )
@@ -32,11 +33,14 @@ func Example() {
 			}
 			defer r.Close()
 			for step := range 2 {
-				if err := r.Begin(true); err != nil {
+				if err := r.Begin(ddp.Sync); err != nil {
 					panic(err)
 				}
 				for i := len(params) - 1; i >= 0; i-- { // backward: last layer first
-					g := r.Grad(i)
+					g, err := r.Grad(i)
+					if err != nil {
+						panic(err)
+					}
 					for j := range g {
 						g[j] = float32(10*rank + j + step)
 					}
@@ -48,7 +52,9 @@ func Example() {
 					panic(err)
 				}
 			}
-			out[rank] = fmt.Sprint(r.Grad(0), r.Grad(1), r.Stats().Step)
+			w, _ := r.Grad(0) // after Wait: the averages
+			b, _ := r.Grad(1)
+			out[rank] = fmt.Sprint(w, b, r.Stats().Step)
 		})
 	}
 	wg.Wait()
@@ -60,4 +66,129 @@ func Example() {
 	// Output:
 	// [6 7 8 9] [6 7] 2
 	// [6 7 8 9] [6 7] 2
+}
+
+// The optimizer updates each bucket's parameters as soon as the bucket is
+// reduced, while later buckets are still on the wire: WaitEach calls its
+// function on the training goroutine once per bucket, in order.
+func ExampleReducer_WaitEach() {
+	comms, err := inproc.NewGroup(2)
+	if err != nil {
+		panic(err)
+	}
+	params := []ddp.Param{
+		{Name: "fc1.weight", Shape: []int{4}},
+		{Name: "fc2.weight", Shape: []int{4}},
+	}
+	out := make([]string, 2)
+	var wg sync.WaitGroup
+	for rank, c := range comms {
+		wg.Go(func() {
+			ctx := context.Background()
+			// 16-byte buckets: one parameter each.
+			r, err := ddp.New(ctx, c, params, ddp.Options{BucketCap: 16, FirstBucketCap: 16})
+			if err != nil {
+				panic(err)
+			}
+			defer r.Close()
+			weights := [][]float32{{1, 1, 1, 1}, {2, 2, 2, 2}}
+			var log []string
+			if err := r.Begin(ddp.Sync); err != nil {
+				panic(err)
+			}
+			for i := len(params) - 1; i >= 0; i-- {
+				g, _ := r.Grad(i)
+				for j := range g {
+					g[j] = float32(rank + 1) // the average is 1.5
+				}
+				if err := r.Ready(i); err != nil {
+					panic(err)
+				}
+			}
+			err = r.WaitEach(ctx, func(b ddp.Reduced) {
+				for _, p := range b.Params { // SGD with learning rate 0.1
+					g, _ := r.Grad(p)
+					for j := range g {
+						weights[p][j] -= 0.1 * g[j]
+					}
+					log = append(log, fmt.Sprintf("bucket %d: %s", b.Bucket, params[p].Name))
+				}
+			})
+			if err != nil {
+				panic(err)
+			}
+			out[rank] = fmt.Sprint(log, weights)
+		})
+	}
+	wg.Wait()
+	for _, c := range comms {
+		c.Close()
+	}
+	fmt.Println(out[0])
+	fmt.Println(out[1])
+	// Output:
+	// [bucket 0: fc2.weight bucket 1: fc1.weight] [[0.85 0.85 0.85 0.85] [1.85 1.85 1.85 1.85]]
+	// [bucket 0: fc2.weight bucket 1: fc1.weight] [[0.85 0.85 0.85 0.85] [1.85 1.85 1.85 1.85]]
+}
+
+// Three ranks with 1, 3 and 2 batches: each calls Join once out of data,
+// and shadows the steps the others still take, contributing zeros; the
+// average divides by the group size (JoinWorld). Join returns the rank
+// that joined last, whose weights every rank then takes.
+func ExampleReducer_Join() {
+	comms, err := inproc.NewGroup(3)
+	if err != nil {
+		panic(err)
+	}
+	params := []ddp.Param{{Name: "w", Shape: []int{2}}}
+	batches := []int{1, 3, 2}
+	out := make([]string, 3)
+	var wg sync.WaitGroup
+	for rank, c := range comms {
+		wg.Go(func() {
+			ctx := context.Background()
+			r, err := ddp.New(ctx, c, params, ddp.Options{Join: ddp.JoinWorld})
+			if err != nil {
+				panic(err)
+			}
+			defer r.Close()
+			w := []float32{float32(rank), 0}
+			var seen []float32
+			for range batches[rank] {
+				if err := r.Begin(ddp.Sync); err != nil {
+					panic(err)
+				}
+				if err := r.SetGrad(0, []float32{3, 6}); err != nil {
+					panic(err)
+				}
+				if err := r.Wait(ctx); err != nil {
+					panic(err)
+				}
+				g, _ := r.Grad(0)
+				seen = append(seen, g[0])
+				w[1] -= g[1]
+			}
+			last, err := r.Join(ctx)
+			if err != nil {
+				panic(err)
+			}
+			// The joined ranks' weights stopped training: take the last
+			// joiner's.
+			if err := r.Broadcast(ctx, last, []comm.Buffer{comm.Float32s(w)}); err != nil {
+				panic(err)
+			}
+			out[rank] = fmt.Sprintf("rank %d saw %v; rank %d joined last; weights %v", rank, seen, last, w)
+		})
+	}
+	wg.Wait()
+	for _, c := range comms {
+		c.Close()
+	}
+	for _, s := range out {
+		fmt.Println(s)
+	}
+	// Output:
+	// rank 0 saw [3]; rank 1 joined last; weights [1 -12]
+	// rank 1 saw [3 2 1]; rank 1 joined last; weights [1 -12]
+	// rank 2 saw [3 2]; rank 1 joined last; weights [1 -12]
 }

@@ -156,6 +156,8 @@ func (c *fakeComm) TestOp(id uint64) (bool, error) {
 	select {
 	case <-s.done:
 		return true, s.err
+	case <-c.g.aborted:
+		return true, c.g.abortE
 	default:
 		return false, nil
 	}

@@ -14,25 +14,26 @@ import (
 )
 
 // layout is one bucket layout with its memory: a pool block per bucket,
-// each parameter's view into its block, and the schedule over it.
+// each parameter's slot in its block, the hook's scratch, and the schedule
+// over it.
 type layout struct {
 	buckets  []bucket.Bucket
 	enc      []int64           // bucket.Encode(buckets)
-	blocks   []allocator.Block // one per bucket
-	flat     [][]float32       // per bucket: its gradients, densely
-	views    [][]float32       // per parameter: its slot in its bucket
+	blocks   []allocator.Block // one per bucket, then the scratch slots
+	bufs     []comm.Buffer     // per parameter: its slot in its bucket
+	views    [][]float32       // per parameter: bufs as Go slices (host pools only)
 	bucketOf []int             // parameter -> bucket
 	hb       []hooks.Bucket    // what the hook reduces, per bucket
-	counts   []int             // elements per bucket
 	sched    *schedule
 }
 
-// adopt makes bs the current layout: it takes new blocks from the pool,
-// tells the hook the new bucket sizes, and returns the old layout's blocks.
-// The new blocks are zeroed. It takes the new blocks before returning the
-// old ones, so that memory a stale gradient slice still points to is not
-// handed straight back (under the invariants tag the pool poisons it); if
-// the pool cannot hold both, it returns the old blocks first.
+// adopt makes bs the current layout: it takes new blocks from the pool
+// and returns the old layout's blocks. The new blocks are zeroed. It
+// takes the new blocks before returning the old ones, so that memory a
+// stale gradient slice still points to is not handed straight back (under
+// the invariants tag the pool poisons it); if the pool cannot hold both,
+// it returns the old blocks first. adopt runs only between steps, when no
+// collective uses the old layout's memory.
 func (r *Reducer) adopt(bs []bucket.Bucket) error {
 	old := r.lay.Load()
 	L, err := r.build(bs)
@@ -46,11 +47,8 @@ func (r *Reducer) adopt(bs []bucket.Bucket) error {
 	if err != nil {
 		return err
 	}
-	if err := r.hook.Setup(r.c, r.pool, L.counts); err != nil {
-		L.free(r.pool)
-		return fmt.Errorf("ddp: setting up hook %s: %w", r.hook.Name(), err)
-	}
 	r.lay.Store(L)
+	r.layGen++
 	if old != nil {
 		if err := old.free(r.pool); err != nil {
 			return fmt.Errorf("ddp: returning the old bucket memory: %w", err)
@@ -59,43 +57,61 @@ func (r *Reducer) adopt(bs []bucket.Bucket) error {
 	return nil
 }
 
-// build takes memory for layout bs and lays the parameters out in it.
+// build takes memory for layout bs and lays the parameters out in it. The
+// hook's scratch comes in min(window, buckets) slots: bucket k uses slot k
+// mod slots, which no other bucket in flight with it shares, since at most
+// window consecutive buckets are in flight at once. With the default
+// window every bucket has a slot of its own, sized for it.
 func (r *Reducer) build(bs []bucket.Bucket) (*layout, error) {
 	L := &layout{
 		buckets:  bs,
 		enc:      bucket.Encode(bs),
 		blocks:   make([]allocator.Block, 0, len(bs)),
-		flat:     make([][]float32, len(bs)),
-		views:    make([][]float32, len(r.params)),
+		bufs:     make([]comm.Buffer, len(r.params)),
 		bucketOf: make([]int, len(r.params)),
 		hb:       make([]hooks.Bucket, len(bs)),
 	}
-	counts := make([]int, len(bs))
-	L.counts = counts
+	if r.host {
+		L.views = make([][]float32, len(r.params))
+	}
+	loc := location(r.host)
 	for k, b := range bs {
-		if b.DType != comm.Float32 {
-			L.free(r.pool)
-			return nil, fmt.Errorf("%w: bucket %d is %s", ErrUnsupported, k, b.DType)
-		}
-		n := b.Bytes / 4
-		counts[k] = n
-		blk, err := r.pool.Get(max(b.Bytes, 4))
+		size := b.DType.Size()
+		n := b.Bytes / size
+		blk, err := r.pool.Get(max(b.Bytes, size))
 		if err != nil {
 			L.free(r.pool)
 			return nil, fmt.Errorf("ddp: memory for bucket %d (%d bytes): %w", k, b.Bytes, err)
 		}
 		L.blocks = append(L.blocks, blk)
-		f := blk.Float32s()[:n]
-		clear(f)
-		L.flat[k] = f
+		buf := r.region(blk, 0, n, b.DType)
+		r.kern.Zero(buf)
 		for j, p := range b.Tensors {
-			off := b.Offsets[j] / 4
-			L.views[p] = f[off : off+r.tensors[p].Numel : off+r.tensors[p].Numel]
+			L.bufs[p] = buf.Slice(b.Offsets[j]/size, r.tensors[p].Numel)
+			if r.host && b.DType == comm.Float32 {
+				L.views[p] = L.bufs[p].AsFloat32()
+			}
 			L.bucketOf[p] = k
 		}
-		L.hb[k] = hooks.Bucket{Index: k, Buf: comm.HostBuffer(blk.Addr(), n, comm.Float32)}
-		if n == 0 {
-			L.hb[k].Buf = comm.Buffer{DType: comm.Float32}
+		L.hb[k] = hooks.Bucket{Index: k, Buf: buf, Scratch: comm.Buffer{DType: comm.Uint8, Loc: loc}}
+	}
+	slots := min(r.window, len(bs))
+	need := make([]int, slots)
+	for k, b := range bs {
+		need[k%slots] = max(need[k%slots], r.hook.Scratch(b.Bytes/b.DType.Size(), b.DType))
+	}
+	for j, bytes := range need {
+		if bytes == 0 {
+			continue
+		}
+		blk, err := r.pool.Get(bytes)
+		if err != nil {
+			L.free(r.pool)
+			return nil, fmt.Errorf("ddp: hook %s scratch for bucket slot %d (%d bytes): %w", r.hook.Name(), j, bytes, err)
+		}
+		L.blocks = append(L.blocks, blk)
+		for k := j; k < len(bs); k += slots {
+			L.hb[k].Scratch = r.region(blk, 0, bytes, comm.Uint8)
 		}
 	}
 	L.sched = newSchedule(L.bucketOf, len(bs))
@@ -105,13 +121,19 @@ func (r *Reducer) build(bs []bucket.Bucket) (*layout, error) {
 // free returns the layout's blocks to the pool.
 func (L *layout) free(pool *allocator.Pool) error {
 	var first error
-	for _, b := range L.blocks {
+	for _, b := range L.take() {
 		if err := pool.Put(b); err != nil && first == nil {
 			first = err
 		}
 	}
-	L.blocks = L.blocks[:0]
 	return first
+}
+
+// take hands over the layout's blocks, leaving it none.
+func (L *layout) take() []allocator.Block {
+	b := L.blocks
+	L.blocks = nil
+	return b
 }
 
 // describe names bucket k's parameters for an error message.
@@ -163,7 +185,7 @@ func (r *Reducer) rebuild(parent context.Context) error {
 			size[0] = int64(len(enc))
 		}
 	}
-	if err := explain(r.c.Broadcast(comm.Int64s(size), 0).Wait(ctx)); err != nil {
+	if err := explain(r.ctlBroadcast(ctx, "the rebuilt layout's size", asBytes(size), comm.Int64, 0)); err != nil {
 		return fmt.Errorf("ddp: rank %d broadcasting the rebuilt layout's size: %w", r.c.Rank(), err)
 	}
 	if buildErr != nil {
@@ -175,7 +197,7 @@ func (r *Reducer) rebuild(parent context.Context) error {
 	if enc == nil {
 		enc = make([]int64, size[0])
 	}
-	if err := explain(r.c.Broadcast(comm.Int64s(enc), 0).Wait(ctx)); err != nil {
+	if err := explain(r.ctlBroadcast(ctx, "the rebuilt layout", asBytes(enc), comm.Int64, 0)); err != nil {
 		return fmt.Errorf("ddp: rank %d broadcasting the rebuilt layout: %w", r.c.Rank(), err)
 	}
 	bs, err := bucket.Decode(r.tensors, enc)

@@ -23,11 +23,11 @@ func TestBeginIsLazy(t *testing.T) {
 				ctx := context.Background()
 				val := func(q, p int) float32 { return float32(10*q + p + 1) }
 				avg := func(p int) float32 { return (val(0, p) + val(1, p)) / 2 }
-				if err := r.Begin(true); err != nil {
+				if err := r.Begin(Sync); err != nil {
 					return err
 				}
 				for p := range threeParams {
-					g := r.Grad(p)
+					g := mustGrad(r, p)
 					for j := range g {
 						g[j] = val(rank, p)
 					}
@@ -38,7 +38,7 @@ func TestBeginIsLazy(t *testing.T) {
 				if err := r.Wait(ctx); err != nil {
 					return err
 				}
-				if err := r.Begin(true); err != nil {
+				if err := r.Begin(Sync); err != nil {
 					return err
 				}
 				// Begin zeroed nothing: the memory still holds the average.
@@ -50,7 +50,7 @@ func TestBeginIsLazy(t *testing.T) {
 					}
 				}
 				// Grad(0) zeroes parameter 0 only.
-				for j, x := range r.Grad(0) {
+				for j, x := range mustGrad(r, 0) {
 					if x != 0 {
 						return fmt.Errorf("first Grad(0) elem %d reads %v, want 0", j, x)
 					}
@@ -63,12 +63,12 @@ func TestBeginIsLazy(t *testing.T) {
 				// Parameter 1: Ready with no Grad on rank 0, 2 on rank 1.
 				// Parameters 0 and 2 get rank+1 (2 through AddGrad on a
 				// stale gradient).
-				g := r.Grad(0)
+				g := mustGrad(r, 0)
 				for j := range g {
 					g[j] += float32(rank + 1)
 				}
 				if rank == 1 {
-					g := r.Grad(1)
+					g := mustGrad(r, 1)
 					for j := range g {
 						g[j] += 2
 					}
@@ -90,7 +90,7 @@ func TestBeginIsLazy(t *testing.T) {
 				}
 				for p, want := range []float32{1.5, 1, 1.5} {
 					// The memory itself, then as the caller sees it.
-					for _, g := range [][]float32{r.grad(p), r.Grad(p)} {
+					for _, g := range [][]float32{r.grad(p), mustGrad(r, p)} {
 						for j, x := range g {
 							if x != want {
 								return fmt.Errorf("step 2 parameter %d elem %d: %v, want %v", p, j, x, want)
@@ -221,7 +221,7 @@ func TestLazyZeroModel(t *testing.T) {
 					// (nil: zero), for the first look of each step.
 					seen := make([][]float32, len(params))
 					for st := range steps {
-						if err := r.Begin(s.sync[st]); err != nil {
+						if err := r.Begin(modeOf(s.sync[st])); err != nil {
 							return err
 						}
 						if st == 0 || s.sync[st-1] {
@@ -252,7 +252,7 @@ func TestLazyZeroModel(t *testing.T) {
 						want := s.want(st, params)
 						for p := range params {
 							// The memory itself, then as the caller sees it.
-							for _, g := range [][]float32{r.grad(p), r.Grad(p)} {
+							for _, g := range [][]float32{r.grad(p), mustGrad(r, p)} {
 								for j, x := range g {
 									if x != want[p][j] {
 										return fmt.Errorf("step %d parameter %d elem %d: %v, want %v (actions %v)", st, p, j, x, want[p][j], zeroActs(s, st, p))
@@ -286,7 +286,7 @@ func zeroWork(r *Reducer, params []Param, s zeroScript, st, rank int, ps []int, 
 		var err error
 		switch s.act[st][rank][p] {
 		case actWrite, actAdd:
-			g := r.Grad(p)
+			g := mustGrad(r, p)
 			for j := range g {
 				if g[j] != seen[p][j] {
 					return fmt.Errorf("step %d: first Grad(%d) elem %d reads %v, want %v (actions %v)", st, p, j, g[j], seen[p][j], zeroActs(s, st, p))
@@ -349,14 +349,14 @@ func TestLazyZeroStaticGraph(t *testing.T) {
 			}, failFast(func(rank int, r *Reducer) error {
 				ctx := context.Background()
 				set := func(p int, v float32) error {
-					g := r.Grad(p)
+					g := mustGrad(r, p)
 					for j := range g {
 						g[j] += v
 					}
 					return r.Ready(p)
 				}
 				// Step 0: parameter 1 unused, and so in every synced step.
-				if err := r.Begin(true); err != nil {
+				if err := r.Begin(Sync); err != nil {
 					return err
 				}
 				for _, p := range []int{2, 0} {
@@ -373,7 +373,7 @@ func TestLazyZeroStaticGraph(t *testing.T) {
 					r.grad(1)[j] = 42
 				}
 				for step := 1; step <= 3; step++ {
-					if err := r.Begin(step != 2); err != nil {
+					if err := r.Begin(modeOf(step != 2)); err != nil {
 						return err
 					}
 					switch step {
@@ -402,7 +402,7 @@ func TestLazyZeroStaticGraph(t *testing.T) {
 						wants[2] = 1.5
 					}
 					for p, want := range wants {
-						for _, g := range [][]float32{r.grad(p), r.Grad(p)} {
+						for _, g := range [][]float32{r.grad(p), mustGrad(r, p)} {
 							for j, x := range g {
 								if x != want {
 									return fmt.Errorf("step %d parameter %d elem %d: %v, want %v", step, p, j, x, want)

@@ -45,7 +45,7 @@ func TestNoZeroGrad(t *testing.T) {
 					return (s[0] + s[1]) / 2
 				}
 				set := func(step, p int, add bool) error {
-					g := r.Grad(p)
+					g := mustGrad(r, p)
 					for j := range g {
 						if add {
 							g[j] += val(step, p)
@@ -57,7 +57,7 @@ func TestNoZeroGrad(t *testing.T) {
 				}
 				// Step 0: every parameter used, except parameter 1 with
 				// StaticGraph (the static set is fixed from the first step).
-				if err := r.Begin(true); err != nil {
+				if err := r.Begin(Sync); err != nil {
 					return err
 				}
 				for p := range threeParams {
@@ -74,13 +74,13 @@ func TestNoZeroGrad(t *testing.T) {
 				// Step 1 (no-sync) and 2 (synced): one window. Parameter 1
 				// is never marked by the caller; the others are overwritten,
 				// then added to.
-				if err := r.Begin(false); err != nil {
+				if err := r.Begin(NoSync); err != nil {
 					return err
 				}
 				for p := range threeParams {
 					if p == 1 {
 						if !v.o.StaticGraph {
-							for j, x := range r.Grad(p) {
+							for j, x := range mustGrad(r, p) {
 								if x != mean(p, 0) {
 									return fmt.Errorf("NoZeroGrad: after Begin parameter %d elem %d holds %v, want the last average %v", p, j, x, mean(p, 0))
 								}
@@ -92,7 +92,7 @@ func TestNoZeroGrad(t *testing.T) {
 						return err
 					}
 				}
-				if err := r.Begin(true); err != nil {
+				if err := r.Begin(Sync); err != nil {
 					return err
 				}
 				for _, p := range []int{2, 0} {
@@ -108,7 +108,7 @@ func TestNoZeroGrad(t *testing.T) {
 					if p != 1 {
 						want = mean(p, 1, 2)
 					}
-					for j, x := range r.Grad(p) {
+					for j, x := range mustGrad(r, p) {
 						if x != want {
 							return fmt.Errorf("step 2 parameter %d (%q) elem %d: %v, want %v", p, threeParams[p].Name, j, x, want)
 						}
@@ -143,7 +143,7 @@ func TestNoZeroGradAddGrad(t *testing.T) {
 				for window := range 3 {
 					steps := []int{2 * window, 2*window + 1} // a no-sync step, then a synced one
 					for k, step := range steps {
-						if err := r.Begin(k == 1); err != nil {
+						if err := r.Begin(modeOf(k == 1)); err != nil {
 							return err
 						}
 						for p := range threeParams {
@@ -160,7 +160,7 @@ func TestNoZeroGradAddGrad(t *testing.T) {
 						return err
 					}
 					for p := range threeParams {
-						for j, x := range r.Grad(p) {
+						for j, x := range mustGrad(r, p) {
 							var want float32
 							for q := range 2 {
 								want += (local(q, steps[0], p, j) + local(q, steps[1], p, j)) / 2

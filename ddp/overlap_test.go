@@ -43,7 +43,7 @@ func TestOverlapTimeline(t *testing.T) {
 		}
 		defer r.Close()
 		for range 2 {
-			if err := r.Begin(true); err != nil {
+			if err := r.Begin(Sync); err != nil {
 				t.Fatal(err)
 			}
 			for i := 2; i >= 0; i-- {

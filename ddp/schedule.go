@@ -113,6 +113,18 @@ func (s *schedule) launch() int {
 	return k
 }
 
+// ready returns how many buckets may launch now, in index order from the
+// next one: each complete, and each below index limit (the launcher's
+// window). It does not advance; launch does.
+func (s *schedule) ready(limit int) int {
+	k := int(s.next.Load())
+	n := 0
+	for k+n < len(s.counts) && k+n < limit && s.complete[k+n].Load() {
+		n++
+	}
+	return n
+}
+
 // launched returns how many buckets have launched this step.
 func (s *schedule) launched() int { return int(s.next.Load()) }
 

@@ -21,10 +21,10 @@ func TestStaleViewPoisoned(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	if err := r.Begin(true); err != nil {
+	if err := r.Begin(Sync); err != nil {
 		t.Fatal(err)
 	}
-	stale := r.Grad(1)
+	stale := mustGrad(r, 1)
 	for _, i := range []int{0, 1} { // the reverse of the initial order: the rebuild changes the layout
 		if err := r.Ready(i); err != nil {
 			t.Fatal(err)
@@ -34,7 +34,7 @@ func TestStaleViewPoisoned(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := r.Buckets()
-	if err := r.Begin(true); err != nil {
+	if err := r.Begin(Sync); err != nil {
 		t.Fatal(err)
 	}
 	if bucketInfoEqual(before[0], r.Buckets()[0]) {

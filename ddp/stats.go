@@ -1,6 +1,10 @@
 package ddp
 
-import "time"
+import (
+	"time"
+
+	"github.com/ddpgo/ddpgo/comm"
+)
 
 // StepStats describes one step. Durations named as points in time (Ready,
 // Launch, ...) are offsets from Start, taken from the monotonic clock.
@@ -8,13 +12,13 @@ type StepStats struct {
 	Step  uint64    // 1 for the first step begun
 	Sync  bool      // a synced step (false: no-sync, nothing communicated)
 	Start time.Time // when Begin returned
-	// Zero is the time Begin spent zeroing the gradients (before Start).
-	// Begin only marks them stale, in O(1), so it is close to 0: the
-	// zeroing happens in Grad, parameter by parameter on the caller's
-	// goroutines (part of Compute), and for gradients marked ready
-	// without a Grad on the communication goroutine (ZeroComm).
-	Zero time.Duration
-	// ZeroComm is the time the communication goroutine spent zeroing
+	// Active is, with Options.Join, the number of ranks that contributed
+	// gradients to the step (the others had joined); 0 without Join.
+	Active int
+	// Joined marks a step this rank shadowed inside Join, contributing
+	// zeros.
+	Joined bool
+	// ZeroComm is the time the launcher spent zeroing
 	// stale gradients (parameters marked ready, by the caller or as
 	// unused, with no Grad, SetGrad or AddGrad since the last synced
 	// step) before reducing their buckets: the sum of BucketStats.Zero.
@@ -35,7 +39,7 @@ type StepStats struct {
 	// OverlapRatio is Overlap / Comm (0 when Comm is 0).
 	OverlapRatio float64
 	Bytes        int64 // payload bytes handed to collectives (after compression)
-	Overflows    int64 // elements that overflowed to ±Inf in compression (see hooks.Times)
+	Overflows    int64 // elements that overflowed to ±Inf in compression (see hooks.Bucket)
 
 	Buckets []BucketStats // per bucket of the layout used in the step
 	// ParamReady is, per parameter, when it was marked ready, or -1 if it
@@ -46,23 +50,48 @@ type StepStats struct {
 	Unused []int
 }
 
+// Stats returns a copy of the statistics of the last completed step, with
+// slices of its own, which no later step touches; it allocates them.
+// StatsInto copies into the caller's StepStats instead, reusing its
+// slices, and allocates nothing once they are large enough. Neither may
+// run concurrently with Wait or Begin: call them from the training
+// goroutine (a metrics exporter on another goroutine takes the copy it is
+// handed).
+func (r *Reducer) Stats() StepStats {
+	var s StepStats
+	r.StatsInto(&s)
+	return s
+}
+
+// StatsInto copies the statistics of the last completed step into dst,
+// reusing dst's slices.
+func (r *Reducer) StatsInto(dst *StepStats) {
+	b, p, u := dst.Buckets, dst.ParamReady, dst.Unused
+	*dst = *r.last
+	dst.Buckets = append(b[:0], r.last.Buckets...)
+	dst.ParamReady = append(p[:0], r.last.ParamReady...)
+	dst.Unused = append(u[:0], r.last.Unused...)
+}
+
 // BucketStats is the timeline of one bucket in a step, as offsets from the
 // step's Start.
 type BucketStats struct {
 	Index  int
-	Params int   // parameters in the bucket
-	Bytes  int64 // float32 gradient bytes in the bucket
+	Params int        // parameters in the bucket
+	Bytes  int64      // gradient bytes in the bucket
+	DType  comm.DType // the gradients' dtype
+	Wire   comm.DType // the dtype the hook puts on the wire (Hook.Wire)
 
 	Ready  time.Duration // the bucket's last parameter was marked ready
-	Launch time.Duration // the communication goroutine took it up
+	Launch time.Duration // the launcher took it up
 	// Zero is the time spent, after Launch and before the hook, zeroing
 	// the bucket's stale gradients (see StepStats.ZeroComm).
 	Zero            time.Duration
-	CompressStart   time.Duration // hook phases (see hooks.Times)
-	CompressEnd     time.Duration
-	CollectiveStart time.Duration
-	CollectiveEnd   time.Duration
-	DecompressEnd   time.Duration
+	CompressStart   time.Duration // the hook's Launch began (compression, if any)
+	CompressEnd     time.Duration // the hook's Launch returned
+	CollectiveStart time.Duration // the collective was issued (= CompressEnd)
+	CollectiveEnd   time.Duration // the finisher saw the collective complete
+	DecompressEnd   time.Duration // the hook's Finish returned
 	Done            time.Duration // the bucket holds the average
 	WireBytes       int64         // payload bytes handed to collectives
 	Overflows       int64

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ddpgo/ddpgo/trace"
+	"github.com/ddpgo/ddpgo/trace/tracetest"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata")
@@ -40,7 +41,7 @@ func TestTimelineGolden(t *testing.T) {
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := trace.Validate(bytes.NewReader(out.Bytes())); err != nil {
+	if _, err := tracetest.Validate(bytes.NewReader(out.Bytes())); err != nil {
 		t.Fatalf("invalid trace: %v", err)
 	}
 	golden := filepath.Join("testdata", "timeline.golden.json")

@@ -2,15 +2,19 @@ package ddp
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/ddpgo/ddpgo/hooks"
+	"github.com/ddpgo/ddpgo/inproc"
 	"github.com/ddpgo/ddpgo/trace"
+	"github.com/ddpgo/ddpgo/trace/tracetest"
 )
 
 // timelineEvent is the part of a Chrome trace event the tests look at.
@@ -24,11 +28,11 @@ type timelineEvent struct {
 	Args map[string]int64 `json:"args"`
 }
 
-// validTimeline checks out strictly with trace.Validate and returns its
+// validTimeline checks out strictly with tracetest.Validate and returns its
 // summary and events.
-func validTimeline(t *testing.T, out []byte) (trace.Summary, []timelineEvent) {
+func validTimeline(t *testing.T, out []byte) (tracetest.Summary, []timelineEvent) {
 	t.Helper()
-	sum, err := trace.Validate(bytes.NewReader(out))
+	sum, err := tracetest.Validate(bytes.NewReader(out))
 	if err != nil {
 		t.Fatalf("invalid trace: %v", err)
 	}
@@ -48,7 +52,7 @@ func validTimeline(t *testing.T, out []byte) (trace.Summary, []timelineEvent) {
 	return sum, evs
 }
 
-func laneNames(sum trace.Summary, pid int) []string {
+func laneNames(sum tracetest.Summary, pid int) []string {
 	var names []string
 	for _, l := range sum.Lanes {
 		if l.Pid == pid {
@@ -282,7 +286,7 @@ func ExampleWriteTimeline() {
 	if err := w.Close(); err != nil {
 		fmt.Println(err)
 	}
-	sum, err := trace.Validate(&out)
+	sum, err := tracetest.Validate(&out)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -313,4 +317,66 @@ func BenchmarkWriteTimeline(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/step")
+}
+
+// observedRun trains nothing but runs real synced steps: ranks ranks over
+// an inproc group, four parameters in three buckets, gradients marked last
+// parameter first with a short pause between them so that buckets
+// overlap with the remaining "backward". It returns each rank's statistics
+// of every step (copies).
+func observedRun(t testing.TB, ranks, steps int, hook func() hooks.Hook) [][]StepStats {
+	t.Helper()
+	cs, err := inproc.NewGroup(ranks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, c := range cs {
+			c.Close()
+		}
+	}()
+	params := []Param{{Name: "w1", Shape: []int{64, 32}}, {Name: "b1", Shape: []int{64}}, {Name: "w2", Shape: []int{10, 64}}, {Name: "b2", Shape: []int{10}}}
+	out := make([][]StepStats, ranks)
+	errs := make([]error, ranks)
+	var wg sync.WaitGroup
+	for rank, c := range cs {
+		wg.Go(func() {
+			errs[rank] = func() error {
+				r, err := New(context.Background(), c, params, Options{Hook: hook(), BucketCap: 1 << 10, FirstBucketCap: 1 << 10})
+				if err != nil {
+					return err
+				}
+				defer r.Close()
+				for step := range steps {
+					if err := r.Begin(Sync); err != nil {
+						return err
+					}
+					for i := len(params) - 1; i >= 0; i-- {
+						g := mustGrad(r, i)
+						for k := range g {
+							g[k] = float32(rank+1) * float32(k%7) / float32(step+1)
+						}
+						if err := r.Ready(i); err != nil {
+							return err
+						}
+						time.Sleep(50 * time.Microsecond)
+					}
+					if err := r.Wait(context.Background()); err != nil {
+						return err
+					}
+					var s StepStats
+					r.StatsInto(&s)
+					out[rank] = append(out[rank], s)
+				}
+				return r.Close()
+			}()
+		})
+	}
+	wg.Wait()
+	for rank, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", rank, err)
+		}
+	}
+	return out
 }

@@ -32,10 +32,10 @@ func TestGradIsBucketView(t *testing.T) {
 			}
 			views := 0
 			for _, b := range bs {
-				base := uintptr(unsafe.Pointer(unsafe.SliceData(r.Grad(b.Params[0]))))
+				base := uintptr(unsafe.Pointer(unsafe.SliceData(mustGrad(r, b.Params[0]))))
 				off := uintptr(0)
 				for _, p := range b.Params {
-					g := r.Grad(p)
+					g := mustGrad(r, p)
 					if len(g) != params[p].Numel() {
 						t.Fatalf("Grad(%d) has %d elements, want %d", p, len(g), params[p].Numel())
 					}
@@ -64,11 +64,11 @@ func TestStepOverflows(t *testing.T) {
 	errs := withReducers(t, cs, threeParams, func() Options { return Options{Hook: hooks.FP16()} }, func(rank int, r *Reducer) error {
 		ctx := context.Background()
 		for step := range 2 {
-			if err := r.Begin(true); err != nil {
+			if err := r.Begin(Sync); err != nil {
 				return err
 			}
 			for i := range threeParams {
-				g := r.Grad(i)
+				g := mustGrad(r, i)
 				for j := range g {
 					g[j] = 1
 				}
@@ -90,7 +90,7 @@ func TestStepOverflows(t *testing.T) {
 			if st.Overflows != 2 || bucketSum != 2 {
 				return fmt.Errorf("step %d: %d overflows (buckets %d), want 2", step, st.Overflows, bucketSum)
 			}
-			if g := r.Grad(1); !math.IsInf(float64(g[0]), 1) || !math.IsInf(float64(g[3]), -1) || g[1] != 1 {
+			if g := mustGrad(r, 1); !math.IsInf(float64(g[0]), 1) || !math.IsInf(float64(g[3]), -1) || g[1] != 1 {
 				return fmt.Errorf("step %d: reduced fc.weight %v, want ±Inf where it overflowed and 1 elsewhere", step, g)
 			}
 			if want := int64(20 * comm.Float16.Size()); st.Bytes != want {
@@ -117,15 +117,15 @@ func TestEmptyAndScalarParams(t *testing.T) {
 					return Options{Hook: w.hook(), BucketCap: caps[0], FirstBucketCap: caps[1]}
 				}, func(rank int, r *Reducer) error {
 					for step := range 3 {
-						if err := r.Begin(true); err != nil {
+						if err := r.Begin(Sync); err != nil {
 							return err
 						}
 						for i := range params {
-							if n := len(r.Grad(i)); n != params[i].Numel() {
+							if n := len(mustGrad(r, i)); n != params[i].Numel() {
 								return fmt.Errorf("Grad(%d) has %d elements, want %d", i, n, params[i].Numel())
 							}
-							for j := range r.Grad(i) {
-								r.Grad(i)[j] = float32(2*rank + j)
+							for j := range mustGrad(r, i) {
+								mustGrad(r, i)[j] = float32(2*rank + j)
 							}
 							if err := r.Ready(i); err != nil {
 								return err
@@ -134,7 +134,7 @@ func TestEmptyAndScalarParams(t *testing.T) {
 						if err := r.Wait(context.Background()); err != nil {
 							return fmt.Errorf("step %d: %w", step, err)
 						}
-						if a, s := r.Grad(0), r.Grad(2); a[0] != 1 || a[2] != 3 || s[0] != 1 {
+						if a, s := mustGrad(r, 0), mustGrad(r, 2); a[0] != 1 || a[2] != 3 || s[0] != 1 {
 							return fmt.Errorf("step %d: a %v scalar %v, want [1 2 3] and [1]", step, a, s)
 						}
 					}

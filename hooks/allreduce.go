@@ -1,77 +1,78 @@
 package hooks
 
 import (
-	"context"
-	"fmt"
 	"sync"
 
-	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
 )
 
 // AllReduce returns the plain averaging hook, PyTorch's allreduce_hook:
-// divide the bucket by the group size in float32, then all-reduce it with
-// Sum in place. It needs no scratch memory. Dividing before summing keeps
-// the partial sums in the range of the gradients themselves, at the cost
-// of a separate pass over the bucket.
-func AllReduce() Hook { return &plain{name: "allreduce", prescale: true} }
+// divide the bucket by the group size in its own dtype (float32, float16
+// or bfloat16), then all-reduce it with Sum in place. It needs no scratch
+// memory. Dividing before summing keeps the partial sums in the range of
+// the gradients themselves, at the cost of a separate pass over the
+// bucket. A float64 bucket is all-reduced with comm.Avg instead, which
+// every backend computes in float64 arithmetic: dividing first would
+// multiply it by 1/N rounded to float32 (comm.Kernels.Scale's factor).
+func AllReduce() Hook { return &plain{base: base{name: "allreduce"}, prescale: true} }
 
 // Avg returns the fused averaging hook (the Reducer's default): one
-// all-reduce with comm.Avg in place, so the backend divides by N inside
-// its reduction pass (inproc while the data is in cache, NCCL with
-// ncclAvg) instead of in a separate pass over the bucket. Its result is
-// the rounded sum divided by N, which differs from AllReduce's sum of
-// divided values by at most one rounding per element; for N a power of two
-// the two agree exactly unless a value is subnormal or the sum overflows.
-// It needs no scratch.
-func Avg() Hook { return &plain{name: "avg"} }
+// all-reduce with comm.Avg in place, so the backend averages inside its
+// reduction pass (inproc and NCCL multiply each contribution by 1/N as
+// they sum it) instead of in a separate pass over the bucket. On a backend
+// whose Avg is not native (comm.Caps.NativeAvg false: MPI has no MPI_AVG)
+// it does what AllReduce does: scale by 1/N, then Sum (a float64 bucket
+// keeps comm.Avg, as in AllReduce). It needs no scratch.
+func Avg() Hook { return &plain{base: base{name: "avg"}} }
 
 // plain is the uncompressed hook: AllReduce with prescale, Avg without.
 type plain struct {
-	name     string
+	base
 	prescale bool
 	mu       sync.Mutex // Setup and Close: a value shared by mistake fails cleanly
-	c        comm.Communicator
-	max      int
-	closed   bool
+	op       comm.Op
+	n        int
 }
 
-func (h *plain) Name() string { return h.name }
+func (h *plain) Name() string                { return h.name }
+func (h *plain) Scratch(int, comm.DType) int { return 0 }
+func (h *plain) Finish(b *Bucket) error {
+	return h.check("Finish", b, h.Wire(b.Buf.DType), 0)
+}
 
-func (h *plain) Setup(c comm.Communicator, _ *allocator.Pool, counts []int) error {
+// Wire is the bucket's own dtype, for every floating-point dtype.
+func (h *plain) Wire(dt comm.DType) comm.DType {
+	if dt.IsFloat() {
+		return dt
+	}
+	return 0
+}
+func (h *plain) Setup(c comm.Communicator, k comm.Kernels) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.c != nil && h.c != c {
-		return fmt.Errorf("%w: %s hook set up on rank %d, then given rank %d's communicator", ErrShared, h.Name(), h.c.Rank(), c.Rank())
+	if err := h.setup(c, k); err != nil {
+		return err
 	}
-	h.c, h.max, h.closed = c, maxCount(counts), false
+	h.n = c.Size()
+	h.op = comm.Avg
+	if h.prescale || !comm.CapsOf(c).NativeAvg {
+		h.op = comm.Sum
+	}
 	return nil
 }
 
-func (h *plain) Reduce(ctx context.Context, c comm.Communicator, b *Bucket) error {
-	if err := check(h.Name(), h.c, h.closed, h.max, c, b); err != nil {
-		return err
+func (h *plain) Launch(b *Bucket) (comm.Work, error) {
+	if err := h.check("Launch", b, h.Wire(b.Buf.DType), 0); err != nil {
+		return comm.Work{}, err
 	}
-	t := &b.Times
-	*t = Times{}
-	t.CompressStart = since(b.Start)
-	op := comm.Avg
-	if h.prescale {
-		op = comm.Sum
-		if n := c.Size(); n > 1 {
-			Scale(b.Buf.AsFloat32(), 1/float32(n))
-		}
+	b.WireBytes = int64(b.Buf.Bytes())
+	if b.Buf.DType == comm.Float64 {
+		return h.c.AllReduce(b.Buf, b.Buf, comm.Avg), nil
 	}
-	t.CompressEnd = since(b.Start)
-	t.CollectiveStart = t.CompressEnd
-	err := c.AllReduce(b.Buf, b.Buf, op).Wait(ctx)
-	t.CollectiveEnd = since(b.Start)
-	t.DecompressEnd = t.CollectiveEnd
-	t.WireBytes = int64(b.Buf.Bytes())
-	if err != nil {
-		return fmt.Errorf("hooks: %s of bucket %d (%d elements): %w", h.Name(), b.Index, b.Buf.Count, err)
+	if h.op == comm.Sum && h.n > 1 {
+		h.k.Scale(b.Buf, 1/float32(h.n))
 	}
-	return nil
+	return h.c.AllReduce(b.Buf, b.Buf, h.op), nil
 }
 
 func (h *plain) Close() error {
@@ -79,46 +80,4 @@ func (h *plain) Close() error {
 	defer h.mu.Unlock()
 	h.closed = true
 	return nil
-}
-
-// check validates a Reduce call against the hook's setup.
-func check(name string, hc comm.Communicator, closed bool, max int, c comm.Communicator, b *Bucket) error {
-	switch {
-	case hc == nil || closed:
-		return fmt.Errorf("%w: %s Reduce of bucket %d", ErrNotSetup, name, b.Index)
-	case hc != c:
-		return fmt.Errorf("%w: %s hook set up on rank %d, Reduce called with rank %d's communicator", ErrShared, name, hc.Rank(), c.Rank())
-	case b.Buf.DType != comm.Float32:
-		return fmt.Errorf("%w: bucket %d is %s", ErrDType, b.Index, b.Buf.DType)
-	case b.Buf.Count > max:
-		return fmt.Errorf("%w: bucket %d has %d elements, Setup's largest was %d", ErrTooLarge, b.Index, b.Buf.Count, max)
-	}
-	return nil
-}
-
-func maxCount(counts []int) int {
-	m := 0
-	for _, n := range counts {
-		m = max(m, n)
-	}
-	return m
-}
-
-// Scale multiplies every element of v by s in place.
-func Scale(v []float32, s float32) {
-	i := 0
-	for ; i+8 <= len(v); i += 8 {
-		w := v[i : i+8 : i+8]
-		w[0] *= s
-		w[1] *= s
-		w[2] *= s
-		w[3] *= s
-		w[4] *= s
-		w[5] *= s
-		w[6] *= s
-		w[7] *= s
-	}
-	for ; i < len(v); i++ {
-		v[i] *= s
-	}
 }

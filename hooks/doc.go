@@ -1,41 +1,71 @@
 // Package hooks decides how one bucket of gradients is reduced across
 // ranks: PyTorch DDP's communication hooks.
 //
-// A Hook receives a bucket of float32 gradients (a comm.Buffer over CommPool
-// memory) and must leave it holding the average over all ranks. Three hooks
-// are built in, and one more for speed:
+// A Hook receives a bucket of gradients of one floating-point dtype (a
+// comm.Buffer over CommPool memory, host or device) and must leave it
+// holding the average over all ranks. Four hooks are built in (ByName
+// finds them by name):
 //
+//   - Avg (the Reducer's default): one all-reduce with comm.Avg, which the
+//     backend computes inside its reduction pass as a pre-multiplied sum;
+//     where Avg is not native (comm.Caps), scale by 1/N then Sum.
 //   - AllReduce: divide by the group size N in float32, then all-reduce with
 //     Sum in place (PyTorch's allreduce_hook). No scratch.
-//   - Avg: one all-reduce with comm.Avg, so the backend divides inside its
-//     reduction pass instead of in a separate pass over the bucket (the
-//     rounded sum divided by N; unlike AllReduce the sum may overflow).
 //   - FP16: scale by 1/N in float32 and round once to IEEE binary16 into
 //     scratch, all-reduce the scratch with Sum in float16, convert the sum
 //     back into the bucket (fp16_compress_hook). Half the bytes on the wire.
 //   - BF16: the same with bfloat16 (bf16_compress_hook).
 //
-// # Memory and goroutines
+// # Dtypes
 //
-// A Hook value belongs to one rank. Setup is told the element count of
-// every bucket and takes scratch from the pool once, sized for the largest
-// bucket; Reduce reuses it and allocates nothing on the Go heap. The Reducer
-// calls Reduce from the rank's communication goroutine, one bucket at a
-// time, so the training goroutine never waits for the network.
+// What each hook does with a bucket of each dtype (Hook.Wire reports the
+// wire dtype, 0 where a hook refuses the dtype):
 //
-// # Statistics
+//	bucket     Avg, AllReduce                FP16, BF16
+//	float32    as above                      compressed to 16 bits as above
+//	float64    comm.Avg in float64           refused (ErrDType)
+//	float16    as above, in float16          reduced as AllReduce does, in float16
+//	bfloat16   as above, in bfloat16         reduced as AllReduce does, in bfloat16
 //
-// Reduce records its phases in Bucket.Times as offsets from Bucket.Start:
-// compress (scaling and conversion), collective, decompress, the payload
-// bytes handed to the collective, and, for FP16 and BF16, Overflows: the
-// elements whose reduced value is Inf or NaN although this rank's float32
-// gradient was finite. That counts this rank's conversion overflows (a
-// value beyond 65504 after scaling becomes ±Inf and makes the sum
-// non-finite), overflows of the half-precision sum, and non-finite values
-// contributed by other ranks. The common case (no non-finite value) costs
-// one word-wise scan of the reduced half-precision buffer. A non-zero
-// count means the gradients need scaling down before compression (or
-// BF16).
+// A float64 bucket is always all-reduced with comm.Avg, which every
+// backend computes in float64: scaling it first would multiply it by 1/N
+// rounded to float32, comm.Kernels.Scale's factor. FP16 and BF16 refuse
+// float64 rather than round a gradient the model keeps in float64 to 16
+// bits; a half-precision bucket is already as narrow as their wire, so
+// they reduce it in place in its own dtype, with no scratch. Overflows are
+// counted for compressed (float32) buckets only.
+//
+// # Two phases
+//
+// A hook works in two phases so that several buckets can be on the wire at
+// once: Launch compresses and issues the collective and returns its Work
+// at once; Finish decompresses once that Work has completed. The Reducer
+// runs Launch on one goroutine, in bucket order, and Finish on another, and
+// keeps a window of buckets between the two (ddp.Options.MaxInFlight). It
+// also times the phases itself. A custom hook (see the Example) implements
+// the same interface; it must issue its collectives in Launch only.
+//
+// # Memory
+//
+// A Hook value belongs to one rank and is bound to its communicator and
+// kernels once, by Setup. Scratch memory is the Reducer's: a hook says how
+// much it needs per bucket (Scratch) and finds it in Bucket.Scratch, which
+// no other bucket in flight shares and which is not returned to the pool
+// while its collective may still write it. A hook touches bucket memory
+// only through comm.Kernels (package fp16's SIMD kernels on the host, a
+// backend's kernels on a device), never through Go slices, and allocates
+// nothing on the Go heap per bucket.
+//
+// # Overflows
+//
+// FP16 and BF16 count, in Bucket.Overflows, the elements whose reduced
+// value is Inf or NaN although this rank's float32 gradient was finite.
+// That counts this rank's conversion overflows (a value beyond 65504 after
+// scaling becomes ±Inf and makes the sum non-finite), overflows of the
+// half-precision sum, and non-finite values contributed by other ranks.
+// The common case (no non-finite value) costs one word-wise scan of the
+// reduced half-precision buffer. A non-zero count means the gradients need
+// scaling down before compression (or BF16).
 //
 // # Accuracy
 //
@@ -48,8 +78,9 @@
 // where η is half the wire type's smallest subnormal (2^-25 for float16,
 // 2^-134 for bfloat16, 2^-150 for float32): one rounding of g·(1/N) with
 // 1/N itself rounded, one conversion to the wire type, and at most N-1
-// roundings in the sum whatever order the backend adds in. Avg rounds in
-// the other order (N-1 roundings in the sum, then one in the division by
-// N) and stays within the same bound; for N a power of two it gives
-// AllReduce's bits exactly. The tests assert these on random gradients.
+// roundings in the sum whatever order the backend adds in. Avg rounds as
+// AllReduce does where the backend pre-multiplies, and in the other order
+// (N-1 roundings in the sum, then one in the division by N) where it sums
+// first; either way it stays within the same bound. The tests assert these
+// on random gradients.
 package hooks

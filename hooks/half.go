@@ -1,173 +1,121 @@
 package hooks
 
 import (
-	"context"
-	"fmt"
 	"sync"
-	"unsafe"
 
-	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
-	"github.com/ddpgo/ddpgo/fp16"
 )
 
 // FP16 returns the half-precision compression hook, PyTorch's
-// fp16_compress_hook: scale the float32 bucket by 1/N and round once to
-// IEEE binary16 into scratch memory, all-reduce the scratch with Sum in
-// float16, and convert the sum back into the float32 bucket. It halves the
-// bytes on the wire. Values whose magnitude after scaling exceeds 65504
-// become ±Inf; Times.Overflows counts them (see Times).
-func FP16() Hook {
-	return &half{
-		name: "fp16", wire: comm.Float16, exp: 0x7c00,
-		compress: fp16.ScaleToHalf, decompress: fp16.HalfToFloat32,
-	}
-}
+// fp16_compress_hook done more accurately: scale the float32 bucket by 1/N
+// and round once to IEEE binary16 into scratch memory, all-reduce the
+// scratch with Sum in float16, and convert the sum back into the float32
+// bucket. (PyTorch converts first and divides in float16, rounding twice.)
+// It halves the bytes on the wire. Values whose magnitude after scaling
+// exceeds 65504 become ±Inf; Bucket.Overflows counts them.
+//
+// FP16 and BF16 compress float32 buckets. A float16 or bfloat16 bucket is
+// already as narrow as the wire, so it is reduced in its own dtype as
+// AllReduce reduces it (divided by N, then summed in place), with no
+// scratch and no overflow count. A float64 bucket is refused (Wire returns
+// 0, and the Reducer refuses the parameter when it is built): rounding a
+// gradient the model keeps in float64 to 16 bits would throw away what it
+// asked float64 for; reduce such models with Avg or AllReduce.
+func FP16() Hook { return &half{base: base{name: "fp16"}, wire: comm.Float16} }
 
 // BF16 returns the bfloat16 compression hook, PyTorch's bf16_compress_hook:
 // like FP16 with bfloat16 on the wire, which keeps float32's range (so
 // overflow is practically impossible) with 8 bits of precision.
-func BF16() Hook {
-	return &half{
-		name: "bf16", wire: comm.BFloat16, exp: 0x7f80,
-		compress: fp16.ScaleToBFloat16, decompress: fp16.BFloat16ToFloat32,
-	}
-}
+func BF16() Hook { return &half{base: base{name: "bf16"}, wire: comm.BFloat16} }
 
 type half struct {
-	name       string
-	wire       comm.DType
-	exp        uint16 // exponent mask: all ones means Inf or NaN
-	compress   func(dst []uint16, src []float32, scale float32)
-	decompress func(dst []float32, src []uint16)
-
-	mu      sync.Mutex // Setup and Close: a value shared by mistake fails cleanly
-	c       comm.Communicator
-	pool    *allocator.Pool
-	scratch allocator.Block
-	max     int // elements the scratch holds
-	have    bool
-	closed  bool
+	base
+	wire  comm.DType
+	mu    sync.Mutex // Setup and Close: a value shared by mistake fails cleanly
+	scale float32
 }
 
 func (h *half) Name() string { return h.name }
 
-func (h *half) Setup(c comm.Communicator, pool *allocator.Pool, counts []int) error {
+func (h *half) Wire(dt comm.DType) comm.DType {
+	switch dt {
+	case comm.Float32:
+		return h.wire
+	case comm.Float16, comm.BFloat16:
+		return dt
+	}
+	return 0
+}
+
+func (h *half) Scratch(count int, dt comm.DType) int {
+	if dt != comm.Float32 {
+		return 0
+	}
+	return count * h.wire.Size()
+}
+
+func (h *half) Setup(c comm.Communicator, k comm.Kernels) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.c != nil && h.c != c {
-		return fmt.Errorf("%w: %s hook set up on rank %d, then given rank %d's communicator", ErrShared, h.name, h.c.Rank(), c.Rank())
-	}
-	if pool == nil {
-		return fmt.Errorf("hooks: %s hook needs a pool for its scratch", h.name)
-	}
-	need := maxCount(counts)
-	if h.have && (need > h.max || pool != h.pool) {
-		if err := h.pool.Put(h.scratch); err != nil {
-			return fmt.Errorf("hooks: %s hook returning its scratch: %w", h.name, err)
-		}
-		h.have = false
-	}
-	if !h.have {
-		blk, err := pool.Get(max(need, 1) * 2)
-		if err != nil {
-			return fmt.Errorf("hooks: %s hook scratch for %d elements: %w", h.name, need, err)
-		}
-		h.scratch, h.have, h.max, h.pool = blk, true, need, pool
-	}
-	h.c, h.closed = c, false
-	return nil
-}
-
-func (h *half) Reduce(ctx context.Context, c comm.Communicator, b *Bucket) error {
-	if err := check(h.name, h.c, h.closed || !h.have, h.max, c, b); err != nil {
+	if err := h.setup(c, k); err != nil {
 		return err
 	}
-	t := &b.Times
-	*t = Times{}
-	n := b.Buf.Count
-	buf := b.Buf.AsFloat32()
-	s := h.scratch.Uint16s()[:n]
-
-	t.CompressStart = since(b.Start)
-	h.compress(s, buf, 1/float32(c.Size()))
-	t.CompressEnd = since(b.Start)
-
-	t.CollectiveStart = t.CompressEnd
-	wb := comm.HostBuffer(h.scratch.Addr(), n, h.wire)
-	err := c.AllReduce(wb, wb, comm.Sum).Wait(ctx)
-	t.CollectiveEnd = since(b.Start)
-	t.WireBytes = int64(n * h.wire.Size())
-	if err != nil {
-		t.DecompressEnd = t.CollectiveEnd
-		return fmt.Errorf("hooks: %s of bucket %d (%d elements): %w", h.name, b.Index, n, err)
-	}
-	// buf still holds this rank's float32 input: count the elements whose
-	// sum is Inf or NaN although the input was finite. A rank's own
-	// conversion overflow makes the sum non-finite, so this counts it, the
-	// overflows of other ranks' conversions and those of the sum itself.
-	// The common case (nothing non-finite) costs one word-wise scan.
-	if anyNonfinite(s, h.exp) {
-		t.Overflows = overflows(s, buf, h.exp)
-	}
-	h.decompress(buf, s)
-	t.DecompressEnd = since(b.Start)
+	h.scale = 1 / float32(c.Size())
 	return nil
 }
 
-// anyNonfinite reports whether some element of s has an all-ones exponent
-// (Inf or NaN) under mask exp, four elements per 64-bit word.
-func anyNonfinite(s []uint16, exp uint16) bool {
-	const ones, highs = 0x0001_0001_0001_0001, 0x8000_8000_8000_8000
-	m := uint64(exp) * ones
-	nw := len(s) / 4
-	if nw > 0 {
-		words := unsafe.Slice((*uint64)(unsafe.Pointer(unsafe.SliceData(s))), nw)
-		var acc uint64
-		for _, w := range words {
-			// A lane of t is zero exactly where the exponent is all ones;
-			// (t - ones) &^ t has a lane's high bit set if some lane is zero.
-			t := w&m ^ m
-			acc |= (t - ones) &^ t
-		}
-		if acc&highs != 0 {
-			return true
-		}
+// wireBuf is the bucket's scratch seen as its wire dtype.
+func (h *half) wireBuf(b *Bucket) comm.Buffer {
+	w := b.Scratch
+	w.DType, w.Count = h.wire, b.Buf.Count
+	if w.Count == 0 {
+		w.Addr = nil
 	}
-	for _, v := range s[nw*4:] {
-		if v&exp == exp {
-			return true
-		}
-	}
-	return false
+	return w
 }
 
-// overflows counts the elements of s that are Inf or NaN where in is
-// finite.
-func overflows(s []uint16, in []float32, exp uint16) int64 {
-	var n int64
-	for i, v := range s {
-		if v&exp == exp && !isInf(in[i]) && in[i] == in[i] {
-			n++
-		}
+func (h *half) Launch(b *Bucket) (comm.Work, error) {
+	dt := b.Buf.DType
+	if err := h.check("Launch", b, h.Wire(dt), h.Scratch(b.Buf.Count, dt)); err != nil {
+		return comm.Work{}, err
 	}
-	return n
+	if dt != comm.Float32 { // already half width: reduce in place
+		if h.scale != 1 {
+			h.k.Scale(b.Buf, h.scale)
+		}
+		b.WireBytes = int64(b.Buf.Bytes())
+		return h.c.AllReduce(b.Buf, b.Buf, comm.Sum), nil
+	}
+	w := h.wireBuf(b)
+	h.k.Compress(w, b.Buf, h.scale)
+	b.WireBytes = int64(w.Bytes())
+	return h.c.AllReduce(w, w, comm.Sum), nil
 }
 
-func isInf(f float32) bool { return f > maxFloat32 || f < -maxFloat32 }
-
-const maxFloat32 = 3.40282346638528859811704183484516925440e+38
+func (h *half) Finish(b *Bucket) error {
+	dt := b.Buf.DType
+	if err := h.check("Finish", b, h.Wire(dt), h.Scratch(b.Buf.Count, dt)); err != nil {
+		return err
+	}
+	if dt != comm.Float32 {
+		b.Overflows = 0
+		return nil
+	}
+	w := h.wireBuf(b)
+	// b.Buf still holds this rank's float32 input: count the elements
+	// whose sum is Inf or NaN although the input was finite. A rank's own
+	// conversion overflow makes the sum non-finite, so this counts it,
+	// the overflows of other ranks' conversions and those of the sum
+	// itself. The common case (nothing non-finite) costs one word-wise
+	// scan of the half-precision sum.
+	b.Overflows = h.k.Overflows(w, b.Buf)
+	h.k.Decompress(b.Buf, w)
+	return nil
+}
 
 func (h *half) Close() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.closed = true
-	if !h.have {
-		return nil
-	}
-	h.have = false
-	if err := h.pool.Put(h.scratch); err != nil {
-		return fmt.Errorf("hooks: %s hook returning its scratch: %w", h.name, err)
-	}
 	return nil
 }

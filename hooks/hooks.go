@@ -1,76 +1,160 @@
 package hooks
 
 import (
-	"context"
 	"errors"
-	"time"
+	"fmt"
+	"sort"
+	"strings"
 
-	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
 )
 
-// Hook reduces one bucket of float32 gradients so that, on every rank, the
-// bucket ends holding the average over ranks.
+// Hook reduces one bucket of gradients (of one floating-point dtype) so
+// that, on every rank, the bucket ends holding the average over ranks. It works in two phases, so
+// that the Reducer can keep several buckets on the wire at once: Launch
+// prepares the bucket (compresses it, if the hook compresses) and issues
+// its collective, returning the collective's Work without waiting for it;
+// once that Work has completed without error, Finish turns the result into
+// the average in the bucket (decompresses it).
 //
-// A Hook value belongs to one rank: the Reducer calls Setup before the
-// first step and again whenever its bucket layout changes, then Reduce once
-// per bucket per synced step, always from the rank's communication
-// goroutine (never concurrently), and Close once. Every rank of a group
-// must use the same kind of hook, since the hook decides which collectives
-// run.
+// A Hook value belongs to one rank. The Reducer calls Setup once, before
+// any Launch, then, per bucket per synced step, Launch and, after the Work
+// completes, Finish, and Close once. Launch calls come from one goroutine
+// in bucket order and Finish calls from another, in the same order; a
+// Launch may run while the Finish of an earlier bucket runs, on a
+// different Bucket. Launch must not wait for the network, and Finish must
+// not issue collectives: every rank must issue the same collectives in the
+// same order, and only Launch's order is the same on every rank. A hook
+// touches bucket memory only through the Kernels given to Setup, since the
+// memory may be a device's.
+//
+// Every rank of a group must use a hook of the same name, since the hook
+// decides which collectives run.
 type Hook interface {
 	// Name identifies the hook in statistics and errors ("allreduce",
-	// "avg", "fp16", "bf16"). The Reducer compares it across ranks: every
-	// rank must use a hook of the same name.
+	// "avg", "fp16", "bf16"). The Reducer compares it across ranks.
 	Name() string
-	// Setup prepares the hook for buckets of the given element counts on
-	// communicator c: a hook that needs scratch memory takes it from pool
-	// here, sized for the largest bucket, and reuses it in every Reduce.
-	// Setup may be called again with a new layout; it then keeps or
-	// replaces its scratch. It fails with ErrShared if c is not the
-	// communicator of an earlier Setup.
-	Setup(c comm.Communicator, pool *allocator.Pool, counts []int) error
-	// Reduce replaces b.Buf with the average of b.Buf over all ranks of c
-	// and records its phases in b.Times. It returns when b.Buf holds the
-	// result, or with the collective's error, or ctx's.
-	Reduce(ctx context.Context, c comm.Communicator, b *Bucket) error
-	// Close returns the hook's scratch to the pool. It is idempotent.
+	// Wire returns the dtype the hook puts on the wire for a bucket of
+	// dtype dt (Float16 for the fp16 hook's float32 buckets, dt itself for
+	// plain ones), or 0 if the hook does not reduce buckets of dt. The
+	// Reducer asks before it builds anything, and refuses parameters of a
+	// dtype the hook does not reduce; it also labels the statistics with
+	// it.
+	Wire(dt comm.DType) comm.DType
+	// Scratch returns how many bytes of scratch memory the hook needs to
+	// reduce a bucket of count elements of dtype dt (0 for none). The
+	// Reducer provides it from its pool as Bucket.Scratch, one region per
+	// bucket that may be in flight, and never reuses it while a
+	// collective may still write it.
+	Scratch(count int, dt comm.DType) int
+	// Setup binds the hook to a rank's communicator and to the kernels of
+	// the bucket memory. It fails with ErrShared if the hook is already
+	// bound to another communicator.
+	Setup(c comm.Communicator, k comm.Kernels) error
+	// Launch starts reducing b: it prepares b.Buf (and b.Scratch), issues
+	// the collective and returns its Work, setting b.WireBytes. It does not
+	// wait for the collective. An error means nothing was issued.
+	Launch(b *Bucket) (comm.Work, error)
+	// Finish completes b once the Work of its Launch has completed
+	// without error: on return b.Buf holds the average over ranks, and
+	// b.Overflows is set.
+	Finish(b *Bucket) error
+	// Close releases the hook. It is idempotent.
 	Close() error
 }
 
-// Bucket is what a Hook reduces: one bucket of float32 gradients.
+// Bucket is what a Hook reduces: one bucket of gradients.
 type Bucket struct {
 	Index int         // bucket index in the current layout
-	Buf   comm.Buffer // Float32 elements; on return, the average over ranks
-	Start time.Time   // origin of the timestamps in Times (the step's start)
-	Times Times       // filled by Reduce
-}
-
-// Times are the phases of one Reduce, as offsets from Bucket.Start, plus
-// what the collective carried. A phase a hook does not have (AllReduce has
-// no compression) has start == end.
-type Times struct {
-	CompressStart   time.Duration // scaling / conversion to the wire type begins
-	CompressEnd     time.Duration
-	CollectiveStart time.Duration // the collective is issued
-	CollectiveEnd   time.Duration // the collective completed
-	DecompressEnd   time.Duration // the result is back in Buf as float32
-	WireBytes       int64         // payload bytes given to collectives
-	Overflows       int64         // FP16/BF16: elements reduced to Inf/NaN from a finite input (see the package doc)
+	Buf   comm.Buffer // the gradients; after Finish, the average over ranks
+	// Scratch is Hook.Scratch bytes of pool memory (a Uint8 Buffer in
+	// the same Location as Buf), the hook's alone from Launch until
+	// Finish returns (or, if the collective fails, until it has
+	// completed).
+	Scratch   comm.Buffer
+	WireBytes int64 // set by Launch: payload bytes handed to the collective
+	// Overflows is set by Finish for FP16 and BF16 on float32 buckets:
+	// the elements whose reduced value is Inf or NaN although this rank's
+	// float32 gradient was finite (see the package documentation).
+	Overflows int64
 }
 
 // Errors returned by hooks; test with errors.Is.
 var (
-	// ErrNotSetup: Reduce was called before Setup, or after Close.
+	// ErrNotSetup: Launch or Finish was called before Setup, or after
+	// Close.
 	ErrNotSetup = errors.New("hooks: hook is not set up")
 	// ErrShared: one Hook value was given two communicators. Each rank needs
 	// its own hook value.
 	ErrShared = errors.New("hooks: hook used by two communicators")
-	// ErrTooLarge: a bucket has more elements than Setup was told of.
-	ErrTooLarge = errors.New("hooks: bucket larger than the layout given to Setup")
-	// ErrDType: a bucket's buffer is not Float32.
-	ErrDType = errors.New("hooks: bucket is not float32")
+	// ErrScratch: a bucket's scratch is smaller than Scratch asked for.
+	ErrScratch = errors.New("hooks: bucket scratch too small")
+	// ErrDType: a bucket's dtype is one the hook does not reduce (Wire
+	// returns 0 for it).
+	ErrDType = errors.New("hooks: bucket dtype not reduced by this hook")
+	// ErrUnknown: ByName was given a name it does not know.
+	ErrUnknown = errors.New("hooks: unknown hook")
 )
 
-// since returns the time elapsed since start (monotonic clock).
-func since(start time.Time) time.Duration { return time.Since(start) }
+// constructors maps the built-in hooks' names, and the aliases ddpbench
+// accepts, to their constructors.
+var constructors = map[string]func() Hook{
+	"avg":       Avg,
+	"none":      Avg,
+	"allreduce": AllReduce,
+	"fp16":      FP16,
+	"bf16":      BF16,
+}
+
+// ByName returns a new hook of the given name: "avg" (or "none": no
+// compression, the default), "allreduce", "fp16" or "bf16".
+func ByName(name string) (Hook, error) {
+	if f, ok := constructors[name]; ok {
+		return f(), nil
+	}
+	return nil, fmt.Errorf("%w %q (want %s)", ErrUnknown, name, strings.Join(Names(), ", "))
+}
+
+// Names lists the names ByName accepts, sorted.
+func Names() []string {
+	out := make([]string, 0, len(constructors))
+	for n := range constructors {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// base is the state every built-in hook keeps: its communicator and
+// kernels, bound once by Setup.
+type base struct {
+	name   string
+	c      comm.Communicator
+	k      comm.Kernels
+	closed bool
+}
+
+func (b *base) setup(c comm.Communicator, k comm.Kernels) error {
+	switch {
+	case c == nil || k == nil:
+		return fmt.Errorf("hooks: %s Setup with a nil communicator or kernels", b.name)
+	case b.c != nil && b.c != c:
+		return fmt.Errorf("%w: %s hook set up on rank %d, then given rank %d's communicator", ErrShared, b.name, b.c.Rank(), c.Rank())
+	}
+	b.c, b.k, b.closed = c, k, false
+	return nil
+}
+
+// check validates a Launch or Finish call against the hook's setup; wire
+// is the hook's Wire for the bucket's dtype.
+func (b *base) check(op string, bk *Bucket, wire comm.DType, scratch int) error {
+	switch {
+	case b.c == nil || b.closed:
+		return fmt.Errorf("%w: %s %s of bucket %d", ErrNotSetup, b.name, op, bk.Index)
+	case wire == 0:
+		return fmt.Errorf("%w: the %s hook does not reduce bucket %d (%s)", ErrDType, b.name, bk.Index, bk.Buf.DType)
+	case bk.Scratch.Bytes() < scratch:
+		return fmt.Errorf("%w: bucket %d of %d elements needs %d bytes of scratch, has %d", ErrScratch, bk.Index, bk.Buf.Count, scratch, bk.Scratch.Bytes())
+	}
+	return nil
+}

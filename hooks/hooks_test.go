@@ -5,12 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/big"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 
 	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/fp16"
 	"github.com/ddpgo/ddpgo/inproc"
 )
 
@@ -38,8 +41,8 @@ func bound(k kind, n int, S float64) float64 {
 }
 
 // group runs f on every rank of an n-rank in-process group, each with its
-// own pool and hook, the hook set up for counts.
-func group(t *testing.T, n int, k kind, counts []int, f func(rank int, c comm.Communicator, h Hook, pool *allocator.Pool) error) {
+// own pool and hook, the hook set up with the host kernels.
+func group(t *testing.T, n int, k kind, f func(rank int, c comm.Communicator, h Hook, pool *allocator.Pool) error) {
 	t.Helper()
 	cs, err := inproc.NewGroup(n)
 	if err != nil {
@@ -61,7 +64,7 @@ func group(t *testing.T, n int, k kind, counts []int, f func(rank int, c comm.Co
 			}
 			defer pool.Close()
 			h := k.hook()
-			if err := h.Setup(c, pool, counts); err != nil {
+			if err := h.Setup(c, comm.HostKernels()); err != nil {
 				errs[r] = err
 				return
 			}
@@ -104,25 +107,18 @@ func TestAccuracy(t *testing.T) {
 				rng := rand.New(rand.NewPCG(uint64(n), 11))
 				in := randomGrads(rng, n, m)
 				out := make([][]float32, n)
-				group(t, n, k, []int{m, m / 2}, func(rank int, c comm.Communicator, h Hook, pool *allocator.Pool) error {
-					blk, err := pool.Get(m * 4)
+				group(t, n, k, func(rank int, c comm.Communicator, h Hook, pool *allocator.Pool) error {
+					buf, b, err := reduceValues(pool, h, in[rank])
 					if err != nil {
 						return err
 					}
-					defer pool.Put(blk)
-					buf := blk.Float32s()[:m]
-					copy(buf, in[rank])
-					b := &Bucket{Index: 0, Buf: comm.Float32s(buf)}
-					if err := h.Reduce(context.Background(), c, b); err != nil {
-						return err
+					if b.WireBytes != int64(m*k.wire) {
+						return fmt.Errorf("WireBytes %d, want %d", b.WireBytes, m*k.wire)
 					}
-					if b.Times.WireBytes != int64(m*k.wire) {
-						return fmt.Errorf("WireBytes %d, want %d", b.Times.WireBytes, m*k.wire)
+					if b.Overflows != 0 {
+						return fmt.Errorf("%d overflows on small gradients", b.Overflows)
 					}
-					if b.Times.Overflows != 0 {
-						return fmt.Errorf("%d overflows on small gradients", b.Times.Overflows)
-					}
-					out[rank] = append([]float32(nil), buf...)
+					out[rank] = buf
 					return nil
 				})
 				worst := 0.0
@@ -180,77 +176,29 @@ func TestOverflow(t *testing.T) {
 			// element 9 (MaxFloat32 on both) overflows fp16's conversion and
 			// bfloat16's sum.
 			want := map[string][2]int64{"allreduce": {0, 0}, "avg": {0, 0}, "fp16": {3, 4}, "bf16": {1, 2}}[k.name]
-			group(t, 2, k, []int{m}, func(rank int, c comm.Communicator, h Hook, pool *allocator.Pool) error {
-				blk, err := pool.Get(m * 4)
+			group(t, 2, k, func(rank int, c comm.Communicator, h Hook, pool *allocator.Pool) error {
+				in := make([]float32, m)
+				for i := range in {
+					in[i] = 1
+				}
+				if rank == 0 {
+					in[3] = 2e5
+					in[7] = float32(math.Inf(1))
+				}
+				in[5] = 65000
+				in[6] = 70000
+				in[9] = math.MaxFloat32
+				buf, b, err := reduceValues(pool, h, in)
 				if err != nil {
 					return err
 				}
-				defer pool.Put(blk)
-				buf := blk.Float32s()[:m]
-				for i := range buf {
-					buf[i] = 1
-				}
-				if rank == 0 {
-					buf[3] = 2e5
-					buf[7] = float32(math.Inf(1))
-				}
-				buf[5] = 65000
-				buf[6] = 70000
-				buf[9] = math.MaxFloat32
-				b := &Bucket{Buf: comm.Float32s(buf)}
-				if err := h.Reduce(context.Background(), c, b); err != nil {
-					return err
-				}
-				if b.Times.Overflows != want[rank] {
-					return fmt.Errorf("rank %d: %d overflows, want %d (result %v)", rank, b.Times.Overflows, want[rank], buf[:10])
+				if b.Overflows != want[rank] {
+					return fmt.Errorf("rank %d: %d overflows, want %d (result %v)", rank, b.Overflows, want[rank], buf[:10])
 				}
 				return nil
 			})
 		})
 	}
-}
-
-func TestAnyNonfinite(t *testing.T) {
-	for _, exp := range []uint16{0x7c00, 0x7f80} {
-		for n := 0; n <= 13; n++ {
-			for pos := -1; pos < n; pos++ {
-				for _, v := range []uint16{exp, exp | 1, exp | 0x8000, exp ^ 0x0400 | 0x3ff} {
-					s := make([]uint16, n)
-					for i := range s {
-						s[i] = uint16(0x3c00 + i) // finite, exponent not all ones
-					}
-					want := false
-					if pos >= 0 {
-						s[pos] = v
-						want = v&exp == exp
-					}
-					if got := anyNonfinite(s, exp); got != want {
-						t.Fatalf("exp %#x n %d pos %d value %#x: got %v, want %v", exp, n, pos, v, got, want)
-					}
-				}
-			}
-		}
-	}
-}
-
-func FuzzAnyNonfinite(f *testing.F) {
-	f.Add([]byte{0, 0x7c, 1, 2, 3, 4, 5, 6, 7, 8}, false)
-	f.Add([]byte{0x80, 0x7f, 0, 0}, true)
-	f.Fuzz(func(t *testing.T, data []byte, bf bool) {
-		exp := uint16(0x7c00)
-		if bf {
-			exp = 0x7f80
-		}
-		s := make([]uint16, len(data)/2)
-		want := false
-		for i := range s {
-			s[i] = uint16(data[2*i]) | uint16(data[2*i+1])<<8
-			want = want || s[i]&exp == exp
-		}
-		if got := anyNonfinite(s, exp); got != want {
-			t.Fatalf("%x: got %v, want %v", s, got, want)
-		}
-	})
 }
 
 func TestSetupErrors(t *testing.T) {
@@ -267,22 +215,32 @@ func TestSetupErrors(t *testing.T) {
 	defer pool.Close()
 	for _, k := range kinds {
 		h := k.hook()
-		b := &Bucket{Index: 4, Buf: comm.Float32s(make([]float32, 8))}
-		if err := h.Reduce(context.Background(), cs[0], b); !errors.Is(err, ErrNotSetup) {
-			t.Errorf("%s: Reduce before Setup: %v", k.name, err)
+		buf := make([]float32, 8)
+		b := &Bucket{Index: 4, Buf: comm.Float32s(buf)}
+		if _, err := h.Launch(b); !errors.Is(err, ErrNotSetup) {
+			t.Errorf("%s: Launch before Setup: %v", k.name, err)
 		}
-		if err := h.Setup(cs[0], pool, []int{4}); err != nil {
+		if err := h.Setup(cs[0], comm.HostKernels()); err != nil {
 			t.Fatal(err)
 		}
-		if err := h.Setup(cs[1], pool, []int{4}); !errors.Is(err, ErrShared) {
+		if err := h.Setup(cs[1], comm.HostKernels()); !errors.Is(err, ErrShared) {
 			t.Errorf("%s: Setup with a second communicator: %v", k.name, err)
 		}
-		if err := h.Reduce(context.Background(), cs[0], b); !errors.Is(err, ErrTooLarge) {
-			t.Errorf("%s: Reduce of 8 elements after Setup(4): %v", k.name, err)
+		if need := h.Scratch(8, comm.Float32); need > 0 {
+			b.Scratch = comm.Uint8s(make([]uint8, need-1))
+			if _, err := h.Launch(b); !errors.Is(err, ErrScratch) {
+				t.Errorf("%s: Launch with %d bytes of scratch for %d: %v", k.name, need-1, need, err)
+			}
 		}
-		b.Buf = comm.Halves(make([]uint16, 4))
-		if err := h.Reduce(context.Background(), cs[0], b); !errors.Is(err, ErrDType) {
-			t.Errorf("%s: Reduce of a half bucket: %v", k.name, err)
+		b.Buf = comm.Int32s(make([]int32, 4))
+		if _, err := h.Launch(b); !errors.Is(err, ErrDType) {
+			t.Errorf("%s: Launch of an int32 bucket: %v", k.name, err)
+		}
+		if k.wire == 2 {
+			b.Buf = comm.Float64s(make([]float64, 4))
+			if _, err := h.Launch(b); !errors.Is(err, ErrDType) {
+				t.Errorf("%s: Launch of a float64 bucket: %v", k.name, err)
+			}
 		}
 		if err := h.Close(); err != nil {
 			t.Fatal(err)
@@ -290,16 +248,16 @@ func TestSetupErrors(t *testing.T) {
 		if err := h.Close(); err != nil {
 			t.Fatalf("second Close: %v", err)
 		}
-		if st := pool.Stats(); st.InUse != 0 {
-			t.Errorf("%s: %d bytes in use after Close", k.name, st.InUse)
+		b.Buf = comm.Float32s(buf)
+		if err := h.Finish(b); !errors.Is(err, ErrNotSetup) {
+			t.Errorf("%s: Finish after Close: %v", k.name, err)
 		}
 	}
 }
 
-// TestScratchOnceNoAlloc checks that Reduce takes no pool memory and no Go
-// heap memory once set up, and that Setup with a larger layout replaces
-// the scratch.
-func TestScratchOnceNoAlloc(t *testing.T) {
+// TestNoAlloc checks that the two phases allocate nothing on the Go heap
+// and take nothing from the pool once set up.
+func TestNoAlloc(t *testing.T) {
 	cs, err := inproc.NewGroup(1)
 	if err != nil {
 		t.Fatal(err)
@@ -312,48 +270,54 @@ func TestScratchOnceNoAlloc(t *testing.T) {
 	defer pool.Close()
 	for _, k := range kinds {
 		h := k.hook()
-		if err := h.Setup(cs[0], pool, []int{100, 1000}); err != nil {
+		if err := h.Setup(cs[0], comm.HostKernels()); err != nil {
 			t.Fatal(err)
 		}
-		buf := make([]float32, 1000)
-		b := &Bucket{Buf: comm.Float32s(buf)}
+		blk, err := pool.Get(4000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, put, err := newBucket(pool, h, blk.Float32s()[:1000])
+		if err != nil {
+			t.Fatal(err)
+		}
 		gets := pool.Stats().Gets
 		allocs := testing.AllocsPerRun(20, func() {
-			if err := h.Reduce(context.Background(), cs[0], b); err != nil {
+			if err := reduceOnce(h, b); err != nil {
 				t.Fatal(err)
 			}
 		})
 		if allocs != 0 {
-			t.Errorf("%s: %v allocations per Reduce", k.name, allocs)
+			t.Errorf("%s: %v allocations per Launch+Wait+Finish", k.name, allocs)
 		}
 		if g := pool.Stats().Gets; g != gets {
-			t.Errorf("%s: Reduce took %d blocks from the pool", k.name, g-gets)
+			t.Errorf("%s: the phases took %d blocks from the pool", k.name, g-gets)
 		}
-		if err := h.Setup(cs[0], pool, []int{5000}); err != nil {
-			t.Fatal(err)
-		}
-		b.Buf = comm.Float32s(make([]float32, 5000))
-		if err := h.Reduce(context.Background(), cs[0], b); err != nil {
-			t.Fatalf("%s: Reduce after a larger Setup: %v", k.name, err)
-		}
+		put()
+		pool.Put(blk)
 		h.Close()
-		if st := pool.Stats(); st.InUse != 0 {
-			t.Errorf("%s: %d bytes in use after Close", k.name, st.InUse)
-		}
 	}
 }
 
-func TestScale(t *testing.T) {
-	for n := range 20 {
-		v := make([]float32, n)
-		for i := range v {
-			v[i] = float32(i) + 0.5
+// TestByName checks that every name maps to a hook of that name (or, for
+// the alias "none", to Avg) and that an unknown name lists the known ones.
+func TestByName(t *testing.T) {
+	for _, n := range Names() {
+		h, err := ByName(n)
+		if err != nil {
+			t.Fatal(err)
 		}
-		Scale(v, 0.25)
-		for i, x := range v {
-			if x != (float32(i)+0.5)*0.25 {
-				t.Fatalf("n %d: v[%d] = %v", n, i, x)
-			}
+		if want := map[string]string{"none": "avg"}[n]; h.Name() != n && h.Name() != want {
+			t.Errorf("ByName(%q).Name() = %q", n, h.Name())
+		}
+	}
+	if _, err := ByName("int8"); !errors.Is(err, ErrUnknown) || !strings.Contains(err.Error(), "fp16") {
+		t.Errorf("ByName(int8) = %v", err)
+	}
+	for _, k := range kinds {
+		h := k.hook()
+		if got, want := h.Wire(comm.Float32).Size(), k.wire; got != want {
+			t.Errorf("%s: wire dtype of %d bytes, want %d", k.name, got, want)
 		}
 	}
 }
@@ -372,19 +336,10 @@ func TestAvgMatchesAllReduce(t *testing.T) {
 			res := map[string][][]float32{}
 			for _, k := range kinds[:2] { // allreduce, avg
 				out := make([][]float32, n)
-				group(t, n, k, []int{m}, func(rank int, c comm.Communicator, h Hook, pool *allocator.Pool) error {
-					blk, err := pool.Get(m * 4)
-					if err != nil {
-						return err
-					}
-					defer pool.Put(blk)
-					buf := blk.Float32s()[:m]
-					copy(buf, in[rank])
-					if err := h.Reduce(context.Background(), c, &Bucket{Buf: comm.Float32s(buf)}); err != nil {
-						return err
-					}
-					out[rank] = append([]float32(nil), buf...)
-					return nil
+				group(t, n, k, func(rank int, c comm.Communicator, h Hook, pool *allocator.Pool) error {
+					buf, _, err := reduceValues(pool, h, in[rank])
+					out[rank] = buf
+					return err
 				})
 				res[k.name] = out
 			}
@@ -427,7 +382,7 @@ func TestSharedConcurrentSetup(t *testing.T) {
 		errs := make([]error, 2)
 		var wg sync.WaitGroup
 		for r, c := range cs {
-			wg.Go(func() { errs[r] = h.Setup(c, pool, []int{64}) })
+			wg.Go(func() { errs[r] = h.Setup(c, comm.HostKernels()) })
 		}
 		wg.Wait()
 		if (errs[0] == nil) == (errs[1] == nil) {
@@ -454,4 +409,176 @@ func TestSharedConcurrentSetup(t *testing.T) {
 			c.Close()
 		}
 	}
+}
+
+// newBucket returns a bucket over buf with the scratch h needs, from pool,
+// and a function that returns the scratch.
+func newBucket(pool *allocator.Pool, h Hook, buf []float32) (*Bucket, func(), error) {
+	b := &Bucket{Buf: comm.Float32s(buf)}
+	need := h.Scratch(len(buf), comm.Float32)
+	if need == 0 {
+		return b, func() {}, nil
+	}
+	blk, err := pool.Get(need)
+	if err != nil {
+		return nil, nil, err
+	}
+	b.Scratch = comm.HostBuffer(blk.Addr(), need, comm.Uint8)
+	return b, func() { pool.Put(blk) }, nil
+}
+
+// reduceValues reduces a copy of in, in pool memory, through h, and
+// returns the result and the bucket.
+func reduceValues(pool *allocator.Pool, h Hook, in []float32) ([]float32, *Bucket, error) {
+	blk, err := pool.Get(max(4*len(in), 4))
+	if err != nil {
+		return nil, nil, err
+	}
+	defer pool.Put(blk)
+	buf := blk.Float32s()[:len(in)]
+	copy(buf, in)
+	b, put, err := newBucket(pool, h, buf)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer put()
+	if err := reduceOnce(h, b); err != nil {
+		return nil, nil, err
+	}
+	return append([]float32(nil), buf...), b, nil
+}
+
+// reduceOnce runs h's two phases on b as the Reducer does: Launch, wait
+// for the collective, Finish.
+func reduceOnce(h Hook, b *Bucket) error {
+	w, err := h.Launch(b)
+	if err != nil {
+		return err
+	}
+	if err := w.Wait(context.Background()); err != nil {
+		return err
+	}
+	return h.Finish(b)
+}
+
+// TestDTypes reduces float64, float16 and bfloat16 buckets with every hook
+// and checks the per-dtype behaviour the package documents: the plain
+// hooks reduce every floating-point dtype in its own precision (float64
+// through comm.Avg, never a float32 factor), FP16 and BF16 reduce a half
+// bucket in its own dtype and refuse float64. Each element is checked
+// against the exact average of the inputs as the dtype holds them.
+func TestDTypes(t *testing.T) {
+	const m = 1031
+	type dtCase struct {
+		dt     comm.DType
+		u, eta float64 // of dt
+	}
+	dts := []dtCase{{comm.Float64, 0x1p-53, 0}, {comm.Float16, 0x1p-11, 0x1p-25}, {comm.BFloat16, 0x1p-8, 0x1p-134}}
+	for _, k := range kinds {
+		for _, d := range dts {
+			for _, n := range []int{1, 3} {
+				t.Run(fmt.Sprintf("%s/%s/n=%d", k.name, d.dt, n), func(t *testing.T) {
+					h := k.hook()
+					refused := k.wire == 2 && d.dt == comm.Float64
+					if got := h.Wire(d.dt); refused && got != 0 || !refused && got != d.dt {
+						t.Fatalf("Wire(%s) = %v, refused %v", d.dt, got, refused)
+					}
+					if refused {
+						return
+					}
+					rng := rand.New(rand.NewPCG(uint64(n), uint64(d.dt)))
+					in := randomGrads(rng, n, m)
+					exact := make([]float64, m) // inputs as dt holds them
+					S := make([]float64, m)
+					for i := range m {
+						sum := new(big.Float).SetPrec(256)
+						for r := range n {
+							v := holdAs(d.dt, in[r][i])
+							sum.Add(sum, big.NewFloat(v))
+							S[i] += math.Abs(v) / float64(n)
+						}
+						exact[i], _ = sum.Quo(sum, big.NewFloat(float64(n))).Float64()
+					}
+					out := make([][]float64, n)
+					group(t, n, k, func(rank int, c comm.Communicator, h Hook, pool *allocator.Pool) error {
+						if got := h.Scratch(m, d.dt); got != 0 {
+							return fmt.Errorf("Scratch(%d, %s) = %d, want 0", m, d.dt, got)
+						}
+						blk, err := pool.Get(m * d.dt.Size())
+						if err != nil {
+							return err
+						}
+						defer pool.Put(blk)
+						buf := comm.HostBuffer(blk.Addr(), m, d.dt)
+						for i := range m {
+							store(buf, i, in[rank][i])
+						}
+						b := &Bucket{Index: 2, Buf: buf}
+						if err := reduceOnce(h, b); err != nil {
+							return err
+						}
+						if b.WireBytes != int64(m*d.dt.Size()) || b.Overflows != 0 {
+							return fmt.Errorf("WireBytes %d (want %d), Overflows %d", b.WireBytes, m*d.dt.Size(), b.Overflows)
+						}
+						out[rank] = make([]float64, m)
+						for i := range m {
+							out[rank][i] = load(buf, i)
+						}
+						return nil
+					})
+					for i := range m {
+						for r := 1; r < n; r++ {
+							if out[r][i] != out[0][i] {
+								t.Fatalf("elem %d: rank %d has %g, rank 0 %g", i, r, out[r][i], out[0][i])
+							}
+						}
+						a := d.u + 2*0x1p-24 // 1/N and the product rounded in float32
+						if d.dt == comm.Float64 {
+							a = d.u // Avg: one division in float64
+						}
+						gamma := float64(n-1) * d.u / (1 - float64(n-1)*d.u)
+						bound := (a+gamma*(1+a))*S[i] + 2*float64(n)*d.eta
+						// exact[i] is the exact average rounded to float64: allow that
+						// rounding too.
+						bound += math.Abs(exact[i]) * 0x1p-53
+						if diff := math.Abs(out[0][i] - exact[i]); diff > bound {
+							t.Fatalf("elem %d: got %g, exact %g: error %g > bound %g", i, out[0][i], exact[i], diff, bound)
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
+// holdAs returns v as a bucket of dtype dt holds it.
+func holdAs(dt comm.DType, v float32) float64 {
+	switch dt {
+	case comm.Float16:
+		return float64(fp16.ToFloat32(fp16.FromFloat32(v)))
+	case comm.BFloat16:
+		return float64(fp16.BFloat16ToFloat32Scalar(fp16.BFloat16FromFloat32(v)))
+	}
+	return float64(v) * (1 + 0x1p-30) // a float64 value float32 cannot hold
+}
+
+func store(b comm.Buffer, i int, v float32) {
+	switch b.DType {
+	case comm.Float16:
+		b.AsUint16()[i] = fp16.FromFloat32(v)
+	case comm.BFloat16:
+		b.AsUint16()[i] = fp16.BFloat16FromFloat32(v)
+	default:
+		b.AsFloat64()[i] = holdAs(comm.Float64, v)
+	}
+}
+
+func load(b comm.Buffer, i int) float64 {
+	switch b.DType {
+	case comm.Float16:
+		return float64(fp16.ToFloat32(b.AsUint16()[i]))
+	case comm.BFloat16:
+		return float64(fp16.BFloat16ToFloat32Scalar(b.AsUint16()[i]))
+	}
+	return b.AsFloat64()[i]
 }

@@ -1,6 +1,7 @@
 package inproc_test
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/ddpgo/ddpgo/comm"
@@ -21,6 +22,18 @@ func newGroup(t *testing.T, n int) []comm.Communicator {
 	return out
 }
 
+// TestConformance runs the suite with every rank driven from one
+// goroutine.
 func TestConformance(t *testing.T) {
-	commtest.Run(t, newGroup)
+	commtest.Run(t, newGroup, commtest.AbortReachesPeers())
+}
+
+// TestSPMD runs the suite as a backend under mpirun runs it, one rank's
+// side at a time, with a goroutine per rank.
+func TestSPMD(t *testing.T) {
+	for _, n := range []int{1, 2, 3, 4} {
+		t.Run(fmt.Sprintf("%dranks", n), func(t *testing.T) {
+			commtest.RunGoroutines(t, n, newGroup, commtest.AbortReachesPeers(), commtest.Large(1<<20, 3))
+		})
+	}
 }

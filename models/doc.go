@@ -18,7 +18,9 @@
 // (torchvision), "bert-base" and "gpt2-small" (lm_head tied to the token
 // embedding, so not listed). Load accepts a built-in name or a file path.
 //
-// Parse validates everything a benchmark relies on and reports the file
-// and the JSON field at fault, for example
-// `my.json: params[3].shape[1]: dimension 0 is not positive`.
+// Parse validates everything a benchmark relies on and reports the file,
+// the line and the JSON field at fault, for example
+// `my.json:7: params[3].shape[1]: dimension 0 of "fc.weight" is not positive`.
+// Sizes are checked without overflow: no parameter and no manifest may
+// hold more than MaxNumel (2^40) elements.
 package models

@@ -122,15 +122,35 @@ func Parse(file string, data []byte) (*Manifest, error) {
 		return nil, fmt.Errorf("%w: %s: trailing data after the manifest object", ErrInvalid, file)
 	}
 	m.File = file
-	if err := m.validate(); err != nil {
+	if err := m.validate(data); err != nil {
 		return nil, err
 	}
 	return &m, nil
 }
 
-func (m *Manifest) validate() error {
+// MaxNumel bounds the elements of one parameter and of a whole manifest:
+// 2^40, 4 TiB of float32 gradients per rank, beyond any memory a rank can
+// map, and far enough below 2^63 that no sum or byte count of them can
+// overflow.
+const MaxNumel = 1 << 40
+
+// validate checks m, which was decoded from data; an error about a
+// parameter names the line where that parameter starts.
+func (m *Manifest) validate(data []byte) error {
+	var offsets []int64 // of each params element, computed on the first error
 	bad := func(field, format string, args ...any) error {
 		return fmt.Errorf("%w: %s: %s: %s", ErrInvalid, m.File, field, fmt.Sprintf(format, args...))
+	}
+	badParam := func(i int, field, format string, args ...any) error {
+		if offsets == nil {
+			offsets = paramOffsets(data)
+		}
+		where := m.File
+		if i < len(offsets) {
+			line, _ := position(data, offsets[i])
+			where = fmt.Sprintf("%s:%d", m.File, line)
+		}
+		return fmt.Errorf("%w: %s: params[%d]%s: %s", ErrInvalid, where, i, field, fmt.Sprintf(format, args...))
 	}
 	if m.Model == "" {
 		return bad("model", "missing or empty")
@@ -147,29 +167,81 @@ func (m *Manifest) validate() error {
 		return bad("params", "missing or empty")
 	}
 	seen := make(map[string]int, len(m.Params))
+	var total int64
 	for i, p := range m.Params {
 		if p.Name == "" {
-			return bad(fmt.Sprintf("params[%d].name", i), "missing or empty")
+			return badParam(i, ".name", "missing or empty")
 		}
 		if j, dup := seen[p.Name]; dup {
-			return bad(fmt.Sprintf("params[%d].name", i), "%q already used by params[%d]", p.Name, j)
+			return badParam(i, ".name", "%q already used by params[%d]", p.Name, j)
 		}
 		seen[p.Name] = i
 		if p.Shape == nil {
-			return bad(fmt.Sprintf("params[%d].shape", i), "missing (parameter %q)", p.Name)
+			return badParam(i, ".shape", "missing (parameter %q)", p.Name)
 		}
 		n := int64(1)
 		for k, d := range p.Shape {
 			if d <= 0 {
-				return bad(fmt.Sprintf("params[%d].shape[%d]", i, k), "dimension %d of %q is not positive", d, p.Name)
+				return badParam(i, fmt.Sprintf(".shape[%d]", k), "dimension %d of %q is not positive", d, p.Name)
+			}
+			// Compared by division, so that no product wraps around
+			// before it is compared ([2^40, 2^40] would be 0 mod 2^64).
+			if int64(d) > MaxNumel/n {
+				return badParam(i, ".shape", "%v of %q has more than 2^40 elements", p.Shape, p.Name)
 			}
 			n *= int64(d)
-			if n > 1<<40 {
-				return bad(fmt.Sprintf("params[%d].shape", i), "%v of %q has more than 2^40 elements", p.Shape, p.Name)
-			}
+		}
+		if total += n; total > MaxNumel {
+			return badParam(i, ".shape", "%v of %q brings the model to %d elements, more than 2^40 (4 TiB of float32 gradients)",
+				p.Shape, p.Name, total)
 		}
 	}
 	return nil
+}
+
+// paramOffsets returns the byte offset at which each element of the
+// top-level "params" array of data starts, or as many as it finds. data
+// has already decoded, so it is well-formed JSON.
+func paramOffsets(data []byte) []int64 {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil
+	}
+	var offs []int64
+	for dec.More() {
+		key, err := dec.Token()
+		if err != nil {
+			return offs
+		}
+		if key != "params" {
+			var skip json.RawMessage
+			if dec.Decode(&skip) != nil {
+				return offs
+			}
+			continue
+		}
+		if t, err := dec.Token(); err != nil || t != json.Delim('[') {
+			return offs
+		}
+		offs = offs[:0] // a repeated key: the last one is the one decoded
+		for dec.More() {
+			// The element starts after the previous token, a comma and
+			// any white space.
+			off := dec.InputOffset()
+			for off < int64(len(data)) && strings.IndexByte(" \t\r\n,", data[off]) >= 0 {
+				off++
+			}
+			offs = append(offs, off)
+			var skip json.RawMessage
+			if dec.Decode(&skip) != nil {
+				return offs
+			}
+		}
+		if _, err := dec.Token(); err != nil {
+			return offs
+		}
+	}
+	return offs
 }
 
 // decodeError turns a json error into one that names the file, the field

@@ -134,6 +134,15 @@ func TestParseErrors(t *testing.T) {
 		{"zero dim", `{"model":"x","params":[{"name":"w","shape":[4,0]}]}`, []string{"m.json", "params[0].shape[1]", "dimension 0"}},
 		{"negative dim", `{"model":"x","params":[{"name":"w","shape":[-4]}]}`, []string{"m.json", "params[0].shape[0]", "-4"}},
 		{"huge", `{"model":"x","params":[{"name":"w","shape":[1048576,1048576,2]}]}`, []string{"m.json", "params[0].shape", "2^40"}},
+		{"wrapping dims", `{"model":"x","params":[{"name":"w","shape":[1099511627776,1099511627776]}]}`, []string{"m.json:1", "params[0].shape", "2^40"}},
+		{"wrapping dims 3", `{"model":"x","params":[{"name":"w","shape":[4294967296,4294967296,4294967296]}]}`, []string{"params[0].shape", "2^40"}},
+		{"dim beyond int64", `{"model":"x","params":[{"name":"w","shape":[9223372036854775808]}]}`, []string{"m.json:1:", "params.shape", "number 9223372036854775808"}},
+		{"model total", "{\"model\":\"x\",\"params\":[\n{\"name\":\"a\",\"shape\":[1099511627776]},\n  {\"name\":\"b\",\"shape\":[1]}]}",
+			[]string{"m.json:3: params[1].shape", `"b"`, "1099511627777 elements", "more than 2^40"}},
+		{"line of a param", "{\"model\":\"x\",\n \"params\": [\n  {\"name\":\"w\",\"shape\":[1]},\n\n  {\"name\":\"v\",\"shape\":[2, 0]}\n]}",
+			[]string{"m.json:5: params[1].shape[1]", "dimension 0"}},
+		{"line after a skipped key", "{\"source\": \"s\",\n\n\"model\":\"x\",\"params\":\n[{\"name\":\"\",\"shape\":[1]}]}",
+			[]string{"m.json:4: params[0].name", "missing"}},
 		{"trailing", `{"model":"x","params":[{"name":"w","shape":[1]}]} {}`, []string{"m.json", "trailing"}},
 	}
 	for _, tt := range tests {

@@ -49,10 +49,10 @@ step "ddpgo inproc all_reduce, 2 ranks" "go test -run '^\$' -bench 'AllReduce/fl
 go test -run '^$' -bench 'AllReduce/float32/2ranks/(4KiB|64MiB)' -benchtime 300ms -count 10 ./inproc/ > "$out/go_inproc.txt"
 
 go build -o "$work/ddpbench" ./cmd/ddpbench
-step "ddpbench ResNet-50 step, 2 ranks" "ddpbench run --steps 40 --format json"
-"$work/ddpbench" run --steps 40 --format json > "$out/ddpbench_resnet50.json"
-step "ddpbench ResNet-50 step, fp16" "ddpbench run --steps 40 --compression fp16 --format json"
-"$work/ddpbench" run --steps 40 --compression fp16 --format json > "$out/ddpbench_resnet50_fp16.json"
+step "ddpbench ResNet-50 step, 2 ranks" "ddpbench run --steps 40 --compute none --format json"
+"$work/ddpbench" run --steps 40 --compute none --format json > "$out/ddpbench_resnet50.json"
+step "ddpbench ResNet-50 step, fp16" "ddpbench run --steps 40 --compute none --compression fp16 --format json"
+"$work/ddpbench" run --steps 40 --compute none --compression fp16 --format json > "$out/ddpbench_resnet50_fp16.json"
 step "ddpbench ResNet-50 step, compute sleep 10ms" "ddpbench run --steps 40 --compute sleep --compute-time 10ms --format json"
 "$work/ddpbench" run --steps 40 --compute sleep --compute-time 10ms --format json > "$out/ddpbench_resnet50_sleep.json"
 step "ddpbench collective" "ddpbench collective -b 4K -e 256M -f 4"

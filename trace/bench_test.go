@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ddpgo/ddpgo/trace"
+	"github.com/ddpgo/ddpgo/trace/tracetest"
 )
 
 // BenchmarkStep records and writes one step of a 64-bucket rank: per
@@ -50,7 +51,7 @@ func BenchmarkValidate(b *testing.B) {
 	data := buf.Bytes()
 	b.SetBytes(int64(len(data)))
 	for b.Loop() {
-		if _, err := trace.Validate(bytes.NewReader(data)); err != nil {
+		if _, err := tracetest.Validate(bytes.NewReader(data)); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -30,10 +30,6 @@
 // closing bracket, so a closed Writer's output is always one valid JSON
 // object. A Writer is safe for concurrent use.
 //
-// Validate parses a trace and checks its structure: required fields per
-// phase, non-negative durations, no overlapping spans on a lane, every
-// flow start matched by one finish that is not earlier and that falls on
-// a span (so viewers draw the arrow), numeric counters, and a name for
-// every process and lane in use. Rules relaxes the strict checks for
-// traces from other tools.
+// Package trace/tracetest checks a trace's structure (what a viewer needs
+// to draw it), for tests; a program that writes traces does not link it.
 package trace

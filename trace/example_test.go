@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ddpgo/ddpgo/trace"
+	"github.com/ddpgo/ddpgo/trace/tracetest"
 )
 
 // Lanes of one rank, numbered from 1: Perfetto reserves pid 0 and tid 0.
@@ -115,7 +116,7 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
-	sum, err := trace.Validate(&buf)
+	sum, err := tracetest.Validate(&buf)
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -21,7 +21,7 @@ const DefaultMaxEvents = 1 << 20
 
 // ErrInvalid reports an event that breaks the trace format: a negative
 // duration, a flow that ends before it starts, a non-numeric counter, or,
-// from Validate, any structural fault of a parsed trace.
+// from tracetest.Validate, any structural fault of a parsed trace.
 var ErrInvalid = errors.New("trace: invalid")
 
 // ErrClosed reports a call on a closed Writer.
@@ -224,8 +224,8 @@ func (w *Writer) Thread(pid, tid int, name string) {
 }
 
 // Span records a complete event ("X"): name on lane (pid, tid) from start
-// for dur. Spans on one lane should not overlap; Validate reports it if
-// they do. A negative dur is invalid: the span is dropped and the error is
+// for dur. Spans on one lane should not overlap; tracetest.Validate
+// reports it if they do. A negative dur is invalid: the span is dropped and the error is
 // returned by the next EndStep or Close.
 func (w *Writer) Span(pid, tid int, name, cat string, start, dur time.Duration, args ...Arg) {
 	w.mu.Lock()

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ddpgo/ddpgo/trace"
+	"github.com/ddpgo/ddpgo/trace/tracetest"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata golden files")
@@ -74,7 +75,7 @@ func TestRoundTrip(t *testing.T) {
 	if err := writeExampleTrace(w, 3); err != nil {
 		t.Fatal(err)
 	}
-	sum, err := trace.Validate(bytes.NewReader(buf.Bytes()))
+	sum, err := tracetest.Validate(bytes.NewReader(buf.Bytes()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +197,7 @@ func TestStrings(t *testing.T) {
 		if last.Name != want || last.Cat != want || last.Args[want] != want {
 			t.Errorf("%q came back as name %q cat %q args %v", s, last.Name, last.Cat, last.Args)
 		}
-		if _, err := trace.Validate(&buf); err != nil {
+		if _, err := tracetest.Validate(&buf); err != nil {
 			t.Errorf("%q: %v", s, err)
 		}
 	}
@@ -250,7 +251,7 @@ func TestInvalidInput(t *testing.T) {
 			if err := w.Close(); !errors.Is(err, trace.ErrInvalid) {
 				t.Errorf("Close = %v, want the same ErrInvalid", err)
 			}
-			sum, err := trace.Validate(&buf)
+			sum, err := tracetest.Validate(&buf)
 			if err != nil || sum.Phases["X"] != 1 {
 				t.Errorf("Validate = %+v, %v; want the good span only", sum, err)
 			}
@@ -296,7 +297,7 @@ func TestStepBound(t *testing.T) {
 	if !strings.Contains(buf.String(), `"trace_dropped_events":"4"`) {
 		t.Errorf("otherData does not report the drops:\n%s", buf.String())
 	}
-	if _, err := trace.Validate(&buf); err != nil {
+	if _, err := tracetest.Validate(&buf); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -329,7 +330,7 @@ func TestMaxEvents(t *testing.T) {
 	if w.Dropped() != 2 {
 		t.Errorf("dropped %d, want 2", w.Dropped())
 	}
-	sum, err := trace.Validate(&buf)
+	sum, err := tracetest.Validate(&buf)
 	if err != nil || sum.Phases["X"] != 3 || sum.Flows != 0 {
 		t.Errorf("Validate = %+v, %v; want 3 spans and no flow", sum, err)
 	}
@@ -342,7 +343,7 @@ func TestEmpty(t *testing.T) {
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	sum, err := trace.Validate(&buf)
+	sum, err := tracetest.Validate(&buf)
 	if err != nil || sum.Events != 0 {
 		t.Errorf("Validate = %+v, %v", sum, err)
 	}
@@ -408,7 +409,7 @@ func TestConcurrent(t *testing.T) {
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	sum, err := trace.Validate(&buf)
+	sum, err := tracetest.Validate(&buf)
 	if err != nil {
 		t.Fatal(err)
 	}

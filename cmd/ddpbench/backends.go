@@ -14,12 +14,16 @@ type backend struct {
 	built    bool
 	newGroup func(n int) ([]comm.Communicator, error) // nil when not built
 	note     string                                   // why it is not built
+	// sharedMemory: the ranks are goroutines of this process and a
+	// collective moves no bytes over any wire, so compression only costs.
+	sharedMemory bool
+	what         string // how the ranks talk, for the configuration line
 }
 
 // backends lists every backend ddpgo knows, built or not, in the order
 // info prints them.
 var backends = []backend{
-	{name: "inproc", built: true, newGroup: newInprocGroup},
+	{name: "inproc", built: true, newGroup: newInprocGroup, sharedMemory: true, what: "goroutines of this process sharing memory"},
 	{name: "mpi", note: "not built: this release has no MPI backend yet (planned: cgo over Open MPI or MPICH)"},
 	{name: "nccl", note: "not built: this release has no NCCL backend yet (planned: libnccl.so.2 opened at run time; needs a GPU)"},
 }

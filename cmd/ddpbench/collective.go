@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strings"
 	"time"
@@ -21,7 +22,8 @@ func collectiveCommand() *cli.Command {
 			"-a as nccl-tests), algbw = size/time, busbw = algbw x the collective's factor, #wrong =\n" +
 			"elements that differ from the exact result (with -c 1). broadcast is in place in ddpgo's\n" +
 			"contract: its out-of-place column times a copy into the result buffer followed by the\n" +
-			"in-place call. sendrecv has no in-place form.",
+			"in-place call. sendrecv has no in-place form. Ctrl-C ends the sweep after the rows\n" +
+			"printed so far, with the footer marked interrupted.\n\n" + exitRule,
 		Flags: []cli.Flag{
 			stringFlag("op", "allreduce", "collective: allreduce, broadcast, reduce, allgather, reducescatter or sendrecv"),
 			stringFlag("minbytes", "4K", "smallest size (K, M, G suffixes)", "b"),
@@ -32,7 +34,7 @@ func collectiveCommand() *cli.Command {
 			stringFlag("redop", "sum", "reduction: sum, avg, max, min", "o"),
 			intFlag("root", 0, "root rank of broadcast and reduce", "r"),
 			intFlag("iters", 20, "timed iterations per size", "n"),
-			intFlag("warmup", 5, "untimed iterations per size", "w"),
+			intFlag("warmup-iters", 5, "untimed iterations per size (nccl-tests' --warmup_iters; run's --warmup counts steps)", "w"),
 			intFlag("check", 1, "1: verify every result and count wrong elements; 0: don't", "c"),
 			intFlag("average", 1, "time reported from the ranks' times: 0 rank 0, 1 mean, 2 min, 3 max", "a"),
 			intFlag("ranks", 2, "number of ranks"),
@@ -87,7 +89,7 @@ func parseCollective(c *cli.Context) (collectiveOpts, error) {
 	}
 	o.cfg.Root = c.Int("root")
 	o.cfg.Iters = c.Int("iters")
-	o.cfg.Warmup = c.Int("warmup")
+	o.cfg.Warmup = c.Int("warmup-iters")
 	switch c.Int("check") {
 	case 0:
 	case 1:
@@ -102,7 +104,20 @@ func parseCollective(c *cli.Context) (collectiveOpts, error) {
 		return o, usagef("-n/--iters %d: want >= 1", o.cfg.Iters)
 	}
 	if o.cfg.Warmup < 0 {
-		return o, usagef("-w/--warmup %d: want >= 0", o.cfg.Warmup)
+		return o, usagef("-w/--warmup-iters %d: want >= 0", o.cfg.Warmup)
+	}
+	// Sizes and counts: the rows are kept for the footer, and every
+	// count must fit the int32 that MPI and NCCL take.
+	if k := o.cfg.NumSizes(); k > bench.MaxSizes {
+		step := fmt.Sprintf("-f/--stepfactor %d", o.cfg.Factor)
+		if o.cfg.Factor == 1 {
+			step = fmt.Sprintf("-i/--stepbytes %d", o.cfg.Step)
+		}
+		return o, usagef("-b/--minbytes %d to -e/--maxbytes %d by %s: more than %d sizes", o.cfg.MinBytes, o.cfg.MaxBytes, step, bench.MaxSizes)
+	}
+	if count := o.cfg.MaxBytes / int64(o.cfg.DType.Size()); count > math.MaxInt32 {
+		return o, usagef("-e/--maxbytes %d: %d elements of %s, more than a collective's count can hold (%d)",
+			o.cfg.MaxBytes, count, o.cfg.DType, math.MaxInt32)
 	}
 	o.ranks = c.Int("ranks")
 	if o.ranks < 1 || o.ranks > 1024 {
@@ -148,6 +163,9 @@ func minBytes(op bench.Collective, dt comm.DType, ranks int) int64 {
 }
 
 func collectiveAction(c *cli.Context) error {
+	if c.Args().Present() {
+		return unexpectedArg(c, c.Args().First(), "collective takes flags only")
+	}
 	o, err := parseCollective(c)
 	if err != nil {
 		return err
@@ -173,14 +191,19 @@ func collectiveAction(c *cli.Context) error {
 		}
 	})
 	bar.stop()
-	if err != nil {
+	interrupted := err != nil && c.Context.Err() != nil
+	if err != nil && !interrupted {
 		return timeoutHint(err, o.cfg.Timeout)
 	}
 	if werr != nil {
 		return werr
 	}
+	w.interrupted = interrupted
 	if err := w.footer(rows); err != nil {
 		return err
+	}
+	if interrupted {
+		return interruptedError{msg: fmt.Sprintf("interrupted: %d of %d sizes measured", len(rows), len(sizes)), err: err}
 	}
 	if wrong := bench.WrongTotal(rows); wrong > 0 {
 		return fmt.Errorf("%w: %d wrong elements in %d of the %s sweep's tests", bench.ErrWrong, wrong, bench.WrongTests(rows), o.cfg.Op)
@@ -198,6 +221,8 @@ type collectiveWriter struct {
 	header func() error
 	row    func(bench.CollectiveRow) error
 	footer func([]bench.CollectiveRow) error
+	// interrupted marks a sweep cut short: the footer says so.
+	interrupted bool
 }
 
 func newCollectiveWriter(out io.Writer, o collectiveOpts) *collectiveWriter {
@@ -314,6 +339,11 @@ func (w *collectiveWriter) tableFooter(rows []bench.CollectiveRow) error {
 	if !w.o.cfg.Check {
 		check = "(check disabled)"
 	}
+	if w.interrupted {
+		if _, err := fmt.Fprintf(w.out, "# INTERRUPTED after %d of %d sizes: the footer covers those\n", len(rows), len(w.o.cfg.Sizes())); err != nil {
+			return err
+		}
+	}
 	_, err := fmt.Fprintf(w.out, "# Out of bounds values : %d %s\n# Avg bus bandwidth    : %g %s\n#\n",
 		wrong, status, roundTo(bench.AvgBusBW(rows), 5), check)
 	return err
@@ -368,6 +398,7 @@ type collectiveJSON struct {
 	AvgBusBW         float64         `json:"avg_busbw_gbs"`
 	Wrong            int64           `json:"wrong"`        // wrong elements, all rows
 	FailedTests      int             `json:"failed_tests"` // placements with wrong elements ("Out of bounds values")
+	Interrupted      bool            `json:"interrupted"`  // the rows stop at the size Ctrl-C cut short
 }
 
 type collectiveRow struct {
@@ -402,7 +433,7 @@ func (w *collectiveWriter) jsonFooter(rows []bench.CollectiveRow) error {
 	j := collectiveJSON{Op: cfg.Op.String(), Backend: w.o.backend.name, Ranks: w.o.ranks, DType: cfg.DType.String(),
 		RedOp: cfg.RedOp.String(), Iters: cfg.Iters, Warmup: cfg.Warmup, Check: cfg.Check, Average: cfg.Average.NCCLTests(),
 		OutOfPlaceIsCopy: bench.EmulatedOutOfPlace(cfg.Op), AvgBusBW: bench.AvgBusBW(rows), Wrong: bench.WrongTotal(rows), FailedTests: bench.WrongTests(rows),
-		Rows: []collectiveRow{}}
+		Interrupted: w.interrupted, Rows: []collectiveRow{}}
 	for _, r := range rows {
 		j.Rows = append(j.Rows, collectiveRow{Bytes: r.Bytes, Count: r.Count, Root: r.Root, OutOfPlace: timingOut(r.OutOfPlace), InPlace: timingOut(r.InPlace)})
 	}

@@ -19,7 +19,7 @@ func infoCommand() *cli.Command {
 		Flags: []cli.Flag{formatFlag("output: table, json or csv (key,value rows)")},
 		Action: func(c *cli.Context) error {
 			if c.Args().Present() {
-				return usagef("info: unexpected argument %q", c.Args().First())
+				return unexpectedArg(c, c.Args().First(), "info takes flags only")
 			}
 			format, err := parseFormat(c.String("format"))
 			if err != nil {

@@ -7,6 +7,14 @@
 // DDPBENCH_ followed by the flag's name in upper case with dashes as
 // underscores (--bucket-cap-mb: DDPBENCH_BUCKET_CAP_MB). A flag given on
 // the command line wins over the variable.
+//
+// The exit status follows one rule (exitRule, printed by --help): 0 when
+// the benchmark ran and its results are right; 1 when it ran and failed
+// (wrong results, a timeout, a backend error, an output that could not be
+// written); 2 when it did not run because its input is invalid (a flag,
+// a DDPBENCH_ variable, a manifest file, an output path, more memory than
+// the machine has); 130 when it was interrupted, after printing what it
+// had measured.
 package main
 
 import (
@@ -17,6 +25,7 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -48,7 +57,12 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 func runMainContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err := newApp(stdout, stderr).RunContext(ctx, args); err != nil {
 		if ctx.Err() != nil {
-			fmt.Fprintf(stderr, "ddpbench: interrupted\n")
+			var in interruptedError
+			if errors.As(err, &in) {
+				fmt.Fprintf(stderr, "ddpbench: %s\n", in.msg)
+			} else {
+				fmt.Fprintf(stderr, "ddpbench: interrupted\n")
+			}
 			return 130
 		}
 		msg := oneLine(err)
@@ -97,8 +111,9 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Name:      "ddpbench",
 		Usage:     "benchmark ddpgo's data-parallel reducer and collectives",
 		UsageText: "ddpbench [run flags]\nddpbench command [flags]",
-		Description: "Without a command, ddpbench runs `run` (ResNet-50 gradients, 2 in-process ranks).\n" +
-			"Every flag is also read from DDPBENCH_<FLAG> (upper case, dashes as underscores).",
+		Description: "Without a command, ddpbench runs `run` (ResNet-50 gradients, 2 in-process ranks,\n" +
+			"20 ms of simulated backward per step).\n" +
+			"Every flag is also read from DDPBENCH_<FLAG> (upper case, dashes as underscores).\n\n" + exitRule,
 		Writer:         stdout,
 		ErrWriter:      stderr,
 		Flags:          runFlags(),
@@ -119,13 +134,80 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 	return app
 }
 
-// usageError is a bad command line: exit status 2.
+// exitRule is the exit status rule, as --help prints it.
+const exitRule = `Exit status: 0 the benchmark ran and its results are right; 1 it ran and failed
+(wrong results, a timeout, a backend error, an output it could not write); 2 it did not
+run because its input is invalid (a flag, a DDPBENCH_ variable, a manifest file, an
+output path, more memory than the machine has); 130 interrupted (Ctrl-C), after printing
+what was measured so far.`
+
+// usageError is invalid input, found before anything ran: exit status 2.
 type usageError struct{ err error }
 
 func (u usageError) Error() string { return u.err.Error() }
 func (u usageError) Unwrap() error { return u.err }
 
-func onUsageError(_ *cli.Context, err error, _ bool) error { return usageError{err} }
+// interruptedError ends a run cut short by the context after its partial
+// results were printed: exit status 130, msg on stderr.
+type interruptedError struct {
+	msg string
+	err error
+}
+
+func (e interruptedError) Error() string { return e.msg }
+func (e interruptedError) Unwrap() error { return e.err }
+
+// onUsageError rewrites the flag package's messages, which name every
+// flag with one dash and never say where the flags are listed.
+func onUsageError(c *cli.Context, err error, _ bool) error {
+	help := "ddpbench --help"
+	if c != nil && c.Command != nil && c.Command.Name != "" && c.App != nil && c.Command.Name != c.App.Name {
+		help = "ddpbench " + c.Command.Name + " --help"
+	}
+	msg := err.Error()
+	if m := unknownFlag.FindStringSubmatch(msg); m != nil {
+		return usageError{fmt.Errorf("unknown flag %s (%s lists the flags)", dashes(m[1]), help)}
+	}
+	if m := needsValue.FindStringSubmatch(msg); m != nil {
+		return usageError{fmt.Errorf("%s needs a value (%s)", dashes(m[1]), help)}
+	}
+	if m := badValue.FindStringSubmatch(msg); m != nil {
+		return usageError{fmt.Errorf("%s %s: not a valid %svalue (%s)", dashes(m[3]), m[2], m[1], help)}
+	}
+	return usageError{err}
+}
+
+// The flag package's messages that onUsageError rewrites.
+var (
+	unknownFlag = regexp.MustCompile(`^flag provided but not defined: -+(\S+)$`)
+	needsValue  = regexp.MustCompile(`^flag needs an argument: -+(\S+)$`)
+	badValue    = regexp.MustCompile(`^invalid (boolean )?value ("[^"]*") for (?:flag )?-+([A-Za-z0-9-]+): .*$`)
+)
+
+// dashes spells a flag name as a user types it: -b, --ranks.
+func dashes(name string) string {
+	if len(name) == 1 {
+		return "-" + name
+	}
+	return "--" + name
+}
+
+// unexpectedArg is the error for a stray argument. The likeliest cause of
+// "false" or "true" is a boolean flag given its value after a space,
+// which the flag package does not accept: say so.
+func unexpectedArg(c *cli.Context, arg, where string) error {
+	if _, err := strconv.ParseBool(arg); err == nil {
+		flag := "--FLAG"
+		for _, f := range c.Command.Flags {
+			if b, ok := f.(*cli.BoolFlag); ok && c.IsSet(b.Name) {
+				flag = "--" + b.Name
+				break
+			}
+		}
+		return usagef("unexpected argument %q: a boolean flag takes its value after =, as %s=%s", arg, flag, arg)
+	}
+	return usagef("unexpected argument %q (%s)", arg, where)
+}
 
 // usagef returns a usageError for a flag value that parsed but is invalid.
 func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }

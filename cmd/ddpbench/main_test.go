@@ -11,12 +11,15 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/ddpgo/ddpgo/bench"
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/models"
 	"github.com/google/uuid"
 	"github.com/urfave/cli/v2"
 )
@@ -46,35 +49,60 @@ func TestErrors(t *testing.T) {
 	badJSON := writeFile(t, "bad.json", `{"model":"x","params":[{"name":"w","shape":[4,0]}]}`)
 	half := writeFile(t, "half.json", `{"model":"h","dtype":"float16","params":[{"name":"w","shape":[4]}]}`)
 	syntax := writeFile(t, "syntax.json", "{\n\"model\": \"x\",\n\"params\": [,]}")
+	huge := writeFile(t, "huge.json", "{\"model\":\"x\",\"params\":[\n{\"name\":\"a\",\"shape\":[1048576,1048576]},\n{\"name\":\"b\",\"shape\":[2]}]}")
 	dir := t.TempDir()
 	missingDir := filepath.Join(dir, "missing", "t.json")
+	missingSVG := filepath.Join(dir, "missing", "t.svg")
 	tests := []struct {
 		args []string
 		code int
 		want []string
 	}{
-		{[]string{"--bogus"}, 2, []string{"bogus"}},
+		{[]string{"--bogus"}, 2, []string{"unknown flag --bogus (ddpbench --help lists the flags)"}},
+		{[]string{"run", "--bogus"}, 2, []string{"unknown flag --bogus (ddpbench run --help lists the flags)"}},
+		{[]string{"collective", "-x"}, 2, []string{"unknown flag -x (ddpbench collective --help lists the flags)"}},
+		{[]string{"run", "--ranks"}, 2, []string{"--ranks needs a value (ddpbench run --help)"}},
+		{[]string{"run", "--grad-as-bucket-view", "false"}, 2, []string{`unexpected argument "false"`, "--grad-as-bucket-view=false"}},
+		{[]string{"run", "--zero-grad", "true"}, 2, []string{"--zero-grad=true"}},
+		{[]string{"run", "--grad-as-bucket-view=maybe"}, 2, []string{`--grad-as-bucket-view "maybe": not a valid boolean value`}},
+		{[]string{"sweep", "--bucket-cap-mb", "5"}, 2, []string{"unknown flag --bucket-cap-mb (ddpbench sweep --help"}},
+		{[]string{"sweep", "--plot", "x.png"}, 2, []string{`--plot "x.png"`, "SVG", ".svg"}},
+		{[]string{"run", "--steps", "2000000000000"}, 2, []string{"--steps 2000000000000: want 1..1000000000000"}},
+		{[]string{"run", "--warmup", "2000000000000"}, 2, []string{"--warmup 2000000000000"}},
+		{[]string{"run", "--trace-steps", "5000"}, 2, []string{"--trace-steps 5000: want 1..1000"}},
+		{[]string{"run", "--compute", "spin", "--rate", "1e-9"}, 2, []string{"--rate: 25,557,032 parameters take", "want at most 24h0m0s"}},
+		{[]string{"run", "--gflops", "1e-6", "--batch", "1000000"}, 2, []string{"--gflops 1e-06: 25,557,032 parameters take", "want at most 24h0m0s"}},
+		{[]string{"run", "--compute-time", "48h"}, 2, []string{"--compute-time:", "want at most 24h0m0s"}},
+		{[]string{"run", "--model", huge}, 2, []string{huge + ":3: params[1].shape", "more than 2^40"}},
+		{[]string{"collective", "-b", "4", "-e", "1G", "-i", "4"}, 2, []string{"-b/--minbytes 4 to -e/--maxbytes 1073741824 by -i/--stepbytes 4: more than 65536 sizes"}},
+		{[]string{"collective", "-b", "1G", "-e", "1G", "-f", "2", "-d", "uint8", "-e", "16G"}, 2, []string{"-e/--maxbytes 17179869184", "more than a collective's count can hold (2147483647)"}},
+		{[]string{"collective", "--warmup", "3"}, 2, []string{"unknown flag --warmup (ddpbench collective --help"}},
+		{[]string{"collective", "extra"}, 2, []string{`unexpected argument "extra"`}},
+		{[]string{"sweep", "extra"}, 2, []string{`unexpected argument "extra"`}},
 		{[]string{"run", "--ranks", "0"}, 2, []string{"--ranks 0"}},
-		{[]string{"run", "--ranks", "two"}, 2, []string{"two"}},
+		{[]string{"run", "--ranks", "two"}, 2, []string{`--ranks "two": not a valid value (ddpbench run --help)`}},
+		{[]string{"collective", "-n", "x"}, 2, []string{`-n "x": not a valid value`}},
 		{[]string{"run", "--bucket-cap-mb", "-1"}, 2, []string{"--bucket-cap-mb -1"}},
 		{[]string{"run", "--first-bucket-mb", "0"}, 2, []string{"--first-bucket-mb 0"}},
 		{[]string{"run", "--compression", "fp8"}, 2, []string{`--compression "fp8"`}},
 		{[]string{"run", "--compute", "warp"}, 2, []string{`--compute "warp"`}},
-		{[]string{"run", "--compute", "sleep"}, 2, []string{"exactly one of --rate, --gflops or --compute-time"}},
-		{[]string{"run", "--compute", "sleep", "--rate", "1e9", "--gflops", "10"}, 2, []string{"exactly one"}},
+		{[]string{"run", "--compute", "sleep", "--rate", "1e9", "--gflops", "10"}, 2, []string{"takes one of --rate, --gflops or --compute-time (got --rate, --gflops)"}},
 		{[]string{"run", "--compute", "spin", "--rate", "-3"}, 2, []string{"--rate -3"}},
 		{[]string{"run", "--compute", "spin", "--gflops", "10", "--batch", "0"}, 2, []string{"--batch 0"}},
-		{[]string{"run", "--rate", "1e9"}, 2, []string{"--rate needs --compute sleep or spin"}},
+		{[]string{"run", "--compute", "none", "--rate", "1e9"}, 2, []string{"--rate needs --compute sleep or spin"}},
+		{[]string{"run", "--compute", "none", "--compute-time", "1s"}, 2, []string{"--compute-time needs --compute sleep or spin"}},
 		{[]string{"run", "--format", "xml"}, 2, []string{`--format "xml"`}},
 		{[]string{"run", "--steps", "0"}, 2, []string{"--steps 0"}},
 		{[]string{"run", "--warmup", "-1"}, 2, []string{"--warmup -1"}},
 		{[]string{"run", "--trace-steps", "0"}, 2, []string{"--trace-steps 0"}},
 		{[]string{"run", "--backend", "mpi"}, 2, []string{"--backend mpi", "not built", "built: inproc"}},
 		{[]string{"run", "--backend", "gloo"}, 2, []string{`--backend "gloo"`}},
-		{[]string{"run", "--model", "vgg16"}, 1, []string{"unknown model", "vgg16", "resnet50, bert-base, gpt2-small"}},
-		{[]string{"run", "--model", badJSON}, 1, []string{badJSON, "params[0].shape[1]"}},
-		{[]string{"run", "--model", syntax}, 1, []string{syntax + ":3:", "invalid character"}},
-		{[]string{"run", "--model", half}, 1, []string{half, `dtype "float16"`, "float32 gradients only"}},
+		// A manifest is input: invalid, it stops the run before it starts.
+		{[]string{"run", "--model", "vgg16"}, 2, []string{"unknown model", "vgg16", "resnet50, bert-base, gpt2-small"}},
+		{[]string{"run", "--model", badJSON}, 2, []string{badJSON + ":1: params[0].shape[1]"}},
+		{[]string{"run", "--model", syntax}, 2, []string{syntax + ":3:", "invalid character"}},
+		{[]string{"run", "--model", half}, 2, []string{half, `dtype "float16"`, "float32 gradients only"}},
+		{[]string{"sweep", "--model", badJSON}, 2, []string{badJSON + ":1: params[0].shape[1]"}},
 		{[]string{"run", "extra"}, 2, []string{`unexpected argument "extra"`}},
 		{[]string{"sweep", "--caps", "1,a"}, 2, []string{`"a" is not a size`}},
 		{[]string{"sweep", "--caps", "5,2"}, 2, []string{"caps must increase"}},
@@ -97,7 +125,8 @@ func TestErrors(t *testing.T) {
 		// Output paths are checked before the benchmark runs.
 		{[]string{"run", "--trace", missingDir}, 2, []string{fmt.Sprintf("--trace %q", missingDir), "no such file or directory"}},
 		{[]string{"run", "--trace", dir}, 2, []string{fmt.Sprintf("--trace %q: is a directory", dir)}},
-		{[]string{"sweep", "--plot", missingDir}, 2, []string{fmt.Sprintf("--plot %q", missingDir), "no such file or directory"}},
+		{[]string{"sweep", "--plot", missingSVG}, 2, []string{fmt.Sprintf("--plot %q", missingSVG), "no such file or directory"}},
+		{[]string{"sweep", "--plot", missingDir}, 2, []string{fmt.Sprintf("--plot %q", missingDir), "must end in .svg"}},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
@@ -320,10 +349,41 @@ func TestRunOutputs(t *testing.T) {
 			t.Fatalf("status %d: %s", code, stderr)
 		}
 		for _, w := range []string{"tiny: 4 tensors, 303,112 parameters", "step time (ms)", "overlap ratio", "busbw (GB/s)",
-			"compute sleep at", "2.00 ms of backward", "buckets", "allocations per step"} {
+			"backward: simulated by sleeping", "2.00 ms per step", "from the --compute-time", "overlap saves", "buckets", "allocations per step"} {
 			if !strings.Contains(stdout, w) {
 				t.Errorf("table lacks %q:\n%s", w, stdout)
 			}
+		}
+		// Rows that carry no information are not printed: Begin is
+		// O(1), and there are no overflows without compression.
+		for _, w := range []string{"with Begin", "overflows", "INTERRUPTED", "sample"} {
+			if strings.Contains(stdout, w) {
+				t.Errorf("table has %q:\n%s", w, stdout)
+			}
+		}
+	})
+	t.Run("table defaults and compression", func(t *testing.T) {
+		code, stdout, stderr := run(t, append([]string{"run", "--compression", "bf16"}, common...)...)
+		if code != 0 {
+			t.Fatalf("status %d: %s", code, stderr)
+		}
+		for _, w := range []string{"from the default --compute-time 20ms", "20.00 ms per step", "bf16 overflows"} {
+			if !strings.Contains(stdout, w) {
+				t.Errorf("table lacks %q:\n%s", w, stdout)
+			}
+		}
+		// Compression in shared memory saves nothing: run says so.
+		if !strings.Contains(stderr, "note: --compression bf16 with --backend inproc: the ranks share memory") {
+			t.Errorf("stderr %q: no note on compression in shared memory", stderr)
+		}
+	})
+	t.Run("table compute none", func(t *testing.T) {
+		code, stdout, stderr := run(t, append([]string{"run", "--compute", "none"}, common...)...)
+		if code != 0 || stderr != "" {
+			t.Fatalf("status %d: %s", code, stderr)
+		}
+		if !strings.Contains(stdout, "nothing can overlap") || strings.Contains(stdout, "overlap saves") {
+			t.Errorf("compute none does not say why overlap cannot show:\n%s", stdout)
 		}
 	})
 	t.Run("trace", func(t *testing.T) {
@@ -345,6 +405,9 @@ func TestSweepOutputs(t *testing.T) {
 	}
 	if !strings.Contains(stdout, "best bucket cap: ") || strings.Count(stdout, "\n") < 7 {
 		t.Errorf("sweep table:\n%s", stdout)
+	}
+	if !strings.Contains(stdout, "\n     0.25 ") {
+		t.Errorf("sweep table lacks the 0.25 MiB row:\n%s", stdout)
 	}
 	svg, err := os.ReadFile(plot)
 	if err != nil {
@@ -395,7 +458,7 @@ func TestInfo(t *testing.T) {
 	if code != 0 || err != nil || len(recs) < 10 || recs[0][0] != "key" || recs[1][0] != "go_version" {
 		t.Errorf("info csv: status %d, %v, %q", code, err, recs)
 	}
-	for _, args := range [][]string{{"info", "extra"}, {"info", "--format", "xml"}} {
+	for _, args := range [][]string{{"info", "extra"}, {"info", "--format", "xml"}, {"info", "--bogus"}} {
 		if code, stdout, stderr := run(t, args...); code != 2 || stdout != "" || strings.Count(stderr, "\n") != 1 {
 			t.Errorf("%v: status %d, stdout %q, stderr %q", args, code, stdout, stderr)
 		}
@@ -558,14 +621,226 @@ func (late) TestOp(uint64) (bool, error) { return true, context.DeadlineExceeded
 func TestInterrupted(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	for _, args := range [][]string{
-		{"collective", "-b", "4K", "-e", "4K"},
-		{"run", "--steps", "1", "--warmup", "0", "--model", writeFile(t, "m.json", `{"model":"m","params":[{"name":"w","shape":[4]}]}`)},
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"collective", "-b", "4K", "-e", "4K"}, "ddpbench: interrupted: 0 of 1 sizes measured\n"},
+		{[]string{"run", "--steps", "1", "--warmup", "0", "--model", writeFile(t, "m.json", `{"model":"m","params":[{"name":"w","shape":[4]}]}`)},
+			"ddpbench: interrupted before the first of 1 measured steps completed: nothing to report\n"},
 	} {
 		var o, e bytes.Buffer
-		code := runMainContext(ctx, append([]string{"ddpbench"}, args...), &o, &e)
-		if code != 130 || e.String() != "ddpbench: interrupted\n" {
-			t.Errorf("%v: status %d, stderr %q", args, code, e.String())
+		code := runMainContext(ctx, append([]string{"ddpbench"}, tt.args...), &o, &e)
+		if code != 130 || e.String() != tt.want {
+			t.Errorf("%v: status %d, stderr %q, want 130 and %q", tt.args, code, e.String(), tt.want)
 		}
+	}
+}
+
+// interruptAt makes the next command interrupt itself once the progress
+// labelled label reaches done, as Ctrl-C would, and returns the context to
+// run it under.
+func interruptAt(t *testing.T, label string, done int64) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	onProgress = func(l string, d int64) {
+		if l == label && d == done {
+			cancel()
+		}
+	}
+	t.Cleanup(func() { onProgress = nil; cancel() })
+	return ctx
+}
+
+// TestInterruptedKeepsResults checks that Ctrl-C in the middle of a run,
+// a sweep or a collective sweep prints what was measured, marked
+// interrupted, writes the trace and plot collected so far, and exits 130.
+func TestInterruptedKeepsResults(t *testing.T) {
+	model := writeFile(t, "tiny.json", tinyModel)
+	dir := t.TempDir()
+	t.Run("run", func(t *testing.T) {
+		tr := filepath.Join(dir, "t.json")
+		// Rank 0's progress counts warmup and measured steps: 2 + 3.
+		ctx := interruptAt(t, "run", 5)
+		var o, e bytes.Buffer
+		code := runMainContext(ctx, []string{"ddpbench", "run", "--model", model, "--steps", "1000", "--warmup", "2",
+			"--compute", "none", "--trace", tr, "--trace-steps", "2"}, &o, &e)
+		out, errs := o.String(), e.String()
+		if code != 130 || !strings.HasPrefix(out, "INTERRUPTED after ") || !strings.Contains(out, " of 1000 measured steps") ||
+			!strings.Contains(out, "step time (ms)") {
+			t.Errorf("status %d, stdout:\n%s", code, out)
+		}
+		if !strings.HasPrefix(errs, "ddpbench: interrupted: the results above cover the ") || !strings.HasSuffix(errs, tr+" holds 2 of them\n") {
+			t.Errorf("stderr %q", errs)
+		}
+		checkTrace(t, tr, 2, 2)
+	})
+	t.Run("run json", func(t *testing.T) {
+		ctx := interruptAt(t, "run", 4)
+		var o, e bytes.Buffer
+		code := runMainContext(ctx, []string{"ddpbench", "run", "--model", model, "--steps", "1000", "--warmup", "0",
+			"--compute", "none", "--format", "json"}, &o, &e)
+		var j runJSON
+		if err := json.Unmarshal(o.Bytes(), &j); code != 130 || err != nil || !j.Interrupted || j.StepsRequested != 1000 || j.Steps < 3 || j.Steps > 5 {
+			t.Errorf("status %d, %v, json %+v", code, err, j)
+		}
+	})
+	t.Run("sweep", func(t *testing.T) {
+		plot := filepath.Join(dir, "p.svg")
+		// The second cap's third step: one cap in full, one in part.
+		ctx := interruptAt(t, "sweep", 5+3)
+		var o, e bytes.Buffer
+		code := runMainContext(ctx, []string{"ddpbench", "sweep", "--model", model, "--steps", "4", "--warmup", "1",
+			"--compute", "none", "--caps", "0.25,0.5,2", "--plot", plot}, &o, &e)
+		out := o.String()
+		if code != 130 || !strings.Contains(out, "INTERRUPTED: the last row (0.5 MiB) covers ") || !strings.Contains(out, "best bucket cap: 0.25 MiB") {
+			t.Errorf("status %d, stdout:\n%s", code, out)
+		}
+		if e.String() == "" || !strings.HasPrefix(e.String(), "ddpbench: interrupted: 1 of 3 bucket caps measured in full; 0.5 MiB over ") {
+			t.Errorf("stderr %q", e.String())
+		}
+		svg, err := os.ReadFile(plot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkXML(t, svg)
+		if !strings.Contains(string(svg), "interrupted") || strings.Count(string(svg), "<circle") != 2 {
+			t.Errorf("plot of an interrupted sweep: want 2 points and the mark")
+		}
+	})
+	t.Run("collective", func(t *testing.T) {
+		ctx := interruptAt(t, "collective", 2)
+		var o, e bytes.Buffer
+		code := runMainContext(ctx, []string{"ddpbench", "collective", "-b", "1K", "-e", "64K", "-n", "1", "-w", "0"}, &o, &e)
+		if code != 130 || !strings.Contains(o.String(), "# INTERRUPTED after 2 of 4 sizes") || !strings.Contains(o.String(), "# Out of bounds values : 0 OK") {
+			t.Errorf("status %d, stdout:\n%s", code, o.String())
+		}
+		if e.String() != "ddpbench: interrupted: 2 of 4 sizes measured\n" {
+			t.Errorf("stderr %q", e.String())
+		}
+	})
+}
+
+// TestInterruptSpin checks that Ctrl-C ends a spinning backward at once,
+// not when its hour-long step would end.
+func TestInterruptSpin(t *testing.T) {
+	model := writeFile(t, "tiny.json", tinyModel)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		cancel()
+	}()
+	var o, e bytes.Buffer
+	code := runMainContext(ctx, []string{"ddpbench", "run", "--model", model, "--compute", "spin", "--compute-time", "1h",
+		"--steps", "1", "--warmup", "0"}, &o, &e)
+	if code != 130 || !strings.HasSuffix(e.String(), "ddpbench: interrupted before the first of 1 measured steps completed: nothing to report\n") {
+		t.Errorf("status %d, stderr %q", code, e.String())
+	}
+}
+
+// TestLongRunMemory checks that memory does not grow with --steps: a run
+// asked for a billion steps (56 GB of per-step records, once) and
+// interrupted after a few allocates what a short run does.
+func TestLongRunMemory(t *testing.T) {
+	model := writeFile(t, "tiny.json", tinyModel)
+	var m0, m1 runtime.MemStats
+	ctx := interruptAt(t, "run", 50)
+	runtime.GC()
+	runtime.ReadMemStats(&m0)
+	var o, e bytes.Buffer
+	code := runMainContext(ctx, []string{"ddpbench", "run", "--model", model, "--steps", "1000000000", "--warmup", "0",
+		"--compute", "none"}, &o, &e)
+	runtime.ReadMemStats(&m1)
+	if code != 130 || !strings.Contains(o.String(), " of 1000000000 measured steps") {
+		t.Fatalf("status %d, stdout %q, stderr %q", code, o.String(), e.String())
+	}
+	if got := m1.TotalAlloc - m0.TotalAlloc; got > 16<<20 {
+		t.Errorf("a run of 10^9 steps allocated %d bytes in its first 50: want a fixed few MiB", got)
+	}
+}
+
+// TestExitRule checks that --help states the exit status rule and that
+// each class of failure gets its status.
+func TestExitRule(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"run", "--help"}, {"sweep", "--help"}, {"collective", "--help"}} {
+		code, stdout, _ := run(t, args...)
+		if code != 0 || !strings.Contains(stdout, "Exit status: 0 the benchmark ran") || !strings.Contains(stdout, "130 interrupted") {
+			t.Errorf("%v: status %d, help lacks the exit rule:\n%s", args, code, stdout)
+		}
+	}
+	code, stdout, _ := run(t, "sweep", "--help")
+	if code != 0 || strings.Contains(stdout, "--bucket-cap-mb") {
+		t.Errorf("sweep --help lists --bucket-cap-mb, which sweep sets itself:\n%s", stdout)
+	}
+}
+
+// TestSweepNoise checks that sweep names the caps whose p10-p90 range
+// overlaps the best one's instead of declaring a winner the data cannot
+// separate, and says nothing when the ranges are apart.
+func TestSweepNoise(t *testing.T) {
+	m, err := models.Load("resnet50")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := func(capMB, med, p10, p90 float64) runRecord {
+		return runRecord{o: runOpts{model: m, modelName: "resnet50", ranks: 2, backend: backends[0], bucketCapMB: capMB, firstMB: 1,
+			compression: "none", steps: 20, warmup: 5, compute: bench.ComputeNone},
+			res: &bench.Result{Steps: 20, Sampled: 20, StepTime: bench.Dist{Median: med / 1e3, P10: p10 / 1e3, P90: p90 / 1e3}}}
+	}
+	recs := []runRecord{rec(1, 22, 21, 23), rec(5, 20.5, 20, 21.5), rec(25, 21, 20.8, 22), rec(100, 30, 29, 31)}
+	if b := best(recs); b != 1 {
+		t.Fatalf("best %d, want 1 (5 MiB)", b)
+	}
+	if got := withinNoise(recs, 1); !slices.Equal(got, []float64{1, 25}) {
+		t.Errorf("within noise of 5 MiB: %v, want [1 25]", got)
+	}
+	var b bytes.Buffer
+	if err := writeSweepTable(&b, recs); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "best bucket cap: 5 MiB (median step 20.50 ms, p10-p90 20.00-21.50)\n  within noise of it: 1, 25 MiB") {
+		t.Errorf("table:\n%s", b.String())
+	}
+	b.Reset()
+	if err := writeSweep(&b, "json", recs); err != nil {
+		t.Fatal(err)
+	}
+	var j sweepJSON
+	if err := json.Unmarshal(b.Bytes(), &j); err != nil || j.BestBucketCap != 5 || !slices.Equal(j.WithinNoise, []float64{1, 25}) {
+		t.Errorf("json %+v, %v", j, err)
+	}
+	apart := []runRecord{rec(1, 30, 29, 31), rec(5, 20, 19, 21)}
+	b.Reset()
+	writeSweepTable(&b, apart)
+	if strings.Contains(b.String(), "within noise") {
+		t.Errorf("ranges apart, yet:\n%s", b.String())
+	}
+}
+
+func TestAllInterfaces(t *testing.T) {
+	for addr, want := range map[string]bool{":9100": true, "0.0.0.0:9100": true, "[::]:9100": true,
+		"127.0.0.1:9100": false, "localhost:9100": false, "[::1]:9100": false, "10.1.2.3:9100": false, "bad": false} {
+		if got := allInterfaces(addr); got != want {
+			t.Errorf("allInterfaces(%q) = %v, want %v", addr, got, want)
+		}
+	}
+}
+
+// TestWarmupVariables checks that run's warmup (steps) and collective's
+// (iterations) are different flags with different variables.
+func TestWarmupVariables(t *testing.T) {
+	t.Setenv("DDPBENCH_WARMUP_ITERS", "-1")
+	code, _, stderr := run(t, "collective", "-b", "1K", "-e", "1K")
+	if code != 2 || stderr != "ddpbench: -w/--warmup-iters -1: want >= 0 (from DDPBENCH_WARMUP_ITERS)\n" {
+		t.Errorf("status %d, stderr %q", code, stderr)
+	}
+	t.Setenv("DDPBENCH_WARMUP_ITERS", "")
+	os.Unsetenv("DDPBENCH_WARMUP_ITERS")
+	t.Setenv("DDPBENCH_WARMUP", "-1")
+	if code, _, stderr := run(t, "collective", "-b", "1K", "-e", "1K", "-n", "1", "--format", "csv"); code != 0 {
+		t.Errorf("DDPBENCH_WARMUP, run's variable, stopped collective: status %d, %q", code, stderr)
+	}
+	if code, _, stderr := run(t, "run"); code != 2 || !strings.Contains(stderr, "--warmup -1") {
+		t.Errorf("run with DDPBENCH_WARMUP=-1: status %d, %q", code, stderr)
 	}
 }

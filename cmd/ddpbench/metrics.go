@@ -12,25 +12,24 @@ import (
 	"time"
 
 	"github.com/ddpgo/ddpgo/allocator"
-	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/ddp"
+	"github.com/ddpgo/ddpgo/ddp/metrics"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // serveMetrics serves /metrics on addr from a registry of its own holding,
 // per rank, the reducer's step metrics (ddp.Metrics, fed from each step's
-// statistics) and its CommPool's collector. wire is the dtype the hook
-// puts on the wire. It returns the per-step callback that feeds the
-// metrics and a stop function (idempotent).
-func serveMetrics(addr string, pools []*allocator.Pool, wire comm.DType, log io.Writer) (func(int, bool, *ddp.StepStats), func(), error) {
+// statistics) and its CommPool's collector. It returns the per-step
+// callback that feeds the metrics and a stop function (idempotent).
+func serveMetrics(addr string, pools []*allocator.Pool, log io.Writer) (func(int, bool, *ddp.StepStats), func(), error) {
 	reg := prometheus.NewRegistry()
-	ms := make([]*ddp.Metrics, len(pools))
+	ms := make([]*metrics.Metrics, len(pools))
 	for r, p := range pools {
-		if err := reg.Register(ddp.NewPoolCollector(p, prometheus.Labels{"rank": strconv.Itoa(r)})); err != nil {
+		if err := reg.Register(metrics.NewPoolCollector(p, prometheus.Labels{"rank": strconv.Itoa(r)})); err != nil {
 			return nil, nil, fmt.Errorf("--metrics-addr: %w", err)
 		}
-		m, err := ddp.NewMetrics(reg, r, wire)
+		m, err := metrics.New(reg, r)
 		if err != nil {
 			return nil, nil, fmt.Errorf("--metrics-addr: %w", err)
 		}
@@ -51,6 +50,11 @@ func serveMetrics(addr string, pools []*allocator.Pool, wire comm.DType, log io.
 		}
 	}()
 	fmt.Fprintf(log, "ddpbench: serving metrics on http://%s/metrics\n", ln.Addr())
+	if allInterfaces(addr) {
+		fmt.Fprintf(log, "ddpbench: note: --metrics-addr %q listens on every network interface, without authentication: "+
+			"anyone who can reach this machine can read the run's metrics (and load the server); 127.0.0.1%s keeps them local\n",
+			addr, portOf(addr))
+	}
 	var once sync.Once
 	stop := func() {
 		once.Do(func() {
@@ -60,16 +64,27 @@ func serveMetrics(addr string, pools []*allocator.Pool, wire comm.DType, log io.
 			<-done
 		})
 	}
-	return func(rank int, _ bool, s *ddp.StepStats) { ms[rank].Observe(*s) }, stop, nil
+	return func(rank int, _ bool, s *ddp.StepStats) { ms[rank].Observe(s) }, stop, nil
 }
 
-// wireDType is the dtype a compression puts on the wire.
-func wireDType(compression string) comm.DType {
-	switch compression {
-	case "fp16":
-		return comm.Float16
-	case "bf16":
-		return comm.BFloat16
+// allInterfaces reports whether a listen address binds every interface:
+// an empty host (":9100"), 0.0.0.0 or ::.
+func allInterfaces(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
 	}
-	return comm.Float32
+	if host == "" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsUnspecified()
+}
+
+// portOf returns ":port" of addr, or "" when it has none.
+func portOf(addr string) string {
+	if _, port, err := net.SplitHostPort(addr); err == nil {
+		return ":" + port
+	}
+	return ""
 }

@@ -22,7 +22,7 @@ func TestServeMetrics(t *testing.T) {
 	}
 	defer closePools(pools)
 	var log bytes.Buffer
-	onStep, stop, err := serveMetrics("127.0.0.1:0", pools, comm.Float16, &log)
+	onStep, stop, err := serveMetrics("127.0.0.1:0", pools, &log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +32,8 @@ func TestServeMetrics(t *testing.T) {
 		t.Fatalf("no address in %q", log.String())
 	}
 	s := ddp.StepStats{Step: 1, Sync: true, Wall: 30 * time.Millisecond, Compute: 20 * time.Millisecond,
-		Comm: 15 * time.Millisecond, OverlapRatio: 0.5, Bytes: 1000, Buckets: make([]ddp.BucketStats, 3)}
+		Comm: 15 * time.Millisecond, OverlapRatio: 0.5, Bytes: 1000, Buckets: []ddp.BucketStats{
+			{Index: 0, Wire: comm.Float16, WireBytes: 600}, {Index: 1, Wire: comm.Float16, WireBytes: 400}, {Index: 2, Wire: comm.Float16}}}
 	onStep(0, true, &s)
 	onStep(1, true, &s)
 	onStep(1, true, &s)
@@ -74,7 +75,7 @@ func TestMetricsAddrInUse(t *testing.T) {
 	}
 	defer closePools(pools)
 	var log bytes.Buffer
-	_, stop, err := serveMetrics("127.0.0.1:0", pools, comm.Float16, &log)
+	_, stop, err := serveMetrics("127.0.0.1:0", pools, &log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +83,7 @@ func TestMetricsAddrInUse(t *testing.T) {
 	addr := strings.TrimSuffix(strings.TrimPrefix(regexp.MustCompile(`http://\S+/metrics`).FindString(log.String()), "http://"), "/metrics")
 	pools2, _ := newPools(1, 0)
 	defer closePools(pools2)
-	if _, _, err := serveMetrics(addr, pools2, comm.Float32, io.Discard); err == nil || !strings.Contains(err.Error(), "--metrics-addr") {
+	if _, _, err := serveMetrics(addr, pools2, io.Discard); err == nil || !strings.Contains(err.Error(), "--metrics-addr") {
 		t.Errorf("second server on %s: %v", addr, err)
 	}
 }

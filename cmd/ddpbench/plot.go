@@ -17,7 +17,10 @@ type plotPoint struct {
 // Plot geometry, in SVG user units.
 const (
 	plotW, plotH                              = 720, 420
-	marginL, marginR, marginTop, marginBottom = 70, 70, 50, 60
+	marginL, marginR, marginTop, marginBottom = 70, 70, 64, 60
+	// legendY is the baseline of the legend, in the top margin between
+	// the title and the plot area, where no data can be drawn under it.
+	legendY = 46
 )
 
 // plotSVG draws median step time (with p10-p90 bars, left axis) and the
@@ -28,7 +31,7 @@ func plotSVG(title string, pts []plotPoint) string {
 	fmt.Fprintf(b, `<?xml version="1.0" encoding="UTF-8"?>`+"\n")
 	fmt.Fprintf(b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", plotW, plotH, plotW, plotH)
 	fmt.Fprintf(b, `<rect width="%d" height="%d" fill="white"/>`+"\n", plotW, plotH)
-	fmt.Fprintf(b, `<text x="%d" y="24" text-anchor="middle" font-size="14">%s</text>`+"\n", plotW/2, html.EscapeString(title))
+	fmt.Fprintf(b, `<text x="%d" y="22" text-anchor="middle" font-size="14">%s</text>`+"\n", plotW/2, html.EscapeString(title))
 	x0, x1 := float64(marginL), float64(plotW-marginR)
 	y0, y1 := float64(plotH-marginBottom), float64(marginTop) // bottom, top
 	fmt.Fprintf(b, `<rect x="%d" y="%d" width="%d" height="%d" fill="none" stroke="#444"/>`+"\n",
@@ -89,13 +92,15 @@ func plotSVG(title string, pts []plotPoint) string {
 		fmt.Fprintf(b, `<rect x="%.1f" y="%.1f" width="7" height="7" fill="#c0501f"><title>%s MiB: overlap %.3f</title></rect>`+"\n", ox-3.5, oy-3.5, trimFloat(pts[i].CapMB), pts[i].Overlap)
 	}
 
-	// Legend.
-	lx, ly := x0+10, y1+14
-	fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#1f5fa8" stroke-width="2"/>`+"\n", lx, ly, lx+24, ly)
-	fmt.Fprintf(b, `<text x="%.1f" y="%.1f">step time</text>`+"\n", lx+30, ly+4)
-	fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#c0501f" stroke-width="2" stroke-dasharray="6 4"/>`+"\n", lx, ly+18, lx+24, ly+18)
-	fmt.Fprintf(b, `<text x="%.1f" y="%.1f">overlap ratio</text>`+"\n", lx+30, ly+22)
-	fmt.Fprintf(b, "</svg>\n")
+	// Legend: above the plot area, so that it can hide no point.
+	lx, ly := x0, float64(legendY)
+	fmt.Fprintf(b, `<g id="legend">`+"\n")
+	fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#1f5fa8" stroke-width="2"/>`+"\n", lx, ly-4, lx+24, ly-4)
+	fmt.Fprintf(b, `<text x="%.1f" y="%.1f">step time (left axis)</text>`+"\n", lx+30, ly)
+	lx += 200
+	fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#c0501f" stroke-width="2" stroke-dasharray="6 4"/>`+"\n", lx, ly-4, lx+24, ly-4)
+	fmt.Fprintf(b, `<text x="%.1f" y="%.1f">overlap ratio (right axis)</text>`+"\n", lx+30, ly)
+	fmt.Fprintf(b, "</g>\n</svg>\n")
 	return b.String()
 }
 

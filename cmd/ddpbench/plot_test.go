@@ -5,13 +5,14 @@ import (
 	"encoding/json"
 	"encoding/xml"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"os"
 	"strings"
 	"testing"
 
-	"github.com/ddpgo/ddpgo/trace"
+	"github.com/ddpgo/ddpgo/trace/tracetest"
 )
 
 func samplePlot() []plotPoint {
@@ -86,7 +87,7 @@ func checkTrace(t *testing.T, path string, ranks, steps int) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	sum, err := trace.Validate(f)
+	sum, err := tracetest.Validate(f)
 	if err != nil {
 		t.Fatalf("invalid trace: %v", err)
 	}
@@ -103,4 +104,70 @@ func checkTrace(t *testing.T, path string, ranks, steps int) {
 	if doc.OtherData["trace_steps"] != string(rune('0'+steps)) {
 		t.Errorf("otherData %v, want %d steps", doc.OtherData, steps)
 	}
+}
+
+// TestPlotLegendClear checks that the legend lies outside the plot area,
+// where no marker, bar or curve can be drawn, so that it hides none of
+// them (it once covered the overlap curve at the smallest cap).
+func TestPlotLegendClear(t *testing.T) {
+	// Points at the extremes of both axes, the corners the legend could
+	// sit in.
+	pts := []plotPoint{
+		{CapMB: 1, StepMS: 90, StepP10: 80, StepP90: 100, Overlap: 1},
+		{CapMB: 100, StepMS: 10, StepP10: 5, StepP90: 100, Overlap: 0.99},
+	}
+	dec := xml.NewDecoder(strings.NewReader(plotSVG("t", pts)))
+	inLegend := false
+	var legendMaxY, dataMinY float64 = -1, math.Inf(1)
+	for {
+		tok, err := dec.Token()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch el := tok.(type) {
+		case xml.StartElement:
+			attr := map[string]float64{}
+			for _, a := range el.Attr {
+				var v float64
+				if _, err := fmt.Sscan(a.Value, &v); err == nil {
+					attr[a.Name.Local] = v
+				}
+			}
+			switch {
+			case el.Name.Local == "g":
+				inLegend = true
+			case inLegend:
+				legendMaxY = max(legendMaxY, attr["y"], attr["y1"], attr["y2"])
+			case el.Name.Local == "circle":
+				dataMinY = min(dataMinY, attr["cy"]-attr["r"])
+			case el.Name.Local == "rect" && attr["width"] == 7:
+				dataMinY = min(dataMinY, attr["y"])
+			case el.Name.Local == "polyline":
+				for _, p := range strings.Fields(attrString(el, "points")) {
+					var x, y float64
+					fmt.Sscanf(p, "%g,%g", &x, &y)
+					dataMinY = min(dataMinY, y)
+				}
+			}
+		case xml.EndElement:
+			if el.Name.Local == "g" {
+				inLegend = false
+			}
+		}
+	}
+	if legendMaxY < 0 || legendMaxY >= marginTop || dataMinY < marginTop-4 {
+		t.Errorf("legend reaches y=%g, data from y=%g: want the legend above the plot area (y < %d)", legendMaxY, dataMinY, marginTop)
+	}
+}
+
+func attrString(el xml.StartElement, name string) string {
+	for _, a := range el.Attr {
+		if a.Name.Local == name {
+			return a.Value
+		}
+	}
+	return ""
 }

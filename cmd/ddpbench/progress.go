@@ -66,8 +66,18 @@ func (p *progress) loop() {
 	}
 }
 
+// onProgress, when a test sets it, is called with the units done after
+// every add: the one point where run, sweep and collective all report
+// progress, which lets a test interrupt them at a known place.
+var onProgress func(label string, done int64)
+
 // add counts n more units done.
-func (p *progress) add(n int) { p.done.Add(int64(n)) }
+func (p *progress) add(n int) {
+	d := p.done.Add(int64(n))
+	if onProgress != nil {
+		onProgress(p.label, d)
+	}
+}
 
 // draw redraws the bar. It allocates nothing once its buffer has grown,
 // because it runs during the measured steps, whose allocations ddpbench

@@ -19,7 +19,7 @@ type runRecord struct {
 // milliseconds, bandwidth in GB/s (1e9 bytes), sizes in bytes.
 var runCSVHeader = []string{
 	"run_id", "model", "ranks", "backend", "bucket_cap_mb", "first_bucket_mb", "compression", "grad_as_bucket_view", "zero_grad",
-	"compute", "compute_target_ms", "steps", "warmup",
+	"compute", "compute_target_ms", "steps", "steps_requested", "warmup", "interrupted", "quantile_steps",
 	"step_ms_median", "step_ms_p10", "step_ms_p90",
 	"iter_ms_median", "iter_ms_p10", "iter_ms_p90",
 	"compute_ms_median", "compute_ms_p10", "compute_ms_p90",
@@ -43,7 +43,7 @@ func (r runRecord) csv() []string {
 	}
 	rec := []string{o.runID, o.model.Model, fmt.Sprint(o.ranks), o.backend.name, fmtFloat(o.bucketCapMB), fmtFloat(o.firstMB),
 		o.compression, fmt.Sprint(o.bucketView), fmt.Sprint(o.zeroGrad), o.compute.String(), fmtFloat(res.ComputeTarget * 1e3),
-		fmt.Sprint(res.Steps), fmt.Sprint(res.Warmup)}
+		fmt.Sprint(res.Steps), fmt.Sprint(o.steps), fmt.Sprint(res.Warmup), fmt.Sprint(res.Interrupted), fmt.Sprint(res.Sampled)}
 	rec = append(rec, ms(res.StepTime)...)
 	rec = append(rec, ms(res.IterTime)...)
 	rec = append(rec, ms(res.ComputeTime)...)
@@ -82,8 +82,11 @@ type runJSON struct {
 	Compute          string   `json:"compute"`
 	RateParamsPerSec float64  `json:"rate_params_per_s,omitempty"`
 	ComputeTargetMS  float64  `json:"compute_target_ms"`
-	Steps            int      `json:"steps"`
+	Steps            int      `json:"steps"` // measured steps completed
+	StepsRequested   int      `json:"steps_requested"`
 	Warmup           int      `json:"warmup"`
+	Interrupted      bool     `json:"interrupted"`
+	QuantileSteps    int      `json:"quantile_steps"` // steps the quantiles come from: all, or a uniform sample
 	StepMS           distJSON `json:"step_ms"`
 	IterMS           distJSON `json:"iter_ms"`
 	ComputeMS        distJSON `json:"compute_ms"`
@@ -103,7 +106,8 @@ func (r runRecord) json() runJSON {
 		RunID: o.runID, Model: o.model.Model, ModelSource: o.model.Source, Tensors: len(o.model.Params), Parameters: o.model.Numel(),
 		Ranks: o.ranks, Backend: o.backend.name, BucketCapMB: o.bucketCapMB, FirstBucketMB: o.firstMB,
 		Compression: o.compression, GradAsBucketView: o.bucketView, ZeroGrad: o.zeroGrad, Compute: o.compute.String(), RateParamsPerSec: o.rate,
-		ComputeTargetMS: res.ComputeTarget * 1e3, Steps: res.Steps, Warmup: res.Warmup,
+		ComputeTargetMS: res.ComputeTarget * 1e3, Steps: res.Steps, StepsRequested: o.steps, Warmup: res.Warmup,
+		Interrupted: res.Interrupted, QuantileSteps: res.Sampled,
 		StepMS: toJSON(res.StepTime, 1e3), IterMS: toJSON(res.IterTime, 1e3), ComputeMS: toJSON(res.ComputeTime, 1e3), CommMS: toJSON(res.CommTime, 1e3),
 		Overlap: toJSON(res.OverlapRatio, 1), BusBW: toJSON(res.BusBW, 1),
 		BytesPerStep: res.WireBytes, GradBytes: res.GradBytes, Buckets: res.Buckets,
@@ -146,11 +150,11 @@ func writeRunResults(w io.Writer, format string, recs []runRecord) error {
 	return nil
 }
 
-// describe is the configuration line of a run.
+// describe is the configuration of a run: the model, the ranks and the
+// buckets, a line each.
 func (o *runOpts) describe() string {
 	b := &strings.Builder{}
-	fmt.Fprintf(b, "%s: %d tensors, %s parameters, %s of float32 gradients\n",
-		o.model.Model, len(o.model.Params), groupDigits(o.model.Numel()), fmtBytes(o.model.Bytes()))
+	b.WriteString(o.modelLine() + "\n" + o.ranksLine() + "\n")
 	view := "gradients as bucket views"
 	if !o.bucketView {
 		view = "gradients copied into buckets"
@@ -160,38 +164,76 @@ func (o *runOpts) describe() string {
 	} else {
 		view += ", assigned (no zeroing)"
 	}
-	fmt.Fprintf(b, "%s (%s), bucket cap %g MiB (first %g MiB), compression %s, %s\n",
-		rankCount(o.ranks), o.backend.name, o.bucketCapMB, o.firstMB, o.compression, view)
+	fmt.Fprintf(b, "buckets: cap %g MiB (first %g MiB), compression %s, %s\n", o.bucketCapMB, o.firstMB, o.compression, view)
 	return b.String()
+}
+
+func (o *runOpts) modelLine() string {
+	return fmt.Sprintf("%s: %d tensors, %s parameters, %s of float32 gradients",
+		o.model.Model, len(o.model.Params), groupDigits(o.model.Numel()), fmtBytes(o.model.Bytes()))
+}
+
+func (o *runOpts) ranksLine() string {
+	s := rankCount(o.ranks) + ", " + o.backend.name
+	if o.backend.what != "" {
+		s += " (" + o.backend.what + ")"
+	}
+	return s
+}
+
+// computeLine says what the simulated backward is, at which rate and
+// where the rate came from.
+func (o *runOpts) computeLine(res *bench.Result) string {
+	how := "sleeping (CPU left free, as a GPU's backward leaves it)"
+	switch o.compute {
+	case bench.ComputeNone:
+		return "backward: none (--compute none): every gradient is ready at once, so nothing can overlap;\n" +
+			"          the step is the reduction alone"
+	case bench.ComputeSpin:
+		how = "spinning (CPU busy, as a CPU backward keeps it)"
+	}
+	return fmt.Sprintf("backward: simulated by %s, %.2f ms per step\n          (%.4g params/s per rank, from the %s)",
+		how, res.ComputeTarget*1e3, o.rate, o.rateFrom)
 }
 
 func (r runRecord) table() string {
 	o, res := r.o, r.res
 	b := &strings.Builder{}
-	b.WriteString(o.describe())
-	if o.compute == bench.ComputeNone {
-		fmt.Fprintf(b, "compute none (gradients ready at once); %d steps measured after %d warmup\n", res.Steps, res.Warmup)
-	} else {
-		fmt.Fprintf(b, "compute %s at %.4g params/s = %.2f ms of backward per step; %d steps measured after %d warmup\n",
-			o.compute, o.rate, res.ComputeTarget*1e3, res.Steps, res.Warmup)
+	if res.Interrupted {
+		fmt.Fprintf(b, "INTERRUPTED after %d of %d measured steps: the statistics below cover those\n", res.Steps, o.steps)
 	}
-	fmt.Fprintf(b, "\n%-24s %10s %10s %10s\n", "", "median", "p10", "p90")
+	b.WriteString(o.describe())
+	fmt.Fprintf(b, "%s\n", o.computeLine(res))
+	fmt.Fprintf(b, "%d steps measured after %d warmup", res.Steps, res.Warmup)
+	if res.Sampled < res.Steps {
+		fmt.Fprintf(b, "; quantiles from a uniform sample of %s of them (memory stays fixed), means from all", groupDigits(int64(res.Sampled)))
+	}
+	fmt.Fprintf(b, "\n\n%-24s %10s %10s %10s\n", "", "median", "p10", "p90")
 	row := func(name string, d bench.Dist, scale float64, prec int) {
 		fmt.Fprintf(b, "%-24s %10.*f %10.*f %10.*f\n", name, prec, d.Median*scale, prec, d.P10*scale, prec, d.P90*scale)
 	}
 	row("step time (ms)", res.StepTime, 1e3, 2)
-	row("  with Begin (ms)", res.IterTime, 1e3, 2)
 	row("backward compute (ms)", res.ComputeTime, 1e3, 2)
 	row("communication (ms)", res.CommTime, 1e3, 2)
 	row("overlap ratio", res.OverlapRatio, 1, 3)
 	row("busbw (GB/s)", res.BusBW, 1, 2)
+	b.WriteString("\n")
+	if o.compute != bench.ComputeNone {
+		// A reducer that started communicating only when backward ended
+		// would take both, one after the other.
+		step, serial := res.StepTime.Median*1e3, (res.ComputeTime.Median+res.CommTime.Median)*1e3
+		fmt.Fprintf(b, "%-24s %.2f ms per step (%.2f against %.2f ms for backward, then communication; medians)\n",
+			"overlap saves", serial-step, step, serial)
+	}
 	sizes := make([]string, len(res.Buckets))
 	for i, s := range res.Buckets {
 		sizes[i] = fmtBytes(s)
 	}
-	fmt.Fprintf(b, "\n%-24s %s (%s)\n", "bytes per step", groupDigits(res.WireBytes), fmtBytes(res.WireBytes))
+	fmt.Fprintf(b, "%-24s %s (%s)\n", "bytes per step", groupDigits(res.WireBytes), fmtBytes(res.WireBytes))
 	fmt.Fprintf(b, "%-24s %d: %s\n", "buckets", len(res.Buckets), strings.Join(sizes, ", "))
-	fmt.Fprintf(b, "%-24s %d\n", "fp16 overflows", res.Overflows)
+	if o.compression != "none" {
+		fmt.Fprintf(b, "%-24s %d\n", o.compression+" overflows", res.Overflows)
+	}
 	fmt.Fprintf(b, "%-24s %.1f\n", "allocations per step", res.AllocsPerStep)
 	return b.String()
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
+	"runtime"
 	"strings"
 	"time"
 
@@ -22,45 +24,63 @@ func runCommand() *cli.Command {
 		Name:  "run",
 		Usage: "benchmark DDP training steps over a model's gradients (the default command)",
 		Description: "Each rank walks the model's parameters in reverse registration order, as backward\n" +
-			"produces gradients, marks each ready (optionally spaced by a compute rate) and waits\n" +
+			"produces gradients, marks each ready on a simulated backward's schedule (by default\n" +
+			"20 ms per step, sleeping: the CPU stays free, as a GPU's backward leaves it) and waits\n" +
 			"for the reducer. Reported per measured step (median, p10, p90): step time (slowest\n" +
 			"rank), backward compute (first to last ready mark), communication (union of bucket\n" +
 			"reductions), overlap ratio (communication hidden behind compute / communication) and\n" +
-			"busbw (payload / communication time x 2(n-1)/n).",
+			"busbw (payload / communication time x 2(n-1)/n). Quantiles come from every step up to\n" +
+			"4096 steps, from a uniform sample of 4096 beyond (memory stays fixed); means from all.\n" +
+			"Ctrl-C prints what was measured so far, marked interrupted, and writes the trace.\n\n" + exitRule,
 		Flags:  runFlags(),
 		Action: runAction,
 	}
 }
 
 func runFlags() []cli.Flag {
-	return append(stepFlags(),
+	return append(stepFlags(true),
 		stringFlag("trace", "", "write a Chrome trace (ui.perfetto.dev) of the first measured steps to `FILE`"),
-		intFlag("trace-steps", 3, "measured steps to trace"),
-		stringFlag("metrics-addr", "", "serve Prometheus /metrics on `ADDR` (host:port) while running"),
+		intFlag("trace-steps", 3, fmt.Sprintf("measured steps to trace (at most %d: each keeps every rank's statistics in memory)", bench.MaxTraceSteps)),
+		stringFlag("metrics-addr", "", "serve Prometheus /metrics on `HOST:PORT` while running (127.0.0.1:9100 keeps them on this machine; "+
+			"an empty host or 0.0.0.0 serves them, unauthenticated, to every network this machine is on)"),
 	)
 }
 
-// stepFlags are the flags run and sweep share.
-func stepFlags() []cli.Flag {
-	return []cli.Flag{
+// defaultComputeTime is the simulated backward of a default run: long
+// enough that bucketing has something to hide communication behind.
+const defaultComputeTime = 20 * time.Millisecond
+
+// maxSteps bounds --steps and --warmup: their sum stays far from
+// overflowing, and no run is meant to take longer than the universe.
+const maxSteps = 1_000_000_000_000
+
+// stepFlags are the flags run and sweep share; sweep, which sets the
+// bucket cap itself, goes without --bucket-cap-mb.
+func stepFlags(withCap bool) []cli.Flag {
+	flags := []cli.Flag{
 		stringFlag("model", "resnet50", "model manifest: resnet50, bert-base, gpt2-small, or a JSON `FILE`"),
 		intFlag("ranks", 2, "number of ranks"),
 		stringFlag("backend", "inproc", backendUsage()),
-		floatFlag("bucket-cap-mb", 25, "bucket size limit in MiB"),
+	}
+	if withCap {
+		flags = append(flags, floatFlag("bucket-cap-mb", 25, "bucket size limit in MiB"))
+	}
+	return append(flags,
 		floatFlag("first-bucket-mb", 1, "first bucket's size limit in MiB"),
-		stringFlag("compression", "none", "gradient compression: none, fp16 or bf16"),
+		stringFlag("compression", "none", "gradient compression: none, fp16 or bf16 (pays off only where wire bytes cost more than conversions: not in shared memory)"),
 		intFlag("steps", 20, "measured steps"),
 		intFlag("warmup", 40, "steps before measuring (the first rebuilds the buckets; the rest let the runtime settle: parked goroutines allocate until its caches are warm)"),
-		boolFlag("grad-as-bucket-view", true, "gradients are views of the bucket memory (false: copied in and out)"),
-		boolFlag("zero-grad", false, "the simulated backward accumulates (+=) into zeroed gradients (false: it assigns them, like autograd after zero_grad(set_to_none=True))"),
-		stringFlag("compute", "none", "simulated backward: none, sleep (CPU free) or spin (CPU busy)"),
+		boolFlag("grad-as-bucket-view", true, "gradients are views of the bucket memory (--grad-as-bucket-view=false: copied in and out)"),
+		boolFlag("zero-grad", false, "the simulated backward accumulates (+=) into zeroed gradients (default: it assigns them, like autograd after zero_grad(set_to_none=True))"),
+		stringFlag("compute", "sleep", "simulated backward: sleep (CPU left free, as a GPU's backward leaves it), spin (CPU busy, as a CPU backward keeps it) or none (every gradient ready at once: the reduction alone, nothing to overlap)"),
 		floatFlag("rate", 0, "backward speed in parameters per second per rank"),
 		floatFlag("gflops", 0, "backward speed in GFLOP/s per rank (2 FLOPs per parameter per sample, see --batch)"),
 		intFlag("batch", 32, "samples per rank per step, for --gflops"),
-		&cli.DurationFlag{Name: "compute-time", Usage: "backward duration per step (sets the rate from the model size)", EnvVars: envs("compute-time")},
+		&cli.DurationFlag{Name: "compute-time", Value: defaultComputeTime,
+			Usage: "backward duration per step, which sets the rate from the model size (used unless --rate or --gflops is given)", EnvVars: envs("compute-time")},
 		formatFlag("output: table, json or csv"),
 		&cli.DurationFlag{Name: "timeout", Value: time.Minute, Usage: "deadline of each step's Wait", EnvVars: envs("timeout")},
-	}
+	)
 }
 
 // runOpts is the parsed command line of run (and of each run of sweep).
@@ -79,6 +99,7 @@ type runOpts struct {
 	zeroGrad    bool
 	compute     bench.Compute
 	rate        float64 // params/s; 0 with compute none
+	rateFrom    string  // the flag the rate came from
 	format      string
 	timeout     time.Duration
 
@@ -93,10 +114,10 @@ func parseStepFlags(c *cli.Context) (runOpts, error) {
 	o.runID = uuid.NewString()
 	o.modelName = c.String("model")
 	if o.model, err = models.Load(o.modelName); err != nil {
-		return o, err
+		return o, usageError{err} // the input is invalid: nothing ran
 	}
 	if o.model.Elem != comm.Float32 {
-		return o, fmt.Errorf("--model %s: dtype %q: the reducer averages float32 gradients only (fp16 and bf16 are a --compression)",
+		return o, usagef("--model %s: dtype %q: the reducer averages float32 gradients only (fp16 and bf16 are a --compression)",
 			o.modelName, o.model.DType)
 	}
 	o.ranks = c.Int("ranks")
@@ -107,7 +128,7 @@ func parseStepFlags(c *cli.Context) (runOpts, error) {
 		return o, err
 	}
 	o.bucketCapMB, o.firstMB = c.Float64("bucket-cap-mb"), c.Float64("first-bucket-mb")
-	if !(o.bucketCapMB > 0 && o.bucketCapMB <= 4096) {
+	if c.Command.Name != "sweep" && !(o.bucketCapMB > 0 && o.bucketCapMB <= 4096) {
 		return o, usagef("--bucket-cap-mb %g: want a size in (0, 4096] MiB", o.bucketCapMB)
 	}
 	if !(o.firstMB > 0 && o.firstMB <= 4096) {
@@ -118,18 +139,18 @@ func parseStepFlags(c *cli.Context) (runOpts, error) {
 		return o, usagef("--compression %q: want none, fp16 or bf16", o.compression)
 	}
 	o.steps, o.warmup = c.Int("steps"), c.Int("warmup")
-	if o.steps < 1 {
-		return o, usagef("--steps %d: want >= 1", o.steps)
+	if o.steps < 1 || o.steps > maxSteps {
+		return o, usagef("--steps %d: want 1..%d", o.steps, maxSteps)
 	}
-	if o.warmup < 0 {
-		return o, usagef("--warmup %d: want >= 0", o.warmup)
+	if o.warmup < 0 || o.warmup > maxSteps {
+		return o, usagef("--warmup %d: want 0..%d", o.warmup, maxSteps)
 	}
 	o.bucketView = c.Bool("grad-as-bucket-view")
 	o.zeroGrad = c.Bool("zero-grad")
 	if o.compute, err = bench.ParseCompute(c.String("compute")); err != nil {
-		return o, usagef("--compute %q: want none, sleep or spin", c.String("compute"))
+		return o, usagef("--compute %q: want sleep, spin or none", c.String("compute"))
 	}
-	if o.rate, err = parseRate(c, o.compute, o.model.Numel()); err != nil {
+	if o.rate, o.rateFrom, err = parseRate(c, o.compute, o.model.Numel()); err != nil {
 		return o, err
 	}
 	if o.format, err = parseFormat(c.String("format")); err != nil {
@@ -146,9 +167,10 @@ func parseStepFlags(c *cli.Context) (runOpts, error) {
 	return o, nil
 }
 
-// parseRate reads the compute speed from exactly one of --rate, --gflops
-// (with --batch) and --compute-time, in parameters per second.
-func parseRate(c *cli.Context, mode bench.Compute, numel int64) (float64, error) {
+// parseRate reads the compute speed, in parameters per second, from at
+// most one of --rate, --gflops (with --batch) and --compute-time, which
+// has a default; from says which flag it came from.
+func parseRate(c *cli.Context, mode bench.Compute, numel int64) (rate float64, from string, err error) {
 	var set []string
 	for _, f := range []string{"rate", "gflops", "compute-time"} {
 		if c.IsSet(f) {
@@ -157,37 +179,51 @@ func parseRate(c *cli.Context, mode bench.Compute, numel int64) (float64, error)
 	}
 	if mode == bench.ComputeNone {
 		if len(set) > 0 {
-			return 0, usagef("%s needs --compute sleep or spin", strings.Join(set, ", "))
+			return 0, "", usagef("%s needs --compute sleep or spin", strings.Join(set, ", "))
 		}
-		return 0, nil
+		return 0, "", nil
 	}
-	if len(set) != 1 {
-		return 0, usagef("--compute %s needs exactly one of --rate, --gflops or --compute-time (got %d)", mode, len(set))
+	if len(set) > 1 {
+		return 0, "", usagef("--compute %s takes one of --rate, --gflops or --compute-time (got %s)", mode, strings.Join(set, ", "))
 	}
-	var rate float64
-	switch set[0] {
+	from = "--compute-time"
+	if len(set) == 1 {
+		from = set[0]
+	}
+	switch from {
 	case "--rate":
 		rate = c.Float64("rate")
 		if !(rate > 0) || math.IsInf(rate, 0) {
-			return 0, usagef("--rate %g: want a positive number of parameters per second", rate)
+			return 0, "", usagef("--rate %g: want a positive number of parameters per second", rate)
 		}
 	case "--gflops":
 		g, batch := c.Float64("gflops"), c.Int("batch")
 		if !(g > 0) || math.IsInf(g, 0) {
-			return 0, usagef("--gflops %g: want a positive number", g)
+			return 0, "", usagef("--gflops %g: want a positive number", g)
 		}
 		if batch < 1 {
-			return 0, usagef("--batch %d: want >= 1", batch)
+			return 0, "", usagef("--batch %d: want >= 1", batch)
 		}
 		rate = rateFromGFLOPS(g, batch)
+		from = fmt.Sprintf("--gflops %g with --batch %d", g, batch)
 	case "--compute-time":
 		d := c.Duration("compute-time")
 		if d <= 0 {
-			return 0, usagef("--compute-time %v: want a positive duration", d)
+			return 0, "", usagef("--compute-time %v: want a positive duration", d)
 		}
 		rate = float64(numel) / d.Seconds()
+		if !c.IsSet("compute-time") {
+			from = "default --compute-time " + d.String()
+		}
 	}
-	return rate, nil
+	// A step's backward must end: a tiny rate (or a huge batch) would
+	// make it last for years, and its schedule overflow a Duration.
+	if t := float64(numel) / rate; !(t <= bench.MaxComputeTarget.Seconds()) {
+		name, _, _ := strings.Cut(from, " with")
+		return 0, "", usagef("%s: %s parameters take %.3g s of backward per step at %.4g parameters per second; want at most %v",
+			name, groupDigits(numel), t, rate, bench.MaxComputeTarget)
+	}
+	return rate, from, nil
 }
 
 // rateFromGFLOPS converts a FLOP rate into parameters per second: a
@@ -201,8 +237,8 @@ func parseRun(c *cli.Context) (runOpts, error) {
 		return o, err
 	}
 	o.trace, o.traceSteps, o.metricsAddr = c.String("trace"), c.Int("trace-steps"), c.String("metrics-addr")
-	if o.traceSteps < 1 {
-		return o, usagef("--trace-steps %d: want >= 1", o.traceSteps)
+	if o.traceSteps < 1 || o.traceSteps > bench.MaxTraceSteps {
+		return o, usagef("--trace-steps %d: want 1..%d (each traced step keeps every rank's statistics in memory)", o.traceSteps, bench.MaxTraceSteps)
 	}
 	if o.trace != "" {
 		if err := checkOutputPath("--trace", o.trace); err != nil {
@@ -214,7 +250,7 @@ func parseRun(c *cli.Context) (runOpts, error) {
 
 func runAction(c *cli.Context) error {
 	if c.Args().Present() {
-		return usagef("unexpected argument %q (commands: run, sweep, collective, info)", c.Args().First())
+		return unexpectedArg(c, c.Args().First(), "commands: run, sweep, collective, info")
 	}
 	o, err := parseRun(c)
 	if err != nil {
@@ -234,7 +270,7 @@ func runAction(c *cli.Context) error {
 		}
 		defer closePools(pools)
 		cfg.Pools = pools
-		onStep, stop, err := serveMetrics(o.metricsAddr, pools, wireDType(o.compression), c.App.ErrWriter)
+		onStep, stop, err := serveMetrics(o.metricsAddr, pools, c.App.ErrWriter)
 		if err != nil {
 			return err
 		}
@@ -244,6 +280,7 @@ func runAction(c *cli.Context) error {
 	if o.trace != "" {
 		cfg.TraceSteps = o.traceSteps
 	}
+	o.notes(c.App.ErrWriter)
 	bar := newProgress(c.App.ErrWriter, "run", o.warmup+o.steps, o.format == "table")
 	cfg.OnStep = chainOnStep(cfg.OnStep, func(rank int, _ bool, _ *ddp.StepStats) {
 		if rank == 0 {
@@ -252,15 +289,45 @@ func runAction(c *cli.Context) error {
 	})
 	res, err := bench.Run(c.Context, cfg)
 	bar.stop()
-	if err != nil {
+	if err != nil && (res == nil || !res.Interrupted) {
 		return timeoutHint(err, o.timeout)
+	}
+	if res.Interrupted && res.Steps == 0 {
+		return interruptedError{msg: fmt.Sprintf("interrupted before the first of %d measured steps completed: nothing to report", o.steps), err: err}
 	}
 	if o.trace != "" {
 		if err := writeTraceFile(o.trace, &o, res); err != nil {
 			return err
 		}
 	}
-	return writeRunResults(c.App.Writer, o.format, []runRecord{{o: o, res: res}})
+	if err := writeRunResults(c.App.Writer, o.format, []runRecord{{o: o, res: res}}); err != nil {
+		return err
+	}
+	if res.Interrupted {
+		msg := fmt.Sprintf("interrupted: the results above cover the %d of %d measured steps completed", res.Steps, o.steps)
+		if o.trace != "" {
+			msg += fmt.Sprintf("; %s holds %d of them", o.trace, len(res.Trace))
+		}
+		return interruptedError{msg: msg, err: err}
+	}
+	return nil
+}
+
+// notes warns, on w, about configurations whose numbers a newcomer would
+// misread: compression where no wire exists, and a CPU-bound backward
+// that leaves no core for the reduction to run on.
+func (o *runOpts) notes(w io.Writer) {
+	if o.compression != "none" && o.backend.sharedMemory {
+		fmt.Fprintf(w, "ddpbench: note: --compression %s with --backend %s: the ranks share memory, so there are no wire bytes to save, "+
+			"only conversions to pay; expect a slower step than with none (compression pays off on a network)\n", o.compression, o.backend.name)
+	}
+	if o.compute == bench.ComputeSpin {
+		if procs := runtime.GOMAXPROCS(0); o.ranks >= procs {
+			fmt.Fprintf(w, "ddpbench: note: --compute spin keeps %s busy on %d cores (GOMAXPROCS): the reductions compete with backward "+
+				"for them, so little communication can hide behind it; --compute sleep leaves the CPU free, as a GPU's backward does\n",
+				rankCount(o.ranks), procs)
+		}
+	}
 }
 
 // benchConfig returns the bench configuration for o on group g.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -16,12 +17,13 @@ func sweepCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "sweep",
 		Usage: "run the step benchmark over a list of bucket caps and report the best",
-		Description: "Runs `run` once per bucket cap (--bucket-cap-mb is ignored) on one group of ranks,\n" +
-			"prints a row per cap and the cap with the lowest median step time; --plot draws\n" +
-			"step time (median, p10-p90 bars) and overlap ratio against the cap as SVG.",
-		Flags: append(stepFlags(),
+		Description: "Runs `run` once per bucket cap on one group of ranks, prints a row per cap and the\n" +
+			"cap with the lowest median step time, saying which other caps are within noise of it\n" +
+			"(their p10-p90 ranges overlap); --plot draws step time (median, p10-p90 bars) and\n" +
+			"overlap ratio against the cap as SVG. Ctrl-C prints the caps measured so far.\n\n" + exitRule,
+		Flags: append(stepFlags(false),
 			stringFlag("caps", "1,2,5,10,25,50,100", "bucket caps in MiB, comma-separated"),
-			stringFlag("plot", "", "write an SVG plot of step time and overlap against bucket cap to `FILE`"),
+			stringFlag("plot", "", "write an SVG plot of step time and overlap against bucket cap to `FILE.svg`"),
 		),
 		Action: sweepAction,
 	}
@@ -45,6 +47,9 @@ func parseCaps(s string) ([]float64, error) {
 }
 
 func sweepAction(c *cli.Context) error {
+	if c.Args().Present() {
+		return unexpectedArg(c, c.Args().First(), "sweep takes flags only")
+	}
 	o, err := parseStepFlags(c)
 	if err != nil {
 		return err
@@ -55,7 +60,7 @@ func sweepAction(c *cli.Context) error {
 	}
 	plot := c.String("plot")
 	if plot != "" {
-		if err := checkOutputPath("--plot", plot); err != nil {
+		if err := checkPlotPath(plot); err != nil {
 			return err
 		}
 	}
@@ -64,9 +69,12 @@ func sweepAction(c *cli.Context) error {
 		return err
 	}
 	defer closeGroup()
+	o.bucketCapMB = caps[0] // for the notes, which do not depend on it
+	o.notes(c.App.ErrWriter)
 	bar := newProgress(c.App.ErrWriter, "sweep", len(caps)*(o.steps+o.warmup), o.format == "table")
 	defer bar.stop()
 	var recs []runRecord
+	var stopped error
 	for _, capMB := range caps {
 		ro := o
 		ro.bucketCapMB = capMB
@@ -77,29 +85,85 @@ func sweepAction(c *cli.Context) error {
 			}
 		}
 		res, err := bench.Run(c.Context, cfg)
-		if err != nil {
+		if err != nil && (res == nil || !res.Interrupted) {
 			return fmt.Errorf("bucket cap %g MiB: %w", capMB, timeoutHint(err, o.timeout))
 		}
-		recs = append(recs, runRecord{o: ro, res: res})
+		if res.Steps > 0 {
+			recs = append(recs, runRecord{o: ro, res: res})
+		}
+		if res.Interrupted {
+			stopped = err
+			break
+		}
 	}
 	bar.stop()
+	if len(recs) == 0 {
+		return interruptedError{msg: fmt.Sprintf("interrupted before the first of %d measured steps at bucket cap %g MiB completed: nothing to report", o.steps, caps[0]), err: stopped}
+	}
 	if plot != "" {
 		if err := writePlotFile(plot, &o, recs); err != nil {
 			return err
 		}
 	}
-	return writeSweep(c.App.Writer, o.format, recs)
+	if err := writeSweep(c.App.Writer, o.format, recs); err != nil {
+		return err
+	}
+	if stopped != nil {
+		last := recs[len(recs)-1]
+		done := len(recs)
+		if last.res.Interrupted {
+			done--
+		}
+		return interruptedError{msg: fmt.Sprintf("interrupted: %d of %d bucket caps measured in full%s",
+			done, len(caps), partialNote(last)), err: stopped}
+	}
+	return nil
 }
 
-// best returns the index of the record with the lowest median step time.
+// partialNote describes the cap that was cut short, if r was.
+func partialNote(r runRecord) string {
+	if !r.res.Interrupted {
+		return ""
+	}
+	return fmt.Sprintf("; %g MiB over %d of %d steps", r.o.bucketCapMB, r.res.Steps, r.o.steps)
+}
+
+// checkPlotPath refuses a --plot file the SVG would be misread from: a
+// name that promises another format (x.png holding SVG opens nowhere).
+func checkPlotPath(path string) error {
+	if ext := filepath.Ext(path); !strings.EqualFold(ext, ".svg") {
+		return usagef("--plot %q: the plot is SVG, so its file must end in .svg (for a PNG: rsvg-convert -o plot.png plot.svg)", path)
+	}
+	return checkOutputPath("--plot", path)
+}
+
+// best returns the index of the complete record with the lowest median
+// step time (a cap cut short by an interruption competes only if it is
+// the only one).
 func best(recs []runRecord) int {
-	b := 0
+	b := -1
 	for i, r := range recs {
-		if r.res.StepTime.Median < recs[b].res.StepTime.Median {
+		if r.res.Interrupted && len(recs) > 1 {
+			continue
+		}
+		if b < 0 || r.res.StepTime.Median < recs[b].res.StepTime.Median {
 			b = i
 		}
 	}
-	return b
+	return max(b, 0)
+}
+
+// withinNoise returns the caps other than recs[b] whose p10-p90 range of
+// step time overlaps that of recs[b]: the data cannot tell them apart.
+func withinNoise(recs []runRecord, b int) []float64 {
+	lo, hi := recs[b].res.StepTime.P10, recs[b].res.StepTime.P90
+	out := []float64{}
+	for i, r := range recs {
+		if i != b && r.res.StepTime.P10 <= hi && r.res.StepTime.P90 >= lo {
+			out = append(out, r.o.bucketCapMB)
+		}
+	}
+	return out
 }
 
 // sweepJSON is the json output of sweep.
@@ -107,16 +171,22 @@ type sweepJSON struct {
 	Runs           []runJSON `json:"runs"`
 	BestBucketCap  float64   `json:"best_bucket_cap_mb"`
 	BestStepMedian float64   `json:"best_step_ms_median"`
+	// WithinNoise lists the caps whose p10-p90 step time range overlaps
+	// the best one's: as good, as far as the measurement can tell.
+	WithinNoise []float64 `json:"within_noise_of_best_mb"`
+	Interrupted bool      `json:"interrupted"`
 }
 
 func writeSweep(w io.Writer, format string, recs []runRecord) error {
 	if len(recs) == 0 {
 		return nil
 	}
-	b := recs[best(recs)]
+	bi := best(recs)
+	b := recs[bi]
 	switch format {
 	case "json":
-		j := sweepJSON{BestBucketCap: b.o.bucketCapMB, BestStepMedian: b.res.StepTime.Median * 1e3}
+		j := sweepJSON{BestBucketCap: b.o.bucketCapMB, BestStepMedian: b.res.StepTime.Median * 1e3,
+			WithinNoise: withinNoise(recs, bi), Interrupted: recs[len(recs)-1].res.Interrupted}
 		for _, r := range recs {
 			j.Runs = append(j.Runs, r.json())
 		}
@@ -130,15 +200,14 @@ func writeSweep(w io.Writer, format string, recs []runRecord) error {
 func writeSweepTable(w io.Writer, recs []runRecord) error {
 	o := recs[0].o
 	sb := &strings.Builder{}
-	// The configuration line, without the cap, which varies.
-	desc := strings.SplitN(o.describe(), "\n", 3)
-	fmt.Fprintf(sb, "%s\n%s (%s), first bucket %g MiB, compression %s, compute %s",
-		desc[0], rankCount(o.ranks), o.backend.name, o.firstMB, o.compression, o.compute)
-	if o.compute != bench.ComputeNone {
-		fmt.Fprintf(sb, " (%.2f ms per step)", recs[0].res.ComputeTarget*1e3)
+	// The configuration lines, without the cap, which varies.
+	fmt.Fprintf(sb, "%s\n%s\nbuckets: first %g MiB, compression %s\n%s\n",
+		o.modelLine(), o.ranksLine(), o.firstMB, o.compression, o.computeLine(recs[0].res))
+	fmt.Fprintf(sb, "%d steps after %d warmup per cap\n", o.steps, o.warmup)
+	if last := recs[len(recs)-1]; last.res.Interrupted {
+		fmt.Fprintf(sb, "INTERRUPTED: the last row (%g MiB) covers %d of %d steps\n", last.o.bucketCapMB, last.res.Steps, last.o.steps)
 	}
-	fmt.Fprintf(sb, "; %d steps after %d warmup per cap\n\n", o.steps, o.warmup)
-	fmt.Fprintf(sb, "%9s %7s %10s %9s %9s %11s %9s %8s %9s\n",
+	fmt.Fprintf(sb, "\n%9s %7s %10s %9s %9s %11s %9s %8s %9s\n",
 		"cap(MiB)", "buckets", "step(ms)", "p10", "p90", "compute(ms)", "comm(ms)", "overlap", "busbw")
 	for _, r := range recs {
 		res := r.res
@@ -146,8 +215,18 @@ func writeSweepTable(w io.Writer, recs []runRecord) error {
 			r.o.bucketCapMB, len(res.Buckets), res.StepTime.Median*1e3, res.StepTime.P10*1e3, res.StepTime.P90*1e3,
 			res.ComputeTime.Median*1e3, res.CommTime.Median*1e3, res.OverlapRatio.Median, res.BusBW.Median)
 	}
-	b := recs[best(recs)]
-	fmt.Fprintf(sb, "\nbest bucket cap: %g MiB (median step %.2f ms)\n", b.o.bucketCapMB, b.res.StepTime.Median*1e3)
+	bi := best(recs)
+	b := recs[bi]
+	fmt.Fprintf(sb, "\nbest bucket cap: %g MiB (median step %.2f ms, p10-p90 %.2f-%.2f)", b.o.bucketCapMB,
+		b.res.StepTime.Median*1e3, b.res.StepTime.P10*1e3, b.res.StepTime.P90*1e3)
+	if near := withinNoise(recs, bi); len(near) > 0 {
+		caps := make([]string, len(near))
+		for i, c := range near {
+			caps[i] = fmt.Sprintf("%g", c)
+		}
+		fmt.Fprintf(sb, "\n  within noise of it: %s MiB (their p10-p90 ranges overlap); more --steps may separate them", strings.Join(caps, ", "))
+	}
+	sb.WriteString("\n")
 	_, err := io.WriteString(w, sb.String())
 	return err
 }
@@ -161,6 +240,9 @@ func writePlotFile(path string, o *runOpts, recs []runRecord) error {
 	title := fmt.Sprintf("%s, %s (%s), compression %s, compute %s", o.model.Model, rankCount(o.ranks), o.backend.name, o.compression, o.compute)
 	if o.compute != bench.ComputeNone && len(recs) > 0 {
 		title += fmt.Sprintf(" (%.2f ms per step)", recs[0].res.ComputeTarget*1e3)
+	}
+	if len(recs) > 0 && recs[len(recs)-1].res.Interrupted {
+		title += ", interrupted"
 	}
 	if err := os.WriteFile(path, []byte(plotSVG(title, pts)), 0o644); err != nil {
 		return fmt.Errorf("--plot: %w", err)

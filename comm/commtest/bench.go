@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
 )
 
@@ -22,19 +23,45 @@ func Bench(b *testing.B, comms []comm.Communicator, k comm.Kind, dt comm.DType, 
 	if k == comm.KindAllGather || k == comm.KindReduceScatter {
 		count /= n
 	}
+	// The buffers are pool memory, off the Go heap, as the contract
+	// requires of every buffer handed to a collective.
+	o := allocator.Options{}
+	if need := int64(n) * (2*int64(n*count*dt.Size()) + 1<<20); need > allocator.DefaultLimit {
+		o.Limit = need
+	}
+	pool, err := allocator.New(o)
+	if err != nil {
+		b.Fatalf("commtest.Bench: a pool for the buffers: %v", err)
+	}
+	var blocks []allocator.Block
+	b.Cleanup(func() {
+		for _, blk := range blocks {
+			if err := pool.Put(blk); err != nil {
+				b.Errorf("commtest.Bench: returning a buffer: %v", err)
+			}
+		}
+		if err := pool.Close(); err != nil {
+			b.Errorf("commtest.Bench: closing the buffer pool: %v", err)
+		}
+	})
+	get := func(count int) comm.Buffer {
+		blk, err := pool.Get(max(count*dt.Size(), 1))
+		if err != nil {
+			b.Fatalf("commtest.Bench: a buffer of %d x %s: %v", count, dt, err)
+		}
+		blocks = append(blocks, blk)
+		return comm.HostBuffer(blk.Addr(), count, dt)
+	}
 	send := make([]comm.Buffer, n)
 	recv := make([]comm.Buffer, n)
 	for r := range n {
 		switch k {
 		case comm.KindAllGather:
-			send[r] = buffer(alloc(count*dt.Size()), dt)
-			recv[r] = buffer(alloc(n*count*dt.Size()), dt)
+			send[r], recv[r] = get(count), get(n*count)
 		case comm.KindReduceScatter:
-			send[r] = buffer(alloc(n*count*dt.Size()), dt)
-			recv[r] = buffer(alloc(count*dt.Size()), dt)
+			send[r], recv[r] = get(n*count), get(count)
 		default:
-			send[r] = buffer(alloc(count*dt.Size()), dt)
-			recv[r] = buffer(alloc(count*dt.Size()), dt)
+			send[r], recv[r] = get(count), get(count)
 		}
 	}
 	issue := func(r int) comm.Work {

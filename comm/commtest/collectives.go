@@ -10,20 +10,6 @@ import (
 // sentinel fills buffers that a collective must overwrite.
 const sentinel = 0xEE
 
-// scratch holds one reusable byte buffer per rank (and purpose), so the
-// large checks do not allocate anew for every case.
-type scratch [][]byte
-
-func newScratch(n, bytes int) scratch {
-	s := make(scratch, n)
-	for r := range s {
-		s[r] = alloc(bytes)
-	}
-	return s
-}
-
-func (s scratch) get(r, bytes int) []byte { return s[r][:bytes] }
-
 func setAll(b []byte, v byte) {
 	for i := range b {
 		b[i] = v
@@ -41,171 +27,154 @@ func counts(sizes []int, large int, dt comm.DType, perRank int) []int {
 	return cs
 }
 
-func maxBytes(sizes []int, large int) int {
-	m := large
-	for _, s := range sizes {
-		m = max(m, s*8)
+// inputs encodes every rank's input values in dt.
+func inputs(dt comm.DType, v [][]float64) [][]byte {
+	in := make([][]byte, len(v))
+	for r := range in {
+		in[r] = table(dt, func(j int) float64 { return v[r][j] })
 	}
-	return m
+	return in
 }
 
-func (s *suite) allReduce(t *testing.T, cs []comm.Communicator, sizes []int, large int) {
-	n := len(cs)
-	buf, out := newScratch(n, maxBytes(sizes, large)), newScratch(n, maxBytes(sizes, large))
+func placeName(inPlace bool) string {
+	if inPlace {
+		return "in place"
+	}
+	return "out of place"
+}
+
+func (tm *team) allReduce(t *testing.T, sizes []int, large int) {
 	for _, dt := range comm.DTypes {
 		for _, op := range comm.Ops {
-			t.Run(fmt.Sprintf("%s/%s", dt, op), func(t *testing.T) {
-				v := values(dt, n, false, 1)
-				in := make([][]byte, n)
-				for r := range in {
-					in[r] = table(dt, func(j int) float64 { return v[r][j] })
-				}
+			tm.check(t, fmt.Sprintf("%s/%s", dt, op), func(t *testing.T) {
+				v := values(dt, tm.n, false, 1)
 				want := table(dt, func(j int) float64 { return combine(dt, op, v, j) })
-				s.allReduceCase(t, cs, dt, op, in, want, counts(sizes, large, dt, 1), buf, out)
+				tm.allReduceCase(dt, op, inputs(dt, v), want, counts(sizes, large, dt, 1))
 			})
-		}
-	}
-}
-
-func (s *suite) allReduceCase(t *testing.T, cs []comm.Communicator, dt comm.DType, op comm.Op, in [][]byte, want []byte, counts []int, buf, out scratch) {
-	n, sz := len(cs), dt.Size()
-	ws := make([]comm.Work, n)
-	for _, count := range counts {
-		for _, inPlace := range []bool{true, false} {
-			for r, c := range cs {
-				b := buf.get(r, count*sz)
-				fill(b, in[r], sz, 0, count)
-				o := b
-				if !inPlace {
-					o = out.get(r, count*sz)
-					setAll(o, sentinel)
-				}
-				ws[r] = c.AllReduce(buffer(b, dt), buffer(o, dt), op)
-			}
-			s.waitOK(t, ws)
-			for r := range cs {
-				got := buf.get(r, count*sz)
-				if !inPlace {
-					got = out.get(r, count*sz)
-				}
-				if msg := check(dt, got, want, 0, count, s.cfg.tolerance(dt, op)); msg != "" {
-					t.Fatalf("count %s, in place %v: rank %d: %s", sizeName(count, sz), inPlace, r, msg)
-				}
-				if !inPlace {
-					if msg := check(dt, buf.get(r, count*sz), in[r], 0, count, 0); msg != "" {
-						t.Fatalf("count %s, out of place: rank %d's send buffer changed: %s", sizeName(count, sz), r, msg)
-					}
-				}
-			}
 		}
 	}
 }
 
 // halfRounding checks half-precision sums whose exact value is not
 // representable: the result must be the single rounding of the exact sum.
-func (s *suite) halfRounding(t *testing.T, cs []comm.Communicator) {
-	n := len(cs)
-	buf, out := newScratch(n, 2*(4<<10+3)), newScratch(n, 2*(4<<10+3))
+func (tm *team) halfRounding(t *testing.T) {
 	for _, dt := range []comm.DType{comm.Float16, comm.BFloat16} {
 		for _, op := range []comm.Op{comm.Sum, comm.Avg} {
-			t.Run(fmt.Sprintf("%s/%s", dt, op), func(t *testing.T) {
-				v := values(dt, n, true, 7)
-				in := make([][]byte, n)
-				for r := range in {
-					in[r] = table(dt, func(j int) float64 { return v[r][j] })
-				}
+			tm.check(t, fmt.Sprintf("%s/%s", dt, op), func(t *testing.T) {
+				v := values(dt, tm.n, true, 7)
 				want := table(dt, func(j int) float64 { return combine(dt, op, v, j) })
-				s.allReduceCase(t, cs, dt, op, in, want, []int{1, 7, 4<<10 + 3}, buf, out)
+				tm.allReduceCase(dt, op, inputs(dt, v), want, []int{1, 7, 4<<10 + 3})
 			})
 		}
 	}
 }
 
-func (s *suite) broadcast(t *testing.T, cs []comm.Communicator, sizes []int, large int) {
-	n := len(cs)
-	buf := newScratch(n, maxBytes(sizes, large))
-	ws := make([]comm.Work, n)
+func (tm *team) allReduceCase(dt comm.DType, op comm.Op, in [][]byte, want []byte, counts []int) {
+	sz, tol := dt.Size(), tm.cfg.tolerance(dt, op)
+	for _, count := range counts {
+		for _, inPlace := range []bool{true, false} {
+			bytes := count * sz
+			what := fmt.Sprintf("all_reduce(%s) of %s, count %s, %s", op, dt, sizeName(count, sz), placeName(inPlace))
+			tm.step(what, func(r int) []comm.Work {
+				b := tm.mem.get(r, slotSend, bytes)
+				fill(b, in[r], sz, 0, count)
+				o := b
+				if !inPlace {
+					o = tm.mem.get(r, slotRecv, bytes)
+					setAll(o, sentinel)
+				}
+				return []comm.Work{tm.cs[r].AllReduce(buffer(b, dt), buffer(o, dt), op)}
+			}, func(r int) string {
+				b := tm.mem.get(r, slotSend, bytes)
+				if inPlace {
+					return check(dt, b, want, 0, count, tol)
+				}
+				if msg := check(dt, tm.mem.get(r, slotRecv, bytes), want, 0, count, tol); msg != "" {
+					return "recv " + msg
+				}
+				if msg := check(dt, b, in[r], 0, count, 0); msg != "" {
+					return "send buffer changed: " + msg
+				}
+				return ""
+			})
+		}
+	}
+}
+
+func (tm *team) broadcast(t *testing.T, sizes []int, large int) {
 	for _, dt := range comm.DTypes {
-		v := values(dt, n, false, 2)
-		for root := range n {
-			t.Run(fmt.Sprintf("%s/root%d", dt, root), func(t *testing.T) {
-				sz := dt.Size()
+		v := values(dt, tm.n, false, 2)
+		sz := dt.Size()
+		for root := range tm.n {
+			tm.check(t, fmt.Sprintf("%s/root%d", dt, root), func(t *testing.T) {
 				in := table(dt, func(j int) float64 { return v[root][j] })
 				for _, count := range counts(sizes, large, dt, 1) {
-					for r, c := range cs {
-						b := buf.get(r, count*sz)
+					bytes := count * sz
+					what := fmt.Sprintf("broadcast from root %d of %s, count %s", root, dt, sizeName(count, sz))
+					tm.step(what, func(r int) []comm.Work {
+						b := tm.mem.get(r, slotSend, bytes)
 						if r == root {
 							fill(b, in, sz, 0, count)
 						} else {
 							setAll(b, sentinel)
 						}
-						ws[r] = c.Broadcast(buffer(b, dt), root)
-					}
-					s.waitOK(t, ws)
-					for r := range cs {
-						if msg := check(dt, buf.get(r, count*sz), in, 0, count, 0); msg != "" {
-							t.Fatalf("count %s: rank %d: %s", sizeName(count, sz), r, msg)
-						}
-					}
+						return []comm.Work{tm.cs[r].Broadcast(buffer(b, dt), root)}
+					}, func(r int) string {
+						return check(dt, tm.mem.get(r, slotSend, bytes), in, 0, count, 0)
+					})
 				}
 			})
 		}
 	}
 }
 
-func (s *suite) reduce(t *testing.T, cs []comm.Communicator, sizes []int, large int) {
-	n := len(cs)
-	mb := maxBytes(sizes, large)
-	send, recv := newScratch(n, mb), newScratch(n, mb)
-	ws := make([]comm.Work, n)
+func (tm *team) reduce(t *testing.T, sizes []int, large int) {
+	n := tm.n
 	for _, dt := range comm.DTypes {
+		sz := dt.Size()
 		for _, op := range comm.Ops {
 			v := values(dt, n, false, 3)
-			in := make([][]byte, n)
-			for r := range in {
-				in[r] = table(dt, func(j int) float64 { return v[r][j] })
-			}
+			in := inputs(dt, v)
 			want := table(dt, func(j int) float64 { return combine(dt, op, v, j) })
+			tol := tm.cfg.tolerance(dt, op)
 			for root := range n {
-				t.Run(fmt.Sprintf("%s/%s/root%d", dt, op, root), func(t *testing.T) {
-					sz := dt.Size()
+				tm.check(t, fmt.Sprintf("%s/%s/root%d", dt, op, root), func(t *testing.T) {
 					cnts := sizes
 					if root == n-1 || op == comm.Sum && root == 0 {
 						cnts = counts(sizes, large, dt, 1)
 					}
 					for _, count := range cnts {
 						for _, inPlace := range []bool{false, true} {
-							for r, c := range cs {
-								sb := send.get(r, count*sz)
+							bytes := count * sz
+							what := fmt.Sprintf("reduce(%s) to root %d of %s, count %s, %s", op, root, dt, sizeName(count, sz), placeName(inPlace))
+							tm.step(what, func(r int) []comm.Work {
+								sb := tm.mem.get(r, slotSend, bytes)
 								fill(sb, in[r], sz, 0, count)
-								rb := recv.get(r, count*sz)
-								setAll(rb, sentinel)
-								if inPlace {
-									rb = sb
+								rb := sb
+								if !inPlace {
+									rb = tm.mem.get(r, slotRecv, bytes)
+									setAll(rb, sentinel)
 								}
-								ws[r] = c.Reduce(buffer(sb, dt), buffer(rb, dt), op, root)
-							}
-							s.waitOK(t, ws)
-							for r := range cs {
-								got := send.get(r, count*sz)
+								return []comm.Work{tm.cs[r].Reduce(buffer(sb, dt), buffer(rb, dt), op, root)}
+							}, func(r int) string {
+								sb := tm.mem.get(r, slotSend, bytes)
 								if r == root {
+									got, where := sb, ""
 									if !inPlace {
-										got = recv.get(r, count*sz)
+										got, where = tm.mem.get(r, slotRecv, bytes), "recv "
 									}
-									if msg := check(dt, got, want, 0, count, s.cfg.tolerance(dt, op)); msg != "" {
-										t.Fatalf("count %s, in place %v: root %d: %s", sizeName(count, sz), inPlace, r, msg)
+									if msg := check(dt, got, want, 0, count, tol); msg != "" {
+										return "root's " + where + msg
 									}
-									continue
+									if inPlace {
+										return ""
+									}
 								}
-								if msg := check(dt, got, in[r], 0, count, 0); msg != "" {
-									t.Fatalf("count %s, in place %v: rank %d's send buffer changed: %s", sizeName(count, sz), inPlace, r, msg)
+								if msg := check(dt, sb, in[r], 0, count, 0); msg != "" {
+									return "send buffer changed: " + msg
 								}
-							}
-							if !inPlace {
-								if msg := check(dt, send.get(root, count*sz), in[root], 0, count, 0); msg != "" {
-									t.Fatalf("count %s: root %d's send buffer changed: %s", sizeName(count, sz), root, msg)
-								}
-							}
+								return ""
+							})
 						}
 					}
 				})
@@ -214,81 +183,77 @@ func (s *suite) reduce(t *testing.T, cs []comm.Communicator, sizes []int, large 
 	}
 }
 
-func (s *suite) allGather(t *testing.T, cs []comm.Communicator, sizes []int, large int) {
-	n := len(cs)
-	send, recv := newScratch(n, maxBytes(sizes, large)), newScratch(n, n*maxBytes(sizes, large/n))
-	ws := make([]comm.Work, n)
+func (tm *team) allGather(t *testing.T, sizes []int, large int) {
+	n := tm.n
 	for _, dt := range comm.DTypes {
-		t.Run(dt.String(), func(t *testing.T) {
+		tm.check(t, dt.String(), func(t *testing.T) {
 			sz := dt.Size()
-			v := values(dt, n, false, 4)
-			in := make([][]byte, n)
-			for r := range in {
-				in[r] = table(dt, func(j int) float64 { return v[r][j] })
-			}
+			in := inputs(dt, values(dt, n, false, 4))
 			for _, count := range counts(sizes, large, dt, n) {
 				for _, inPlace := range []bool{false, true} {
-					for r, c := range cs {
-						rb := recv.get(r, n*count*sz)
+					bytes := count * sz
+					what := fmt.Sprintf("all_gather of %s, count %s per rank, %s", dt, sizeName(count, sz), placeName(inPlace))
+					tm.step(what, func(r int) []comm.Work {
+						rb := tm.mem.get(r, slotRecv, n*bytes)
 						setAll(rb, sentinel)
-						sb := send.get(r, count*sz)
-						if inPlace {
-							sb = rb[r*count*sz : (r+1)*count*sz]
+						sb := rb[r*bytes : (r+1)*bytes]
+						if !inPlace {
+							sb = tm.mem.get(r, slotSend, bytes)
 						}
 						fill(sb, in[r], sz, 0, count)
-						ws[r] = c.AllGather(buffer(sb, dt), buffer(rb, dt))
-					}
-					s.waitOK(t, ws)
-					for r := range cs {
-						rb := recv.get(r, n*count*sz)
+						return []comm.Work{tm.cs[r].AllGather(buffer(sb, dt), buffer(rb, dt))}
+					}, func(r int) string {
+						rb := tm.mem.get(r, slotRecv, n*bytes)
 						for q := range n {
-							if msg := check(dt, rb[q*count*sz:], in[q], 0, count, 0); msg != "" {
-								t.Fatalf("count %s, in place %v: rank %d, block %d: %s", sizeName(count, sz), inPlace, r, q, msg)
+							if msg := check(dt, rb[q*bytes:], in[q], 0, count, 0); msg != "" {
+								return fmt.Sprintf("recv block %d (rank %d's): %s", q, q, msg)
 							}
 						}
-					}
+						if !inPlace {
+							if msg := check(dt, tm.mem.get(r, slotSend, bytes), in[r], 0, count, 0); msg != "" {
+								return "send buffer changed: " + msg
+							}
+						}
+						return ""
+					})
 				}
 			}
 		})
 	}
 }
 
-func (s *suite) reduceScatter(t *testing.T, cs []comm.Communicator, sizes []int, large int) {
-	n := len(cs)
-	send, recv := newScratch(n, n*maxBytes(sizes, large/n)), newScratch(n, maxBytes(sizes, large))
-	ws := make([]comm.Work, n)
+func (tm *team) reduceScatter(t *testing.T, sizes []int, large int) {
+	n := tm.n
 	for _, dt := range comm.DTypes {
 		for _, op := range comm.Ops {
-			t.Run(fmt.Sprintf("%s/%s", dt, op), func(t *testing.T) {
-				sz := dt.Size()
+			tm.check(t, fmt.Sprintf("%s/%s", dt, op), func(t *testing.T) {
+				sz, tol := dt.Size(), tm.cfg.tolerance(dt, op)
 				v := values(dt, n, false, 5)
-				in := make([][]byte, n)
-				for r := range in {
-					in[r] = table(dt, func(j int) float64 { return v[r][j] })
-				}
+				in := inputs(dt, v)
 				want := table(dt, func(j int) float64 { return combine(dt, op, v, j) })
 				for _, count := range counts(sizes, large, dt, n) {
 					for _, inPlace := range []bool{false, true} {
-						for r, c := range cs {
-							sb := send.get(r, n*count*sz)
+						bytes := count * sz
+						what := fmt.Sprintf("reduce_scatter(%s) of %s, count %s per rank, %s", op, dt, sizeName(count, sz), placeName(inPlace))
+						tm.step(what, func(r int) []comm.Work {
+							sb := tm.mem.get(r, slotSend, n*bytes)
 							fill(sb, in[r], sz, 0, n*count)
-							rb := recv.get(r, count*sz)
-							setAll(rb, sentinel)
-							if inPlace {
-								rb = sb[r*count*sz : (r+1)*count*sz]
+							rb := sb[r*bytes : (r+1)*bytes]
+							if !inPlace {
+								rb = tm.mem.get(r, slotRecv, bytes)
+								setAll(rb, sentinel)
 							}
-							ws[r] = c.ReduceScatter(buffer(sb, dt), buffer(rb, dt), op)
-						}
-						s.waitOK(t, ws)
-						for r := range cs {
-							got := recv.get(r, count*sz)
-							if inPlace {
-								got = send.get(r, n*count*sz)[r*count*sz:]
+							return []comm.Work{tm.cs[r].ReduceScatter(buffer(sb, dt), buffer(rb, dt), op)}
+						}, func(r int) string {
+							got := tm.mem.get(r, slotSend, n*bytes)[r*bytes:]
+							if !inPlace {
+								got = tm.mem.get(r, slotRecv, bytes)
 							}
-							if msg := check(dt, got, want, r*count, count, s.cfg.tolerance(dt, op)); msg != "" {
-								t.Fatalf("count %s, in place %v: rank %d: %s", sizeName(count, sz), inPlace, r, msg)
+							if msg := check(dt, got, want, r*count, count, tol); msg != "" {
+								return fmt.Sprintf("block %d: %s", r, msg)
 							}
-						}
+							return ""
+						})
 					}
 				}
 			})
@@ -299,39 +264,34 @@ func (s *suite) reduceScatter(t *testing.T, cs []comm.Communicator, sizes []int,
 // sendRecvRing passes each rank's message to the next rank. Even ranks
 // send first and odd ranks receive first, which completes on any backend
 // whose Send may wait for the matching Recv.
-func (s *suite) sendRecvRing(t *testing.T, cs []comm.Communicator, sizes []int, large int) {
-	n := len(cs)
-	send, recv := newScratch(n, maxBytes(sizes, large)), newScratch(n, maxBytes(sizes, large))
-	ws := make([]comm.Work, 2*n)
+func (tm *team) sendRecvRing(t *testing.T, sizes []int, large int) {
+	n := tm.n
 	for _, dt := range comm.DTypes {
-		t.Run(dt.String(), func(t *testing.T) {
+		tm.check(t, dt.String(), func(t *testing.T) {
 			sz := dt.Size()
-			v := values(dt, n, false, 6)
-			in := make([][]byte, n)
-			for r := range in {
-				in[r] = table(dt, func(j int) float64 { return v[r][j] })
-			}
+			in := inputs(dt, values(dt, n, false, 6))
 			for _, count := range counts(sizes, large, dt, 1) {
-				for r, c := range cs {
-					sb, rb := send.get(r, count*sz), recv.get(r, count*sz)
+				bytes := count * sz
+				what := fmt.Sprintf("send/recv ring of %s, count %s", dt, sizeName(count, sz))
+				tm.step(what, func(r int) []comm.Work {
+					sb, rb := tm.mem.get(r, slotSend, bytes), tm.mem.get(r, slotRecv, bytes)
 					fill(sb, in[r], sz, 0, count)
 					setAll(rb, sentinel)
-					next, prev := (r+1)%n, (r+n-1)%n
+					c, next, prev := tm.cs[r], (r+1)%n, (r+n-1)%n
 					if r%2 == 0 {
-						ws[2*r] = c.Send(buffer(sb, dt), next)
-						ws[2*r+1] = c.Recv(buffer(rb, dt), prev)
-					} else {
-						ws[2*r] = c.Recv(buffer(rb, dt), prev)
-						ws[2*r+1] = c.Send(buffer(sb, dt), next)
+						return []comm.Work{c.Send(buffer(sb, dt), next), c.Recv(buffer(rb, dt), prev)}
 					}
-				}
-				s.waitOK(t, ws)
-				for r := range cs {
+					return []comm.Work{c.Recv(buffer(rb, dt), prev), c.Send(buffer(sb, dt), next)}
+				}, func(r int) string {
 					prev := (r + n - 1) % n
-					if msg := check(dt, recv.get(r, count*sz), in[prev], 0, count, 0); msg != "" {
-						t.Fatalf("count %s: rank %d from rank %d: %s", sizeName(count, sz), r, prev, msg)
+					if msg := check(dt, tm.mem.get(r, slotRecv, bytes), in[prev], 0, count, 0); msg != "" {
+						return fmt.Sprintf("from rank %d: %s", prev, msg)
 					}
-				}
+					if msg := check(dt, tm.mem.get(r, slotSend, bytes), in[r], 0, count, 0); msg != "" {
+						return "send buffer changed: " + msg
+					}
+					return ""
+				})
 			}
 		})
 	}

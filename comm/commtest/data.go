@@ -207,12 +207,6 @@ func (c *config) tolerance(dt comm.DType, op comm.Op) int64 {
 	return 0
 }
 
-// alloc returns a zeroed byte slice of n bytes, 8-byte aligned, never nil.
-func alloc(n int) []byte {
-	w := make([]uint64, n/8+1)
-	return unsafe.Slice((*byte)(unsafe.Pointer(&w[0])), n)
-}
-
 func buffer(b []byte, dt comm.DType) comm.Buffer {
 	return comm.HostBuffer(unsafe.Pointer(unsafe.SliceData(b)), len(b)/dt.Size(), dt)
 }

@@ -4,10 +4,18 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/fp16"
 )
+
+// alloc returns a zeroed byte slice of n bytes, 8-byte aligned: Go memory,
+// which only the pattern helpers see, never a collective.
+func alloc(n int) []byte {
+	w := make([]uint64, n/8+1)
+	return unsafe.Slice((*byte)(unsafe.Pointer(&w[0])), n)
+}
 
 func TestFillAndCheck(t *testing.T) {
 	for _, dt := range comm.DTypes {

@@ -125,13 +125,6 @@ func (d *dataset) subset(idx []int) *dataset {
 	return s
 }
 
-// epochOrder returns the order in which epoch visits the training set: a
-// permutation that depends only on seed and epoch, so every rank computes
-// the same one without communicating.
-func epochOrder(n int, seed uint64, epoch int) []int {
-	return rand.New(rand.NewPCG(seed, uint64(epoch)+1)).Perm(n)
-}
-
 // gather copies the examples order[lo:hi] into x and y (resliced to fit).
 func (d *dataset) gather(x []float32, y []int32, order []int) ([]float32, []int32) {
 	x, y = x[:0], y[:0]

@@ -8,8 +8,9 @@
 // perceptron with one hidden ReLU layer (64-128-10) trained with softmax
 // cross-entropy and SGD with momentum.
 //
-// Every rank holds a replica of the model and, for every global batch,
-// takes an equal, contiguous shard of it. Its backward pass is written by
+// Every rank holds a replica of the model and takes its shard of every
+// epoch from package sampler (PyTorch's DistributedSampler): the ranks'
+// batches of one step together make up one global batch. Its backward pass is written by
 // hand and marks each layer's gradients ready as soon as they are
 // computed, last layer first, so the all-reduce of the last layer runs
 // while the first layer is still being differentiated. Each rank's loss is

@@ -7,7 +7,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
+	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/ddpgo/ddpgo/ddp"
@@ -34,8 +37,9 @@ func main() {
 	}
 }
 
-// errConfig is returned (wrapped) for an invalid flag combination.
-var errConfig = errors.New("digits: invalid configuration")
+// errConfig is returned (wrapped) for an invalid flag combination. main
+// prefixes every error with "digits:", so the text here does not.
+var errConfig = errors.New("invalid configuration")
 
 func (c config) validate() error {
 	switch {
@@ -68,23 +72,30 @@ func run(out io.Writer, cfg config) error {
 	if train.len() < cfg.Batch {
 		return fmt.Errorf("%w: -batch %d exceeds the %d training examples", errConfig, cfg.Batch, train.len())
 	}
-	fmt.Fprintf(out, "digits: %d train / %d test examples, %d ranks, batch %d (%d per rank), hook %s\n",
-		train.len(), test.len(), cfg.Ranks, cfg.Batch, cfg.Batch/cfg.Ranks, cfg.Hook)
+	fmt.Fprintf(out, "digits: %d train / %d test examples, %s, batch %d (%d per rank), hook %s\n",
+		train.len(), test.len(), rankCount(cfg.Ranks), cfg.Batch, cfg.Batch/cfg.Ranks, cfg.Hook)
+	if cfg.Stats {
+		fmt.Fprintln(out, overlapNote(cfg.Ranks, runtime.GOMAXPROCS(0)))
+	}
 	// Rank 0's step statistics, summed over an epoch (rank 0's callbacks
 	// all run on its own goroutine).
 	var sum struct {
 		steps                       int
 		wall, backward, comm, ovlap time.Duration
 	}
-	tl, closeTrace, err := openTrace(cfg)
-	if err != nil {
-		return err
+	tl := newTimeline(cfg.Ranks)
+	var traceFile *os.File
+	if cfg.Trace != "" {
+		// Created now, so that a bad path fails before training does.
+		if traceFile, err = os.Create(cfg.Trace); err != nil {
+			return err
+		}
 	}
 	params := (&mlp{in: Pixels, hidden: cfg.Hidden, out: Classes}).params()
 	obs := observer{
 		step: func(rank int, s *ddp.StepStats) {
-			if tl != nil && s.Step >= traceFrom && s.Step < traceFrom+traceSteps {
-				ddp.WriteTimeline(tl, rank, s, params)
+			if cfg.Trace != "" {
+				tl.keep(rank, s)
 			}
 			if rank == 0 {
 				sum.steps++
@@ -113,7 +124,33 @@ func run(out io.Writer, cfg config) error {
 		},
 	}
 	_, err = trainGroup(context.Background(), train, cfg, obs)
-	return errors.Join(err, closeTrace())
+	if traceFile != nil {
+		return errors.Join(err, tl.write(traceFile, cfg, params))
+	}
+	return err
+}
+
+// overlapNote says, for -stats, whether the "hidden" share can show. Each
+// rank's backward keeps a core busy; its all-reduce runs on the rank's
+// communication goroutine and needs a core of its own at the same time.
+// A GPU computing backward would leave the CPU free; here the backward is
+// the CPU's.
+func overlapNote(ranks, procs int) string {
+	if ranks >= procs {
+		return fmt.Sprintf("note: %s compute backward on %d cores (GOMAXPROCS): an all-reduce started during backward\n"+
+			"      waits for a core, so little or none of it hides behind backward (%% hidden below);\n"+
+			"      with more cores than ranks, layer 2's all-reduce overlaps layer 1's backward", rankCount(ranks), procs)
+	}
+	return fmt.Sprintf("note: %s on %d cores (GOMAXPROCS): a core is free for layer 2's all-reduce while layer 1's backward runs",
+		rankCount(ranks), procs)
+}
+
+// rankCount is "1 rank" or "N ranks".
+func rankCount(n int) string {
+	if n == 1 {
+		return "1 rank"
+	}
+	return fmt.Sprintf("%d ranks", n)
 }
 
 // The trace records these steps of every rank: the first step runs on the
@@ -123,19 +160,54 @@ const (
 	traceSteps = 3
 )
 
-// openTrace creates the trace file named by cfg.Trace, if any, and returns
-// its writer (nil if none) and a function that completes and closes it.
-func openTrace(cfg config) (*trace.Writer, func() error, error) {
-	if cfg.Trace == "" {
-		return nil, func() error { return nil }, nil
+// timeline keeps a copy of every rank's statistics for the traced
+// steps, which the ranks report concurrently; write turns them into a
+// trace, one step at a time.
+type timeline struct {
+	mu    sync.Mutex
+	steps [traceSteps][]ddp.StepStats // [step-traceFrom][rank]
+}
+
+func newTimeline(ranks int) *timeline {
+	tl := &timeline{}
+	for i := range tl.steps {
+		tl.steps[i] = make([]ddp.StepStats, ranks)
 	}
-	f, err := os.Create(cfg.Trace)
-	if err != nil {
-		return nil, nil, err
+	return tl
+}
+
+// keep copies s if it is a traced step. s is only valid during the call.
+func (tl *timeline) keep(rank int, s *ddp.StepStats) {
+	if s.Step < traceFrom || s.Step >= traceFrom+traceSteps {
+		return
 	}
+	c := *s
+	c.Buckets = slices.Clone(s.Buckets)
+	c.ParamReady = slices.Clone(s.ParamReady)
+	c.Unused = slices.Clone(s.Unused)
+	tl.mu.Lock()
+	tl.steps[s.Step-traceFrom][rank] = c
+	tl.mu.Unlock()
+}
+
+// write writes the kept steps to f and closes it, every rank's step as
+// one trace step, so that the file's trace_steps counts them.
+func (tl *timeline) write(f *os.File, cfg config, params []ddp.Param) error {
 	w := trace.New(f, trace.Options{Metadata: map[string]string{
 		"program": "digits", "ranks": strconv.Itoa(cfg.Ranks), "hook": cfg.Hook,
 		"batch": strconv.Itoa(cfg.Batch), "steps": fmt.Sprintf("%d..%d", traceFrom, traceFrom+traceSteps-1),
 	}})
-	return w, func() error { return errors.Join(w.Close(), f.Close()) }, nil
+	var werr error
+	for _, ranks := range tl.steps {
+		if ranks[0].Step == 0 {
+			break // training ended before this step
+		}
+		for r := range ranks {
+			ddp.WriteTimeline(w, r, &ranks[r], params)
+		}
+		if werr = w.EndStep(); werr != nil {
+			break
+		}
+	}
+	return errors.Join(werr, w.Close(), f.Close())
 }

@@ -133,8 +133,8 @@ func (m *mlp) forward(x []float32, y []int32) (loss float64, correct int) {
 // after which backward never touches grad(i) again: whoever receives the
 // mark may start communicating it while the first layer is still being
 // differentiated. The order is b2, W2, b1, W1. backward stops at the first
-// error ready returns.
-func (m *mlp) backward(grad func(i int) []float32, ready func(i int) error) error {
+// error grad or ready returns.
+func (m *mlp) backward(grad func(i int) ([]float32, error), ready func(i int) error) error {
 	n := m.n
 	inv := float32(1) / float32(n)
 	m.dz = grow(m.dz, n*m.out)
@@ -152,7 +152,10 @@ func (m *mlp) backward(grad func(i int) []float32, ready func(i int) error) erro
 	}
 
 	// Layer 2: db2 = sum_r dz, dW2[o] = sum_r dz[r][o] h[r].
-	gb2 := grad(pB2)
+	gb2, err := grad(pB2)
+	if err != nil {
+		return err
+	}
 	for o := range m.out {
 		var s float64
 		for r := range n {
@@ -163,7 +166,10 @@ func (m *mlp) backward(grad func(i int) []float32, ready func(i int) error) erro
 	if err := ready(pB2); err != nil {
 		return err
 	}
-	gw2 := grad(pW2)
+	gw2, err := grad(pW2)
+	if err != nil {
+		return err
+	}
 	acc := m.acc[:m.hidden]
 	for o := range m.out {
 		clear(acc)
@@ -199,7 +205,10 @@ func (m *mlp) backward(grad func(i int) []float32, ready func(i int) error) erro
 	}
 
 	// Layer 1: db1 = sum_r dh, dW1[j] = sum_r dh[r][j] x[r].
-	gb1 := grad(pB1)
+	gb1, err := grad(pB1)
+	if err != nil {
+		return err
+	}
 	for j := range m.hidden {
 		var s float64
 		for r := range n {
@@ -210,7 +219,10 @@ func (m *mlp) backward(grad func(i int) []float32, ready func(i int) error) erro
 	if err := ready(pB1); err != nil {
 		return err
 	}
-	gw1 := grad(pW1)
+	gw1, err := grad(pW1)
+	if err != nil {
+		return err
+	}
 	acc = m.acc[:m.in]
 	for j := range m.hidden {
 		clear(acc)
@@ -246,14 +258,27 @@ func newSGD(params [][]float32, lr, momentum float32) *sgd {
 }
 
 // step updates every parameter i with gradient grad(i).
-func (o *sgd) step(params [][]float32, grad func(i int) []float32) {
-	for i, w := range params {
-		g, v := grad(i), o.v[i]
-		for k := range w {
-			v[k] = o.mu*v[k] + g[k]
-			w[k] -= o.lr * v[k]
+func (o *sgd) step(params [][]float32, grad func(i int) ([]float32, error)) error {
+	for i := range params {
+		if err := o.update(params, i, grad); err != nil {
+			return err
 		}
 	}
+	return nil
+}
+
+// update updates parameter i with gradient grad(i).
+func (o *sgd) update(params [][]float32, i int, grad func(i int) ([]float32, error)) error {
+	g, err := grad(i)
+	if err != nil {
+		return err
+	}
+	w, v := params[i], o.v[i]
+	for k := range w {
+		v[k] = o.mu*v[k] + g[k]
+		w[k] -= o.lr * v[k]
+	}
+	return nil
 }
 
 // evaluate returns the mean loss and the accuracy (fraction correct) of m

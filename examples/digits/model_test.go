@@ -31,7 +31,7 @@ func gradients(t *testing.T, m *mlp, x []float32, y []int32) ([][]float32, []int
 	}
 	var order []int
 	m.forward(x, y)
-	err := m.backward(func(i int) []float32 { return g[i] }, func(i int) error {
+	err := m.backward(func(i int) ([]float32, error) { return g[i], nil }, func(i int) error {
 		order = append(order, i)
 		return nil
 	})
@@ -118,9 +118,9 @@ func TestBackwardStopsOnReadyError(t *testing.T) {
 	m.forward(x, y)
 	errStop := errorString("stop")
 	var asked []int
-	err := m.backward(func(i int) []float32 {
+	err := m.backward(func(i int) ([]float32, error) {
 		asked = append(asked, i)
-		return make([]float32, len(m.w[i]))
+		return make([]float32, len(m.w[i])), nil
 	}, func(i int) error {
 		if i == pW2 {
 			return errStop
@@ -184,7 +184,7 @@ func TestTrainingStepAllocatesNothing(t *testing.T) {
 	for i, w := range m.values() {
 		g[i] = make([]float32, len(w))
 	}
-	grad := func(i int) []float32 { return g[i] }
+	grad := func(i int) ([]float32, error) { return g[i], nil }
 	ready := func(int) error { return nil }
 	opt := newSGD(m.values(), 0.1, 0.9)
 	step := func() {
@@ -192,7 +192,9 @@ func TestTrainingStepAllocatesNothing(t *testing.T) {
 		if err := m.backward(grad, ready); err != nil {
 			t.Fatal(err)
 		}
-		opt.step(m.values(), grad)
+		if err := opt.step(m.values(), grad); err != nil {
+			t.Fatal(err)
+		}
 	}
 	step()
 	if n := testing.AllocsPerRun(10, step); n != 0 {

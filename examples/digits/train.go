@@ -10,6 +10,7 @@ import (
 	"github.com/ddpgo/ddpgo/ddp"
 	"github.com/ddpgo/ddpgo/hooks"
 	"github.com/ddpgo/ddpgo/inproc"
+	"github.com/ddpgo/ddpgo/sampler"
 )
 
 // bucketCap is the byte limit of the gradient buckets. Backward produces
@@ -27,9 +28,10 @@ type observer struct {
 
 // train is one rank's training loop; every rank of c runs it at the same
 // time on the same data and returns its replica, identical on all ranks.
-// Each global batch of cfg.Batch examples is cut into c.Size() equal shards
-// and this rank trains on shard c.Rank(); the Reducer averages the
-// gradients while backward runs.
+// Each rank takes its shard of every epoch from a sampler, in batches of
+// cfg.Batch/c.Size() examples, the ranks' batches of one step making up
+// one global batch of cfg.Batch; the Reducer averages the gradients while
+// backward runs.
 func train(ctx context.Context, c comm.Communicator, data *dataset, cfg config, hook hooks.Hook, obs observer) (*mlp, error) {
 	m := newMLP(cfg.Seed, Pixels, cfg.Hidden, Classes)
 	r, err := ddp.New(ctx, c, m.params(), ddp.Options{Hook: hook, FirstBucketCap: bucketCap, BucketCap: bucketCap})
@@ -42,14 +44,21 @@ func train(ctx context.Context, c comm.Communicator, data *dataset, cfg config, 
 	}
 	opt := newSGD(m.values(), float32(cfg.LR), float32(cfg.Momentum))
 	shard := cfg.Batch / c.Size()
+	// This rank's share of every epoch: the shuffle is the same on every
+	// rank, and batch b of all ranks together is the global batch b.
+	smp, err := sampler.New(data.len(), c.Size(), c.Rank(), sampler.Options{Shuffle: true, Seed: cfg.Seed, DropLast: true})
+	if err != nil {
+		return nil, err
+	}
+	var mine []int
+	var stats ddp.StepStats // reused: StatsInto allocates nothing once warm
 	var x []float32
 	var y []int32
 	for epoch := range cfg.Epochs {
-		order := epochOrder(data.len(), cfg.Seed, epoch) // the same on every rank
-		for b := range data.len() / cfg.Batch {          // the last partial batch is dropped
-			lo := b*cfg.Batch + c.Rank()*shard
-			x, y = data.gather(x, y, order[lo:lo+shard])
-			if err := r.Begin(true); err != nil {
+		mine = smp.Epoch(epoch, mine)
+		for b := range len(mine) / shard { // the last partial batch is dropped
+			x, y = data.gather(x, y, mine[b*shard:(b+1)*shard])
+			if err := r.Begin(ddp.Sync); err != nil {
 				return nil, err
 			}
 			m.forward(x, y)
@@ -59,10 +68,12 @@ func train(ctx context.Context, c comm.Communicator, data *dataset, cfg config, 
 			if err := r.Wait(ctx); err != nil { // gradients now hold the average over ranks
 				return nil, err
 			}
-			opt.step(m.values(), r.Grad)
+			if err := opt.step(m.values(), r.Grad); err != nil {
+				return nil, err
+			}
 			if obs.step != nil {
-				s := r.Stats() // timings of this step: compute, comm, overlap, per bucket
-				obs.step(c.Rank(), &s)
+				r.StatsInto(&stats) // timings of this step: compute, comm, overlap, per bucket
+				obs.step(c.Rank(), &stats)
 			}
 		}
 		if c.Rank() == 0 && obs.epoch != nil {

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ddpgo/ddpgo/trace"
+	"github.com/ddpgo/ddpgo/trace/tracetest"
 )
 
 // testData returns the training and test sets of the default split.
@@ -164,7 +164,7 @@ func TestRunWritesTrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	sum, err := trace.Validate(f)
+	sum, err := tracetest.Validate(f)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,8 @@
-package trace
+package tracetest
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,11 +11,13 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/ddpgo/ddpgo/trace"
 )
 
 // Rules select how strictly Validate checks a trace. The zero Rules are
-// the strict ones, which every trace made by a Writer used as documented
-// passes.
+// the strict ones, which every trace made by a trace.Writer used as
+// documented passes.
 type Rules struct {
 	// Nesting allows a span to lie entirely within another span of its
 	// lane (shared ends allowed), as call stacks do. Partial overlap is
@@ -55,7 +58,7 @@ type Lane struct {
 
 // Validate checks a trace with the strict Rules. The trace may be in
 // object form ({"traceEvents": [...]}) or array form. Every problem found
-// (up to Rules.MaxErrors) is reported, each wrapping ErrInvalid and naming
+// (up to Rules.MaxErrors) is reported, each wrapping trace.ErrInvalid and naming
 // the event by its index in traceEvents, phase, name, lane and time.
 func Validate(r io.Reader) (Summary, error) { return Rules{}.Validate(r) }
 
@@ -85,13 +88,13 @@ func (ru Rules) Validate(r io.Reader) (Summary, error) {
 func splitEvents(data []byte) ([]json.RawMessage, error) {
 	trimmed := bytes.TrimSpace(data)
 	if len(trimmed) == 0 {
-		return nil, fmt.Errorf("%w: empty input", ErrInvalid)
+		return nil, fmt.Errorf("%w: empty input", trace.ErrInvalid)
 	}
 	switch trimmed[0] {
 	case '[':
 		var raws []json.RawMessage
 		if err := json.Unmarshal(trimmed, &raws); err != nil {
-			return nil, fmt.Errorf("%w: array form: %v", ErrInvalid, err)
+			return nil, fmt.Errorf("%w: array form: %v", trace.ErrInvalid, err)
 		}
 		return raws, nil
 	case '{':
@@ -100,17 +103,17 @@ func splitEvents(data []byte) ([]json.RawMessage, error) {
 			DisplayTimeUnit *string            `json:"displayTimeUnit"`
 		}
 		if err := json.Unmarshal(trimmed, &obj); err != nil {
-			return nil, fmt.Errorf("%w: object form: %v", ErrInvalid, err)
+			return nil, fmt.Errorf("%w: object form: %v", trace.ErrInvalid, err)
 		}
 		if obj.TraceEvents == nil {
-			return nil, fmt.Errorf("%w: object form without \"traceEvents\"", ErrInvalid)
+			return nil, fmt.Errorf("%w: object form without \"traceEvents\"", trace.ErrInvalid)
 		}
 		if u := obj.DisplayTimeUnit; u != nil && *u != "ms" && *u != "ns" {
-			return nil, fmt.Errorf("%w: displayTimeUnit %q is neither \"ms\" nor \"ns\"", ErrInvalid, *u)
+			return nil, fmt.Errorf("%w: displayTimeUnit %q is neither \"ms\" nor \"ns\"", trace.ErrInvalid, *u)
 		}
 		return *obj.TraceEvents, nil
 	}
-	return nil, fmt.Errorf("%w: input is neither a JSON object nor an array (starts with %q)", ErrInvalid, trimmed[0])
+	return nil, fmt.Errorf("%w: input is neither a JSON object nor an array (starts with %q)", trace.ErrInvalid, trimmed[0])
 }
 
 type rawEvent struct {
@@ -183,7 +186,7 @@ func (v *validator) fail(format string, a ...any) {
 		v.extra++
 		return
 	}
-	v.errs = append(v.errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, a...)...))
+	v.errs = append(v.errs, fmt.Errorf("%w: "+format, append([]any{trace.ErrInvalid}, a...)...))
 }
 
 func (v *validator) result() error {
@@ -191,7 +194,7 @@ func (v *validator) result() error {
 		return nil
 	}
 	if v.extra > 0 {
-		v.errs = append(v.errs, fmt.Errorf("%w: and %d more problems", ErrInvalid, v.extra))
+		v.errs = append(v.errs, fmt.Errorf("%w: and %d more problems", trace.ErrInvalid, v.extra))
 	}
 	return errors.Join(v.errs...)
 }
@@ -525,23 +528,23 @@ func (v *validator) finish() {
 		lanes = append(lanes, k)
 	}
 	slices.SortFunc(lanes, func(a, b laneKey) int {
-		if c := cmpInt(a.pid, b.pid); c != 0 {
+		if c := cmp.Compare(a.pid, b.pid); c != 0 {
 			return c
 		}
-		return cmpInt(a.tid, b.tid)
+		return cmp.Compare(a.tid, b.tid)
 	})
 	// Per-lane spans, sorted by start, enclosing spans first.
 	maxEnds := make(map[laneKey][]time.Duration, len(v.spans))
 	for _, k := range lanes {
 		ss := v.spans[k]
 		slices.SortFunc(ss, func(a, b span) int {
-			if c := cmpInt64(int64(a.start), int64(b.start)); c != 0 {
+			if c := cmp.Compare(int64(a.start), int64(b.start)); c != 0 {
 				return c
 			}
-			if c := cmpInt64(int64(b.end), int64(a.end)); c != 0 {
+			if c := cmp.Compare(int64(b.end), int64(a.end)); c != 0 {
 				return c
 			}
-			return cmpInt(a.idx, b.idx)
+			return cmp.Compare(a.idx, b.idx)
 		})
 		v.overlaps(ss)
 		me := make([]time.Duration, len(ss))
@@ -613,7 +616,7 @@ func (v *validator) checkFlows(maxEnds map[laneKey][]time.Duration) {
 	for _, p := range v.flows {
 		pairs = append(pairs, p)
 	}
-	slices.SortFunc(pairs, func(a, b *flowPair) int { return cmpInt(a.firstIndex, b.firstIndex) })
+	slices.SortFunc(pairs, func(a, b *flowPair) int { return cmp.Compare(a.firstIndex, b.firstIndex) })
 	for _, p := range pairs {
 		switch {
 		case len(p.s) == 0:

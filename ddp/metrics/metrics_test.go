@@ -1,4 +1,4 @@
-package ddp
+package metrics
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/ddp"
 	"github.com/ddpgo/ddpgo/hooks"
 	"github.com/ddpgo/ddpgo/inproc"
 	"github.com/prometheus/client_golang/prometheus"
@@ -18,12 +19,11 @@ import (
 	dto "github.com/prometheus/client_model/go"
 )
 
-// observedRun trains nothing but runs real synced steps: ranks ranks over
-// an inproc group, four parameters in three buckets, gradients marked last
-// parameter first with a short pause between them so that buckets
-// overlap with the remaining "backward". It returns each rank's statistics
-// of every step (copies).
-func observedRun(t testing.TB, ranks, steps int, hook func() hooks.Hook) [][]StepStats {
+// observedRun runs real synced steps: ranks ranks over an inproc group,
+// four parameters in several buckets, gradients marked last parameter
+// first with a short pause between them so that buckets overlap with the
+// remaining "backward". It returns each rank's statistics of every step.
+func observedRun(t testing.TB, ranks, steps int, hook func() hooks.Hook) [][]ddp.StepStats {
 	t.Helper()
 	cs, err := inproc.NewGroup(ranks)
 	if err != nil {
@@ -34,24 +34,27 @@ func observedRun(t testing.TB, ranks, steps int, hook func() hooks.Hook) [][]Ste
 			c.Close()
 		}
 	}()
-	params := []Param{{Name: "w1", Shape: []int{64, 32}}, {Name: "b1", Shape: []int{64}}, {Name: "w2", Shape: []int{10, 64}}, {Name: "b2", Shape: []int{10}}}
-	out := make([][]StepStats, ranks)
+	params := []ddp.Param{{Name: "w1", Shape: []int{64, 32}}, {Name: "b1", Shape: []int{64}}, {Name: "w2", Shape: []int{10, 64}}, {Name: "b2", Shape: []int{10}}}
+	out := make([][]ddp.StepStats, ranks)
 	errs := make([]error, ranks)
 	var wg sync.WaitGroup
 	for rank, c := range cs {
 		wg.Go(func() {
 			errs[rank] = func() error {
-				r, err := New(context.Background(), c, params, Options{Hook: hook(), BucketCap: 1 << 10, FirstBucketCap: 1 << 10})
+				r, err := ddp.New(context.Background(), c, params, ddp.Options{Hook: hook(), BucketCap: 1 << 10, FirstBucketCap: 1 << 10})
 				if err != nil {
 					return err
 				}
 				defer r.Close()
 				for step := range steps {
-					if err := r.Begin(true); err != nil {
+					if err := r.Begin(ddp.Sync); err != nil {
 						return err
 					}
 					for i := len(params) - 1; i >= 0; i-- {
-						g := r.Grad(i)
+						g, err := r.Grad(i)
+						if err != nil {
+							return err
+						}
 						for k := range g {
 							g[k] = float32(rank+1) * float32(k%7) / float32(step+1)
 						}
@@ -63,9 +66,7 @@ func observedRun(t testing.TB, ranks, steps int, hook func() hooks.Hook) [][]Ste
 					if err := r.Wait(context.Background()); err != nil {
 						return err
 					}
-					var s StepStats
-					r.StatsInto(&s)
-					out[rank] = append(out[rank], s)
+					out[rank] = append(out[rank], r.Stats())
 				}
 				return r.Close()
 			}()
@@ -191,16 +192,17 @@ func gaugeValue(t *testing.T, c prometheus.Collector, name string) float64 {
 	return 0
 }
 
-// metricStats is a synthetic step: two buckets with known timings.
-func metricStats(step uint64) StepStats {
+// metricStats is a synthetic step: two buckets with known timings, half
+// on the wire.
+func metricStats(step uint64) *ddp.StepStats {
 	us := func(n int) time.Duration { return time.Duration(n) * time.Microsecond }
-	return StepStats{
+	return &ddp.StepStats{
 		Step: step, Sync: true, Wall: us(1000), FirstReady: us(100), LastReady: us(700),
 		Compute: us(600), Comm: us(500), Overlap: us(200), OverlapRatio: 0.4,
 		Bytes: 3000, Overflows: 2,
-		Buckets: []BucketStats{
-			{Index: 0, Params: 2, Bytes: 4000, Ready: us(300), Launch: us(310), CollectiveStart: us(320), CollectiveEnd: us(420), Done: us(430), WireBytes: 2000, Overflows: 2},
-			{Index: 1, Params: 1, Bytes: 2000, Ready: us(700), Launch: us(710), CollectiveStart: us(720), CollectiveEnd: us(920), Done: us(950), WireBytes: 1000},
+		Buckets: []ddp.BucketStats{
+			{Index: 0, Params: 2, Bytes: 4000, DType: comm.Float32, Wire: comm.Float16, Ready: us(300), Launch: us(310), CollectiveStart: us(320), CollectiveEnd: us(420), Done: us(430), WireBytes: 2000, Overflows: 2},
+			{Index: 1, Params: 1, Bytes: 2000, DType: comm.Float32, Wire: comm.Float16, Ready: us(700), Launch: us(710), CollectiveStart: us(720), CollectiveEnd: us(920), Done: us(950), WireBytes: 1000},
 		},
 	}
 }
@@ -242,18 +244,18 @@ func hasLabels(m *dto.Metric, want map[string]string) bool {
 
 func TestMetricsValues(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
-	m0, err := NewMetrics(reg, 0, comm.Float16)
+	m0, err := New(reg, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m1, err := NewMetrics(reg, 1, comm.Float16)
+	m1, err := New(reg, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for step := range uint64(3) {
 		m0.Observe(metricStats(step + 1))
 	}
-	m0.Observe(StepStats{Step: 4}) // a no-sync step
+	m0.Observe(&ddp.StepStats{Step: 4}) // a no-sync step
 	last := metricStats(5)
 	last.OverlapRatio = 0.25
 	m1.Observe(last)
@@ -270,7 +272,7 @@ ddpgo_collective_bytes_total{dtype="half",rank="1"} 3000
 # TYPE ddpgo_fp16_overflows_total counter
 ddpgo_fp16_overflows_total{rank="0"} 6
 ddpgo_fp16_overflows_total{rank="1"} 2
-# HELP ddpgo_gradient_bytes_total Float32 gradient bytes averaged across ranks (before compression).
+# HELP ddpgo_gradient_bytes_total Gradient bytes averaged across ranks (before compression).
 # TYPE ddpgo_gradient_bytes_total counter
 ddpgo_gradient_bytes_total{rank="0"} 18000
 ddpgo_gradient_bytes_total{rank="1"} 6000
@@ -318,11 +320,11 @@ func near(a, b float64) bool { return a-b < 1e-12 && b-a < 1e-12 }
 // rank on the same registry shares the first one's series.
 func TestMetricsRegisterTwice(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
-	a, err := NewMetrics(reg, 2, 0)
+	a, err := New(reg, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := NewMetrics(reg, 2, comm.Float32)
+	b, err := New(reg, 2)
 	if err != nil {
 		t.Fatalf("second registration: %v", err)
 	}
@@ -334,13 +336,13 @@ func TestMetricsRegisterTwice(t *testing.T) {
 	if count, _ := histogram(t, reg, "ddpgo_bucket_allreduce_duration_seconds", map[string]string{"bucket": "1"}); count != 2 {
 		t.Fatalf("bucket 1 histogram has %d samples, want 2", count)
 	}
-	if _, err := NewMetrics(reg, -1, 0); err == nil {
-		t.Fatal("NewMetrics accepted rank -1")
+	if _, err := New(reg, -1); err == nil {
+		t.Fatal("New accepted rank -1")
 	}
 	// A registry already holding an incompatible metric of the same name.
 	bad := prometheus.NewPedanticRegistry()
 	bad.MustRegister(prometheus.NewGauge(prometheus.GaugeOpts{Name: "ddpgo_overlap_ratio", Help: "other", ConstLabels: prometheus.Labels{"rank": "0", "x": "y"}}))
-	if _, err := NewMetrics(bad, 0, 0); err == nil || !strings.Contains(err.Error(), "rank 0") {
+	if _, err := New(bad, 0); err == nil || !strings.Contains(err.Error(), "rank 0") {
 		t.Fatalf("conflicting registration: %v", err)
 	}
 	// The same description registered by a collector of another type.
@@ -349,8 +351,8 @@ func TestMetricsRegisterTwice(t *testing.T) {
 		Name: "ddpgo_overlap_ratio", ConstLabels: prometheus.Labels{"rank": "3"},
 		Help: "Share of the last synced step's communication time hidden behind backward compute (0 to 1).",
 	}, func() float64 { return 0 }))
-	if _, err := NewMetrics(other, 3, 0); err == nil {
-		t.Fatal("NewMetrics adopted a collector of another type")
+	if _, err := New(other, 3); err == nil {
+		t.Fatal("New adopted a collector of another type")
 	}
 }
 
@@ -374,7 +376,7 @@ func gatheredValue(t *testing.T, g prometheus.Gatherer, name string) float64 {
 }
 
 func TestMetricsObserveAllocatesNothing(t *testing.T) {
-	m, err := NewMetrics(prometheus.NewRegistry(), 0, 0)
+	m, err := New(prometheus.NewRegistry(), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -383,8 +385,8 @@ func TestMetricsObserveAllocatesNothing(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() { m.Observe(s) }); n != 0 {
 		t.Fatalf("Observe allocates %v times per step, want 0", n)
 	}
-	if m, err := NewMetrics(nil, 0, 0); err != nil || m == nil {
-		t.Fatalf("NewMetrics(nil) = %v, %v", m, err)
+	if m, err := New(nil, 0); err != nil || m == nil {
+		t.Fatalf("New(nil) = %v, %v", m, err)
 	} else {
 		m.Observe(s)
 	}
@@ -397,12 +399,12 @@ func TestMetricsRealRun(t *testing.T) {
 	runs := observedRun(t, 2, steps, hooks.FP16)
 	reg := prometheus.NewPedanticRegistry()
 	for rank, ss := range runs {
-		m, err := NewMetrics(reg, rank, comm.Float16)
+		m, err := New(reg, rank)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, s := range ss {
-			m.Observe(s)
+			m.Observe(&s)
 		}
 	}
 	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) > 0 {
@@ -448,17 +450,17 @@ func TestMetricsRealRun(t *testing.T) {
 	}
 }
 
-// ExampleNewMetrics exports the statistics of each step of rank 0.
-func ExampleNewMetrics() {
+// ExampleNew exports the statistics of each step of rank 0.
+func ExampleNew() {
 	reg := prometheus.NewRegistry()
-	m, err := NewMetrics(reg, 0, comm.Float16) // the FP16 hook puts half on the wire
+	m, err := New(reg, 0) // the FP16 hook puts half on the wire
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	for step := range uint64(2) {
-		// In a program: r.Begin(true); backward; r.Wait(ctx); then
-		m.Observe(metricStats(step + 1)) // m.Observe(r.Stats())
+		// In a program: r.Begin(ddp.Sync); backward; r.Wait(ctx); then
+		m.Observe(metricStats(step + 1)) // r.StatsInto(&s); m.Observe(&s)
 	}
 	mfs, _ := reg.Gather()
 	for _, mf := range mfs {
@@ -499,7 +501,7 @@ func labelString(m *dto.Metric) string {
 }
 
 func BenchmarkMetricsObserve(b *testing.B) {
-	m, err := NewMetrics(prometheus.NewRegistry(), 0, 0)
+	m, err := New(prometheus.NewRegistry(), 0)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -1,4 +1,8 @@
-package ddp
+// Package metrics exports a ddp.Reducer's step statistics, and its
+// CommPool's, as Prometheus metrics. It is a package of its own so that a
+// program using ddp links Prometheus, protobuf and net/http only if it
+// imports this one.
+package metrics
 
 import (
 	"errors"
@@ -9,6 +13,7 @@ import (
 
 	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/ddp"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -17,10 +22,11 @@ import (
 // (inproc ranks of one process) can share a registry. Feed it with Observe
 // after each Wait:
 //
-//	m, err := ddp.NewMetrics(prometheus.DefaultRegisterer, rank, comm.Float32)
+//	m, err := metrics.New(prometheus.DefaultRegisterer, rank)
 //	...
 //	r.Wait(ctx)
-//	m.Observe(r.Stats())
+//	r.StatsInto(&s)
+//	m.Observe(&s)
 //
 // The series (label names bounded: rank, bucket index, wire dtype, sync):
 //
@@ -32,44 +38,42 @@ import (
 //	ddpgo_bucket_allreduce_duration_seconds{rank,bucket}   histogram: the collective of one bucket
 //	ddpgo_bucket_latency_seconds{rank,bucket}              histogram: bucket complete to bucket reduced
 //	ddpgo_collective_bytes_total{rank,dtype}               counter: payload handed to collectives
-//	ddpgo_gradient_bytes_total{rank}                       counter: float32 gradient bytes reduced
+//	ddpgo_gradient_bytes_total{rank}                       counter: gradient bytes reduced
 //	ddpgo_overlap_ratio{rank}                              gauge: last step's hidden share of communication
 //	ddpgo_fp16_overflows_total{rank}                       counter: values that overflowed in compression
 //
-// Use NewPoolCollector for the CommPool's memory.
+// The dtype of ddpgo_collective_bytes_total is each bucket's wire dtype,
+// as its hook reports it (ddp.BucketStats.Wire), spelled as
+// comm.DType.String does ("float", "half", "bfloat16", "double"). Use
+// NewPoolCollector for the CommPool's memory.
 type Metrics struct {
 	mu sync.Mutex // Observe may be called from several goroutines
 
 	synced, local prometheus.Counter
 	step, backward, commTime,
 	exposed prometheus.Observer
-	wire, grad, overflows prometheus.Counter
-	overlap               prometheus.Gauge
+	grad, overflows prometheus.Counter
+	overlap         prometheus.Gauge
 
+	wireBytes          *prometheus.CounterVec
 	allreduce, latency *prometheus.HistogramVec
-	// Per-bucket children, resolved the first time a bucket index is seen
-	// so that Observe allocates nothing afterwards.
+	// Children resolved the first time a bucket index or a wire dtype is
+	// seen, so that Observe allocates nothing afterwards.
 	allreduceObs, latencyObs []prometheus.Observer
+	wire                     [256]prometheus.Counter // by comm.DType
 }
 
 // DurationBuckets are the histogram bounds of Metrics' durations, in
 // seconds: 10 µs to about 42 s, a factor of 4 apart.
 var DurationBuckets = prometheus.ExponentialBuckets(10e-6, 4, 12)
 
-// NewMetrics registers rank's collectors on reg and returns them. wire is
-// the dtype the hook puts on the wire (comm.Float32 for plain averaging,
-// comm.Float16 or comm.BFloat16 for the compression hooks; 0 means
-// Float32); it labels the bytes counter, spelled as comm.DType.String
-// does ("float", "half", "bfloat16"). Calling NewMetrics again for the
-// same rank and wire dtype on the same registry returns Metrics sharing the
-// already registered collectors (a Reducer rebuilt after a failure keeps
-// its counters). A nil reg registers nothing.
-func NewMetrics(reg prometheus.Registerer, rank int, wire comm.DType) (*Metrics, error) {
+// New registers rank's collectors on reg and returns them. Calling New
+// again for the same rank on the same registry returns Metrics sharing
+// the already registered collectors (a Reducer rebuilt after a failure
+// keeps its counters). A nil reg registers nothing.
+func New(reg prometheus.Registerer, rank int) (*Metrics, error) {
 	if rank < 0 {
-		return nil, fmt.Errorf("ddp: metrics for rank %d: want a non-negative rank", rank)
-	}
-	if wire == 0 {
-		wire = comm.Float32
+		return nil, fmt.Errorf("metrics: rank %d: want a non-negative rank", rank)
 	}
 	labels := prometheus.Labels{"rank": strconv.Itoa(rank)}
 	hist := func(name, help string) prometheus.Histogram {
@@ -95,7 +99,7 @@ func NewMetrics(reg prometheus.Registerer, rank int, wire comm.DType) (*Metrics,
 		Name: "ddpgo_collective_bytes_total", Help: "Payload bytes handed to collectives (after compression), by wire dtype.", ConstLabels: labels,
 	}, []string{"dtype"})
 	gradBytes := prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "ddpgo_gradient_bytes_total", Help: "Float32 gradient bytes averaged across ranks (before compression).", ConstLabels: labels,
+		Name: "ddpgo_gradient_bytes_total", Help: "Gradient bytes averaged across ranks (before compression).", ConstLabels: labels,
 	})
 	overlap := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "ddpgo_overlap_ratio", Help: "Share of the last synced step's communication time hidden behind backward compute (0 to 1).", ConstLabels: labels,
@@ -124,7 +128,7 @@ func NewMetrics(reg prometheus.Registerer, rank int, wire comm.DType) (*Metrics,
 	return &Metrics{
 		synced: steps.WithLabelValues("true"), local: steps.WithLabelValues("false"),
 		step: step, backward: backward, commTime: commTime, exposed: exposed,
-		wire: wireBytes.WithLabelValues(wire.String()), grad: gradBytes,
+		wireBytes: wireBytes, grad: gradBytes,
 		overflows: overflows, overlap: overlap,
 		allreduce: allreduce, latency: latency,
 	}, nil
@@ -153,14 +157,15 @@ func register[T prometheus.Collector](g *registrar, c T) T {
 			return existing
 		}
 	}
-	g.err = fmt.Errorf("ddp: registering the metrics of rank %d: %w", g.rank, err)
+	g.err = fmt.Errorf("metrics: registering the metrics of rank %d: %w", g.rank, err)
 	return c
 }
 
-// Observe records one completed step. Call it after Wait (or after the
-// Begin that ends a no-sync step) with Reducer.Stats. It takes a lock, and
-// allocates only the first time it sees a bucket index.
-func (m *Metrics) Observe(s StepStats) {
+// Observe records one completed step, as Reducer.StatsInto (or Stats)
+// gives it: call it after Wait, or after the Begin that ends a no-sync
+// step. It takes a lock, and allocates only the first time it sees a
+// bucket index or a wire dtype.
+func (m *Metrics) Observe(s *ddp.StepStats) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !s.Sync {
@@ -173,7 +178,6 @@ func (m *Metrics) Observe(s StepStats) {
 	m.commTime.Observe(s.Comm.Seconds())
 	m.exposed.Observe(max(s.Comm-s.Overlap, 0).Seconds())
 	m.overlap.Set(s.OverlapRatio)
-	m.wire.Add(float64(s.Bytes))
 	m.overflows.Add(float64(s.Overflows))
 	var grad int64
 	for i := range s.Buckets {
@@ -186,6 +190,14 @@ func (m *Metrics) Observe(s StepStats) {
 		}
 		m.allreduceObs[b.Index].Observe(seconds(b.CollectiveEnd - b.CollectiveStart))
 		m.latencyObs[b.Index].Observe(seconds(b.Done - b.Ready))
+		wire := b.Wire
+		if wire == 0 {
+			wire = comm.Float32 // as a Param's DType 0 is
+		}
+		if m.wire[wire] == nil {
+			m.wire[wire] = m.wireBytes.WithLabelValues(wire.String())
+		}
+		m.wire[wire].Add(float64(b.WireBytes))
 	}
 	m.grad.Add(float64(grad))
 }

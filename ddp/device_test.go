@@ -1,0 +1,198 @@
+package ddp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"unsafe"
+
+	"github.com/ddpgo/ddpgo/allocator"
+	"github.com/ddpgo/ddpgo/comm"
+)
+
+// A test-only "device": memory that Go code may not address. Its pool's
+// blocks refuse Go views, its Buffers say Loc == Device (so AsFloat32 and
+// the other views panic), and its kernels and communicator refuse host
+// buffers. Underneath it is host memory, so the test can check results by
+// downloading them through the kernels. Any host access left in ddp or
+// hooks panics, and the test fails.
+
+// deviceSource maps host memory and calls it device memory, as a CUDA
+// source would.
+type deviceSource struct{ allocator.Source }
+
+func (deviceSource) Name() string { return "testdevice" }
+func (deviceSource) Host() bool   { return false }
+
+// onHost returns the host view of a device buffer, panicking for a buffer
+// that is not device memory: the Reducer must hand device buffers only.
+func onHost(op string, b comm.Buffer) comm.Buffer {
+	if b.Loc != comm.Device {
+		panic(fmt.Sprintf("testdevice: %s of a host buffer (%d x %s)", op, b.Count, b.DType))
+	}
+	b.Loc = comm.Host
+	return b
+}
+
+// deviceKernels are comm.HostKernels behind device buffers.
+type deviceKernels struct{ h comm.Kernels }
+
+func (deviceKernels) Location() comm.Location { return comm.Device }
+func (k deviceKernels) Zero(b comm.Buffer)    { k.h.Zero(onHost("Zero", b)) }
+func (k deviceKernels) Copy(d, s comm.Buffer) { k.h.Copy(onHost("Copy", d), onHost("Copy", s)) }
+func (k deviceKernels) Add(d, s comm.Buffer)  { k.h.Add(onHost("Add", d), onHost("Add", s)) }
+func (k deviceKernels) Scale(b comm.Buffer, s float32) {
+	k.h.Scale(onHost("Scale", b), s)
+}
+func (k deviceKernels) Compress(d, s comm.Buffer, scale float32) {
+	k.h.Compress(onHost("Compress", d), onHost("Compress", s), scale)
+}
+func (k deviceKernels) Decompress(d, s comm.Buffer) {
+	k.h.Decompress(onHost("Decompress", d), onHost("Decompress", s))
+}
+func (k deviceKernels) Overflows(w, in comm.Buffer) int64 {
+	return k.h.Overflows(onHost("Overflows", w), onHost("Overflows", in))
+}
+func (k deviceKernels) Upload(d comm.Buffer, src []byte)   { k.h.Upload(onHost("Upload", d), src) }
+func (k deviceKernels) Download(dst []byte, s comm.Buffer) { k.h.Download(dst, onHost("Download", s)) }
+func (k deviceKernels) Sync() error                        { return nil }
+
+// deviceComm carries device buffers only, over an in-process group.
+type deviceComm struct{ comm.Communicator }
+
+func (c deviceComm) Capabilities() comm.Caps {
+	caps := comm.CapsOf(c.Communicator)
+	caps.Backend, caps.DeviceMemory, caps.HostMemory = "testdevice", true, false
+	return caps
+}
+func (deviceComm) Kernels() comm.Kernels { return deviceKernels{comm.HostKernels()} }
+func (c deviceComm) AllReduce(s, r comm.Buffer, op comm.Op) comm.Work {
+	return c.Communicator.AllReduce(onHost("AllReduce", s), onHost("AllReduce", r), op)
+}
+func (c deviceComm) Broadcast(b comm.Buffer, root int) comm.Work {
+	return c.Communicator.Broadcast(onHost("Broadcast", b), root)
+}
+func (c deviceComm) AllGather(s, r comm.Buffer) comm.Work {
+	return c.Communicator.AllGather(onHost("AllGather", s), onHost("AllGather", r))
+}
+
+// TestDeviceMemory runs steps with every hook over the test device: the
+// Reducer must reach the gradients through GradBuffer and the kernels
+// only (host accesses panic), rebuild its layout, broadcast parameters and
+// zero unused gradients, and still average correctly.
+func TestDeviceMemory(t *testing.T) {
+	checkNoLeak(t)
+	const n, steps = 3, 3
+	params := []Param{{Name: "w1", Shape: []int{33, 7}}, {Name: "b1", Shape: []int{7}}, {Name: "w2", Shape: []int{7, 5}}, {Name: "unused", Shape: []int{4}}}
+	for _, w := range wires {
+		t.Run(w.name, func(t *testing.T) {
+			cs := newTestGroup(t, n)
+			grads := make([][][][]float32, n) // rank, step, param
+			got := make([][][][]float32, n)
+			bcast := make([][][]float32, n)
+			errs := runRanks(cs, func(rank int, c comm.Communicator) error {
+				pool, err := allocator.New(allocator.Options{Source: deviceSource{allocator.HostSource()}})
+				if err != nil {
+					return err
+				}
+				defer pool.Close()
+				dc := deviceComm{c}
+				kern := dc.Kernels()
+				r, err := New(context.Background(), dc, params, Options{Pool: pool, Hook: w.hook(), BucketCap: 256, FirstBucketCap: 128, FindUnusedParameters: true})
+				if err != nil {
+					return err
+				}
+				defer r.Close()
+				if g, err := r.Grad(0); g != nil || !errors.Is(err, ErrOptions) {
+					return fmt.Errorf("Grad of device memory returned %v, %v; want ErrOptions", g, err)
+				}
+				vals := make([][]float32, len(params))
+				for i, p := range params {
+					vals[i] = make([]float32, p.Numel())
+					for j := range vals[i] {
+						vals[i][j] = float32(rank*1000 + i*100 + j)
+					}
+				}
+				if err := r.BroadcastParameters(context.Background(), vals); err != nil {
+					return err
+				}
+				bcast[rank] = vals
+				rng := rand.New(rand.NewPCG(uint64(rank), 3))
+				for step := range steps {
+					if err := r.Begin(Sync); err != nil {
+						return err
+					}
+					gs := make([][]float32, len(params))
+					for i := range 3 { // "unused" gets no gradient
+						gs[i] = make([]float32, params[i].Numel())
+						for j := range gs[i] {
+							gs[i][j] = float32(rng.NormFloat64())
+						}
+						if i == 1 {
+							if err := r.SetGrad(i, gs[i]); err != nil {
+								return err
+							}
+							continue
+						}
+						kern.Upload(mustGradBuffer(r, i), bytesOf(gs[i]))
+						if err := r.Ready(i); err != nil {
+							return err
+						}
+					}
+					if err := r.Wait(context.Background()); err != nil {
+						return fmt.Errorf("step %d: %w", step, err)
+					}
+					out := make([][]float32, len(params))
+					for i, p := range params {
+						out[i] = make([]float32, p.Numel())
+						kern.Download(bytesOf(out[i]), mustGradBuffer(r, i))
+					}
+					grads[rank] = append(grads[rank], gs)
+					got[rank] = append(got[rank], out)
+				}
+				if err := r.AddGrad(0, make([]float32, 33*7)); !errors.Is(err, ErrNoStep) && !errors.Is(err, ErrOptions) {
+					return fmt.Errorf("AddGrad on device memory: %v", err)
+				}
+				return r.Close()
+			})
+			if err := firstErr(errs); err != nil {
+				t.Fatal(err)
+			}
+			for rank := range n {
+				for i := range params {
+					for j, v := range bcast[rank][i] {
+						if v != bcast[0][i][j] {
+							t.Fatalf("rank %d: parameter %d[%d] = %v after the broadcast, rank 0 has %v", rank, i, j, v, bcast[0][i][j])
+						}
+					}
+				}
+			}
+			for step := range steps {
+				for i := range params {
+					for j := range params[i].Numel() {
+						var exact, S float64
+						for rank := range n {
+							if g := grads[rank][step][i]; g != nil {
+								exact += float64(g[j]) / n
+								S += math.Abs(float64(g[j])) / n
+							}
+						}
+						for rank := range n {
+							v := got[rank][step][i][j]
+							if d := math.Abs(float64(v) - exact); d > hookBound(w.u, w.eta, n, S) {
+								t.Fatalf("step %d rank %d parameter %d[%d] = %v, want %v", step, rank, i, j, v, exact)
+							}
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+func bytesOf(s []float32) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), 4*len(s))
+}

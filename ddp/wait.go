@@ -1,0 +1,222 @@
+package ddp
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"strings"
+	"time"
+
+	"github.com/ddpgo/ddpgo/comm"
+)
+
+// Wait returns when every bucket of the synced step is reduced: each
+// gradient then holds the average over ranks. In a no-sync step it only
+// ends the step. It fails with ErrUnready (naming the parameters) if some
+// parameters were never marked ready and FindUnusedParameters is off; the
+// step then stays open, so the caller may mark them and call Wait again.
+// Wait honours ctx and Options.Timeout (a step already finished when ctx
+// ends stands); on expiry, or when a collective fails, the Reducer aborts
+// the group, and it and every later call return that error until Close.
+// A Close from another goroutine ends a blocked Wait with ErrClosed.
+func (r *Reducer) Wait(ctx context.Context) error { return r.wait(ctx, nil) }
+
+// Reduced reports a bucket whose reduction has completed: the gradients
+// of its parameters hold the average over ranks.
+type Reduced struct {
+	Bucket int   // index in the current layout
+	Params []int // its parameters: the Reducer's own slice, valid until the next Begin; do not modify
+}
+
+// WaitEach is Wait that also calls each, on the calling goroutine, once
+// per bucket of a synced step as soon as that bucket's reduction has
+// completed, in completion order (which is bucket index order), with the
+// bucket's parameter indices. each may read the bucket's gradients with
+// Grad and update the parameters (an optimizer step per bucket) while
+// later buckets are still on the wire, which hides the optimizer behind
+// the remaining communication. The Reducer's goroutines never wait for
+// each: they only signal, and each runs while WaitEach waits.
+//
+// WaitEach returns when every bucket is reduced and each has been called
+// for every one, or with Wait's errors; after an error no further bucket
+// is reported. Options.Timeout bounds the whole call, each included. In
+// a no-sync step WaitEach only ends the step and never calls each. each
+// must not call Begin, Wait or WaitEach.
+func (r *Reducer) WaitEach(ctx context.Context, each func(Reduced)) error {
+	return r.wait(ctx, each)
+}
+
+// wait is Wait, reporting each bucket to each if it is not nil.
+func (r *Reducer) wait(ctx context.Context, each func(Reduced)) error {
+	if err := r.usable(); err != nil {
+		return err
+	}
+	switch r.state.Load() {
+	case idle:
+		return fmt.Errorf("%w: rank %d: Wait without a step (the last was step %d): call Begin first", ErrNoStep, r.c.Rank(), r.stepNo)
+	case local:
+		r.finish()
+		return nil
+	}
+	L := r.lay.Load()
+	if int(L.sched.nmarked.Load()) < len(r.params) {
+		if err := r.handleUnready(L); err != nil {
+			return err
+		}
+	}
+	if err := r.waitDone(ctx, L, each); err != nil {
+		return err
+	}
+	if err := r.usable(); err != nil {
+		return err
+	}
+	if r.o.StaticGraph && !r.staticOK {
+		copy(r.static, r.isUnused)
+		r.staticOK = true
+	}
+	first := !r.rebuilt
+	r.finish()
+	if first {
+		r.rebuilt = true
+		if !r.o.KeepLayout {
+			if err := r.rebuild(ctx); err != nil {
+				return r.fail(err)
+			}
+		}
+	}
+	return nil
+}
+
+// handleUnready deals with parameters not marked ready when Wait starts.
+func (r *Reducer) handleUnready(L *layout) error {
+	if r.o.FindUnusedParameters || (r.o.StaticGraph && !r.staticOK) {
+		for i := range r.params {
+			if !L.sched.isMarked(i) {
+				r.markUnused(L, i)
+			}
+		}
+		return nil
+	}
+	var names []string
+	for i, p := range r.params {
+		if !L.sched.isMarked(i) && len(names) < 10 {
+			names = append(names, fmt.Sprintf("%d %q (bucket %d)", i, p.Name, L.bucketOf[i]))
+		}
+	}
+	missing := len(r.params) - int(L.sched.nmarked.Load())
+	list := strings.Join(names, ", ")
+	if missing > len(names) {
+		list += fmt.Sprintf(" and %d more", missing-len(names))
+	}
+	return fmt.Errorf("%w: rank %d step %d: %d of %d parameters got no Ready before Wait: %s; "+
+		"buckets are reduced only once all their parameters are ready, so this step cannot finish. "+
+		"Call Ready (or SetGrad) for every parameter, including those with a zero gradient, or, if these "+
+		"parameters really take no part in this step's loss, set Options.FindUnusedParameters "+
+		"(or Options.StaticGraph when the set never changes). The step stays open: mark them and call Wait again",
+		ErrUnready, r.c.Rank(), r.stepNo, missing, len(r.params), list)
+}
+
+// waitDone blocks until the finisher has reduced the last bucket, calling
+// each (if not nil) for every bucket reduced meanwhile, in index order.
+func (r *Reducer) waitDone(ctx context.Context, L *layout, each func(Reduced)) error {
+	began := time.Now()
+	stallAt := r.o.StallInterval
+	next := 0 // the next bucket to report to each
+	report := func() {
+		for n := int(r.reduced.Load()); next < n && !r.failed.Load(); next++ {
+			each(Reduced{Bucket: next, Params: L.buckets[next].Tensors})
+		}
+	}
+	if each != nil {
+		// The finisher signals progress only while watched. It adds to
+		// reduced before it looks at watch, and report reads reduced
+		// after watch is set, so no bucket goes unreported.
+		r.watch.Store(true)
+		defer r.watch.Store(false)
+	}
+	for {
+		if each != nil {
+			report()
+		}
+		waited := time.Since(began)
+		d := min(stallAt, r.o.Timeout) - waited
+		if d <= 0 {
+			d = time.Nanosecond
+		}
+		r.timer.Reset(d)
+		select {
+		case <-r.done:
+			r.timer.Stop()
+			if each != nil {
+				report()
+			}
+			return nil
+		case <-r.progress:
+			r.timer.Stop()
+		case <-ctx.Done():
+			r.timer.Stop()
+			select {
+			case <-r.done: // the step finished as ctx ended: it stands
+				return nil
+			default:
+			}
+			k := int(r.reduced.Load())
+			return r.fail(fmt.Errorf("ddp: rank %d step %d: waiting for bucket %d of %d (%s): %w", r.c.Rank(), r.stepNo, k, len(L.buckets), L.describe(k, r.params), ctx.Err()))
+		case <-r.timer.C:
+			waited = time.Since(began)
+			k := int(r.reduced.Load())
+			if waited >= r.o.Timeout {
+				select {
+				case <-r.done:
+					return nil
+				default:
+				}
+				return r.fail(fmt.Errorf("%w: ddp: rank %d step %d: bucket %d of %d (%s) not reduced after %v",
+					comm.ErrTimeout, r.c.Rank(), r.stepNo, k, len(L.buckets), L.describe(k, r.params), r.o.Timeout))
+			}
+			if waited >= stallAt {
+				r.reportStall(L, k, waited)
+				stallAt += r.o.StallInterval
+			}
+		}
+	}
+}
+
+func (r *Reducer) reportStall(L *layout, k int, waited time.Duration) {
+	s := Stall{Rank: r.c.Rank(), Step: r.stepNo, Waited: waited, Bucket: k, OnWire: k < L.sched.launched()}
+	if !s.OnWire && k < len(L.buckets) {
+		for _, p := range L.buckets[k].Tensors {
+			if !L.sched.isMarked(p) {
+				s.Missing = append(s.Missing, r.params[p].Name)
+			}
+		}
+	}
+	if r.o.OnStall != nil {
+		r.o.OnStall(s)
+		return
+	}
+	log.Print(s.String())
+}
+
+// finish ends the running step: statistics become final and visible
+// through Stats.
+func (r *Reducer) finish() {
+	s := r.cur
+	if invariants && s.Sync && !r.failed.Load() {
+		L := r.lay.Load()
+		if n := len(L.buckets); L.sched.launched() != n || int(r.reduced.Load()) != n || int(L.sched.nmarked.Load()) != len(r.params) {
+			panic(fmt.Sprintf("ddp: invariant: step %d finished with %d of %d buckets launched, %d reduced, %d of %d parameters marked",
+				r.stepNo, L.sched.launched(), n, r.reduced.Load(), L.sched.nmarked.Load(), len(r.params)))
+		}
+		for i := range r.fresh {
+			if r.isStale(i) {
+				panic(fmt.Sprintf("ddp: invariant: step %d finished with parameter %d (%q) stale (generation %d, current %d)",
+					r.stepNo, i, r.params[i].Name, r.fresh[i].Load(), r.gen.Load()))
+			}
+		}
+	}
+	s.Wall = time.Since(r.start)
+	s.finalize(r.lay.Load(), r.isUnused)
+	r.cur, r.last = r.last, r.cur
+	r.state.Store(idle)
+}

@@ -1,0 +1,36 @@
+// Package launch is the one way into a ddpgo job from any launcher: it
+// reads a process's rank, size, local rank and local size from the
+// variables that Open MPI's mpirun, MPICH's Hydra (mpiexec), Slurm's srun
+// or PyTorch's torchrun set (FromEnv), and opens the requested backend
+// (Open).
+//
+//	import (
+//		"github.com/ddpgo/ddpgo/launch"
+//		_ "github.com/ddpgo/ddpgo/mpi" // registers "mpi"
+//	)
+//
+//	cs, err := launch.Open(ctx, "mpi", launch.Options{})   // one rank per process
+//	cs, err := launch.Open(ctx, "inproc", launch.Options{Ranks: 4}) // 4 ranks in this process
+//
+// # Backends register themselves
+//
+// A backend package calls Register from its init function, and a program
+// links the backends it imports, often with a blank import. launch itself
+// imports only comm and inproc, both pure Go, so a program that never
+// mentions mpi or nccl links neither, and none of cgo. The alternative,
+// build-tagged files in launch that import every backend, would make
+// launch's own build depend on each backend's tags and libraries; the
+// registry keeps that choice in the program (as database/sql drivers and
+// image formats do). Package mpi registers "mpi" in every build: without
+// its build tag, opening it fails with an error that says how to build it.
+//
+// # Bootstrap
+//
+// A backend that needs a few bytes shared before its own communicator
+// exists (NCCL's unique id) asks NewBootstrap: under an MPI launcher, with
+// package mpi linked and built, it returns a Bootstrap over MPI; otherwise
+// ErrNoBootstrap, and the backend meets its peers at the torchrun-style
+// rendezvous address Env.MasterAddr:Env.MasterPort (package rendezvous's
+// TCP store). BroadcastStore presents a Bootstrap as the Set/Get store
+// that nccl's Connect takes, so both ways fit the same call.
+package launch

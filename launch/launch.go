@@ -1,0 +1,144 @@
+package launch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/inproc"
+)
+
+// Backend is a communicator implementation that Open can start.
+type Backend struct {
+	// Name is what Open's backend argument calls it ("inproc", "mpi").
+	Name string
+	// Launched backends run one rank per process: Open gives them the
+	// launcher's environment in Job.Env (FromEnv, or Options.Env).
+	Launched bool
+	// Open starts the backend for job and returns this process's
+	// communicators: one for a launched backend, Job.Ranks otherwise.
+	Open func(ctx context.Context, job Job) ([]comm.Communicator, error)
+}
+
+// Job is what Open hands a backend.
+type Job struct {
+	// Env is the launcher's environment (launched backends only).
+	Env Env
+	// Ranks is the number of ranks to start in this process (backends
+	// that are not launched, such as inproc).
+	Ranks int
+	// Config is Options.Config: the backend's own options, or nil.
+	Config any
+}
+
+// Options configures Open.
+type Options struct {
+	// Ranks is the number of in-process ranks of a backend that is not
+	// launched (inproc); 0 means 1.
+	Ranks int
+	// Env overrides the launcher's environment for a launched backend;
+	// nil means FromEnv().
+	Env *Env
+	// Config is passed to the backend as Job.Config: for example an
+	// mpi.Options value. Nil means the backend's defaults.
+	Config any
+}
+
+var (
+	regMu    sync.Mutex
+	registry = map[string]Backend{}
+)
+
+// ErrUnknownBackend is returned by Open for a backend that no package has
+// registered.
+var ErrUnknownBackend = errors.New("launch: unknown backend")
+
+func init() {
+	Register(Backend{Name: "inproc", Open: openInproc})
+}
+
+// Register makes a backend available to Open. Backends register
+// themselves from their package's init, so a program links only the ones
+// it imports (a blank import is enough: _ "github.com/ddpgo/ddpgo/mpi").
+// Register panics if the name is empty, Open is nil, or the name is taken.
+func Register(b Backend) {
+	regMu.Lock()
+	defer regMu.Unlock()
+	switch {
+	case b.Name == "" || b.Open == nil:
+		panic("launch: Register of a backend without a name or an Open function")
+	case registry[b.Name].Open != nil:
+		panic("launch: Register called twice for backend " + b.Name)
+	}
+	registry[b.Name] = b
+}
+
+// Backends returns the names of the registered backends, sorted.
+func Backends() []string {
+	regMu.Lock()
+	defer regMu.Unlock()
+	names := make([]string, 0, len(registry))
+	for n := range registry {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// Open starts the named backend and returns this process's communicators:
+// Options.Ranks of them for inproc, one for a launched backend (mpi,
+// nccl), whose rank and size come from the launcher's environment.
+func Open(ctx context.Context, backend string, o Options) ([]comm.Communicator, error) {
+	regMu.Lock()
+	b, ok := registry[backend]
+	regMu.Unlock()
+	if !ok {
+		hint := ""
+		switch backend {
+		case "mpi", "nccl":
+			hint = fmt.Sprintf(" (import _ \"github.com/ddpgo/ddpgo/%s\" to register it)", backend)
+		}
+		return nil, fmt.Errorf("%w %q%s; registered: %s", ErrUnknownBackend, backend, hint, strings.Join(Backends(), ", "))
+	}
+	job := Job{Ranks: max(o.Ranks, 1), Config: o.Config}
+	if b.Launched {
+		if o.Env != nil {
+			job.Env = *o.Env
+		} else {
+			env, err := FromEnv()
+			if err != nil {
+				return nil, fmt.Errorf("launch: backend %s runs one rank per process: %w", backend, err)
+			}
+			job.Env = env
+		}
+	}
+	cs, err := b.Open(ctx, job)
+	if err != nil {
+		return nil, fmt.Errorf("launch: opening backend %s: %w", backend, err)
+	}
+	return cs, nil
+}
+
+func openInproc(_ context.Context, job Job) ([]comm.Communicator, error) {
+	var o inproc.Options
+	switch cfg := job.Config.(type) {
+	case nil:
+	case inproc.Options:
+		o = cfg
+	default:
+		return nil, fmt.Errorf("%w: inproc takes inproc.Options as Config, not %T", comm.ErrInvalid, job.Config)
+	}
+	g, err := inproc.NewGroupWith(job.Ranks, o)
+	if err != nil {
+		return nil, err
+	}
+	cs := make([]comm.Communicator, len(g))
+	for i, c := range g {
+		cs[i] = c
+	}
+	return cs, nil
+}

@@ -1,0 +1,129 @@
+package launch_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/inproc"
+	"github.com/ddpgo/ddpgo/launch"
+)
+
+func TestOpenInproc(t *testing.T) {
+	cs, err := launch.Open(context.Background(), "inproc", launch.Options{Ranks: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cs) != 3 {
+		t.Fatalf("%d communicators, want 3", len(cs))
+	}
+	ws := make([]comm.Work, 3)
+	bufs := make([][]float32, 3)
+	for r, c := range cs {
+		if c.Rank() != r || c.Size() != 3 {
+			t.Fatalf("communicator %d: rank %d of %d", r, c.Rank(), c.Size())
+		}
+		bufs[r] = []float32{float32(r)}
+		ws[r] = c.AllReduce(comm.Float32s(bufs[r]), comm.Float32s(bufs[r]), comm.Sum)
+	}
+	for r, w := range ws {
+		if err := w.Wait(context.Background()); err != nil || bufs[r][0] != 3 {
+			t.Errorf("rank %d: %v, %v; want 3", r, err, bufs[r][0])
+		}
+	}
+	for _, c := range cs {
+		c.Close()
+	}
+}
+
+func TestOpenInprocConfig(t *testing.T) {
+	cs, err := launch.Open(context.Background(), "inproc", launch.Options{Config: inproc.Options{StallInterval: -1}})
+	if !errors.Is(err, comm.ErrInvalid) || cs != nil {
+		t.Errorf("inproc with a negative StallInterval: %v; want ErrInvalid from inproc", err)
+	}
+	_, err = launch.Open(context.Background(), "inproc", launch.Options{Config: 42})
+	if !errors.Is(err, comm.ErrInvalid) || !strings.Contains(err.Error(), "int") {
+		t.Errorf("inproc with an int Config: %v; want ErrInvalid naming the type", err)
+	}
+}
+
+func TestOpenUnknown(t *testing.T) {
+	_, err := launch.Open(context.Background(), "nccl", launch.Options{})
+	if !errors.Is(err, launch.ErrUnknownBackend) || !strings.Contains(err.Error(), `import _ "github.com/ddpgo/ddpgo/nccl"`) || !strings.Contains(err.Error(), "inproc") {
+		t.Errorf("Open(nccl) without the package: %v; want ErrUnknownBackend saying what to import and what is registered", err)
+	}
+}
+
+// fake is a launched backend that records the job it was given.
+var fakeJobs = make(chan launch.Job, 1)
+
+func init() {
+	launch.Register(launch.Backend{Name: "fake", Launched: true, Open: func(_ context.Context, job launch.Job) ([]comm.Communicator, error) {
+		fakeJobs <- job
+		return nil, nil
+	}})
+}
+
+func TestOpenLaunched(t *testing.T) {
+	if !slices.Contains(launch.Backends(), "fake") || !slices.Contains(launch.Backends(), "inproc") {
+		t.Fatalf("Backends() = %v", launch.Backends())
+	}
+	env := launch.Env{Launcher: "openmpi", Rank: 1, Size: 2}
+	if _, err := launch.Open(context.Background(), "fake", launch.Options{Env: &env, Config: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	if job := <-fakeJobs; job.Env != env || job.Config != "x" {
+		t.Errorf("job %+v; want the given Env and Config", job)
+	}
+
+	// From the process's environment: torchrun's variables.
+	clearLaunchers(t)
+	for k, v := range map[string]string{"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "localhost", "MASTER_PORT": "29500"} {
+		t.Setenv(k, v)
+	}
+	if _, err := launch.Open(context.Background(), "fake", launch.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if job := <-fakeJobs; job.Env.Launcher != "torchrun" || job.Env.Rank != 1 || job.Env.MasterPort != 29500 {
+		t.Errorf("job %+v; want torchrun's rank 1 of 2", job)
+	}
+
+	// No launcher: the error names the variables.
+	clearLaunchers(t)
+	_, err := launch.Open(context.Background(), "fake", launch.Options{})
+	if !errors.Is(err, launch.ErrEnv) || !strings.Contains(err.Error(), "OMPI_COMM_WORLD_RANK") || !strings.Contains(err.Error(), "backend fake") {
+		t.Errorf("Open without a launcher: %v; want ErrEnv naming the variables and the backend", err)
+	}
+}
+
+// clearLaunchers unsets every launcher variable for the rest of the test.
+func clearLaunchers(t *testing.T) {
+	for _, k := range []string{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "MASTER_ADDR", "MASTER_PORT"} {
+		t.Setenv(k, "")
+		os.Unsetenv(k)
+	}
+}
+
+func TestRegisterTwice(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Error("a second Register of inproc did not panic")
+		}
+	}()
+	launch.Register(launch.Backend{Name: "inproc", Open: func(context.Context, launch.Job) ([]comm.Communicator, error) { return nil, nil }})
+}
+
+func TestBootstrapNone(t *testing.T) {
+	_, err := launch.NewBootstrap(context.Background(), launch.Env{Launcher: "torchrun", Size: 2, MasterAddr: "h", MasterPort: 1})
+	if !errors.Is(err, launch.ErrNoBootstrap) || !strings.Contains(err.Error(), "MASTER_ADDR") {
+		t.Errorf("NewBootstrap under torchrun: %v; want ErrNoBootstrap pointing at MASTER_ADDR", err)
+	}
+	_, err = launch.NewBootstrap(context.Background(), launch.Env{Launcher: "openmpi", Size: 2})
+	if !errors.Is(err, launch.ErrNoBootstrap) || !strings.Contains(err.Error(), "mpi") {
+		t.Errorf("NewBootstrap under mpirun without package mpi: %v; want ErrNoBootstrap saying to link mpi", err)
+	}
+}

@@ -1,0 +1,396 @@
+//go:build mpi
+
+#include "ddpmpi.h"
+
+#include <malloc.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <immintrin.h>
+
+static MPI_Op op_f16_sum, op_bf16_sum, op_half_max, op_half_min;
+
+static MPI_Request reqs[DDP_MAXREQ];
+static MPI_Datatype req_type[DDP_MAXREQ];
+static int req_recv[DDP_MAXREQ];
+static MPI_Status stats[DDP_MAXREQ];
+int ddp_done[DDP_MAXREQ];
+int ddp_errs[DDP_MAXREQ];
+int ddp_got[DDP_MAXREQ];
+
+// A non-null address for empty buffers: Open MPI rejects a null buffer in
+// some argument checks even when the count is zero.
+static char empty[64];
+
+// ---- 16-bit floats ------------------------------------------------------
+//
+// A sum of two binary16 (or bfloat16) elements is computed in float32 and
+// rounded once to nearest even, as package fp16 and the inproc backend do.
+
+static inline float half_to_float(uint16_t h) {
+	uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+	uint32_t a = h & 0x7fff;
+	uint32_t u;
+	if (a >= 0x7c00) { // Inf or NaN; a NaN is made quiet
+		u = 0x7f800000 | a << 13;
+		if (a > 0x7c00)
+			u |= 0x00400000;
+	} else if (a < 0x0400) { // zero or subnormal: a * 2^-24, exact
+		float f = (float)a * 0x1p-24f;
+		memcpy(&u, &f, 4);
+	} else { // normal: rebias the exponent from 15 to 127
+		u = (a + (112 << 10)) << 13;
+	}
+	u |= sign;
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+// round_shift returns x / 2^s rounded to nearest, ties to even (1 <= s < 32).
+static inline uint32_t round_shift(uint32_t x, uint32_t s) {
+	uint32_t q = x >> s, rem = x & ((1u << s) - 1), half = 1u << (s - 1);
+	if (rem > half || (rem == half && (q & 1)))
+		q++;
+	return q;
+}
+
+static inline uint16_t float_to_half(float f) {
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	uint16_t sign = (uint16_t)(u >> 16) & 0x8000;
+	uint32_t a = u & 0x7fffffff;
+	if (a > 0x7f800000) // NaN: quiet, the top payload bits kept
+		return sign | 0x7e00 | (uint16_t)((a >> 13) & 0x3ff);
+	if (a >= 0x477ff000) // halfway between 65504 and 2^16, and up: Inf
+		return sign | 0x7c00;
+	if (a >= 0x38800000) // a normal half; a mantissa carry bumps the exponent
+		return sign | (uint16_t)round_shift(a - (112u << 23), 13);
+	if (a < 0x33000000) // below 2^-25: zero
+		return sign;
+	uint32_t e = a >> 23, m = (a & 0x7fffff) | 0x800000;
+	return sign | (uint16_t)round_shift(m, 126 - e); // subnormal, units of 2^-24
+}
+
+static inline float bf16_to_float(uint16_t b) {
+	uint32_t u = (uint32_t)b << 16;
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+static inline uint16_t float_to_bf16(float f) {
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	if ((u & 0x7fffffff) > 0x7f800000) // NaN: quiet, the top payload bits kept
+		return (uint16_t)(u >> 16) | 0x0040;
+	uint32_t hi = u >> 16, lo = u & 0xffff;
+	if (lo > 0x8000 || (lo == 0x8000 && (hi & 1)))
+		hi++; // may carry into the exponent, up to Inf: that is the rounding
+	return (uint16_t)hi;
+}
+
+// half_key orders binary16 and bfloat16 bit patterns as their values
+// (both are sign-magnitude), as package internal/reduce does.
+static inline uint16_t half_key(uint16_t h) {
+	return (h & 0x8000) ? (uint16_t)~h : (uint16_t)(h | 0x8000);
+}
+
+static int has_f16c;
+
+__attribute__((target("avx,f16c"))) static void f16_sum_f16c(const uint16_t *in, uint16_t *io, int n) {
+	int i = 0;
+	for (; i + 8 <= n; i += 8) {
+		__m256 a = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(in + i)));
+		__m256 b = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(io + i)));
+		__m128i s = _mm256_cvtps_ph(_mm256_add_ps(a, b), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+		_mm_storeu_si128((__m128i *)(io + i), s);
+	}
+	for (; i < n; i++)
+		io[i] = float_to_half(half_to_float(in[i]) + half_to_float(io[i]));
+}
+
+static void f16_sum(void *in, void *inout, int *len, MPI_Datatype *dt) {
+	(void)dt;
+	const uint16_t *a = in;
+	uint16_t *b = inout;
+	int n = *len;
+	if (has_f16c) {
+		f16_sum_f16c(a, b, n);
+		return;
+	}
+	for (int i = 0; i < n; i++)
+		b[i] = float_to_half(half_to_float(a[i]) + half_to_float(b[i]));
+}
+
+__attribute__((optimize("O3"))) static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *dt) {
+	(void)dt;
+	const uint16_t *a = in;
+	uint16_t *b = inout;
+	int n = *len;
+	for (int i = 0; i < n; i++)
+		b[i] = float_to_bf16(bf16_to_float(a[i]) + bf16_to_float(b[i]));
+}
+
+__attribute__((optimize("O3"))) static void half_max(void *in, void *inout, int *len, MPI_Datatype *dt) {
+	(void)dt;
+	const uint16_t *a = in;
+	uint16_t *b = inout;
+	int n = *len;
+	for (int i = 0; i < n; i++)
+		if (half_key(a[i]) > half_key(b[i]))
+			b[i] = a[i];
+}
+
+__attribute__((optimize("O3"))) static void half_min(void *in, void *inout, int *len, MPI_Datatype *dt) {
+	(void)dt;
+	const uint16_t *a = in;
+	uint16_t *b = inout;
+	int n = *len;
+	for (int i = 0; i < n; i++)
+		if (half_key(a[i]) < half_key(b[i]))
+			b[i] = a[i];
+}
+
+int ddp_has_f16c(void) {
+	__builtin_cpu_init();
+	return __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+}
+
+// ---- start-up -----------------------------------------------------------
+
+static int ddp_tune_malloc(void) {
+	// The user's own setting wins.
+	if (getenv("MALLOC_MMAP_THRESHOLD_") != NULL || getenv("MALLOC_TRIM_THRESHOLD_") != NULL)
+		return 0;
+	// Blocks up to 1 GiB come from the heap and are reused, instead of
+	// being mapped and faulted in anew by every large collective; the
+	// trim threshold keeps the heap's top from going back to the system
+	// after each of them. A thread's own arena (a heap of at most 64 MiB)
+	// maps larger blocks whatever the threshold, and the owner goroutine
+	// runs on whichever thread it is on: M_ARENA_MAX would send them all
+	// to the main arena, but glibc fixes its arena limit when it makes
+	// its second arena, which a Go program's threads have done long
+	// before; MALLOC_ARENA_MAX=1 in the environment does it at start-up.
+	int ok = mallopt(M_MMAP_THRESHOLD, 1 << 30);
+	ok &= mallopt(M_TRIM_THRESHOLD, 1 << 30);
+	if (getenv("MALLOC_ARENA_MAX") == NULL)
+		mallopt(M_ARENA_MAX, 1);
+	return ok;
+}
+
+int ddp_init(int *provided, int *ours, int *tuned, int *world_rank, int *world_size) {
+	int rc, flag = 0;
+	has_f16c = ddp_has_f16c();
+	MPI_Finalized(&flag);
+	if (flag)
+		return MPI_ERR_OTHER;
+	MPI_Initialized(&flag);
+	if (flag) {
+		*ours = 0;
+		rc = MPI_Query_thread(provided);
+	} else {
+		*ours = 1;
+		// Before MPI starts its threads, which would take arenas of their
+		// own (see ddp_tune_malloc).
+		*tuned = ddp_tune_malloc();
+		rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, provided);
+	}
+	if (rc != MPI_SUCCESS)
+		return rc;
+	// The 16-bit reductions are commutative: each application rounds
+	// a + b, which equals b + a.
+	if ((rc = MPI_Op_create(f16_sum, 1, &op_f16_sum)) != MPI_SUCCESS ||
+	    (rc = MPI_Op_create(bf16_sum, 1, &op_bf16_sum)) != MPI_SUCCESS ||
+	    (rc = MPI_Op_create(half_max, 1, &op_half_max)) != MPI_SUCCESS ||
+	    (rc = MPI_Op_create(half_min, 1, &op_half_min)) != MPI_SUCCESS)
+		return rc;
+	for (int i = 0; i < DDP_MAXREQ; i++)
+		reqs[i] = MPI_REQUEST_NULL;
+	MPI_Comm_rank(MPI_COMM_WORLD, world_rank);
+	MPI_Comm_size(MPI_COMM_WORLD, world_size);
+	return MPI_SUCCESS;
+}
+
+int ddp_finalize(int ours) {
+	MPI_Op_free(&op_f16_sum);
+	MPI_Op_free(&op_bf16_sum);
+	MPI_Op_free(&op_half_max);
+	MPI_Op_free(&op_half_min);
+	return ours ? MPI_Finalize() : MPI_SUCCESS;
+}
+
+
+int ddp_dup(MPI_Comm *out, int *rank, int *size) {
+	int rc = MPI_Comm_dup(MPI_COMM_WORLD, out);
+	if (rc != MPI_SUCCESS)
+		return rc;
+	if ((rc = MPI_Comm_set_errhandler(*out, MPI_ERRORS_RETURN)) != MPI_SUCCESS)
+		return rc;
+	MPI_Comm_rank(*out, rank);
+	MPI_Comm_size(*out, size);
+	return MPI_SUCCESS;
+}
+
+int ddp_free(MPI_Comm *c) { return MPI_Comm_free(c); }
+
+int ddp_allreduce_int(MPI_Comm c, int *inout, int n, int max) {
+	return MPI_Allreduce(MPI_IN_PLACE, inout, n, MPI_INT, max ? MPI_MAX : MPI_MIN, c);
+}
+
+// ---- operations ---------------------------------------------------------
+
+static MPI_Datatype mpi_type(int dt) {
+	switch (dt) {
+	case DDP_F32: return MPI_FLOAT;
+	case DDP_F64: return MPI_DOUBLE;
+	case DDP_I32: return MPI_INT32_T;
+	case DDP_I64: return MPI_INT64_T;
+	case DDP_U8: return MPI_UINT8_T;
+	}
+	return MPI_UINT16_T; // DDP_F16, DDP_BF16: reduced by the ops above
+}
+
+// mpi_op maps a reduction; Avg is a Sum here, divided afterwards.
+static MPI_Op mpi_op(int op, int dt) {
+	if (dt == DDP_F16 || dt == DDP_BF16) {
+		switch (op) {
+		case DDP_MAX: return op_half_max;
+		case DDP_MIN: return op_half_min;
+		}
+		return dt == DDP_F16 ? op_f16_sum : op_bf16_sum;
+	}
+	switch (op) {
+	case DDP_MAX: return MPI_MAX;
+	case DDP_MIN: return MPI_MIN;
+	}
+	return MPI_SUM;
+}
+
+int ddp_start(MPI_Comm c, int blocking, int slot, int kind, int op, int dt,
+              int count, uintptr_t send, uintptr_t recv, int root, int inplace) {
+	MPI_Datatype t = mpi_type(dt);
+	MPI_Op o = mpi_op(op, dt);
+	void *s = send ? (void *)send : empty, *r = recv ? (void *)recv : empty;
+	const void *in = inplace ? MPI_IN_PLACE : s;
+	MPI_Request *q = &reqs[slot];
+	req_recv[slot] = 0;
+	switch (kind) {
+	case DDP_ALLREDUCE:
+		return blocking ? MPI_Allreduce(in, r, count, t, o, c) : MPI_Iallreduce(in, r, count, t, o, c, q);
+	case DDP_BROADCAST:
+		return blocking ? MPI_Bcast(s, count, t, root, c) : MPI_Ibcast(s, count, t, root, c, q);
+	case DDP_REDUCE:
+		// inplace is set on the root only; elsewhere recv is unused.
+		return blocking ? MPI_Reduce(in, r, count, t, o, root, c) : MPI_Ireduce(in, r, count, t, o, root, c, q);
+	case DDP_ALLGATHER:
+		// In place, send is this rank's block of recv, which is where
+		// MPI_IN_PLACE takes the contribution from.
+		return blocking ? MPI_Allgather(in, count, t, r, count, t, c) : MPI_Iallgather(in, count, t, r, count, t, c, q);
+	case DDP_REDUCESCATTER:
+		// Always out of place: the Go side gives an in-place call a
+		// scratch recv, since MPI_IN_PLACE would leave the result in
+		// block 0 rather than in this rank's block.
+		return blocking ? MPI_Reduce_scatter_block(s, r, count, t, o, c) : MPI_Ireduce_scatter_block(s, r, count, t, o, c, q);
+	case DDP_SEND:
+		// Always non-blocking: a blocking send could hold the owner
+		// thread while the peer waits for it elsewhere.
+		return MPI_Isend(s, count, t, root, 0, c, q);
+	case DDP_RECV:
+		req_recv[slot] = 1;
+		req_type[slot] = t;
+		return MPI_Irecv(r, count, t, root, 0, c, q);
+	case DDP_BARRIER:
+		return blocking ? MPI_Barrier(c) : MPI_Ibarrier(c, q);
+	}
+	return MPI_ERR_ARG;
+}
+
+int ddp_test_rc;
+
+int ddp_testsome(int n) {
+	int outcount = 0;
+	int rc = MPI_Testsome(n, reqs, &outcount, ddp_done, stats);
+	if (outcount == MPI_UNDEFINED || (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS)) {
+		ddp_test_rc = rc;
+		return 0;
+	}
+	for (int i = 0; i < outcount; i++) {
+		int k = ddp_done[i];
+		ddp_errs[i] = rc == MPI_ERR_IN_STATUS ? stats[i].MPI_ERROR : rc;
+		ddp_got[i] = -1;
+		if (req_recv[k] && ddp_errs[i] == MPI_SUCCESS)
+			MPI_Get_count(&stats[i], req_type[k], &ddp_got[i]);
+	}
+	ddp_test_rc = MPI_SUCCESS;
+	return outcount;
+}
+
+// ---- after the reduction ------------------------------------------------
+
+#define DIV(T)                                         \
+	do {                                               \
+		T *p = (T *)buf;                               \
+		for (int i = 0; i < count; i++) p[i] /= (T)n; \
+	} while (0)
+
+__attribute__((optimize("O3"))) void ddp_scale(int dt, uintptr_t buf, int count, int n) {
+	switch (dt) {
+	case DDP_F32: DIV(float); break;
+	case DDP_F64: DIV(double); break;
+	case DDP_I32: DIV(int32_t); break;
+	case DDP_I64: DIV(int64_t); break;
+	case DDP_U8:
+		if (n > 255) { // the divisor does not fit the type: as inproc, zero
+			memset((void *)buf, 0, count);
+			break;
+		}
+		DIV(uint8_t);
+		break;
+	case DDP_F16: {
+		uint16_t *p = (uint16_t *)buf;
+		for (int i = 0; i < count; i++) p[i] = float_to_half(half_to_float(p[i]) / (float)n);
+		break;
+	}
+	case DDP_BF16: {
+		uint16_t *p = (uint16_t *)buf;
+		for (int i = 0; i < count; i++) p[i] = float_to_bf16(bf16_to_float(p[i]) / (float)n);
+		break;
+	}
+	}
+}
+
+void ddp_test_reduce(int dt, int op, uintptr_t in, uintptr_t inout, int count, int f16c) {
+	int saved = has_f16c;
+	has_f16c = f16c && ddp_has_f16c();
+	MPI_Datatype t = MPI_DATATYPE_NULL;
+	void (*f)(void *, void *, int *, MPI_Datatype *) = NULL;
+	if (op == DDP_MAX) f = half_max;
+	else if (op == DDP_MIN) f = half_min;
+	else f = dt == DDP_F16 ? f16_sum : bf16_sum;
+	f((void *)in, (void *)inout, &count, &t);
+	has_f16c = saved;
+}
+
+// ---- errors, version, abort ---------------------------------------------
+
+void ddp_error_string(int code, char *buf, int len, int *class) {
+	int n = 0;
+	if (MPI_Error_class(code, class) != MPI_SUCCESS)
+		*class = -1;
+	if (len < MPI_MAX_ERROR_STRING || MPI_Error_string(code, buf, &n) != MPI_SUCCESS)
+		n = 0;
+	buf[n] = 0;
+}
+
+void ddp_library_version(char *buf, int len) {
+	int n = 0;
+	if (len < MPI_MAX_LIBRARY_VERSION_STRING || MPI_Get_library_version(buf, &n) != MPI_SUCCESS)
+		n = 0;
+	buf[n] = 0;
+}
+
+void ddp_abort_job(int code) {
+	MPI_Abort(MPI_COMM_WORLD, code);
+	_exit(code); // MPI_Abort does not return; if it did, end anyway
+}

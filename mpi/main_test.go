@@ -1,0 +1,295 @@
+//go:build mpi && cgo
+
+package mpi_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ddpgo/ddpgo/allocator"
+	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/mpi"
+)
+
+// The tests are SPMD: under mpirun every rank runs them all, and every
+// rank issues the same collectives in the same order. Run outside mpirun,
+// the binary is a 1-rank world (MPI's singleton start-up), and
+// TestUnderMpirun starts the same binary under mpirun with more ranks.
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if err := mpi.Finalize(); err != nil {
+		fmt.Fprintln(os.Stderr, "mpi.Finalize:", err)
+		code = 1
+	}
+	os.Exit(code)
+}
+
+// underMpirun reports whether this process is one rank of an mpirun job.
+func underMpirun() bool { return os.Getenv("OMPI_COMM_WORLD_SIZE") != "" }
+
+// TestUnderMpirun runs this test binary under mpirun with the rank counts
+// of DDPGO_MPI_NP (default "2,3"), so that a plain go test covers several
+// ranks. It is skipped inside such a job, with -short, or without mpirun.
+func TestUnderMpirun(t *testing.T) {
+	if underMpirun() {
+		t.Skip("already a rank of an mpirun job")
+	}
+	if testing.Short() {
+		t.Skip("-short: the multi-rank runs under mpirun are skipped")
+	}
+	mpirun, err := exec.LookPath("mpirun")
+	if err != nil {
+		t.Skip("mpirun not found (Debian: apt-get install openmpi-bin); only the 1-rank tests ran")
+	}
+	nps := os.Getenv("DDPGO_MPI_NP")
+	if nps == "" {
+		nps = "2,3"
+	}
+	for _, np := range strings.Split(nps, ",") {
+		t.Run(np+"ranks", func(t *testing.T) {
+			args := mpirunArgs(np)
+			args = append(args, os.Args[0], "-test.timeout=15m")
+			for _, a := range os.Args[1:] {
+				// Keep the caller's -run, -v and friends, not its coverage or
+				// profile outputs, which the ranks would overwrite.
+				if strings.HasPrefix(a, "-test.run") || strings.HasPrefix(a, "-test.v") || strings.HasPrefix(a, "-test.count") || strings.HasPrefix(a, "-test.short") {
+					args = append(args, a)
+				}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, mpirun, args...)
+			cmd.Env = childEnv()
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("mpirun -np %s %s: %v\n%s", np, os.Args[0], err, out)
+			}
+			if testing.Verbose() {
+				t.Logf("mpirun -np %s:\n%s", np, out)
+			}
+		})
+	}
+}
+
+// mpirunArgs are the options for a job of np ranks on this machine only:
+// shared memory between the ranks, the runtime's own traffic on loopback.
+func mpirunArgs(np string) []string {
+	args := []string{"-np", np, "--oversubscribe", "--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo"}
+	if os.Geteuid() == 0 {
+		args = append(args, "--allow-run-as-root")
+	}
+	return args
+}
+
+// childEnv is the environment without what a singleton MPI start-up of
+// this process may have added, which would confuse the job's ranks.
+func childEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "OMPI_") || strings.HasPrefix(kv, "PMIX_") || strings.HasPrefix(kv, "OPAL_") || strings.HasPrefix(kv, "ORTE_") {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return env
+}
+
+// open returns a new communicator, closed when the test ends.
+func open(t testing.TB, o mpi.Options) comm.Communicator {
+	t.Helper()
+	c, err := mpi.Open(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return c
+}
+
+// pool is the tests' source of collective memory (the contract's rule:
+// never Go-heap memory).
+var pool = func() *allocator.Pool {
+	p, err := allocator.New(allocator.Options{Limit: 4 << 30})
+	if err != nil {
+		panic(err)
+	}
+	return p
+}()
+
+// alloc returns a pool buffer of count elements of dt, returned to the
+// pool when the test ends.
+func alloc(t testing.TB, count int, dt comm.DType) comm.Buffer {
+	t.Helper()
+	b, err := pool.Get(count * dt.Size())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := pool.Put(b); err != nil {
+			t.Error(err)
+		}
+	})
+	return comm.HostBuffer(b.Addr(), count, dt)
+}
+
+// waitAll waits for every Work with a deadline and fails on any error.
+func waitAll(t testing.TB, ws ...comm.Work) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for i, w := range ws {
+		if err := w.Wait(ctx); err != nil {
+			if errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("operation %d (#%d) did not complete in 2 minutes: %v", i, w.ID(), err)
+			}
+			t.Fatalf("operation %d (#%d): %v", i, w.ID(), err)
+		}
+	}
+}
+
+// childJob runs this test binary's TestChild under mpirun with np ranks
+// (or, with np 0, as a single process without mpirun) in the role given by
+// DDPGO_MPI_CHILD, and returns its combined output, how long it ran and
+// its error.
+func childJob(t *testing.T, np int, role string) ([]byte, time.Duration, error) {
+	t.Helper()
+	if underMpirun() {
+		t.Skip("starts jobs of its own; run outside mpirun")
+	}
+	name, args := os.Args[0], []string{"-test.run=^TestChild$", "-test.v"}
+	if np > 0 {
+		mpirun, err := exec.LookPath("mpirun")
+		if err != nil {
+			t.Skip("mpirun not found (Debian: apt-get install openmpi-bin)")
+		}
+		name, args = mpirun, append(append(mpirunArgs(fmt.Sprint(np)), "-x", "DDPGO_MPI_CHILD", os.Args[0]), args...)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Env = append(childEnv(), "DDPGO_MPI_CHILD="+role)
+	t0 := time.Now()
+	out, err := cmd.CombinedOutput()
+	return out, time.Since(t0), err
+}
+
+// TestChild is the body of the jobs that childJob starts; it is skipped
+// otherwise.
+func TestChild(t *testing.T) {
+	role := os.Getenv("DDPGO_MPI_CHILD")
+	switch role {
+	case "":
+		t.Skip("runs only in a job started by another test")
+	case "abort":
+		// The last rank aborts while the others wait in a collective it
+		// never joins.
+		c := open(t, mpi.Options{AbortCode: 7})
+		b := alloc(t, 100, comm.Float32)
+		if c.Rank() == c.Size()-1 {
+			time.Sleep(100 * time.Millisecond)
+			c.Abort(errors.New("injected failure"))
+			fmt.Println("CHILD: Abort returned")
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		err := c.AllReduce(b, b, comm.Sum).Wait(ctx)
+		fmt.Printf("CHILD: rank %d survived the abort: %v\n", c.Rank(), err)
+	case "timeout":
+		// Rank 0 waits in a collective that the others never join; its
+		// watchdog reports the stall, then ends the job at the timeout.
+		// Blocking, so that the owner is held in MPI_Allreduce and the
+		// watchdog must call MPI_Abort itself.
+		c := open(t, mpi.Options{Blocking: true, Timeout: time.Second, StallInterval: 200 * time.Millisecond, OnStall: func(s mpi.Stall) {
+			fmt.Printf("CHILD: stall reported: rank %d, %s #%d, waited %v\n", s.Rank, s.Kind, s.Seq, s.Waited.Round(time.Millisecond))
+		}})
+		b := alloc(t, 100, comm.Float32)
+		if c.Rank() != 0 {
+			time.Sleep(30 * time.Second)
+			fmt.Printf("CHILD: rank %d outlived the timeout\n", c.Rank())
+			return
+		}
+		err := c.AllReduce(b, b, comm.Sum).Wait(context.Background())
+		fmt.Printf("CHILD: rank 0's collective completed: %v\n", err)
+	case "die":
+		// The last rank dies (SIGKILL) while the others wait in a
+		// collective it never joins.
+		c := open(t, mpi.Options{})
+		b := alloc(t, 100, comm.Float32)
+		if c.Rank() == c.Size()-1 {
+			time.Sleep(100 * time.Millisecond)
+			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		err := c.AllReduce(b, b, comm.Sum).Wait(ctx)
+		fmt.Printf("CHILD: rank %d survived its peer's death: %v\n", c.Rank(), err)
+	default:
+		t.Fatalf("unknown DDPGO_MPI_CHILD %q", role)
+	}
+}
+
+// TestAbort: Abort ends the process (alone) and the whole job (under
+// mpirun), promptly, with the code given and the cause on standard error.
+func TestAbort(t *testing.T) {
+	for _, np := range []int{0, 2} {
+		t.Run(fmt.Sprintf("np%d", np), func(t *testing.T) {
+			out, took, err := childJob(t, np, "abort")
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() == 0 {
+				t.Fatalf("job with an aborting rank: %v; want a non-zero exit\n%s", err, out)
+			}
+			if np == 0 && ee.ExitCode() != 7 {
+				t.Errorf("exit code %d; want Options.AbortCode 7", ee.ExitCode())
+			}
+			if !strings.Contains(string(out), "aborts the job: injected failure") || strings.Contains(string(out), "CHILD:") {
+				t.Errorf("output does not name the cause, or a rank went on:\n%s", out)
+			}
+			t.Logf("the job ended %v after it started (exit code %d)", took.Round(time.Millisecond), ee.ExitCode())
+		})
+	}
+}
+
+// TestPeerDies documents what Open MPI does when a rank dies: its runtime
+// sees the process end and kills every other rank of the job, which
+// therefore never sees an error of its own.
+func TestPeerDies(t *testing.T) {
+	out, took, err := childJob(t, 2, "die")
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() == 0 {
+		t.Fatalf("job with a rank killed: %v; want a non-zero exit\n%s", err, out)
+	}
+	if strings.Contains(string(out), "survived") {
+		t.Errorf("a rank went on after its peer died:\n%s", out)
+	}
+	t.Logf("the job ended %v after it started (exit code %d):\n%s", took.Round(time.Millisecond), ee.ExitCode(), out)
+}
+
+// TestTimeout: a collective that a peer never joins is reported as a
+// stall every StallInterval, and at Options.Timeout the job ends.
+func TestTimeout(t *testing.T) {
+	out, took, err := childJob(t, 2, "timeout")
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() == 0 {
+		t.Fatalf("job with a stalled rank: %v; want a non-zero exit\n%s", err, out)
+	}
+	s := string(out)
+	if !strings.Contains(s, "CHILD: stall reported: rank 0, all_reduce #1") || !strings.Contains(s, "Options.Timeout") || strings.Contains(s, "outlived") || strings.Contains(s, "completed") {
+		t.Errorf("want stall reports, then the timeout ending the job:\n%s", s)
+	}
+	if took > 25*time.Second {
+		t.Errorf("the job took %v to end after a 1s timeout", took)
+	}
+	t.Logf("the job ended %v after it started", took.Round(time.Millisecond))
+}

@@ -1,0 +1,27 @@
+//go:build !mpi || !cgo
+
+package mpi
+
+import (
+	"fmt"
+
+	"github.com/ddpgo/ddpgo/comm"
+)
+
+// howToBuild says what a binary without the backend needs.
+const howToBuild = "build with the mpi tag and cgo (go build -tags mpi ./...; CGO_ENABLED=1, the default where a C compiler is found) " +
+	"against Open MPI's development files (Debian: apt-get install libopenmpi-dev openmpi-bin; pkg-config must find ompi-c)"
+
+// Open would return this rank's communicator over MPI_COMM_WORLD; in this
+// binary it fails with ErrNotBuilt, saying how to build the backend.
+func Open(Options) (comm.Communicator, error) {
+	return nil, fmt.Errorf("%w: %s", ErrNotBuilt, howToBuild)
+}
+
+// Finalize has nothing to finalize in this binary.
+func Finalize() error { return nil }
+
+// LibraryInfo reports that the backend is not built, and how to build it.
+func LibraryInfo() Info {
+	return Info{Note: "not built: " + howToBuild, Requested: "MPI_THREAD_SERIALIZED"}
+}

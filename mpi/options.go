@@ -1,0 +1,121 @@
+package mpi
+
+import (
+	"errors"
+	"time"
+
+	"github.com/ddpgo/ddpgo/allocator"
+)
+
+// ErrNotBuilt is returned by Open in a binary built without the mpi build
+// tag or without cgo.
+var ErrNotBuilt = errors.New("mpi: backend not built")
+
+// ErrFinalized is returned by Open after Finalize: MPI cannot be
+// initialised twice in one process.
+var ErrFinalized = errors.New("mpi: MPI was finalized in this process")
+
+// Default deadlines of Options.
+const (
+	DefaultTimeout       = 10 * time.Minute
+	DefaultStallInterval = 60 * time.Second
+)
+
+// Options configures one communicator.
+type Options struct {
+	// Blocking asks for the communicator's collectives to be blocking MPI
+	// calls (MPI_Allreduce, ...) rather than non-blocking ones that the
+	// owner goroutine progresses: about 3 times less latency for small
+	// messages and about 1.5 times the bandwidth for large ones, for a
+	// program in which no rank waits for another communicator's operation
+	// while one of this communicator's collectives, issued before it, is
+	// incomplete (a training program with one communicator). A process
+	// runs at most one communicator in blocking mode; see the package
+	// documentation.
+	Blocking bool
+
+	// Timeout bounds how long an operation may stay incomplete; when it
+	// passes, the backend reports the operation on standard error and
+	// ends the job with MPI_Abort, since MPI can neither cancel the
+	// operation nor stop writing its buffers. Zero means DefaultTimeout;
+	// a negative value never times out.
+	Timeout time.Duration
+
+	// StallInterval is how long an operation may stay incomplete before
+	// it is reported as a stall, and how often the report is repeated.
+	// Zero means DefaultStallInterval; a negative value turns reports off.
+	StallInterval time.Duration
+
+	// OnStall receives stall reports. Nil writes them to the standard
+	// logger. It runs on the communicator's watchdog goroutine and must
+	// not block.
+	OnStall func(Stall)
+
+	// Pool provides the scratch memory of the operations that need it (an
+	// in-place ReduceScatter). Nil means a pool of the communicator's
+	// own, with allocator's default limit.
+	Pool *allocator.Pool
+
+	// AbortCode is the error code Abort and the timeout pass to MPI_Abort,
+	// which mpirun usually turns into its exit status. Zero means 1.
+	AbortCode int
+}
+
+// Stall describes an operation that has stayed incomplete for longer than
+// the stall interval. MPI cannot tell which ranks have not joined it, so
+// Missing is always nil.
+type Stall struct {
+	Rank    int
+	Seq     uint64
+	Kind    string
+	Missing []int
+	Waited  time.Duration
+	Detail  string
+}
+
+// Info describes the MPI library a binary was built against, for tools
+// that report the environment (ddpbench info).
+type Info struct {
+	// Built reports whether the backend is compiled in (build tag mpi,
+	// cgo); when it is not, Note says how to build it.
+	Built bool
+	Note  string
+	// Library is MPI_Get_library_version's first line.
+	Library string
+	// Requested is the thread level the backend asks for; Provided the
+	// level MPI granted, once initialised ("" before).
+	Requested, Provided string
+	// Initialized reports whether MPI has been initialised in this
+	// process; OwnInit whether the backend did it (rather than the host
+	// program).
+	Initialized, OwnInit bool
+	// WorldRank and WorldSize are MPI_COMM_WORLD's, once initialised.
+	WorldRank, WorldSize int
+	// MallocTuned reports whether the backend raised glibc's mmap and trim
+	// thresholds at initialisation (see the package documentation).
+	MallocTuned bool
+	// F16C reports whether the 16-bit sums use the CPU's F16C
+	// conversions.
+	F16C bool
+}
+
+func (o Options) timeout() time.Duration {
+	if o.Timeout == 0 {
+		return DefaultTimeout
+	}
+	return o.Timeout
+}
+
+func (o Options) stallInterval() time.Duration {
+	if o.StallInterval == 0 {
+		return DefaultStallInterval
+	}
+	return o.StallInterval
+}
+
+func (o Options) abortCode() int {
+	if o.AbortCode == 0 {
+		return 1
+	}
+	return o.AbortCode
+}

@@ -1,0 +1,577 @@
+//go:build mpi && cgo
+
+package mpi
+
+/*
+#cgo pkg-config: ompi-c
+#include "ddpmpi.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/ddpgo/ddpgo/allocator"
+	"github.com/ddpgo/ddpgo/comm"
+)
+
+// The process's MPI state: one per process, started by the first Open and
+// stopped by Finalize.
+var (
+	rtMu     sync.Mutex
+	rt       *engine
+	finished bool
+)
+
+// engine is the owner goroutine and what it owns. The owner makes every
+// MPI call of the process but two: MPI_Init_thread and MPI_Finalize run on
+// the MPI main thread, a goroutine locked to its OS thread for MPI's whole
+// life, because the standard asks that the thread which initialised MPI
+// be the one that finalizes it. The owner itself is not locked to a
+// thread (MPI_THREAD_SERIALIZED allows any thread, one at a time): see the
+// package documentation for the measurement behind that.
+type engine struct {
+	q        chan ref        // operations, close markers and calls, in issue order
+	exit     chan struct{}   // closed when the owner goroutine has returned
+	main     chan func()     // calls to run on the MPI main thread
+	mainExit chan struct{}   // closed when the main thread's goroutine has returned
+	stop     bool            // owner-only: return once idle
+	pool     *allocator.Pool // scratch of operations whose communicator has none
+	poolOnce sync.Once
+
+	provided, worldRank, worldSize int
+	ours, mallocTuned, f16c        bool
+
+	abortCode atomic.Int32 // non-zero: end the job with this code
+
+	// owner-only: the non-blocking requests in flight, by slot
+	slots   [C.DDP_MAXREQ]ref
+	free    []int32
+	hi      int // slots [hi, DDP_MAXREQ) are free
+	nactive int
+	polls   uint64
+	// owner-only: open communicators in blocking mode (at most one)
+	blockingComms int
+
+	mu    sync.Mutex
+	comms map[*communicator]struct{} // open communicators
+}
+
+// ref is an item of the owner's queue: operation seq of communicator c,
+// c's close marker (seq 0), a call to run (fn), or, all zero, a wake-up.
+type ref struct {
+	c   *communicator
+	seq uint64
+	fn  func()
+}
+
+// abortGrace is how long Abort waits for the owner to call MPI_Abort
+// itself before calling it from the aborting goroutine (the owner may be
+// inside a blocking collective that a stalled peer never joins).
+const abortGrace = 200 * time.Millisecond
+
+// start returns the process's engine, starting it on first use.
+func start() (*engine, error) {
+	rtMu.Lock()
+	defer rtMu.Unlock()
+	if finished {
+		return nil, fmt.Errorf("%w: Open after Finalize", ErrFinalized)
+	}
+	if rt != nil {
+		return rt, nil
+	}
+	e := &engine{
+		q:        make(chan ref, 4096),
+		exit:     make(chan struct{}),
+		main:     make(chan func()),
+		mainExit: make(chan struct{}),
+		comms:    map[*communicator]struct{}{},
+	}
+	errc := make(chan error, 1)
+	go e.mainThread(errc)
+	if err := <-errc; err != nil {
+		<-e.mainExit
+		finished = true // MPI cannot be initialised again
+		return nil, err
+	}
+	go e.loop()
+	rt = e
+	return e, nil
+}
+
+// call runs f on the owner and returns its error.
+func (e *engine) call(f func() error) error {
+	errc := make(chan error, 1)
+	select {
+	case e.q <- ref{fn: func() { errc <- f() }}:
+	case <-e.exit:
+		return ErrFinalized
+	}
+	select {
+	case err := <-errc:
+		return err
+	case <-e.exit:
+		return ErrFinalized
+	}
+}
+
+// mainThread initialises MPI on a thread of its own, then runs what is
+// sent on e.main (MPI_Finalize) and returns when main is closed. It never
+// unlocks its thread, which ends with the goroutine.
+func (e *engine) mainThread(errc chan<- error) {
+	defer close(e.mainExit)
+	runtime.LockOSThread()
+	var provided, ours, tuned, wr, ws C.int
+	if rc := C.ddp_init(&provided, &ours, &tuned, &wr, &ws); rc != C.MPI_SUCCESS {
+		errc <- fmt.Errorf("mpi: initialising MPI: %w", mpiError(int(rc)))
+		return
+	}
+	e.provided, e.ours, e.worldRank, e.worldSize = int(provided), ours != 0, int(wr), int(ws)
+	e.mallocTuned = tuned != 0
+	e.f16c = C.ddp_has_f16c() != 0
+	if e.provided < C.MPI_THREAD_SERIALIZED {
+		// The owner calls MPI from threads other than the one that
+		// initialised it, which MPI_THREAD_FUNNELED and below forbid.
+		err := fmt.Errorf("mpi: MPI provides %s; the backend calls MPI from a goroutine of its own and needs MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE", threadLevel(e.provided))
+		if !e.ours {
+			err = fmt.Errorf("%w (the host program initialised MPI: ask MPI_Init_thread for one of them)", err)
+		}
+		errc <- err
+		return
+	}
+	errc <- nil
+	for f := range e.main {
+		f()
+	}
+}
+
+// loop is the owner goroutine.
+func (e *engine) loop() {
+	defer close(e.exit)
+	for {
+		if code := e.abortCode.Load(); code != 0 {
+			C.ddp_abort_job(C.int(code))
+		}
+		if e.stop && e.nactive == 0 {
+			return
+		}
+		if e.nactive < C.DDP_MAXREQ {
+			select {
+			case r := <-e.q:
+				e.take(r)
+				continue
+			default:
+			}
+		}
+		if e.nactive > 0 {
+			e.test()
+			continue
+		}
+		// Park at once: the goroutine that issues next then finds the
+		// owner runnable on its own processor and runs it without an
+		// operating-system wake-up, and a rank that waits leaves the CPU
+		// to its peers on a machine with fewer cores than ranks.
+		e.take(<-e.q)
+	}
+}
+
+// take handles an item of the queue. An operation is started at once if
+// its communicator has none in flight, and otherwise when the one in
+// flight completes: MPI starts a communicator's non-blocking collectives
+// in order but may run them at the same time, and the contract wants
+// them run in issue order (stream semantics), as a chain of dependent
+// collectives needs.
+func (e *engine) take(r ref) {
+	c := r.c
+	switch {
+	case r.fn != nil:
+		r.fn()
+		return
+	case c == nil:
+		return // a wake-up
+	case r.seq == 0:
+		c.closeMarked = true
+	default:
+		c.received = r.seq
+	}
+	e.pump(c)
+}
+
+// pump starts c's next operations while none is in flight, and frees c
+// once it is closed and idle.
+func (e *engine) pump(c *communicator) {
+	for c.posted == 0 && c.started < c.received {
+		c.started++
+		e.start(c, c.started)
+	}
+	if c.closeMarked && c.posted == 0 && c.started == c.received {
+		e.release(c)
+	}
+}
+
+// start gives operation seq of c to MPI, or completes it at once when it
+// cannot run.
+func (e *engine) start(c *communicator, seq uint64) {
+	d := &c.ring[seq%ringSize]
+	switch {
+	case d.err != nil:
+		c.complete(seq, c.opErr(d, d.err))
+		return
+	case c.closing.Load():
+		c.complete(seq, c.opErr(d, fmt.Errorf("%w: closed before MPI was given the operation", errClosed())))
+		return
+	case c.failed != nil:
+		c.complete(seq, c.opErr(d, fmt.Errorf("%w: the communicator is unusable after an earlier failure: %w", errAborted(), c.failed)))
+		return
+	}
+	send, recv := d.send, d.recv
+	if d.kind == kindReduceScatter && d.inplace {
+		b, err := e.scratch(c, d.count*dtypeSize(d.dt))
+		if err != nil {
+			c.complete(seq, c.opErr(d, err))
+			return
+		}
+		d.scratch = b
+		recv = b.Addr()
+	}
+	blocking := c.blocking && d.kind != kindSend && d.kind != kindRecv
+	slot := -1
+	if !blocking {
+		slot = e.allocSlot()
+	}
+	inplace := 0
+	if d.inplace && d.kind != kindReduceScatter {
+		inplace = 1
+	}
+	c.posted++
+	rc := C.ddp_start(c.h, boolInt(blocking), C.int(max(slot, 0)), C.int(d.kind), C.int(d.op), C.int(d.dt),
+		C.int(d.count), C.uintptr_t(uintptr(send)), C.uintptr_t(uintptr(recv)), C.int(d.root), C.int(inplace))
+	if blocking || rc != C.MPI_SUCCESS {
+		if slot >= 0 {
+			e.freeSlot(slot)
+		}
+		e.finish(c, seq, int(rc), -1)
+		return
+	}
+	e.slots[slot] = ref{c: c, seq: seq}
+}
+
+// test progresses the requests in flight and finishes those that
+// completed.
+func (e *engine) test() {
+	n := C.ddp_testsome(C.int(e.hi))
+	if rc := C.ddp_test_rc; rc != C.MPI_SUCCESS {
+		// MPI could not say which requests completed: fail them all.
+		// Their buffers may still be written, so every communicator with
+		// one is unusable, and the caller's only safe move is Abort.
+		for s := range e.hi {
+			if r := e.slots[s]; r.c != nil {
+				e.freeSlot(s)
+				e.finish(r.c, r.seq, int(rc), -1)
+				e.pump(r.c)
+			}
+		}
+		return
+	}
+	for i := range int(n) {
+		s := int(C.ddp_done[i])
+		r := e.slots[s]
+		e.freeSlot(s)
+		e.finish(r.c, r.seq, int(C.ddp_errs[i]), int(C.ddp_got[i]))
+		e.pump(r.c)
+	}
+	e.polls++
+	if n > 0 || e.polls%64 == 0 {
+		// Let the waiters just woken, and other goroutines, run on this
+		// processor: the owner polls without ever blocking while requests
+		// are in flight.
+		runtime.Gosched()
+	}
+}
+
+// finish completes operation seq of c after MPI returned rc (and, for a
+// receive, got elements).
+func (e *engine) finish(c *communicator, seq uint64, rc, got int) {
+	d := &c.ring[seq%ringSize]
+	c.posted--
+	var err error
+	switch {
+	case rc != C.MPI_SUCCESS:
+		me := mpiError(rc)
+		err = c.opErr(d, me)
+		if c.failed == nil {
+			c.failed = err
+		}
+	case d.kind == kindRecv && got != d.count:
+		err = c.opErr(d, fmt.Errorf("%w: rank %d received %d elements from rank %d, which posted a receive of %d", errMismatch(), c.rank, got, d.root, d.count))
+	default:
+		e.after(c, d)
+	}
+	if d.scratch.Size() > 0 {
+		e.putScratch(c, d.scratch)
+		d.scratch = allocator.Block{}
+	}
+	c.complete(seq, err)
+}
+
+// after does what is left once MPI has completed d: Avg's division, and
+// the copy of an in-place ReduceScatter's result out of its scratch.
+func (e *engine) after(c *communicator, d *desc) {
+	out := d.recv
+	switch d.kind {
+	case kindAllReduce:
+	case kindReduce:
+		if d.root != c.rank {
+			return
+		}
+		if d.inplace {
+			out = d.send
+		}
+	case kindReduceScatter:
+		if d.inplace {
+			copyBytes(d.recv, d.scratch.Addr(), d.count*dtypeSize(d.dt))
+		}
+	default:
+		return
+	}
+	if d.op == opAvg && c.size > 1 && d.count > 0 {
+		C.ddp_scale(C.int(d.dt), C.uintptr_t(uintptr(out)), C.int(d.count), C.int(c.size))
+	}
+}
+
+// release frees c's MPI communicator once it has nothing in flight.
+func (e *engine) release(c *communicator) {
+	if !c.released {
+		c.released = true
+		if c.blocking {
+			e.blockingComms--
+		}
+		if rc := C.ddp_free(&c.h); rc != C.MPI_SUCCESS {
+			c.closeErr = fmt.Errorf("mpi: rank %d: MPI_Comm_free: %w", c.rank, mpiError(int(rc)))
+		}
+		e.mu.Lock()
+		delete(e.comms, c)
+		e.mu.Unlock()
+		close(c.freed)
+	}
+}
+
+func (e *engine) allocSlot() int {
+	e.nactive++
+	if n := len(e.free); n > 0 {
+		s := e.free[n-1]
+		e.free = e.free[:n-1]
+		return int(s)
+	}
+	e.hi++
+	return e.hi - 1
+}
+
+func (e *engine) freeSlot(s int) {
+	e.slots[s] = ref{}
+	e.nactive--
+	if s == e.hi-1 {
+		e.hi--
+		// Drop free slots now at the top, so Testsome scans only [0, hi).
+		for e.hi > 0 && e.slots[e.hi-1].c == nil && e.dropFree(e.hi-1) {
+			e.hi--
+		}
+		return
+	}
+	e.free = append(e.free, int32(s))
+}
+
+// dropFree removes s from the free list, reporting whether it was there.
+func (e *engine) dropFree(s int) bool {
+	for i, f := range e.free {
+		if int(f) == s {
+			e.free[i] = e.free[len(e.free)-1]
+			e.free = e.free[:len(e.free)-1]
+			return true
+		}
+	}
+	return false
+}
+
+// scratch returns n bytes of pool memory for an operation of c.
+func (e *engine) scratch(c *communicator, n int) (allocator.Block, error) {
+	p := c.opts.Pool
+	if p == nil {
+		e.poolOnce.Do(func() {
+			p, err := allocator.New(allocator.Options{})
+			if err == nil {
+				e.pool = p
+			}
+		})
+		if p = e.pool; p == nil {
+			return allocator.Block{}, fmt.Errorf("mpi: no scratch pool")
+		}
+	}
+	b, err := p.Get(n)
+	if err != nil {
+		return b, fmt.Errorf("mpi: scratch for an in-place reduce_scatter: %w", err)
+	}
+	return b, nil
+}
+
+func (e *engine) putScratch(c *communicator, b allocator.Block) {
+	p := c.opts.Pool
+	if p == nil {
+		p = e.pool
+	}
+	_ = p.Put(b)
+}
+
+// abortJob ends the job with MPI_Abort: through the owner thread if it
+// answers within abortGrace, else from this thread. It does not return.
+func (e *engine) abortJob(code int) {
+	e.abortCode.CompareAndSwap(0, int32(code))
+	select {
+	case e.q <- ref{}: // wakes a parked owner; a busy one sees abortCode
+	default:
+	}
+	select {
+	case <-e.exit:
+		// The owner is gone (Finalize); MPI is no more.
+		os.Exit(code)
+	case <-time.After(abortGrace):
+	}
+	C.ddp_abort_job(C.int(code))
+}
+
+// Finalize closes every open communicator, stops the owner goroutine and,
+// if the backend initialised MPI, calls MPI_Finalize, which mpirun expects
+// of every process before it exits. After Finalize, Open fails with
+// ErrFinalized. Finalize is idempotent; call it once every collective has
+// completed, typically at the end of main (or TestMain).
+func Finalize() error {
+	rtMu.Lock()
+	e := rt
+	rt, finished = nil, true
+	rtMu.Unlock()
+	if e == nil {
+		return nil
+	}
+	e.mu.Lock()
+	open := make([]*communicator, 0, len(e.comms))
+	for c := range e.comms {
+		open = append(open, c)
+	}
+	e.mu.Unlock()
+	var errs []error
+	for _, c := range open {
+		errs = append(errs, c.Close())
+	}
+	_ = e.call(func() error {
+		e.stop = true
+		return nil
+	})
+	<-e.exit
+	errc := make(chan error, 1)
+	e.main <- func() {
+		if rc := C.ddp_finalize(boolInt(e.ours)); rc != C.MPI_SUCCESS {
+			errc <- fmt.Errorf("mpi: MPI_Finalize: %w", mpiError(int(rc)))
+			return
+		}
+		errc <- nil
+	}
+	err := <-errc
+	close(e.main)
+	<-e.mainExit
+	if e.pool != nil {
+		errs = append(errs, e.pool.Close())
+	}
+	return errors.Join(append(errs, err)...)
+}
+
+// LibraryInfo reports the MPI library and, once initialised, the thread
+// level MPI provided.
+func LibraryInfo() Info {
+	var buf [C.MPI_MAX_LIBRARY_VERSION_STRING + 1]C.char
+	C.ddp_library_version(&buf[0], C.int(len(buf)))
+	lib := C.GoString(&buf[0])
+	for i, r := range lib {
+		if r == '\n' {
+			lib = lib[:i]
+			break
+		}
+	}
+	info := Info{Built: true, Library: lib, Requested: threadLevel(C.MPI_THREAD_SERIALIZED), F16C: C.ddp_has_f16c() != 0}
+	rtMu.Lock()
+	defer rtMu.Unlock()
+	if e := rt; e != nil {
+		info.Initialized, info.OwnInit = true, e.ours
+		info.Provided = threadLevel(e.provided)
+		info.WorldRank, info.WorldSize = e.worldRank, e.worldSize
+		info.MallocTuned = e.mallocTuned
+	}
+	return info
+}
+
+func threadLevel(l int) string {
+	switch l {
+	case C.MPI_THREAD_SINGLE:
+		return "MPI_THREAD_SINGLE"
+	case C.MPI_THREAD_FUNNELED:
+		return "MPI_THREAD_FUNNELED"
+	case C.MPI_THREAD_SERIALIZED:
+		return "MPI_THREAD_SERIALIZED"
+	case C.MPI_THREAD_MULTIPLE:
+		return "MPI_THREAD_MULTIPLE"
+	}
+	return fmt.Sprintf("thread level %d", l)
+}
+
+// Error is an error MPI returned: its code, its class and its own text.
+type Error struct {
+	Code, Class int
+	Msg         string
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("MPI error %d (class %d): %s", e.Code, e.Class, e.Msg)
+}
+
+func mpiError(code int) error {
+	var buf [C.MPI_MAX_ERROR_STRING + 1]C.char
+	var class C.int
+	C.ddp_error_string(C.int(code), &buf[0], C.int(len(buf)), &class)
+	return &Error{Code: code, Class: int(class), Msg: C.GoString(&buf[0])}
+}
+
+// reduceHalves applies the 16-bit reduction MPI uses for dt and op to in
+// and inout (inout = in op inout), with F16C if f16c and the CPU has it.
+// Tests compare it with package fp16.
+func reduceHalves(dt comm.DType, op comm.Op, in, inout []uint16, f16c bool) {
+	if len(in) != len(inout) {
+		panic("mpi: reduceHalves of unequal lengths")
+	}
+	if len(in) == 0 {
+		return
+	}
+	C.ddp_test_reduce(C.int(dt), C.int(op), C.uintptr_t(uintptr(unsafe.Pointer(&in[0]))), C.uintptr_t(uintptr(unsafe.Pointer(&inout[0]))), C.int(len(in)), boolInt(f16c))
+}
+
+func boolInt(b bool) C.int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// copyBytes copies n bytes between buffers that do not overlap, in pieces
+// the scheduler can preempt between.
+func copyBytes(dst, src unsafe.Pointer, n int) {
+	const piece = 1 << 20
+	for off := 0; off < n; off += piece {
+		k := min(piece, n-off)
+		copy(unsafe.Slice((*byte)(unsafe.Add(dst, off)), k), unsafe.Slice((*byte)(unsafe.Add(src, off)), k))
+	}
+}

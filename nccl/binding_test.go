@@ -1,0 +1,95 @@
+//go:build cgo
+
+package nccl
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestConfigLayout(t *testing.T) {
+	// ncclConfig_v21700 (src/nccl.h.in at v2.17.1-1): size_t size, two
+	// unsigned ints, four ints, one pointer.
+	size, blocking := configLayout()
+	if size != 40 || blocking != 16 {
+		t.Fatalf("ncclConfig_t 2.17 layout: size %d, blocking at %d; want 40 and 16", size, blocking)
+	}
+}
+
+func TestOpenMissingLibrary(t *testing.T) {
+	_, err := Open(Libraries{NCCL: "/nonexistent/libnccl.so.2", CUDA: si.CUDA})
+	var le *LoadError
+	if !errors.As(err, &le) || !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Open without NCCL: %v, want a *LoadError wrapping ErrNotFound", err)
+	}
+	for _, want := range []string{"/nonexistent/libnccl.so.2", "install NCCL 2.14.0 or newer", "2.19", "Libraries.NCCL"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	_, err = Open(Libraries{NCCL: si.NCCL, CUDA: "/nonexistent/libcuda.so.1"})
+	if !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), "NVIDIA driver") {
+		t.Fatalf("Open without libcuda: %v, want ErrNotFound naming the driver", err)
+	}
+	info := GetInfo(Libraries{NCCL: "/nonexistent/libnccl.so.2", CUDA: si.CUDA})
+	if !errors.Is(info.Err, ErrNotFound) || info.NCCLVersion != 0 {
+		t.Fatalf("GetInfo without NCCL: %+v", info)
+	}
+}
+
+func TestOpenMissingSymbol(t *testing.T) {
+	for _, c := range []struct {
+		sym, want string
+	}{
+		{"ncclCommGetAsyncError", "has no symbol ncclCommGetAsyncError"},
+		{"cuLaunchKernel", "has no symbol cuLaunchKernel"},
+		{"ncclCommInitRankConfig", "NCCL 2.14.0 or newer has it"},
+	} {
+		_, err := open(Libraries{NCCL: si.NCCL, CUDA: si.CUDA}, map[string]bool{c.sym: true})
+		if !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Open without %s: %v, want ErrNotFound saying %q", c.sym, err, c.want)
+		}
+	}
+	// Optional symbols may be absent.
+	l, err := open(Libraries{NCCL: si.NCCL, CUDA: si.CUDA}, map[string]bool{"ncclMemAlloc": true, "ncclCommRegister": true, "ncclGetLastError": true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Has("ncclMemAlloc") || !l.Has("ncclMemFree") {
+		t.Fatalf("Has: ncclMemAlloc %v, ncclMemFree %v", l.Has("ncclMemAlloc"), l.Has("ncclMemFree"))
+	}
+	if m := l.Missing(); strings.Join(m, ",") != "ncclCommRegister,ncclGetLastError,ncclMemAlloc" {
+		t.Fatalf("Missing() = %v", m)
+	}
+}
+
+func TestInfo(t *testing.T) {
+	info := lib.Info()
+	if info.Err != nil {
+		t.Fatal(info.Err)
+	}
+	if info.NCCLVersion != 22105 || VersionString(info.NCCLVersion) != "2.21.5" {
+		t.Errorf("NCCL version %d (%s), want the stand-in's 22105", info.NCCLVersion, VersionString(info.NCCLVersion))
+	}
+	if info.DriverVersion != 12060 || DriverVersionString(info.DriverVersion) != "12.6" {
+		t.Errorf("driver version %d, want 12060", info.DriverVersion)
+	}
+	if len(info.Devices) != 4 || info.Devices[1].Name != "stand-in device 1 (not a GPU)" || info.Devices[1].Major != 9 {
+		t.Errorf("devices %+v", info.Devices)
+	}
+	s := info.String()
+	for _, want := range []string{"NCCL 2.21.5", "CUDA driver API 12.6", "4 device(s)", "compute capability 9.0"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("Info.String() = %q, missing %q", s, want)
+		}
+	}
+}
+
+func TestVersionString(t *testing.T) {
+	for v, want := range map[int]string{2708: "2.7.8", 21400: "2.14.0", 22105: "2.21.5", 23007: "2.30.7"} {
+		if got := VersionString(v); got != want {
+			t.Errorf("VersionString(%d) = %q, want %q", v, got, want)
+		}
+	}
+}

@@ -1,0 +1,100 @@
+// Package nccl is the ddpgo backend over NVIDIA's NCCL: one rank per GPU,
+// collectives on device memory, as PyTorch's ProcessGroupNCCL.
+//
+// # Binding
+//
+// libnccl.so.2 and libcuda.so.1 are opened with dlopen at run time
+// (Open, Default) and their functions called through a C dispatch table
+// filled by dlsym, so building needs neither CUDA nor NCCL headers, nor a
+// GPU; the few types and enum values used are declared in
+// binding_cgo.go, checked against NCCL's src/nccl.h.in (ncclConfig_t in
+// its 2.17 layout: NCCL copies min(size, its own sizeof) and defaults the
+// newer fields) and CUDA 12.6's cuda.h (the _v2 symbols its macros name).
+// Only the driver API is used; no libcudart. A missing library or
+// required symbol is a *LoadError (ErrNotFound) saying what to install;
+// NCCL older than MinVersion (2.14) is ErrVersion; optional symbols
+// (ncclMemAlloc and ncclCommRegister, 2.19; ncclGetLastError, 2.13) may
+// be absent. Built with CGO_ENABLED=0 the package compiles and Open
+// returns ErrNoCgo. GetInfo reports the NCCL version (ncclGetVersion
+// needs no GPU), the driver's version and the devices.
+//
+// # Communicators
+//
+// Rank 0 makes the unique id (NewUniqueID) and every rank gets it, through
+// a Store (Connect; package rendezvous serves one at MASTER_ADDR:
+// MASTER_PORT) or otherwise (NewComm takes the id in Config). NewComms
+// initialises several ranks' communicators from one goroutine, one device
+// each, inside one ncclGroupStart/End. Communicators are non-blocking
+// (ncclConfig_t.blocking = 0) unless Config.Blocking: initialisation and
+// every enqueue that answers ncclInProgress are polled with
+// ncclCommGetAsyncError, and operations issued meanwhile wait in order
+// until NCCL has taken the earlier ones.
+//
+// Each Comm owns a CUDA stream (non-blocking with respect to the legacy
+// default stream) on which its collectives and kernels run in issue order.
+// A Work is a CUDA event recorded after its operation: Test queries it,
+// Wait polls it (spinning briefly, then sleeping up to a millisecond)
+// until it completes or the context ends. Issuing allocates nothing in
+// steady state (events live in a ring of slots that only grows). Before
+// an operation is called successful, ncclCommGetAsyncError is asked: NCCL's
+// kernels exit early on an error, and their events then complete over
+// wrong data.
+//
+// WaitStream makes the communicator's stream wait for the work issued so
+// far on a stream of the caller's (a gradient is ready only once the
+// kernel that wrote it has run), and StreamWait makes a caller's stream
+// wait for a Work; neither blocks the host. GroupStart and GroupEnd
+// (comm.Grouper) launch several operations in one ncclGroupStart/End; since
+// NCCL's group state belongs to the calling thread, a group is launched in
+// one cgo call, and each cgo call makes the device's primary context
+// current on its thread first.
+//
+// # Failure
+//
+// A watchdog goroutine per communicator polls ncclCommGetAsyncError and the
+// deadline of the oldest pending operation every Config.PollInterval. A
+// stall (Config.StallInterval) is reported to Config.OnStall; an
+// asynchronous error, or an operation pending past Config.Timeout, aborts
+// the communicator: ncclCommAbort, then up to AbortDrain for the stream to
+// drain, then every pending Work fails with a *comm.OpError naming the
+// rank, the operation and its sequence number, wrapping comm.ErrAborted
+// and NCCL's result and ncclGetLastError text (or comm.ErrTimeout). Abort
+// does the same on demand; it is local, as ncclCommAbort is. Close
+// destroys the communicator (ncclCommDestroy), or aborts it when work is
+// pending (which then fails with comm.ErrClosed); it is idempotent.
+//
+// # Memory
+//
+// Device buffers (comm.Buffer with Loc == comm.Device and the
+// communicator's device) go to NCCL as they are. Source returns an
+// allocator.Source for a device CommPool: slabs from ncclMemAlloc (else
+// cuMemAlloc), 512-byte-aligned blocks, each slab registered once with
+// ncclCommRegister and deregistered when freed or when the communicator
+// closes. Host buffers are accepted too (Caps.HostMemory), staged in
+// stream order: a host function (cuLaunchHostFunc) copies them into
+// pinned memory, which is copied to device staging memory before the
+// collective; the result comes back the same way after it. The issuer
+// never blocks, and consecutive operations on one host buffer see each
+// other's results; it costs two copies each way, so the reducer should
+// use a device pool.
+//
+// Kernels (comm.KernelSource) returns the element-wise kernels for device
+// memory on the communicator's stream: zero and copy with cuMemsetD8Async
+// and cuMemcpyAsync; add, scale, fp16/bf16 compression and decompression,
+// and the overflow count as PTX (kernels.ptx, loaded with
+// cuModuleLoadData, so no CUDA compiler is needed to build), rounding
+// exactly as package fp16 does. Avg is ncclAvg (Caps.NativeAvg).
+//
+// # Testing without a GPU
+//
+// The tests build a stand-in for libnccl.so.2 and libcuda.so.1
+// (testdata/standin/standin.c, compiled with gcc into a temporary
+// directory once per test binary) and load it by path. It is not NCCL and
+// not CUDA: device memory is host memory, streams are threads running
+// queues in order, collectives run across the communicators of the test
+// process, and it can answer ncclInProgress, raise an asynchronous error,
+// stall a rank and count allocations and registrations. It cannot run
+// PTX: a kernel launched through it runs a C emulation chosen by its name,
+// which checks the launch's marshalling, not the PTX. Nothing measured
+// over it says anything about a GPU.
+package nccl

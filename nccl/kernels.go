@@ -1,0 +1,271 @@
+package nccl
+
+import (
+	_ "embed"
+	"fmt"
+	"runtime"
+	"time"
+	"unsafe"
+
+	"github.com/ddpgo/ddpgo/comm"
+)
+
+//go:embed kernels.ptx
+var kernelsPTX string
+
+// The kernels of kernels.ptx, by name.
+const (
+	kScale          = "ddpgo_scale_f32"
+	kAdd            = "ddpgo_add_f32"
+	kCompressF16    = "ddpgo_compress_f16"
+	kCompressBF16   = "ddpgo_compress_bf16"
+	kDecompressF16  = "ddpgo_decompress_f16"
+	kDecompressBF16 = "ddpgo_decompress_bf16"
+	kOverflowsF16   = "ddpgo_overflows_f16"
+	kOverflowsBF16  = "ddpgo_overflows_bf16"
+)
+
+var kernelNames = []string{kScale, kAdd, kCompressF16, kCompressBF16, kDecompressF16, kDecompressBF16, kOverflowsF16, kOverflowsBF16}
+
+// module is kernels.ptx loaded on one device.
+type module struct {
+	m   uintptr
+	fns map[string]uintptr
+}
+
+// module loads kernels.ptx on d once (cuModuleLoadData: the driver
+// compiles the PTX for the device).
+func (d *device) module(l *Library) (*module, error) {
+	d.modOnce.Do(func() {
+		m, err := l.d.moduleLoad(d.ctx, kernelsPTX)
+		if err != nil {
+			d.modErr = fmt.Errorf("nccl: device %d: loading kernels.ptx: %w", d.ordinal, err)
+			return
+		}
+		mod := &module{m: m, fns: map[string]uintptr{}}
+		for _, n := range kernelNames {
+			f, err := l.d.function(d.ctx, m, n)
+			if err != nil {
+				d.modErr = fmt.Errorf("nccl: device %d: kernels.ptx: %w", d.ordinal, err)
+				l.d.moduleUnload(d.ctx, m)
+				return
+			}
+			mod.fns[n] = f
+		}
+		d.mod = mod
+	})
+	return d.mod, d.modErr
+}
+
+// Kernels returns the element-wise kernels for device memory of c's
+// device. They run on c's stream, so they are ordered with c's
+// collectives in issue order; Upload, Download, Overflows and Sync wait
+// for the stream (bounded by Config.Timeout). A kernel's launch error is
+// kept and returned by Sync. The kernels take device Buffers of c's device
+// only and panic for others, as they do for mismatched counts or dtypes.
+func (c *Comm) Kernels() comm.Kernels { return deviceKernels{c} }
+
+type deviceKernels struct{ c *Comm }
+
+const threadsPerBlock = 256
+
+func (deviceKernels) Location() comm.Location { return comm.Device }
+
+func (k deviceKernels) dev(op string, b comm.Buffer) uintptr {
+	if b.Loc != comm.Device || b.Device != k.c.dev.ordinal {
+		panic(fmt.Sprintf("nccl: %s of a %s buffer (loc %d, device %d); the kernels of rank %d take memory of device %d",
+			op, b.DType, b.Loc, b.Device, k.c.rank, k.c.dev.ordinal))
+	}
+	return uintptr(b.Addr)
+}
+
+func (k deviceKernels) note(err error) {
+	if err == nil {
+		return
+	}
+	k.c.kmu.Lock()
+	if k.c.kernErr == nil {
+		k.c.kernErr = err
+	}
+	k.c.kmu.Unlock()
+}
+
+func (k deviceKernels) launch(name string, a0, a1, a2 uintptr, n int, s float32) {
+	if n == 0 {
+		return
+	}
+	mod, err := k.c.dev.module(k.c.lib)
+	if err != nil {
+		k.note(err)
+		return
+	}
+	grid := min((n+threadsPerBlock-1)/threadsPerBlock, 4096)
+	k.note(k.c.d.launchKernel(k.c.ctx, mod.fns[name], grid, threadsPerBlock, k.c.stream, a0, a1, a2, n, s))
+}
+
+func same(op string, a, b comm.Buffer) {
+	if a.Count != b.Count || a.DType != b.DType {
+		panic(fmt.Sprintf("nccl: %s of %d x %s and %d x %s", op, a.Count, a.DType, b.Count, b.DType))
+	}
+}
+
+func halfPair(op string, half, f32 comm.Buffer) {
+	if half.Count != f32.Count || (half.DType != comm.Float16 && half.DType != comm.BFloat16) || f32.DType != comm.Float32 {
+		panic(fmt.Sprintf("nccl: %s between %d x %s and %d x %s", op, half.Count, half.DType, f32.Count, f32.DType))
+	}
+}
+
+func (k deviceKernels) Zero(b comm.Buffer) {
+	p := k.dev("Zero", b)
+	if b.Bytes() > 0 {
+		k.note(k.c.d.memset(k.c.ctx, p, 0, b.Bytes(), k.c.stream))
+	}
+}
+
+func (k deviceKernels) Copy(dst, src comm.Buffer) {
+	same("Copy", dst, src)
+	d, s := k.dev("Copy", dst), k.dev("Copy", src)
+	if dst.Bytes() > 0 {
+		k.note(k.c.d.dtod(k.c.ctx, d, s, dst.Bytes(), k.c.stream))
+	}
+}
+
+func (k deviceKernels) Add(dst, src comm.Buffer) {
+	same("Add", dst, src)
+	if dst.DType != comm.Float32 {
+		panic(fmt.Sprintf("nccl: Add of %s, want float", dst.DType))
+	}
+	k.launch(kAdd, k.dev("Add", dst), k.dev("Add", src), 0, dst.Count, 0)
+}
+
+func (k deviceKernels) Scale(b comm.Buffer, s float32) {
+	if b.DType != comm.Float32 {
+		panic(fmt.Sprintf("nccl: Scale of %s, want float", b.DType))
+	}
+	k.launch(kScale, k.dev("Scale", b), 0, 0, b.Count, s)
+}
+
+func (k deviceKernels) Compress(dst, src comm.Buffer, scale float32) {
+	halfPair("Compress", dst, src)
+	name := kCompressF16
+	if dst.DType == comm.BFloat16 {
+		name = kCompressBF16
+	}
+	k.launch(name, k.dev("Compress", dst), k.dev("Compress", src), 0, dst.Count, scale)
+}
+
+func (k deviceKernels) Decompress(dst, src comm.Buffer) {
+	halfPair("Decompress", src, dst)
+	name := kDecompressF16
+	if src.DType == comm.BFloat16 {
+		name = kDecompressBF16
+	}
+	k.launch(name, k.dev("Decompress", dst), k.dev("Decompress", src), 0, dst.Count, 0)
+}
+
+// Overflows counts on the device into the communicator's scratch counter
+// and reads it back; it waits for the stream.
+func (k deviceKernels) Overflows(wire, in comm.Buffer) int64 {
+	halfPair("Overflows", wire, in)
+	w, i := k.dev("Overflows", wire), k.dev("Overflows", in)
+	if wire.Count == 0 {
+		return 0
+	}
+	c := k.c
+	c.kmu.Lock()
+	defer c.kmu.Unlock()
+	counter := uintptr(c.scratch) + 256
+	name := kOverflowsF16
+	if wire.DType == comm.BFloat16 {
+		name = kOverflowsBF16
+	}
+	if err := c.d.memset(c.ctx, counter, 0, 8, c.stream); err != nil {
+		c.kernErrLocked(err)
+		return 0
+	}
+	c.kmu.Unlock()
+	k.launch(name, counter, w, i, wire.Count, 0)
+	c.kmu.Lock()
+	out := c.host.Addr
+	if err := c.d.dtoh(c.ctx, out, counter, 8, c.stream); err != nil {
+		c.kernErrLocked(err)
+		return 0
+	}
+	if err := c.waitStream(); err != nil {
+		c.kernErrLocked(err)
+		return 0
+	}
+	return int64(*(*uint64)(out))
+}
+
+func (c *Comm) kernErrLocked(err error) {
+	if c.kernErr == nil {
+		c.kernErr = err
+	}
+}
+
+func (k deviceKernels) Upload(dst comm.Buffer, src []byte) {
+	if len(src) != dst.Bytes() {
+		panic(fmt.Sprintf("nccl: Upload of %d bytes into a buffer of %d", len(src), dst.Bytes()))
+	}
+	d := k.dev("Upload", dst)
+	if len(src) == 0 {
+		return
+	}
+	// The copy reads src until the stream has passed it: wait, and keep
+	// src alive until then.
+	k.note(k.c.d.htod(k.c.ctx, d, unsafe.Pointer(unsafe.SliceData(src)), len(src), k.c.stream))
+	k.note(k.c.waitStream())
+	runtime.KeepAlive(src)
+}
+
+func (k deviceKernels) Download(dst []byte, src comm.Buffer) {
+	if len(dst) != src.Bytes() {
+		panic(fmt.Sprintf("nccl: Download of a buffer of %d bytes into %d", src.Bytes(), len(dst)))
+	}
+	s := k.dev("Download", src)
+	if len(dst) == 0 {
+		return
+	}
+	k.note(k.c.d.dtoh(k.c.ctx, unsafe.Pointer(unsafe.SliceData(dst)), s, len(dst), k.c.stream))
+	k.note(k.c.waitStream())
+	runtime.KeepAlive(dst)
+}
+
+// Sync waits for the stream and returns the first error a kernel met.
+func (k deviceKernels) Sync() error {
+	err := k.c.waitStream()
+	k.c.kmu.Lock()
+	defer k.c.kmu.Unlock()
+	if k.c.kernErr != nil {
+		return k.c.kernErr
+	}
+	return err
+}
+
+// waitStream waits, polling an event recorded now, until the stream has
+// done everything issued before, for at most Config.Timeout.
+func (c *Comm) waitStream() error {
+	c.mu.Lock()
+	err := c.d.eventRecord(c.ctx, c.kernEv, c.stream)
+	c.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(c.cfg.Timeout)
+	for i, delay := 0, time.Duration(0); ; i++ {
+		ok, err := c.d.eventQuery(c.ctx, c.kernEv)
+		if ok || err != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w: nccl: rank %d: the stream did not reach the kernels' event within %v", comm.ErrTimeout, c.rank, c.cfg.Timeout)
+		}
+		if i < 64 {
+			runtime.Gosched()
+			continue
+		}
+		delay = min(max(2*delay, 10*time.Microsecond), time.Millisecond)
+		time.Sleep(delay)
+	}
+}

@@ -1,0 +1,139 @@
+//go:build cgo
+
+package nccl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ddpgo/ddpgo/allocator"
+	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/nccl/internal/standin"
+)
+
+// Every test runs over the stand-in (testdata/standin), built once per
+// test binary: not NCCL, not a GPU.
+var (
+	si  *standin.Lib
+	lib *Library
+)
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "nccl-standin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := func() int {
+		defer os.RemoveAll(dir)
+		if si, err = standin.Build(dir, "testdata/standin/standin.c"); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		if lib, err = Open(Libraries{NCCL: si.NCCL, CUDA: si.CUDA}); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		return m.Run()
+	}()
+	os.Exit(code)
+}
+
+// testConfig is a Config with short deadlines for tests.
+func testConfig(rank, size int, id UniqueID) Config {
+	return Config{Rank: rank, Size: size, Device: rank % 4, ID: id, Timeout: 20 * time.Second, PollInterval: time.Millisecond}
+}
+
+// newGroup makes n communicators of a new group, one goroutine per rank as
+// separate processes would, closed when the test ends.
+func newGroup(t testing.TB, n int, adjust func(*Config)) []*Comm {
+	t.Helper()
+	id, err := lib.NewUniqueID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := make([]*Comm, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Go(func() {
+			cfg := testConfig(r, n, id)
+			if adjust != nil {
+				adjust(&cfg)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			cs[r], errs[r] = lib.NewComm(ctx, cfg)
+		})
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	t.Cleanup(func() {
+		for r, c := range cs {
+			if err := c.Close(); err != nil {
+				t.Errorf("rank %d: Close: %v", r, err)
+			}
+		}
+	})
+	return cs
+}
+
+// wait waits for ws with a bound, failing the test on a timeout.
+func wait(t testing.TB, ws ...comm.Work) []error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	errs := make([]error, len(ws))
+	for i, w := range ws {
+		errs[i] = w.Wait(ctx)
+		if errors.Is(errs[i], context.DeadlineExceeded) {
+			t.Fatalf("work %d (id %d) did not complete", i, w.ID())
+		}
+	}
+	return errs
+}
+
+func waitOK(t testing.TB, ws ...comm.Work) {
+	t.Helper()
+	for i, err := range wait(t, ws...) {
+		if err != nil {
+			t.Fatalf("work %d: %v", i, err)
+		}
+	}
+}
+
+// hostPool returns a host CommPool closed when the test ends.
+func hostPool(t testing.TB) *allocator.Pool {
+	p, err := allocator.New(allocator.Options{Limit: 256 << 20, SlabSize: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+// noLeak fails the test if goroutines started during it are still
+// running when it ends.
+func noLeak(t *testing.T) {
+	before := runtime.NumGoroutine()
+	t.Cleanup(func() {
+		deadline := time.Now().Add(5 * time.Second)
+		for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if g := runtime.NumGoroutine(); g > before {
+			buf := make([]byte, 1<<16)
+			t.Errorf("%d goroutines left (%d before):\n%s", g, before, buf[:runtime.Stack(buf, true)])
+		}
+	})
+}

@@ -1,0 +1,815 @@
+package nccl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"runtime"
+	"time"
+	"unsafe"
+
+	"github.com/ddpgo/ddpgo/allocator"
+	"github.com/ddpgo/ddpgo/comm"
+)
+
+// ncclDataType_t and ncclRedOp_t values (src/nccl.h.in).
+func ncclType(dt comm.DType) int {
+	switch dt {
+	case comm.Uint8:
+		return 1 // ncclUint8
+	case comm.Int32:
+		return 2 // ncclInt32
+	case comm.Int64:
+		return 4 // ncclInt64
+	case comm.Float16:
+		return 6 // ncclFloat16
+	case comm.Float32:
+		return 7 // ncclFloat32
+	case comm.Float64:
+		return 8 // ncclFloat64
+	case comm.BFloat16:
+		return 9 // ncclBfloat16
+	}
+	return -1
+}
+
+func ncclOp(op comm.Op) int {
+	switch op {
+	case comm.Sum:
+		return 0 // ncclSum
+	case comm.Max:
+		return 2 // ncclMax
+	case comm.Min:
+		return 3 // ncclMin
+	case comm.Avg:
+		return 4 // ncclAvg
+	}
+	return -1
+}
+
+// checkBuf reports why b cannot be used by this communicator, or "".
+func (c *Comm) checkBuf(name string, b comm.Buffer) string {
+	switch {
+	case !b.DType.Valid():
+		return fmt.Sprintf("%s has invalid dtype %v", name, b.DType)
+	case b.Count < 0:
+		return fmt.Sprintf("%s has negative count %d", name, b.Count)
+	case b.Count > 0 && b.Addr == nil:
+		return fmt.Sprintf("%s has %d elements at a nil address", name, b.Count)
+	case b.Loc == comm.Device && b.Device != c.dev.ordinal:
+		return fmt.Sprintf("%s is memory of device %d; rank %d uses device %d", name, b.Device, c.rank, c.dev.ordinal)
+	case b.Loc != comm.Host && b.Loc != comm.Device:
+		return fmt.Sprintf("%s has unknown location %d", name, b.Loc)
+	}
+	return ""
+}
+
+// AllReduce reduces send over every rank into recv (ncclAllReduce).
+func (c *Comm) AllReduce(send, recv comm.Buffer, op comm.Op) comm.Work {
+	k := comm.KindAllReduce
+	if m := c.checkBuf("send", send) + c.checkBuf("recv", recv); m != "" {
+		return c.invalid(k, send, "%s", m)
+	}
+	if ncclOp(op) < 0 {
+		return c.invalid(k, send, "invalid reduction op %v", op)
+	}
+	if send.Count != recv.Count || send.DType != recv.DType {
+		return c.invalid(k, send, "send (%d x %s) and recv (%d x %s) differ", send.Count, send.DType, recv.Count, recv.DType)
+	}
+	if comm.Overlap(send, recv) {
+		return c.invalid(k, send, "send and recv overlap without being the same buffer")
+	}
+	return c.issue(k, send, recv, copAllReduce, ncclOp(op), 0, send.Count, true, true)
+}
+
+// Broadcast copies root's buf to every rank (ncclBroadcast, in place).
+func (c *Comm) Broadcast(buf comm.Buffer, root int) comm.Work {
+	k := comm.KindBroadcast
+	if m := c.checkBuf("buf", buf); m != "" {
+		return c.invalid(k, buf, "%s", m)
+	}
+	if root < 0 || root >= c.size {
+		return c.invalid(k, buf, "root %d not in [0, %d)", root, c.size)
+	}
+	return c.issue(k, buf, buf, copBroadcast, 0, root, buf.Count, c.rank == root, true)
+}
+
+// Reduce reduces send over every rank into recv on root (ncclReduce).
+func (c *Comm) Reduce(send, recv comm.Buffer, op comm.Op, root int) comm.Work {
+	k := comm.KindReduce
+	if root < 0 || root >= c.size {
+		return c.invalid(k, send, "root %d not in [0, %d)", root, c.size)
+	}
+	if ncclOp(op) < 0 {
+		return c.invalid(k, send, "invalid reduction op %v", op)
+	}
+	if m := c.checkBuf("send", send); m != "" {
+		return c.invalid(k, send, "%s", m)
+	}
+	if c.rank != root {
+		// recv is ignored off the root; NCCL wants no buffer there.
+		return c.issue(k, send, comm.Buffer{DType: send.DType, Loc: send.Loc, Device: send.Device}, copReduce, ncclOp(op), root, send.Count, true, false)
+	}
+	if m := c.checkBuf("recv", recv); m != "" {
+		return c.invalid(k, send, "%s", m)
+	}
+	if send.Count != recv.Count || send.DType != recv.DType {
+		return c.invalid(k, send, "send (%d x %s) and recv (%d x %s) differ", send.Count, send.DType, recv.Count, recv.DType)
+	}
+	if comm.Overlap(send, recv) {
+		return c.invalid(k, send, "send and recv overlap without being the same buffer")
+	}
+	return c.issue(k, send, recv, copReduce, ncclOp(op), root, send.Count, true, true)
+}
+
+// AllGather gathers every rank's send into recv, in rank order
+// (ncclAllGather).
+func (c *Comm) AllGather(send, recv comm.Buffer) comm.Work {
+	k := comm.KindAllGather
+	if m := c.checkBuf("send", send) + c.checkBuf("recv", recv); m != "" {
+		return c.invalid(k, send, "%s", m)
+	}
+	if send.DType != recv.DType || recv.Count != send.Count*c.size {
+		return c.invalid(k, send, "recv has %d x %s, want %d x %s (%d ranks x send's %d)", recv.Count, recv.DType, send.Count*c.size, send.DType, c.size, send.Count)
+	}
+	if comm.Overlap(send, recv) && !c.ownBlock(send, recv) || comm.InPlace(send, recv) && c.rank != 0 && send.Count > 0 {
+		return c.invalid(k, send, "send overlaps recv other than as rank %d's own block", c.rank)
+	}
+	return c.issue(k, send, recv, copAllGather, 0, 0, send.Count, true, true)
+}
+
+// ReduceScatter reduces send over every rank and leaves block Rank in recv
+// (ncclReduceScatter).
+func (c *Comm) ReduceScatter(send, recv comm.Buffer, op comm.Op) comm.Work {
+	k := comm.KindReduceScatter
+	if m := c.checkBuf("send", send) + c.checkBuf("recv", recv); m != "" {
+		return c.invalid(k, send, "%s", m)
+	}
+	if ncclOp(op) < 0 {
+		return c.invalid(k, send, "invalid reduction op %v", op)
+	}
+	if send.DType != recv.DType || send.Count != recv.Count*c.size {
+		return c.invalid(k, send, "send has %d x %s, want %d x %s (%d ranks x recv's %d)", send.Count, send.DType, recv.Count*c.size, recv.DType, c.size, recv.Count)
+	}
+	if comm.Overlap(recv, send) && !c.ownBlock(recv, send) || comm.InPlace(send, recv) && c.rank != 0 && recv.Count > 0 {
+		return c.invalid(k, send, "recv overlaps send other than as rank %d's own block", c.rank)
+	}
+	return c.issue(k, send, recv, copReduceScatter, ncclOp(op), 0, recv.Count, true, true)
+}
+
+// ownBlock reports whether part is exactly this rank's block of whole.
+func (c *Comm) ownBlock(part, whole comm.Buffer) bool {
+	return uintptr(part.Addr) == uintptr(whole.Addr)+uintptr(c.rank*part.Bytes())
+}
+
+// Send sends buf to peer (ncclSend).
+func (c *Comm) Send(buf comm.Buffer, peer int) comm.Work {
+	k := comm.KindSend
+	if m := c.checkBuf("buf", buf); m != "" {
+		return c.invalid(k, buf, "%s", m)
+	}
+	if peer < 0 || peer >= c.size || peer == c.rank {
+		return c.invalid(k, buf, "peer %d not another rank of [0, %d)", peer, c.size)
+	}
+	return c.issue(k, buf, comm.Buffer{DType: buf.DType}, copSend, 0, peer, buf.Count, true, false)
+}
+
+// Recv receives into buf from peer (ncclRecv).
+func (c *Comm) Recv(buf comm.Buffer, peer int) comm.Work {
+	k := comm.KindRecv
+	if m := c.checkBuf("buf", buf); m != "" {
+		return c.invalid(k, buf, "%s", m)
+	}
+	if peer < 0 || peer >= c.size || peer == c.rank {
+		return c.invalid(k, buf, "peer %d not another rank of [0, %d)", peer, c.size)
+	}
+	return c.issue(k, comm.Buffer{DType: buf.DType}, buf, copRecv, 0, peer, buf.Count, false, true)
+}
+
+// Barrier is an all-reduce of one float on the communicator's scratch
+// memory: NCCL has no barrier of its own.
+func (c *Comm) Barrier() comm.Work {
+	b := comm.Buffer{Addr: c.scratch, Count: 1, DType: comm.Float32, Loc: comm.Device, Device: c.dev.ordinal}
+	return c.issueKind(comm.KindBarrier, b, b, copAllReduce, 0, 0, 1, true, true, comm.Buffer{DType: comm.Float32})
+}
+
+// issue stages host buffers and launches one operation. in says whether
+// send's contents go in (staged host to device), out whether recv's come
+// back.
+func (c *Comm) issue(kind comm.Kind, send, recv comm.Buffer, op, redop, peer, count int, in, out bool) comm.Work {
+	desc := send
+	if kind == comm.KindRecv || kind == comm.KindReduceScatter {
+		desc = recv
+	}
+	return c.issueKind(kind, send, recv, op, redop, peer, count, in, out, desc)
+}
+
+func (c *Comm) issueKind(kind comm.Kind, send, recv comm.Buffer, op, redop, peer, count int, in, out bool, desc comm.Buffer) comm.Work {
+	c.launchMu.Lock()
+	defer c.launchMu.Unlock()
+	c.mu.Lock()
+	if c.stopping != nil {
+		err := c.stopping
+		c.mu.Unlock()
+		return comm.FailedWork(&comm.OpError{Rank: c.rank, Seq: 0, Kind: kind, Count: desc.Count, DType: desc.DType, Err: err})
+	}
+	sl, err := c.newSlot(kind, desc.Count, desc.DType)
+	c.mu.Unlock()
+	if err != nil {
+		return comm.FailedWork(&comm.OpError{Rank: c.rank, Kind: kind, Count: desc.Count, DType: desc.DType, Err: err})
+	}
+	p := pending{s: sl}
+	sp, rp := uintptr(send.Addr), uintptr(recv.Addr)
+	if send.Loc == comm.Host && send.Bytes() > 0 && kind != comm.KindRecv && in {
+		dev, err := c.stageIn(sl, &p, send)
+		if err != nil {
+			return c.failSlot(sl, err)
+		}
+		sp = dev
+		if comm.InPlace(send, recv) {
+			rp = dev
+		}
+	} else if send.Loc == comm.Host && send.Bytes() > 0 && kind != comm.KindRecv {
+		// Broadcast off the root: nothing goes in, the result comes back.
+		blk, err := c.stage(sl, send.Bytes())
+		if err != nil {
+			return c.failSlot(sl, err)
+		}
+		sp, rp = uintptr(blk.Addr()), uintptr(blk.Addr())
+	}
+	if recv.Loc == comm.Host && recv.Bytes() > 0 && kind != comm.KindSend && out {
+		if rp == uintptr(recv.Addr) {
+			blk, err := c.stage(sl, recv.Bytes())
+			if err != nil {
+				return c.failSlot(sl, err)
+			}
+			rp = uintptr(blk.Addr())
+		}
+		if err := c.stageOut(sl, &p, recv, rp); err != nil {
+			return c.failSlot(sl, err)
+		}
+	}
+	p.nccl = newCop(op, ncclType(desc.DType), redop, peer, sp, rp, count)
+	switch {
+	case c.depth > 0:
+		c.grouped = append(c.grouped, p)
+	case c.enqueuing.Load() && !c.resolveLocked():
+		c.backlog = append(c.backlog, p)
+	default:
+		c.launchLocked([]pending{p}, false)
+	}
+	return comm.NewWork(c, sl.seq)
+}
+
+// hcopyHeader is the room at the start of a pinned block for the
+// ddp_hcopy argument of the host function that fills or empties it.
+const hcopyHeader = 64
+
+// stageIn stages host buffer b on the device: a host function copies it
+// into pinned memory and the pinned memory is copied to the device, both
+// on the stream when the operation's turn comes, so the operation reads
+// what the operations before it left there. It returns the device
+// address.
+func (c *Comm) stageIn(sl *slot, p *pending, b comm.Buffer) (uintptr, error) {
+	n := b.Bytes()
+	pin, err := c.pin(sl, n)
+	if err != nil {
+		return 0, err
+	}
+	dev, err := c.stage(sl, n)
+	if err != nil {
+		return 0, err
+	}
+	data := uintptr(pin.Addr()) + hcopyHeader
+	setHcopy(pin, data, uintptr(b.Addr), n)
+	p.pre = append(p.pre,
+		newCop(copHostFn, 0, 0, 0, uintptr(pin.Addr()), 0, 0),
+		newCop(copHtoD, 0, 0, 0, data, uintptr(dev.Addr()), n))
+	return uintptr(dev.Addr()), nil
+}
+
+// stageOut brings the result at device address dev back into host buffer
+// b, on the stream right after the operation.
+func (c *Comm) stageOut(sl *slot, p *pending, b comm.Buffer, dev uintptr) error {
+	n := b.Bytes()
+	pin, err := c.pin(sl, n)
+	if err != nil {
+		return err
+	}
+	data := uintptr(pin.Addr()) + hcopyHeader
+	setHcopy(pin, uintptr(b.Addr), data, n)
+	p.post = append(p.post,
+		newCop(copDtoH, 0, 0, 0, dev, data, n),
+		newCop(copHostFn, 0, 0, 0, uintptr(pin.Addr()), 0, 0))
+	return nil
+}
+
+// setHcopy writes ddp_hcopy {dst, src, n} at the start of pinned block b.
+func setHcopy(b allocator.Block, dst, src uintptr, n int) {
+	h := (*[3]uint64)(unsafe.Pointer(unsafe.SliceData(b.Bytes())))
+	h[0], h[1], h[2] = uint64(dst), uint64(src), uint64(n)
+}
+
+// pin takes pinned host memory for n bytes of staging plus the header.
+func (c *Comm) pin(sl *slot, n int) (allocator.Block, error) {
+	blk, err := c.pinned.Get(n + hcopyHeader)
+	if err != nil {
+		return blk, fmt.Errorf("nccl: pinned host memory to stage %d bytes: %w", n, err)
+	}
+	sl.pins = append(sl.pins, blk)
+	return blk, nil
+}
+
+// stage takes device memory for a host buffer of n bytes; it stays the
+// operation's until the operation completes.
+func (c *Comm) stage(sl *slot, n int) (allocator.Block, error) {
+	blk, err := c.staging.Get(n)
+	if err != nil {
+		return blk, fmt.Errorf("nccl: staging %d bytes of host memory on device %d: %w", n, c.dev.ordinal, err)
+	}
+	sl.stage = append(sl.stage, blk)
+	return blk, nil
+}
+
+// failSlot fails an operation that could not be launched.
+func (c *Comm) failSlot(sl *slot, err error) comm.Work {
+	c.mu.Lock()
+	c.failLocked(sl, c.opError(sl, err))
+	c.mu.Unlock()
+	return comm.NewWork(c, sl.seq)
+}
+
+// failLocked marks sl failed; it completes in order with the rest. The
+// caller holds c.mu.
+func (c *Comm) failLocked(sl *slot, err error) {
+	sl.err = err
+	sl.recorded = true
+	c.errs[sl.seq] = err
+	c.unstage(sl)
+}
+
+// unstage returns an operation's staging memory. The caller holds c.mu.
+func (c *Comm) unstage(sl *slot) {
+	for _, b := range sl.stage {
+		c.staging.Put(b)
+	}
+	for _, b := range sl.pins {
+		c.pinned.Put(b)
+	}
+	sl.stage, sl.pins = sl.stage[:0], sl.pins[:0]
+}
+
+// launchLocked launches ps. A group is one launch: every staging copy
+// in, then the NCCL calls between ncclGroupStart and ncclGroupEnd, then
+// every copy back, as NCCL runs grouped operations together. Otherwise
+// each operation is a launch of its own, in order, so that one reads what
+// the one before it wrote; once one answers ncclInProgress the rest wait
+// in the backlog. The caller holds c.launchMu.
+func (c *Comm) launchLocked(ps []pending, group bool) {
+	if !group {
+		for i, p := range ps {
+			if c.enqueuing.Load() {
+				c.backlog = append(c.backlog, ps[i:]...)
+				return
+			}
+			c.launchOne([]pending{p}, false)
+		}
+		return
+	}
+	c.launchOne(ps, true)
+}
+
+func (c *Comm) launchOne(ps []pending, group bool) {
+	var ops, post []cop
+	var events []uintptr
+	var live []pending
+	for _, p := range ps {
+		if p.s.err == nil {
+			ops = append(ops, p.pre...)
+			live = append(live, p)
+		}
+	}
+	for _, p := range live {
+		ops = append(ops, p.nccl)
+	}
+	for _, p := range live {
+		post = append(post, p.post...)
+		events = append(events, p.s.event)
+	}
+	if len(live) == 0 {
+		return
+	}
+	res, _, err := c.d.launch(c.ctx, c.handle, c.stream, ops, post, events, group || len(live) > 1)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case err != nil:
+		var ne *Error
+		fatal := !errors.As(err, &ne) || ne.Result != ResultInvalidArgument && ne.Result != ResultInvalidUsage
+		for _, p := range live {
+			c.failLocked(p.s, c.opError(p.s, err))
+		}
+		if fatal {
+			// The communicator's state is unknown: the watchdog aborts it
+			// (Abort takes launchMu, which the caller holds).
+			c.requestAbort(err)
+		}
+	case res == ResultInProgress:
+		c.enqueuing.Store(true)
+		c.held = append(c.held, live...)
+	default:
+		for _, p := range live {
+			p.s.recorded = true
+		}
+	}
+}
+
+// resolve finishes an enqueue that answered ncclInProgress, if NCCL has
+// finished it, and launches what was issued meanwhile.
+func (c *Comm) resolve() {
+	if !c.enqueuing.Load() {
+		return
+	}
+	c.launchMu.Lock()
+	c.resolveLocked()
+	c.launchMu.Unlock()
+}
+
+// resolveLocked reports whether the communicator accepts launches again.
+// The caller holds c.launchMu.
+func (c *Comm) resolveLocked() bool {
+	for c.enqueuing.Load() {
+		st, err := c.d.asyncError(c.handle)
+		if err == nil && st == ResultInProgress {
+			return false
+		}
+		if err == nil && st != ResultSuccess {
+			err = c.asyncErr(st)
+		}
+		held := c.held
+		c.held = nil
+		c.enqueuing.Store(false)
+		if err == nil {
+			var post []cop
+			events := make([]uintptr, len(held))
+			for i, p := range held {
+				post = append(post, p.post...)
+				events[i] = p.s.event
+			}
+			err = c.d.post(c.ctx, c.stream, post, events)
+		}
+		c.mu.Lock()
+		for _, p := range held {
+			if err != nil {
+				c.failLocked(p.s, c.opError(p.s, err))
+			} else {
+				p.s.recorded = true
+			}
+		}
+		c.mu.Unlock()
+		if err != nil {
+			c.requestAbort(err)
+			return true
+		}
+		backlog := c.backlog
+		c.backlog = nil
+		if len(backlog) > 0 {
+			c.launchLocked(backlog, false)
+		}
+	}
+	return true
+}
+
+// asyncErr describes an asynchronous error of the communicator.
+func (c *Comm) asyncErr(st Result) error {
+	return &Error{Call: "ncclCommGetAsyncError", Result: st, Text: st.String(), Last: c.d.lastError(c.handle)}
+}
+
+// GroupStart starts a group: operations issued until the matching
+// GroupEnd are launched together, in one ncclGroupStart/End.
+func (c *Comm) GroupStart() {
+	c.launchMu.Lock()
+	c.depth++
+	c.launchMu.Unlock()
+}
+
+// GroupEnd ends a group; the outermost launches its operations. An error
+// of the launch is also every grouped operation's.
+func (c *Comm) GroupEnd() error {
+	c.launchMu.Lock()
+	defer c.launchMu.Unlock()
+	if c.depth == 0 {
+		return fmt.Errorf("%w: nccl: rank %d: GroupEnd without GroupStart", comm.ErrInvalid, c.rank)
+	}
+	c.depth--
+	if c.depth > 0 || len(c.grouped) == 0 {
+		return nil
+	}
+	ps := c.grouped
+	c.grouped = nil
+	if c.enqueuing.Load() && !c.resolveLocked() {
+		c.backlog = append(c.backlog, ps...)
+		return nil
+	}
+	c.launchLocked(ps, true)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, p := range ps {
+		if p.s.err != nil {
+			return p.s.err
+		}
+	}
+	return nil
+}
+
+// advance completes, in order, the operations whose events have
+// completed. Before it calls any of them successful it asks
+// ncclCommGetAsyncError: NCCL's kernels exit early on an error, and their
+// events then complete over wrong data. The caller holds c.mu.
+func (c *Comm) advance() {
+	end := c.done
+	for end < c.seq && c.stopping == nil {
+		sl := c.slot(end + 1)
+		if !sl.recorded {
+			break
+		}
+		if sl.err == nil {
+			ok, err := c.d.eventQuery(c.ctx, sl.event)
+			if err != nil {
+				c.failLocked(sl, c.opError(sl, err))
+				c.requestAbort(err)
+				break
+			}
+			if !ok {
+				break
+			}
+		}
+		end++
+	}
+	if end == c.done {
+		return
+	}
+	st, err := c.d.asyncError(c.handle)
+	if err == nil && st != ResultSuccess && st != ResultInProgress {
+		err = c.asyncErr(st)
+	}
+	for s := c.done + 1; s <= end; s++ {
+		sl := c.slot(s)
+		if sl.err == nil && err != nil {
+			c.failLocked(sl, c.opError(sl, fmt.Errorf("%w: %w", comm.ErrAborted, err)))
+		}
+		c.unstage(sl)
+	}
+	c.done = end
+	if err != nil {
+		c.requestAbort(err)
+	}
+}
+
+// TestOp implements comm.Waiter.
+func (c *Comm) TestOp(id uint64) (bool, error) {
+	c.resolve()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.advance()
+	return c.statusLocked(id)
+}
+
+func (c *Comm) statusLocked(id uint64) (bool, error) {
+	if id <= c.done {
+		return true, c.errs[id]
+	}
+	return false, nil
+}
+
+// requestAbort has the watchdog abort the communicator at its next poll,
+// for a failure found where Abort cannot run (its locks are held).
+func (c *Comm) requestAbort(err error) {
+	c.abortMu.Lock()
+	if c.abortReq == nil {
+		c.abortReq = err
+	}
+	c.abortMu.Unlock()
+}
+
+// WaitOp implements comm.Waiter: it polls the operation's event, spinning
+// briefly and then sleeping up to a millisecond between polls, until it
+// completes or ctx ends.
+func (c *Comm) WaitOp(ctx context.Context, id uint64) error {
+	delay := time.Duration(0)
+	for i := 0; ; i++ {
+		if done, err := c.TestOp(id); done {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			c.mu.Lock()
+			sl := c.slot(id)
+			desc := fmt.Sprintf("%s #%d (%d x %s)", sl.kind, id, sl.count, sl.dtype)
+			if sl.seq != id {
+				desc = fmt.Sprintf("operation #%d", id)
+			}
+			c.mu.Unlock()
+			return fmt.Errorf("nccl: rank %d: waiting for %s: %w", c.rank, desc, err)
+		}
+		if i < 64 {
+			runtime.Gosched()
+			continue
+		}
+		delay = min(max(2*delay, 10*time.Microsecond), time.Millisecond)
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// Abort fails every pending and later operation of this rank with an
+// error wrapping comm.ErrAborted and err. It calls ncclCommAbort, which
+// makes NCCL's kernels of this communicator exit, and then waits up to
+// AbortDrain for the communicator's stream to drain (the kernels issued on
+// it through Kernels, and copies, finish on their own) before the pending
+// operations fail: Abort returns within that bound plus what
+// ncclCommAbort takes, and once an operation has failed nothing writes its
+// buffers. Staging memory of operations whose stream did not drain is
+// never reused. Peers are not told: they fail through their own watchdog.
+// Abort after Abort or Close does nothing.
+func (c *Comm) Abort(err error) {
+	if err == nil {
+		err = errors.New("Abort called")
+	}
+	c.shutdown(fmt.Errorf("%w: %w", comm.ErrAborted, err), true)
+}
+
+// shutdown is Abort and Close: it refuses new operations, tears the
+// communicator down (ncclCommAbort when abort is set or work is pending,
+// else ncclCommDestroy), and then fails what was pending with reason. It
+// returns the teardown's error.
+func (c *Comm) shutdown(reason error, abort bool) error {
+	c.mu.Lock()
+	if c.stopping != nil {
+		c.mu.Unlock()
+		return nil
+	}
+	// What completed before the failure keeps its success; from here on
+	// nothing is marked successful, since ncclCommAbort makes NCCL's
+	// kernels exit early and their events complete over wrong data.
+	c.advance()
+	c.stopping = reason
+	c.mu.Unlock()
+
+	c.launchMu.Lock()
+	defer c.launchMu.Unlock()
+	c.deregisterAll()
+	c.mu.Lock()
+	pending := c.done < c.seq
+	c.mu.Unlock()
+	var err error
+	if abort || pending {
+		err = c.d.abort(c.ctx, c.handle)
+	} else {
+		err = c.d.destroy(c.ctx, c.handle)
+	}
+	drained := c.drain()
+	c.mu.Lock()
+	c.backlog, c.grouped, c.held = nil, nil, nil
+	c.enqueuing.Store(false)
+	for s := c.done + 1; s <= c.seq; s++ {
+		sl := c.slot(s)
+		if sl.err == nil {
+			sl.err = c.opError(sl, reason)
+		}
+		c.errs[s] = sl.err
+		if drained {
+			c.unstage(sl)
+		} else {
+			for _, b := range sl.stage {
+				c.leaked += int64(b.Size())
+			}
+			for _, b := range sl.pins {
+				c.leaked += int64(b.Size())
+			}
+			sl.stage, sl.pins = nil, nil
+		}
+	}
+	c.done = c.seq
+	leaked := c.leaked
+	c.mu.Unlock()
+	if !drained && err == nil {
+		err = fmt.Errorf("nccl: rank %d: the stream did not drain within %v after ncclCommAbort; %d bytes of staging memory are left unused", c.rank, AbortDrain, leaked)
+	}
+	return err
+}
+
+// drain waits up to AbortDrain for the stream to finish its work.
+func (c *Comm) drain() bool {
+	deadline := time.Now().Add(AbortDrain)
+	for delay := time.Microsecond; ; delay = min(2*delay, 10*time.Millisecond) {
+		ok, err := c.d.streamQuery(c.ctx, c.stream)
+		if ok || err != nil {
+			// An error here is a broken context: nothing runs any more.
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(delay)
+	}
+}
+
+// Close releases the communicator. With operations pending it aborts (they
+// fail with comm.ErrClosed), otherwise it destroys the communicator
+// cleanly (ncclCommDestroy). Device memory registered through Source is
+// deregistered first. Close is idempotent; it returns the first Close's
+// error.
+func (c *Comm) Close() error {
+	c.closeMu.Lock()
+	defer c.closeMu.Unlock()
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return c.closeErr
+	}
+	c.closed = true
+	c.mu.Unlock()
+	err := c.shutdown(fmt.Errorf("%w: rank %d", comm.ErrClosed, c.rank), false)
+	close(c.stop)
+	c.wg.Wait()
+	c.mu.Lock()
+	if c.leaked == 0 {
+		c.release()
+	} else {
+		// The stream may still write staging memory: keep it, and the
+		// stream, rather than free them under it.
+		c.staging = nil
+	}
+	c.mu.Unlock()
+	c.closeErr = err
+	return err
+}
+
+// watchdog polls ncclCommGetAsyncError and the deadlines until Close.
+func (c *Comm) watchdog() {
+	defer c.wg.Done()
+	t := time.NewTicker(c.cfg.PollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+		}
+		c.abortMu.Lock()
+		req := c.abortReq
+		c.abortMu.Unlock()
+		if req != nil {
+			c.Abort(req)
+			continue
+		}
+		c.resolve()
+		c.mu.Lock()
+		if c.stopping != nil {
+			c.mu.Unlock()
+			continue
+		}
+		c.advance()
+		var oldest *slot
+		if c.done < c.seq {
+			oldest = c.slot(c.done + 1)
+		}
+		var stall *Stall
+		var timeout error
+		if oldest != nil {
+			waited := time.Since(oldest.issued)
+			if waited >= c.cfg.Timeout {
+				timeout = fmt.Errorf("%w: %s #%d (%d x %s) incomplete after %v (Config.Timeout %v)", comm.ErrTimeout, oldest.kind, oldest.seq, oldest.count, oldest.dtype, waited.Round(time.Millisecond), c.cfg.Timeout)
+			} else if n := int(waited / c.cfg.StallInterval); n > oldest.stalls {
+				oldest.stalls = n
+				stall = &Stall{Rank: c.rank, Seq: oldest.seq, Kind: oldest.kind, Count: oldest.count, DType: oldest.dtype, Waited: waited}
+			}
+		}
+		c.mu.Unlock()
+		if st, err := c.d.asyncError(c.handle); err != nil {
+			c.Abort(err)
+			continue
+		} else if st != ResultSuccess && st != ResultInProgress {
+			c.Abort(c.asyncErr(st))
+			continue
+		}
+		if timeout != nil {
+			c.Abort(timeout)
+			continue
+		}
+		if stall != nil {
+			if c.cfg.OnStall != nil {
+				c.cfg.OnStall(*stall)
+			} else {
+				logStall(*stall)
+			}
+		}
+	}
+}
+
+func logStall(s Stall) { log.Print(s.String()) }
