@@ -36,7 +36,7 @@ func benchGroup(b *testing.B, n int) []comm.Communicator {
 func BenchmarkAllReduce(b *testing.B) {
 	for _, dt := range []comm.DType{comm.Float32, comm.Float16, comm.BFloat16} {
 		for _, n := range []int{2, 3, 4} {
-			for _, size := range []int{4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20} {
+			for _, size := range []int{4, 4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20} {
 				if dt != comm.Float32 && n != 2 {
 					continue
 				}

@@ -460,7 +460,7 @@ func (c *Comm) complete(seq uint64, err error) {
 		e := err // a heap copy only on failure
 		s.err.Store(&e)
 		c.logFailure(seq, err)
-	} else {
+	} else if s.err.Load() != nil { // an atomic pointer store is not free
 		s.err.Store(nil)
 	}
 	s.done.Store(seq)
