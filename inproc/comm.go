@@ -39,11 +39,22 @@ type Comm struct {
 	_       cpu.CacheLinePad
 	issued  atomic.Uint64 // sequence number of the last issued operation
 	_       cpu.CacheLinePad
-	arrived atomic.Uint64 // number of the last collective this rank joined
+	arrived atomic.Uint64 // number of the last collective this rank published its call of
 	current atomic.Uint64 // sequence number of the operation the worker runs or ran last
+	passed  atomic.Uint64 // the worker is done with every operation up to this one
+	watch   atomic.Uint64 // a Wait has parked on this operation: the worker must watch it
 	_       cpu.CacheLinePad
 	parked  atomic.Bool // the worker is blocked on wake
 	_       cpu.CacheLinePad
+	// inl is the sequence number of the last collective the rank joined
+	// inline, with inlClaimed set once a goroutine has taken on finishing
+	// it; inlK is its collective number.
+	inl  atomic.Uint64
+	inlK atomic.Uint64
+	_    cpu.CacheLinePad
+	// waitingFor is the collective whose calls the worker waits for, or 0.
+	waitingFor atomic.Uint64
+	_          cpu.CacheLinePad
 
 	wake     chan struct{}
 	stopping atomic.Bool
@@ -73,6 +84,13 @@ type Comm struct {
 	views      [][]byte // reinterpreted as [][]T by the kernels
 	tmp        unsafe.Pointer
 	tmpMem     []byte
+
+	// headers and staging buffers of small collectives (see small.go):
+	// the headers made with the group, the buffers on first use, before
+	// the rank first publishes a call that needs them
+	hdr      [2]*header
+	stage    [2]unsafe.Pointer
+	stageMem []byte
 }
 
 type doneSlot struct {
@@ -272,8 +290,15 @@ func (c *Comm) issue(d *desc) comm.Work {
 	}
 	seq := c.issued.Load() + 1
 	if seq > ringSize {
-		// The slot's previous operation must be complete before it is reused.
-		_ = c.WaitOp(context.Background(), seq-ringSize)
+		// The slot's previous operation must be complete before it is
+		// reused, and the worker past it: the worker reads the slots of
+		// collectives joined inline too, if only to skip them.
+		old := seq - ringSize
+		_ = c.WaitOp(context.Background(), old)
+		for c.passed.Load() < old {
+			c.g.wake(c.rank)
+			runtime.Gosched()
+		}
 	}
 	d.seq = seq
 	switch {
@@ -286,19 +311,79 @@ func (c *Comm) issue(d *desc) comm.Work {
 	case d.kind != comm.KindSend && d.kind != comm.KindRecv:
 		c.colls++
 		d.num = c.colls
+		d.small = c.g.small(d)
+		d.inline = d.small && c.idle(seq) && c.g.failure() == nil
 	}
 	c.ring[seq%ringSize] = *d
 	c.issued.Store(seq)
+	if d.inline {
+		c.joinInline(&c.ring[seq%ringSize])
+		c.mu.Unlock()
+		if seq-c.passed.Load() >= ringSize/2 {
+			// Let the idle worker skip what was done inline long before
+			// the slots are needed again, so that issuing never waits.
+			c.g.wake(c.rank)
+		}
+		return comm.NewWork(c, seq)
+	}
 	c.mu.Unlock()
 	c.g.wake(c.rank)
 	return comm.NewWork(c, seq)
 }
 
-// TestOp reports whether operation id has completed, and its error.
+// inlClaimed marks Comm.inl once a goroutine has taken on finishing the
+// collective: the issuing goroutine when it publishes last, a Wait or
+// Test that finds every call published, or the rank's worker (see
+// takeOver).
+const inlClaimed = 1 << 63
+
+// idle reports whether operation seq would be the rank's only pending
+// one: every earlier operation has completed (operations complete in
+// issue order), so the issuing goroutine may join a collective itself.
+func (c *Comm) idle(seq uint64) bool {
+	return seq == 1 || c.slots[(seq-1)%ringSize].done.Load() == seq-1
+}
+
+// joinInline joins small collective d on the issuing goroutine, which
+// saves the hand-offs to and from the worker: the rank publishes its call
+// with its input staged and, if every rank has published already, does
+// its own part at once. Otherwise its part is done by whichever comes
+// first: a Wait or Test of the operation that finds every call published
+// (tryFinish), or the rank's worker, which takes the collective over when
+// a later operation of the rank waits behind it, a Wait on it parks or the
+// group fails, and then watches it as it watches its own waits. c.mu is
+// held.
+func (c *Comm) joinInline(d *desc) {
+	c.inlK.Store(d.num)
+	c.inl.Store(d.seq)
+	c.publish(d)
+	if c.g.published(d.num, 0) == c.g.n && c.inl.CompareAndSwap(d.seq, d.seq|inlClaimed) {
+		c.complete(d.seq, c.finishSmall(d, nil))
+	}
+}
+
+// tryFinish finishes operation id if it is a collective the rank joined
+// inline, every rank has published its call, and nobody has claimed it: a
+// bounded amount of work, which Wait and Test may do.
+func (c *Comm) tryFinish(id uint64) {
+	if c.inl.Load() != id {
+		return
+	}
+	if c.g.published(c.inlK.Load(), 0) != c.g.n || !c.inl.CompareAndSwap(id, id|inlClaimed) {
+		return
+	}
+	// Claimed: the operation stays pending until completed here, so its
+	// slot of the ring holds its call.
+	c.complete(id, c.finishSmall(&c.ring[id%ringSize], nil))
+}
+
+// TestOp reports whether operation id has completed, and its error. It
+// finishes a collective the rank joined inline if the collective can be.
 func (c *Comm) TestOp(id uint64) (bool, error) {
 	if id == 0 || id > c.issued.Load() {
 		return true, fmt.Errorf("%w: inproc: rank %d has issued no operation #%d", comm.ErrInvalid, c.rank, id)
 	}
+	c.tryFinish(id)
 	s := &c.slots[id%ringSize]
 	done := s.done.Load()
 	switch {
@@ -339,23 +424,22 @@ func (c *Comm) WaitOp(ctx context.Context, id uint64) error {
 	if done, err := c.TestOp(id); done {
 		return err
 	}
-	var start time.Time
-	for i := 0; ; i++ {
+	// TestOp finishes a collective joined inline once its peers have
+	// arrived.
+	for sp := (spinner{}); ; {
 		if done, err := c.TestOp(id); done {
 			return err
 		}
-		if i < pureSpins {
-			continue
-		}
-		if i == pureSpins {
-			start = time.Now()
-		} else if i%16 == 0 && time.Since(start) > spinTime {
+		if !sp.spin() {
 			break
 		}
-		runtime.Gosched()
 	}
 	ch := c.addWaiter()
 	defer c.dropWaiter(ch)
+	// A collective joined inline is watched by the worker once asked to.
+	for w := c.watch.Load(); w < id && !c.watch.CompareAndSwap(w, id); w = c.watch.Load() {
+	}
+	c.g.wake(c.rank)
 	for {
 		if done, err := c.TestOp(id); done {
 			return err
@@ -376,7 +460,7 @@ func (c *Comm) complete(seq uint64, err error) {
 		e := err // a heap copy only on failure
 		s.err.Store(&e)
 		c.logFailure(seq, err)
-	} else {
+	} else if s.err.Load() != nil { // an atomic pointer store is not free
 		s.err.Store(nil)
 	}
 	s.done.Store(seq)

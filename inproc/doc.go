@@ -3,29 +3,44 @@
 //
 // NewGroup(n) returns one *Comm per rank; each implements
 // comm.Communicator. Each Comm owns a worker goroutine that executes its
-// rank's operations in issue order, so issuing returns at once and a Work
-// is a (Comm, sequence number) pair whose completion lives in a per-rank
-// ring of preallocated slots: issuing and waiting allocate nothing.
+// rank's operations in issue order when they need one, so issuing returns
+// at once and a Work is a (Comm, sequence number) pair whose completion
+// lives in a per-rank ring of preallocated slots: issuing and waiting
+// allocate nothing.
 //
-// A collective takes one pass over memory. Every rank publishes a
-// descriptor of its call (operation, count, dtype, root and buffer
-// addresses) in a shared slot and increments an arrival counter. The last
-// rank to arrive compares the descriptors: any difference fails the
+// Every rank publishes its call of a collective (operation, count, dtype,
+// root) in a one-cache-line header of its own, and every rank, once all
+// have published, compares the calls itself: any difference fails the
 // collective on every rank with comm.ErrMismatch, naming the collective's
-// number, each rank's call and the ranks that disagree. For small messages
-// that last rank then does the whole operation itself and releases the
-// others; for large ones it opens a gate and every rank reduces 1/N of the
-// elements, reading all N inputs and writing the result into every output
-// buffer (an in-place AllReduce needs no second copy pass), followed by a
-// completion barrier. Waits spin briefly, yielding the processor, and then
-// park on a channel, so small collectives cost microseconds while idle
+// number, each rank's call and the ranks that disagree (every rank reads
+// the same calls and reaches the same verdict).
+//
+// A small collective (under 32 KiB per rank) has each rank stage its input
+// with its call, in its header when it fits and in a staging buffer of its
+// own otherwise, and compute its own output from the staged inputs: a
+// rank's buffers are touched by that rank only, and nobody waits for
+// another to finish. When the rank has nothing else pending, the issuing
+// goroutine publishes the call itself (no hand-off to the worker), and the
+// rank's part is done by the first of: the issuing goroutine if every
+// other rank has published already, a Wait or Test of the Work that finds
+// them all published, or the worker, which takes a collective over when a
+// later operation of the rank waits behind it, a Wait on it parks, the
+// group fails or a quarter of the stall interval passes. A large
+// collective runs on the workers: once every rank has published its buffer
+// addresses, every rank reduces 1/N of the elements, reading all N inputs
+// and writing the result into every output buffer (an in-place AllReduce
+// needs no second copy pass), followed by a completion barrier. Waits spin
+// briefly, yielding the processor, and then park on a channel, so small
+// collectives cost about two cache-line hand-offs between cores while idle
 // ranks burn no CPU.
 //
 // Every wait for peers is watched by a comm.Watchdog: a rank that waits
 // longer than Options.StallInterval reports a comm.Stall naming the ranks
 // that have not joined (Options.OnStall, or the standard logger), and
 // after Options.Timeout the operation fails with comm.ErrTimeout and the
-// group is aborted. Comm is a comm.Progress: Missing names the ranks a
+// group is aborted. (A small collective that nobody waits for is watched
+// once the worker takes it over, so its first report can come up to half
+// an interval late.) Comm is a comm.Progress: Missing names the ranks a
 // pending operation waits for, so a caller's own watchdog (the reducer's,
 // waiting for a bucket) can name them too. Abort on any rank, or Close of
 // any rank, fails every pending and future operation of the group; an

@@ -47,12 +47,15 @@ func NewGroupWith(n int, o Options) ([]*Comm, error) {
 		return nil, fmt.Errorf("inproc: Options: %w", err)
 	}
 	g := &group{n: n, dog: dog.WithDefaults(), boxes: make([]atomic.Pointer[mailbox], n*n)}
+	g.tick = max(g.dog.StallInterval/4, time.Millisecond)
 	for i := range g.slots {
 		g.slots[i].d = make([]desc, n)
 	}
+	hdrs := make([]header, 2*n)
 	g.comms = make([]*Comm, n)
 	for r := range n {
 		g.comms[r] = newComm(g, r)
+		g.comms[r].hdr = [2]*header{&hdrs[2*r], &hdrs[2*r+1]}
 	}
 	for _, c := range g.comms {
 		go c.run()
@@ -64,26 +67,25 @@ func NewGroupWith(n int, o Options) ([]*Comm, error) {
 // most one collective ahead of the slowest rank, so two would do.
 const slotCount = 4
 
-// Gate modes: the low two bits of group.gate; the rest is the collective's
-// number.
+// Gate modes: the low two bits of group.gate; the rest is the number of
+// the last parallel collective opened or cancelled.
 const (
-	modeCancel = 0 // the collective was cancelled by a failing rank
-	modeClaim  = 1 // the last rank to arrive is doing the whole operation
-	modeDone   = 2 // finished (or failed: see the slot's verdict)
+	modeCancel = 0 // a failing rank cancelled the collective
 	modeGo     = 3 // every rank does its share, then the finish barrier
 )
 
 type group struct {
 	n     int
 	dog   comm.Watchdog // stall reports and the timeout of every wait for peers
+	tick  time.Duration // how often an idle worker looks at collectives joined inline
 	comms []*Comm
 
 	_        cpu.CacheLinePad
-	arrivals atomic.Uint64 // arrivals at collectives, over all ranks
-	_        cpu.CacheLinePad
-	gate     atomic.Uint64 // collective number << 2 | mode
+	gate     atomic.Uint64 // collective number << 2 | mode, of parallel collectives
 	_        cpu.CacheLinePad
 	fin      atomic.Uint64 // shares finished, over all ranks
+	_        cpu.CacheLinePad
+	sleepers atomic.Int32 // workers parked until calls are published
 	_        cpu.CacheLinePad
 	failed   atomic.Pointer[error]
 	_        cpu.CacheLinePad
@@ -92,9 +94,50 @@ type group struct {
 	boxes []atomic.Pointer[mailbox] // boxes[src*n+dst], made on first use
 }
 
+// collSlot holds the ranks' calls of a collective where the others need
+// more than a header says: the buffers of a parallel collective, the
+// error of an invalid call.
 type collSlot struct {
-	d       []desc // each rank's call
-	verdict error  // set by the last rank to arrive, before it opens the gate
+	d []desc
+}
+
+// header is a rank's publication of its call of a collective: what must
+// agree across ranks, and for a small collective its staged input, here
+// when it fits and in the rank's staging buffer otherwise. Peers read the
+// rest once word holds the collective's number; the rank writes word
+// last. A rank has two, for collectives of odd and even numbers, each one
+// cache line, so a peer's one read brings the call and a small input.
+type header struct {
+	word  atomic.Uint64
+	kind  comm.Kind
+	op    comm.Op
+	dt    comm.DType
+	flags uint8
+	_     [4]byte
+	root  int64
+	count int64
+	seq   uint64
+	data  [inlineBytes]byte
+}
+
+// Header flags.
+const (
+	hdrInvalid = 1 << iota // the call is invalid: its error is in the collective's slot
+	hdrSmall               // the rank staged its input
+)
+
+// inlineBytes is the largest input staged in the header itself.
+const inlineBytes = 24
+
+// header must be exactly one cache line.
+var (
+	_ [64 - unsafe.Sizeof(header{})]byte
+	_ [unsafe.Sizeof(header{}) - 64]byte
+)
+
+// call is what a mismatch report says of h.
+func (h *header) call() comm.Call {
+	return comm.Call{Kind: h.kind, Op: h.op, DType: h.dt, Count: int(h.count), Root: int(h.root), Seq: h.seq}
 }
 
 // Mailbox states: the low two bits of mailbox.state; the rest is the
@@ -154,26 +197,29 @@ func (g *group) wakeAll() {
 	}
 }
 
-// parallel reports whether collective d is large enough for every rank to
-// take a share rather than the last rank doing all of it.
-func (g *group) parallel(d *desc) bool {
-	if g.n == 1 {
+// small reports whether collective d moves less than parallelBytes per
+// rank (counting every block of an AllGather or ReduceScatter), so that
+// every rank stages its input and does its own part, rather than every
+// rank taking a share of every output. An invalid call stages nothing and
+// fails on every rank, whichever path it takes.
+func (g *group) small(d *desc) bool {
+	if d.kind == comm.KindBarrier || d.err != nil {
+		return true
+	}
+	if d.count >= parallelBytes {
 		return false
 	}
 	bytes := d.count * d.dt.Size()
-	switch d.kind {
-	case comm.KindAllGather, comm.KindReduceScatter:
+	if d.kind == comm.KindAllGather || d.kind == comm.KindReduceScatter {
 		bytes *= g.n
-	case comm.KindBarrier:
-		return false
 	}
-	return bytes >= parallelBytes
+	return bytes < parallelBytes
 }
 
 // parallelBytes is the message size from which every rank takes a share of
-// a collective. Below it one rank does all the work, which saves the finish
-// barrier.
-var parallelBytes = 32 << 10
+// a collective. Below it every rank stages its input with its call and then
+// does its own part, which needs no finish barrier.
+const parallelBytes = 32 << 10
 
 // desc is one rank's call.
 type desc struct {
@@ -187,39 +233,76 @@ type desc struct {
 	recv  unsafe.Pointer
 	seq   uint64
 	err   error // argument error found when the call was issued
+	// small: a collective whose ranks each do their own part from the
+	// inputs staged with the calls (below parallelBytes)
+	small bool
+	// inline: the issuing goroutine joined the collective itself (see
+	// Comm.issue), not the rank's worker
+	inline bool
+	// Every rank writes its own desc into a collective's slot and reads
+	// the others': two cache lines each, so that no two ranks write one.
+	_ [54]byte
 }
+
+// desc must be exactly two cache lines (see its padding).
+var (
+	_ [128 - unsafe.Sizeof(desc{})]byte
+	_ [unsafe.Sizeof(desc{}) - 128]byte
+)
 
 // call is what a mismatch report says of d.
 func (d *desc) call() comm.Call {
 	return comm.Call{Kind: d.kind, Op: d.op, DType: d.dt, Count: d.count, Root: d.root, Seq: d.seq}
 }
 
-// judge compares every rank's call of collective k and returns nil if they
-// agree, or the error every rank reports.
-func (g *group) judge(s *collSlot, k uint64) error {
-	var invalid []int
-	for r := range s.d {
-		if s.d[r].err != nil {
-			invalid = append(invalid, r)
+// judge compares every rank's call of collective k, all published, and
+// returns nil if they agree, or the error every rank reports. Every rank
+// judges for itself and, reading the same calls, reaches the same verdict.
+func (g *group) judge(k uint64) error {
+	p := k % 2
+	h0 := g.comms[0].hdr[p]
+	agree := true
+	for _, c := range g.comms {
+		h := c.hdr[p]
+		if h.flags&hdrInvalid != 0 {
+			return g.invalid(k)
+		}
+		agree = agree && h.call().Matches(h0.call())
+	}
+	if agree {
+		return nil
+	}
+	calls := make([]comm.Call, g.n)
+	for r, c := range g.comms {
+		calls[r] = c.hdr[p].call()
+	}
+	return comm.MismatchError(k, calls)
+}
+
+// invalid is the verdict on collective k when some ranks' calls are
+// invalid: it names them and their errors.
+func (g *group) invalid(k uint64) error {
+	var ranks []int
+	msg := ""
+	for r, c := range g.comms {
+		if c.hdr[k%2].flags&hdrInvalid != 0 {
+			ranks = append(ranks, r)
+			msg += fmt.Sprintf("; rank %d: %v", r, g.slots[k%slotCount].d[r].err)
 		}
 	}
-	if len(invalid) > 0 {
-		msg := ""
-		for _, r := range invalid {
-			msg += fmt.Sprintf("; rank %d: %v", r, s.d[r].err)
-		}
-		return fmt.Errorf("%w: collective #%d: invalid call on rank(s) %v%s", comm.ErrInvalid, k, invalid, msg)
-	}
-	for r := 1; r < len(s.d); r++ {
-		if !s.d[r].call().Matches(s.d[0].call()) {
-			calls := make([]comm.Call, len(s.d))
-			for q := range s.d {
-				calls[q] = s.d[q].call()
-			}
-			return comm.MismatchError(k, calls)
+	return fmt.Errorf("%w: collective #%d: invalid call on rank(s) %v%s", comm.ErrInvalid, k, ranks, msg)
+}
+
+// published returns the first rank from rank from on that has not yet
+// published its call of collective k, or n if every one has.
+func (g *group) published(k uint64, from int) int {
+	p := k % 2
+	for r := from; r < g.n; r++ {
+		if g.comms[r].hdr[p].word.Load() != k {
+			return r
 		}
 	}
-	return nil
+	return g.n
 }
 
 // violated reports a broken invariant of the protocol (invariants builds).

@@ -9,22 +9,120 @@ import (
 )
 
 // Spinning: a wait first polls pureSpins times, then yields the processor
-// between polls for up to spinTime, then parks on a channel.
+// between polls for up to spinTime, then parks on a channel. (Polling
+// longer without yielding was measured slower on a loaded machine: the
+// goroutine that the waiter waits for may need this processor.)
 const pureSpins = 64
 
 var spinTime = 50 * time.Microsecond
 
+// spinner paces one busy wait; its zero value starts one.
+type spinner struct {
+	i     int
+	start time.Time
+	brief bool // park after the first polls: nothing is expected soon
+}
+
+// spin is called after each poll that found nothing; it returns false
+// once the caller should park.
+func (s *spinner) spin() bool {
+	s.i++
+	switch {
+	case s.i < pureSpins:
+		return true
+	case s.brief:
+		return false
+	case s.i == pureSpins:
+		s.start = time.Now()
+	case s.i%16 == 0 && time.Since(s.start) >= spinTime:
+		return false
+	}
+	runtime.Gosched()
+	return true
+}
+
 // run is the rank's worker: it executes operations in issue order.
 func (c *Comm) run() {
 	defer close(c.exited)
+	busy := false // the last operation was the worker's to run
 	for next := uint64(1); ; next++ {
-		_ = c.await(func() bool { return c.issued.Load() >= next || c.stopping.Load() }, nil)
+		for !(c.issued.Load() >= next || c.stopping.Load()) {
+			// After running an operation, stay ready for the next one a
+			// while; after skipping collectives joined inline, rest at
+			// once: the goroutines that issue them need the processor.
+			c.rest(spinner{brief: !busy}, func() bool { return c.issued.Load() >= next || c.stopping.Load() })
+		}
 		if c.issued.Load() < next {
 			return // stopping, and everything issued has completed
 		}
 		d := &c.ring[next%ringSize]
-		c.current.Store(next)
-		c.complete(next, c.execute(d))
+		if busy = !d.inline; busy {
+			c.current.Store(next)
+			c.complete(next, c.execute(d))
+		} else {
+			c.takeOver(d)
+		}
+		c.passed.Store(next)
+	}
+}
+
+// takeOver deals with collective d, which the rank joined inline. A Wait
+// or Test of it, or the issuing goroutine when it published last,
+// finishes it, so the worker leaves it alone unless it is needed: when a
+// later operation of the rank waits behind it, a Wait on it parks, the
+// group fails, the rank closes, or it is still pending after a tick (a
+// quarter of the stall interval, so that a collective nobody waits for is
+// still reported within about one and a half stall intervals). The worker
+// then claims it, unless someone has, waits for the other ranks' calls as
+// it waits for any peer (stall reports, timeout) and completes it.
+func (c *Comm) takeOver(d *desc) {
+	s := &c.slots[d.seq%ringSize]
+	done := func() bool { return s.done.Load() == d.seq }
+	needed := func() bool {
+		return done() || c.issued.Load() > d.seq || c.watch.Load() >= d.seq || c.g.failure() != nil || c.stopping.Load()
+	}
+	for !needed() {
+		if c.rest(spinner{brief: true}, needed) {
+			break // a tick
+		}
+	}
+	if done() {
+		return
+	}
+	if c.inl.CompareAndSwap(d.seq, d.seq|inlClaimed) {
+		c.current.Store(d.seq)
+		c.complete(d.seq, c.finishSmall(d, c.awaitPublished(d)))
+		return
+	}
+	_ = c.await(done, nil)
+}
+
+// rest waits, paced by sp, until ready() holds or, once parked, a tick
+// passes; it reports whether the tick passed. Only the worker rests.
+func (c *Comm) rest(sp spinner, ready func() bool) (ticked bool) {
+	for {
+		if ready() {
+			return false
+		}
+		if sp.spin() {
+			continue
+		}
+		c.parked.Store(true)
+		if ready() {
+			c.parked.Store(false)
+			return false
+		}
+		c.timer.Reset(c.g.tick)
+		select {
+		case <-c.wake:
+		case <-c.timer.C:
+			ticked = true
+		}
+		c.timer.Stop()
+		c.parked.Store(false)
+		if ticked {
+			return true
+		}
 	}
 }
 
@@ -47,10 +145,10 @@ func (c *Comm) execute(d *desc) error {
 // passes (aborting the group), and returns the reason.
 func (c *Comm) await(ready func() bool, w *desc) error {
 	g := c.g
-	var start time.Time
+	var sp spinner
 	var watch comm.Watch
 	watching := false
-	for i := 0; ; i++ {
+	for {
 		if ready() {
 			return nil
 		}
@@ -59,22 +157,14 @@ func (c *Comm) await(ready func() bool, w *desc) error {
 				return err
 			}
 		}
-		switch {
-		case i < pureSpins:
-			continue
-		case i == pureSpins:
-			start = time.Now()
-			runtime.Gosched()
-			continue
-		case i%16 != 0 || time.Since(start) < spinTime:
-			runtime.Gosched()
+		if sp.spin() {
 			continue
 		}
 		var timeout time.Duration
 		if w != nil {
 			now := time.Now()
 			if !watching {
-				watch, watching = g.dog.Start(start), true
+				watch, watching = g.dog.Start(sp.start), true
 			}
 			if report, expired := watch.Check(now); report || expired {
 				s := comm.Stall{Rank: c.rank, Seq: w.seq, Kind: w.kind, Missing: c.missing(w), Waited: watch.Waited(now)}
@@ -89,9 +179,18 @@ func (c *Comm) await(ready func() bool, w *desc) error {
 			}
 			timeout = max(watch.Next(now), time.Microsecond)
 		}
+		// A rank that publishes wakes the workers parked for its call
+		// only while some are: count this one in before the last look.
+		sleeping := c.waitingFor.Load() != 0
+		if sleeping {
+			g.sleepers.Add(1)
+		}
 		c.parked.Store(true)
 		if ready() || (w != nil && g.failure() != nil) {
 			c.parked.Store(false)
+			if sleeping {
+				g.sleepers.Add(-1)
+			}
 			continue
 		}
 		if timeout > 0 {
@@ -105,12 +204,15 @@ func (c *Comm) await(ready func() bool, w *desc) error {
 			<-c.wake
 		}
 		c.parked.Store(false)
+		if sleeping {
+			g.sleepers.Add(-1)
+		}
 	}
 }
 
 // missing lists the ranks that have not joined operation d of this rank,
 // which the rank's worker has issued: for a collective, the ranks that
-// have not arrived at it; for a message, the peer while it has not come to
+// have not published their calls of it; for a message, the peer while it has not come to
 // its end (posted the message, or taken it) and this rank while its worker
 // has not reached it.
 func (c *Comm) missing(d *desc) []int {
@@ -166,98 +268,115 @@ func (c *Comm) Missing(w comm.Work) []int {
 	return c.missing(&d)
 }
 
-// collective joins the next collective of the group.
+// collective runs the rank's next collective on the worker.
 func (c *Comm) collective(d *desc) error {
+	c.publish(d)
+	if d.small || d.err != nil {
+		return c.finishSmall(d, c.awaitPublished(d))
+	}
+	return c.parallel(d)
+}
+
+// publish publishes this rank's call d of collective k = d.num: the
+// buffers of a parallel collective and the error of an invalid call in
+// the collective's slot, the call in the rank's header, with the input of
+// a small collective staged, and then the header's word.
+func (c *Comm) publish(d *desc) {
 	g := c.g
 	k := d.num
-	s := &g.slots[k%slotCount]
-	s.d[c.rank] = *d
+	h := c.hdr[k%2]
+	if invariants && h.word.Load() >= k {
+		violated("rank %d publishes collective #%d over #%d", c.rank, k, h.word.Load())
+	}
+	if !d.small || d.err != nil {
+		g.slots[k%slotCount].d[c.rank] = *d
+	}
+	h.kind, h.op, h.dt, h.root, h.count, h.seq, h.flags = d.kind, d.op, d.dt, int64(d.root), int64(d.count), d.seq, 0
+	if d.err != nil {
+		h.flags |= hdrInvalid
+	} else if d.small {
+		h.flags |= hdrSmall
+		c.stageIn(d, h)
+	}
 	c.arrived.Store(k)
-	t := g.arrivals.Add(1)
-	if n := uint64(g.n); invariants && !(t > (k-1)*n && t <= k*n || g.failure() != nil) {
-		violated("rank %d: arrival ticket %d at collective #%d of %d ranks", c.rank, t, k, n)
+	h.word.Store(k)
+	if g.sleepers.Load() > 0 {
+		for r, p := range g.comms {
+			if p.waitingFor.Load() == k {
+				g.wake(r)
+			}
+		}
 	}
-	if t == k*uint64(g.n) {
-		return c.lead(s, k, d)
-	}
-	return c.follow(s, k, d)
 }
 
-// lead runs on the last rank to arrive at collective k: it judges the
-// calls and either does the whole operation or opens the gate for shares.
-func (c *Comm) lead(s *collSlot, k uint64, d *desc) error {
+// awaitPublished waits, as a wait for peers (stall reports, timeout),
+// until every rank has published its call of collective d.num.
+func (c *Comm) awaitPublished(d *desc) error {
 	g := c.g
-	v := g.judge(s, k)
-	mode := uint64(modeClaim)
-	switch {
-	case v != nil:
-		mode = modeDone
-	case g.parallel(d):
-		mode = modeGo
-	}
-	s.verdict = v
-	for {
-		cur := g.gate.Load()
-		if cur>>2 == k { // a failing rank cancelled the collective
-			return c.opErr(d, g.failure())
-		}
-		if invariants && !(cur>>2 == k-1 && cur&3 != modeClaim) {
-			violated("rank %d leads collective #%d but the gate is at #%d mode %d", c.rank, k, cur>>2, cur&3)
-		}
-		if g.gate.CompareAndSwap(cur, k<<2|mode) {
-			break
-		}
-	}
-	switch mode {
-	case modeDone:
-		g.wakeAll()
-		return c.verdictErr(d, v)
-	case modeClaim:
-		c.runPart(s.d, d, 0, 1)
-		g.gate.Store(k<<2 | modeDone)
-		g.wakeAll()
+	k := d.num
+	from := g.published(k, 0)
+	if from == g.n {
 		return nil
 	}
-	g.wakeAll()
-	return c.share(s, d)
+	c.waitingFor.Store(k)
+	err := c.await(func() bool {
+		from = g.published(k, from)
+		return from == g.n
+	}, d)
+	c.waitingFor.Store(0)
+	return err
 }
 
-// follow waits for the last rank of collective k to open the gate.
-func (c *Comm) follow(s *collSlot, k uint64, d *desc) error {
-	g := c.g
-	// A gate past k can only be a later collective's cancellation, and
-	// other ranks can only have moved past k if k completed (modeDone).
-	ready := func() bool {
-		v := g.gate.Load()
-		return v>>2 > k || v>>2 == k && v&3 != modeClaim
+// finishSmall ends small collective d once every rank has published (or
+// with err, the failed wait for them): it judges the calls and, if they
+// agree, computes this rank's output.
+func (c *Comm) finishSmall(d *desc, err error) error {
+	if err != nil {
+		return c.opErr(d, err)
 	}
-	if err := c.await(ready, d); err != nil {
-		// Cancel the collective so that nobody touches this rank's
-		// buffers after its Work has failed; if it was claimed first,
-		// it finishes soon.
+	if v := c.g.judge(d.num); v != nil {
+		return c.verdictErr(d, v)
+	}
+	c.ownPart(d)
+	return nil
+}
+
+// parallel runs parallel collective d: once every rank has published, the
+// first to see it opens the gate and every rank takes its share. A rank
+// whose wait fails first cancels the collective instead, so that nobody
+// writes its buffers after its Work has failed; whichever comes first
+// decides for every rank.
+func (c *Comm) parallel(d *desc) error {
+	g := c.g
+	k := d.num
+	if err := c.awaitPublished(d); err != nil {
 		for {
 			cur := g.gate.Load()
 			if cur>>2 >= k {
-				break
+				break // opened: this rank takes its share
 			}
 			if g.gate.CompareAndSwap(cur, k<<2|modeCancel) {
 				g.wakeAll()
 				return c.opErr(d, err)
 			}
 		}
-		_ = c.await(ready, nil)
+	} else if v := g.judge(k); v != nil {
+		return c.verdictErr(d, v)
 	}
-	v := g.gate.Load()
-	if v>>2 > k {
-		return c.verdictErr(d, s.verdict)
+	for {
+		cur := g.gate.Load()
+		if cur>>2 >= k {
+			break
+		}
+		if g.gate.CompareAndSwap(cur, k<<2|modeGo) {
+			g.wakeAll()
+			break
+		}
 	}
-	switch v & 3 {
-	case modeCancel:
+	if g.gate.Load() == k<<2|modeCancel {
 		return c.opErr(d, g.failure())
-	case modeDone:
-		return c.verdictErr(d, s.verdict)
 	}
-	return c.share(s, d)
+	return c.share(&g.slots[k%slotCount], d)
 }
 
 // share does this rank's part of a parallel collective and waits until
