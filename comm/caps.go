@@ -8,9 +8,11 @@ type Caps struct {
 	// Backend names the implementation ("inproc", "mpi", "nccl").
 	Backend string
 	// NativeAvg: Op Avg of floating-point dtypes is done inside the
-	// reduction as a pre-multiplied sum (each contribution times 1/N, as
-	// ncclAvg does), with no separate pass, so it overflows only where
-	// the average itself does.
+	// backend's reduction, with no separate pass, and overflows only
+	// where the average itself does (ncclAvg pre-multiplies each
+	// contribution by 1/N; inproc pre-multiplies for a power-of-two group
+	// and otherwise sums first, falling back to the pre-multiplied sum
+	// where the sum overflows).
 	NativeAvg bool
 	// HalfPrecision: Float16 and BFloat16 sums round once from a wider
 	// accumulation, in the backend's reduction.
