@@ -359,6 +359,8 @@ func (c *Comm) joinInline(d *desc) {
 	c.publish(d)
 	if c.g.published(d.num, 0) == c.g.n && c.inl.CompareAndSwap(d.seq, d.seq|inlClaimed) {
 		c.complete(d.seq, c.finishSmall(d, nil))
+		// The worker may be parked in takeOver, having lost the claim.
+		c.g.wake(c.rank)
 	}
 }
 
@@ -375,6 +377,10 @@ func (c *Comm) tryFinish(id uint64) {
 	// Claimed: the operation stays pending until completed here, so its
 	// slot of the ring holds its call.
 	c.complete(id, c.finishSmall(&c.ring[id%ringSize], nil))
+	// The worker may be parked in takeOver, having lost the claim: it
+	// parks only after setting parked and looking at the slot once more,
+	// so this wake cannot pass it by.
+	c.g.wake(c.rank)
 }
 
 // TestOp reports whether operation id has completed, and its error. It

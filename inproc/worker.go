@@ -94,6 +94,7 @@ func (c *Comm) takeOver(d *desc) {
 		c.complete(d.seq, c.finishSmall(d, c.awaitPublished(d)))
 		return
 	}
+	// Another goroutine claimed it; it wakes the worker once done.
 	_ = c.await(done, nil)
 }
 
