@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/comm/checked"
 	"github.com/ddpgo/ddpgo/inproc"
 )
 
@@ -91,7 +92,10 @@ func Backends() []string {
 
 // Open starts the named backend and returns this process's communicators:
 // Options.Ranks of them for inproc, one for a launched backend (mpi,
-// nccl), whose rank and size come from the launcher's environment.
+// nccl), whose rank and size come from the launcher's environment. With
+// DDPGO_DISTRIBUTED_DEBUG=DETAIL in the environment, each is wrapped by
+// package checked, so that ranks whose calls disagree fail naming each
+// other (PyTorch's TORCH_DISTRIBUTED_DEBUG=DETAIL).
 func Open(ctx context.Context, backend string, o Options) ([]comm.Communicator, error) {
 	regMu.Lock()
 	b, ok := registry[backend]
@@ -120,7 +124,30 @@ func Open(ctx context.Context, backend string, o Options) ([]comm.Communicator, 
 	if err != nil {
 		return nil, fmt.Errorf("launch: opening backend %s: %w", backend, err)
 	}
+	if checked.Requested() {
+		return wrapChecked(backend, cs)
+	}
 	return cs, nil
+}
+
+// wrapChecked wraps every communicator in cs with package checked, as
+// DDPGO_DISTRIBUTED_DEBUG=DETAIL asks; on failure it closes them all.
+func wrapChecked(backend string, cs []comm.Communicator) ([]comm.Communicator, error) {
+	out := make([]comm.Communicator, 0, len(cs))
+	for _, c := range cs {
+		w, err := checked.Wrap(c, checked.Options{})
+		if err != nil {
+			for _, o := range out {
+				o.Close()
+			}
+			for _, c := range cs[len(out):] {
+				c.Close()
+			}
+			return nil, fmt.Errorf("launch: %s=DETAIL: backend %s, rank %d: %w", checked.EnvVar, backend, c.Rank(), err)
+		}
+		out = append(out, w)
+	}
+	return out, nil
 }
 
 func openInproc(_ context.Context, job Job) ([]comm.Communicator, error) {

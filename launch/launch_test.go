@@ -127,3 +127,34 @@ func TestBootstrapNone(t *testing.T) {
 		t.Errorf("NewBootstrap under mpirun without package mpi: %v; want ErrNoBootstrap saying to link mpi", err)
 	}
 }
+
+// TestOpenChecked: DDPGO_DISTRIBUTED_DEBUG=DETAIL wraps every communicator
+// Open returns with package checked, whose exchange of fingerprints fails
+// a mismatched collective on every rank before the backend sees it.
+func TestOpenChecked(t *testing.T) {
+	t.Setenv("DDPGO_DISTRIBUTED_DEBUG", "detail")
+	cs, err := launch.Open(context.Background(), "inproc", launch.Options{Ranks: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, c := range cs {
+			c.Close()
+		}
+	}()
+	for r, c := range cs {
+		if _, plain := c.(*inproc.Comm); plain {
+			t.Fatalf("rank %d: Open returned the bare inproc communicator under DDPGO_DISTRIBUTED_DEBUG=detail", r)
+		}
+	}
+	a, b := make([]float32, 4), make([]float32, 5)
+	ws := []comm.Work{
+		cs[0].AllReduce(comm.Float32s(a), comm.Float32s(a), comm.Sum),
+		cs[1].AllReduce(comm.Float32s(b), comm.Float32s(b), comm.Sum),
+	}
+	for r, w := range ws {
+		if err := w.Wait(context.Background()); !errors.Is(err, comm.ErrMismatch) {
+			t.Errorf("rank %d: all_reduce of 4 against 5 elements: %v; want ErrMismatch", r, err)
+		}
+	}
+}
