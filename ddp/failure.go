@@ -26,6 +26,11 @@ func (r *Reducer) fail(err error) error {
 			r.cancel()
 		}
 		r.c.Abort(err)
+		// Wake a Wait blocked on another goroutine: the finisher may
+		// stop without reducing the last bucket (a collective the
+		// backend leaves in flight after Abort), and Wait re-checks
+		// usable() after every wake-up.
+		r.signal()
 		return err
 	}
 	err = r.err

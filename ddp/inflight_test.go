@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -467,5 +468,51 @@ func TestCloseMidCollective(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestCloseEndsWait: Close ends a Wait (here WaitEach, whose loop the test
+// can see it enter) blocked on another goroutine with
+// ErrClosed even when the backend leaves the collective in flight after
+// Abort (the finisher then stops without reducing the bucket, so nothing
+// else would wake the Wait).
+func TestCloseEndsWait(t *testing.T) {
+	checkNoLeak(t)
+	c := newHeldComm()
+	c.deaf = true
+	r, err := New(context.Background(), c, fourParams, heldOpts(Options{DrainTimeout: 20 * time.Millisecond}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Begin(Sync); err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range []int{3, 2, 1, 0} {
+		if err := r.Ready(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.waitIssued(t, 1)
+	waited := make(chan error, 1)
+	go func() { waited <- r.WaitEach(context.Background(), func(Reduced) {}) }()
+	for !r.watch.Load() { // WaitEach is past its checks, in its wait loop
+		runtime.Gosched()
+	}
+	if err := r.Close(); !errors.Is(err, ErrInFlight) {
+		t.Fatalf("Close with a collective in flight: %v, want ErrInFlight", err)
+	}
+	select {
+	case err := <-waited:
+		if !errors.Is(err, ErrClosed) {
+			t.Fatalf("Wait ended by Close: %v, want ErrClosed", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Wait still blocked 10 s after Close returned")
+	}
+	c.mu.Lock()
+	n := len(c.ops)
+	c.mu.Unlock()
+	for k := range n {
+		c.release(k)
 	}
 }
