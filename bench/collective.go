@@ -285,19 +285,35 @@ var corruptHook func(rank int, inPlace bool, out comm.Buffer)
 // backend has no stream to queue work on); a placement's time is the
 // timed loop divided by Iters, combined over the ranks as cfg.Average
 // says (the mean by default, as nccl-tests).
+//
+// comms may also be the one rank this process runs of a job with a
+// process per rank (mpirun): every process then calls RunCollective, and
+// after each placement the ranks' times and wrong counts are gathered
+// with a small AllGather over the communicator, so every process returns
+// the rows of the whole group.
 func RunCollective(ctx context.Context, comms []comm.Communicator, cfg CollectiveConfig, row func(CollectiveRow)) ([]CollectiveRow, error) {
-	n := len(comms)
+	n, launched, err := worldOf(comms)
+	if err != nil {
+		return nil, err
+	}
 	if err := cfg.validate(n); err != nil {
 		return nil, err
 	}
 	sizes := cfg.Sizes()
 	maxCount, _ := geometry(cfg.Op, cfg.DType, sizes[len(sizes)-1], n)
 	es := cfg.DType.Size()
-	ranks, release, err := newRankBufs(n, maxCount*es)
+	ranks, release, err := newRankBufs(len(comms), maxCount*es)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
+	var ex *exchange
+	if launched {
+		if ex, err = newExchange(comms[0], 2); err != nil {
+			return nil, err
+		}
+		defer ex.close()
+	}
 	var rows []CollectiveRow
 	for _, size := range sizes {
 		count, per := geometry(cfg.Op, cfg.DType, size, n)
@@ -324,7 +340,7 @@ func RunCollective(ctx context.Context, comms []comm.Communicator, cfg Collectiv
 			if err := ctx.Err(); err != nil {
 				return rows, err
 			}
-			t, err := runPlacement(ctx, comms, ranks, &cfg, count, per, inPlace)
+			t, err := runPlacement(ctx, comms, ranks, &cfg, count, per, inPlace, ex)
 			if err != nil {
 				return rows, fmt.Errorf("bench: %s %d bytes (%s): %w", cfg.Op, res.Bytes, placeName(inPlace), err)
 			}
@@ -515,7 +531,7 @@ func (p pair) TestOp(uint64) (bool, error) {
 	return da && db, errors.Join(ea, eb)
 }
 
-func runPlacement(ctx context.Context, comms []comm.Communicator, ranks []*rankBufs, cfg *CollectiveConfig, count, per int, inPlace bool) (Timing, error) {
+func runPlacement(ctx context.Context, comms []comm.Communicator, ranks []*rankBufs, cfg *CollectiveConfig, count, per int, inPlace bool, ex *exchange) (Timing, error) {
 	if cfg.Timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, cfg.Timeout)
@@ -536,7 +552,24 @@ func runPlacement(ctx context.Context, comms []comm.Communicator, ranks []*rankB
 		}()
 	}
 	wg.Wait()
-	return combine(ranks, cfg, int64(count*cfg.DType.Size()))
+	bytes := int64(count * cfg.DType.Size())
+	if ex == nil {
+		return combine(ranks, cfg, bytes)
+	}
+	// One rank of a launched job: its own outcome, then everyone's.
+	b := ranks[0]
+	if b.err != nil {
+		return Timing{}, b.err
+	}
+	all, err := ex.gather(ctx, float64(b.elapsed), float64(b.wrong))
+	if err != nil {
+		return Timing{}, err
+	}
+	group := make([]*rankBufs, ex.n)
+	for r := range group {
+		group[r] = &rankBufs{elapsed: time.Duration(all[2*r]), wrong: int64(all[2*r+1])}
+	}
+	return combine(group, cfg, bytes)
 }
 
 // combine makes one placement's Timing from every rank's: the time is

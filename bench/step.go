@@ -66,7 +66,11 @@ func NewHook(compression string) (func() hooks.Hook, error) {
 // Config configures Run.
 type Config struct {
 	Params []ddp.Param
-	// Comms holds one communicator per rank, all of one group.
+	// Comms holds one communicator per rank, all of one group; or, in a
+	// job launched with a process per rank (mpirun), this process's one
+	// rank, and then every process calls Run and gets the statistics of
+	// the whole group, gathered after each measured step with a small
+	// AllGather over the communicator (outside the timed step).
 	Comms []comm.Communicator
 	// Pools, if not nil, holds each rank's CommPool; nil lets each Reducer
 	// own one.
@@ -169,18 +173,20 @@ const MaxTraceSteps = 1000
 // completed, with Interrupted set, together with an error wrapping
 // ctx.Err(). The group has then been aborted.
 func Run(ctx context.Context, cfg Config) (*Result, error) {
-	n := len(cfg.Comms)
+	n, launched, err := worldOf(cfg.Comms)
+	if err != nil {
+		return nil, err
+	}
+	nl := len(cfg.Comms) // ranks this process runs
 	switch {
-	case n == 0:
-		return nil, fmt.Errorf("%w: no ranks", ErrConfig)
 	case len(cfg.Params) == 0:
 		return nil, fmt.Errorf("%w: no parameters", ErrConfig)
 	case cfg.Steps < 1 || cfg.Warmup < 0:
 		return nil, fmt.Errorf("%w: %d steps and %d warmup steps: want >= 1 and >= 0", ErrConfig, cfg.Steps, cfg.Warmup)
 	case cfg.Compute != ComputeNone && !(cfg.Rate > 0 && !math.IsInf(cfg.Rate, 0)):
 		return nil, fmt.Errorf("%w: compute %s needs a positive rate, got %g", ErrConfig, cfg.Compute, cfg.Rate)
-	case cfg.Pools != nil && len(cfg.Pools) != n:
-		return nil, fmt.Errorf("%w: %d pools for %d ranks", ErrConfig, len(cfg.Pools), n)
+	case cfg.Pools != nil && len(cfg.Pools) != nl:
+		return nil, fmt.Errorf("%w: %d pools for %d ranks", ErrConfig, len(cfg.Pools), nl)
 	case cfg.TraceSteps > MaxTraceSteps:
 		return nil, fmt.Errorf("%w: %d traced steps, want at most %d", ErrConfig, cfg.TraceSteps, MaxTraceSteps)
 	}
@@ -202,10 +208,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 
 	// Build the reducers: New is collective, so every rank in its own goroutine.
-	reducers := make([]*ddp.Reducer, n)
-	errs := make([]error, n)
+	reducers := make([]*ddp.Reducer, nl)
+	errs := make([]error, nl)
 	var wg sync.WaitGroup
-	for r := range n {
+	for r := range nl {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -244,24 +250,32 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	trace := min(max(cfg.TraceSteps, 0), cfg.Steps)
 	res.Trace = make([][]ddp.StepStats, trace)
 	for s := range res.Trace {
-		res.Trace[s] = make([]ddp.StepStats, n)
+		res.Trace[s] = make([]ddp.StepStats, nl)
 		for r := range res.Trace[s] {
 			res.Trace[s][r].Buckets = make([]ddp.BucketStats, 0, len(cfg.Params))
 			res.Trace[s][r].ParamReady = make([]time.Duration, 0, len(cfg.Params))
 		}
 	}
 	agg := newAggregator(n, cfg.Steps)
+	var ex *exchange
+	if launched {
+		if ex, err = newExchange(cfg.Comms[0], nSummary); err != nil {
+			return nil, err
+		}
+		defer ex.close()
+	}
 
 	// Two phases separated by a process-local rendezvous, so that the
 	// allocation count covers exactly the measured steps.
 	var warm, measured sync.WaitGroup
-	warm.Add(n)
+	warm.Add(nl)
 	measured.Add(1)
-	for r := range n {
+	for r := range nl {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			d := newDriver(reducers[r], cfg, r, n)
+			d := newDriver(reducers[r], cfg, cfg.Comms[r].Rank(), r, n)
+			d.ex = ex
 			defer d.timer.Stop()
 			err := d.steps(ctx, cfg.Warmup, nil, nil)
 			warm.Done()
@@ -271,7 +285,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			}
 			if err != nil {
 				agg.stop()
-				errs[r] = fmt.Errorf("rank %d: %w", r, err)
+				errs[r] = fmt.Errorf("rank %d: %w", cfg.Comms[r].Rank(), err)
 				cfg.Comms[r].Abort(errs[r])
 			}
 		}()
@@ -328,6 +342,8 @@ type driver struct {
 	red       *ddp.Reducer
 	cfg       *Config
 	rank, n   int
+	local     int             // index among this process's ranks (Result.Trace)
+	ex        *exchange       // a launched job's statistics exchange, or nil
 	order     []int           // parameter indices, reverse registration order
 	deadlines []time.Duration // cumulative compute time when each becomes ready
 	stats     ddp.StepStats
@@ -337,8 +353,8 @@ type driver struct {
 	timer *time.Timer
 }
 
-func newDriver(red *ddp.Reducer, cfg Config, rank, n int) *driver {
-	d := &driver{red: red, cfg: &cfg, rank: rank, n: n, timer: time.NewTimer(time.Hour)}
+func newDriver(red *ddp.Reducer, cfg Config, rank, local, n int) *driver {
+	d := &driver{red: red, cfg: &cfg, rank: rank, local: local, n: n, timer: time.NewTimer(time.Hour)}
 	d.timer.Stop()
 	var cum float64
 	for i := len(cfg.Params) - 1; i >= 0; i-- {
@@ -374,17 +390,43 @@ func (d *driver) steps(ctx context.Context, k int, agg *aggregator, trace [][]dd
 		}
 		d.red.StatsInto(&d.stats)
 		if s < len(trace) {
-			d.red.StatsInto(&trace[s][d.rank])
+			d.red.StatsInto(&trace[s][d.local])
 		}
 		if measured {
 			st := &d.stats
-			if !agg.add(d.rank, s, stepSummary{wall: st.Wall, iter: iter, compute: st.Compute, comm: st.Comm,
-				overlap: st.Overlap, bytes: st.Bytes, overflows: st.Overflows}) {
+			sum := stepSummary{wall: st.Wall, iter: iter, compute: st.Compute, comm: st.Comm,
+				overlap: st.Overlap, bytes: st.Bytes, overflows: st.Overflows}
+			if d.ex != nil {
+				if err := d.gather(ctx, s, agg, &sum); err != nil {
+					return err
+				}
+			} else if !agg.add(d.rank, s, sum) {
 				return errStopped
 			}
 		}
 		if d.cfg.OnStep != nil {
 			d.cfg.OnStep(d.rank, measured, &d.stats)
+		}
+	}
+	return nil
+}
+
+// nSummary is the number of values of a stepSummary.
+const nSummary = 7
+
+// gather exchanges measured step s's summary with every rank of a
+// launched job and adds all of them to agg.
+func (d *driver) gather(ctx context.Context, s int, agg *aggregator, sum *stepSummary) error {
+	all, err := d.ex.gather(ctx, float64(sum.wall), float64(sum.iter), float64(sum.compute), float64(sum.comm),
+		float64(sum.overlap), float64(sum.bytes), float64(sum.overflows))
+	if err != nil {
+		return err
+	}
+	for r := range d.n {
+		v := all[r*nSummary : (r+1)*nSummary]
+		if !agg.add(r, s, stepSummary{wall: time.Duration(v[0]), iter: time.Duration(v[1]), compute: time.Duration(v[2]),
+			comm: time.Duration(v[3]), overlap: time.Duration(v[4]), bytes: int64(v[5]), overflows: int64(v[6])}) {
+			return errStopped
 		}
 	}
 	return nil

@@ -11,6 +11,11 @@ import (
 // ErrEnv is wrapped by every error about the launcher's environment.
 var ErrEnv = errors.New("launch: environment")
 
+// ErrNoLauncher is wrapped (with ErrEnv) by FromEnv's error when no
+// launcher's variables are set at all: the process was started by hand,
+// which a program may take as a job of one process.
+var ErrNoLauncher = errors.New("no launcher")
+
 // Env is a process's place in its job, as its launcher told it.
 type Env struct {
 	// Launcher names where Rank and Size came from: "openmpi", "mpich",
@@ -92,7 +97,7 @@ func Parse(lookup func(string) (string, bool)) (Env, error) {
 		for _, l := range launchers {
 			names = append(names, l.rank+"/"+l.size)
 		}
-		return Env{}, fmt.Errorf("%w: no launcher's rank and size are set (looked for %s): start the job with mpirun, mpiexec, srun or torchrun, or pass the environment explicitly", ErrEnv, strings.Join(names, ", "))
+		return Env{}, fmt.Errorf("%w: %w: no launcher's rank and size are set (looked for %s): start the job with mpirun, mpiexec, srun or torchrun, or pass the environment explicitly", ErrEnv, ErrNoLauncher, strings.Join(names, ", "))
 	}
 	e := found[0]
 	for _, o := range found[1:] {

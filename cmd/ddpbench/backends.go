@@ -1,46 +1,47 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"net"
+	"os"
+	"strconv"
 	"strings"
 
 	"github.com/ddpgo/ddpgo/comm"
-	"github.com/ddpgo/ddpgo/inproc"
+	"github.com/ddpgo/ddpgo/launch"
+	"github.com/ddpgo/ddpgo/mpi" // registers "mpi" with launch; built with -tags mpi
 )
 
 // backend is a communicator implementation ddpbench can start.
 type backend struct {
-	name     string
-	built    bool
-	newGroup func(n int) ([]comm.Communicator, error) // nil when not built
-	note     string                                   // why it is not built
+	name  string
+	built bool
+	note  string // why it is not built (or not usable from ddpbench)
+	// launched: one rank per process, started by a launcher (mpirun); the
+	// ranks' count comes from the launcher, not from --ranks.
+	launched bool
 	// sharedMemory: the ranks are goroutines of this process and a
 	// collective moves no bytes over any wire, so compression only costs.
 	sharedMemory bool
 	what         string // how the ranks talk, for the configuration line
+	// open, if set, starts n in-process ranks instead of launch.Open
+	// (tests use it to put a faulty backend under the CLI).
+	open func(n int) ([]comm.Communicator, error)
 }
 
-// backends lists every backend ddpgo knows, built or not, in the order
-// info prints them.
+// backends lists every backend ddpgo knows, in the order info prints
+// them.
 var backends = []backend{
-	{name: "inproc", built: true, newGroup: newInprocGroup, sharedMemory: true, what: "goroutines of this process sharing memory"},
-	{name: "mpi", note: "not built: this release has no MPI backend yet (planned: cgo over Open MPI or MPICH)"},
-	{name: "nccl", note: "not built: this release has no NCCL backend yet (planned: libnccl.so.2 opened at run time; needs a GPU)"},
+	{name: "inproc", built: true, sharedMemory: true, what: "goroutines of this process sharing memory"},
+	{name: "mpi", built: mpi.LibraryInfo().Built, note: mpi.LibraryInfo().Note, launched: true,
+		what: "one process per rank, Open MPI"},
+	{name: "nccl", note: "not wired into ddpbench yet: the package nccl is built and tested against a stand-in of the NCCL and CUDA ABI, " +
+		"and has never run on a GPU"},
 }
 
-func newInprocGroup(n int) ([]comm.Communicator, error) {
-	g, err := inproc.NewGroup(n)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]comm.Communicator, len(g))
-	for i, c := range g {
-		out[i] = c
-	}
-	return out, nil
-}
-
-// builtBackends returns the names of the built backends.
+// builtBackends returns the names of the backends ddpbench can run.
 func builtBackends() []string {
 	var out []string
 	for _, b := range backends {
@@ -64,23 +65,120 @@ func lookupBackend(name string) (backend, error) {
 	return backend{}, usagef("--backend %q: unknown (built: %s)", name, strings.Join(builtBackends(), ", "))
 }
 
-// startGroup starts n ranks of backend b.
-func startGroup(b backend, n int) ([]comm.Communicator, func(), error) {
-	if n < 1 || n > 1024 {
-		return nil, nil, usagef("--ranks %d: want 1..1024", n)
-	}
-	g, err := b.newGroup(n)
-	if err != nil {
-		return nil, nil, fmt.Errorf("starting %d %s ranks: %w", n, b.name, err)
-	}
-	closeAll := func() {
-		for _, c := range g {
-			c.Close()
+// worldRanks returns the number of ranks of the job for backend b: the
+// launcher's world size for a launched backend (1 when no launcher started
+// this process), else --ranks. A launched backend refuses a --ranks that
+// says otherwise.
+func worldRanks(b backend, ranks int, ranksSet bool) (int, error) {
+	if !b.launched {
+		if ranks < 1 || ranks > 1024 {
+			return 0, usagef("--ranks %d: want 1..1024", ranks)
 		}
+		return ranks, nil
 	}
-	return g, closeAll, nil
+	env, err := launchEnv()
+	if err != nil {
+		return 0, usageError{err}
+	}
+	if ranksSet && ranks != env.Size {
+		return 0, usagef("--ranks %d with --backend %s: the launcher started %d processes (%s), one rank each; leave --ranks out or make it %d",
+			ranks, b.name, env.Size, env, env.Size)
+	}
+	return env.Size, nil
+}
+
+// launchEnv is the launcher's environment, or a job of one process when
+// no launcher started this one (MPI then runs as a singleton).
+func launchEnv() (launch.Env, error) {
+	env, err := launch.FromEnv()
+	if errors.Is(err, launch.ErrNoLauncher) {
+		return launch.Env{Launcher: "none (a single process)", Rank: 0, Size: 1, LocalRank: 0, LocalSize: 1}, nil
+	}
+	return env, err
+}
+
+// group is the ranks this process runs.
+type group struct {
+	comms []comm.Communicator
+	size  int // ranks in the whole job
+	rank  int // the first rank this process runs
+	local int // this process's local rank on its machine (launched backends)
+	// launched: one rank per process; only rank 0 prints results.
+	launched bool
+	close    func()
+}
+
+// startGroup starts the ranks of backend b that this process runs: n
+// goroutine ranks for inproc, this process's rank for a launched backend.
+func startGroup(ctx context.Context, b backend, n int) (*group, error) {
+	if !b.launched {
+		var cs []comm.Communicator
+		var err error
+		if b.open != nil {
+			cs, err = b.open(n)
+		} else {
+			cs, err = launch.Open(ctx, b.name, launch.Options{Ranks: n})
+		}
+		if err != nil {
+			return nil, fmt.Errorf("starting %d %s ranks: %w", n, b.name, err)
+		}
+		return &group{comms: cs, size: n, close: func() { closeAll(cs) }}, nil
+	}
+	env, err := launchEnv()
+	if err != nil {
+		return nil, err
+	}
+	// One communicator per process: blocking collectives are the faster
+	// mode (see package mpi).
+	cs, err := launch.Open(ctx, b.name, launch.Options{Env: &env, Config: mpi.Options{Blocking: true}})
+	if err != nil {
+		mpi.Finalize()
+		return nil, fmt.Errorf("starting rank %d of %d (%s): %w", env.Rank, env.Size, b.name, err)
+	}
+	return &group{comms: cs, size: env.Size, rank: env.Rank, local: env.LocalRank, launched: true, close: func() {
+		closeAll(cs)
+		mpi.Finalize()
+	}}, nil
+}
+
+func closeAll(cs []comm.Communicator) {
+	for _, c := range cs {
+		c.Close()
+	}
+}
+
+// quietRank reports whether this process runs a rank other than 0 of a
+// launched job: it prints only errors.
+func (g *group) quietRank() bool { return g.launched && g.rank != 0 }
+
+// rankPath returns path for a launched job's rank: "t.json" becomes
+// "t.rank1.json", one file per process; path itself elsewhere.
+func (g *group) rankPath(path string) string {
+	if !g.launched || g.size == 1 {
+		return path
+	}
+	dot := strings.LastIndex(path, ".")
+	if dot <= strings.LastIndex(path, string(os.PathSeparator)) {
+		return path + ".rank" + strconv.Itoa(g.rank)
+	}
+	return path[:dot] + ".rank" + strconv.Itoa(g.rank) + path[dot:]
+}
+
+// rankAddr returns the metrics address for this process: a launched job's
+// ranks on one machine listen on the port plus their local rank.
+func (g *group) rankAddr(addr string) string {
+	if !g.launched || g.local == 0 {
+		return addr
+	}
+	host, port, err := net.SplitHostPort(addr)
+	p, perr := strconv.Atoi(port)
+	if err != nil || perr != nil || p == 0 {
+		return addr
+	}
+	return net.JoinHostPort(host, strconv.Itoa(p+g.local))
 }
 
 func backendUsage() string {
-	return "communication backend (built: " + strings.Join(builtBackends(), ", ") + ")"
+	return "communication backend (built: " + strings.Join(builtBackends(), ", ") + "); mpi runs one rank per process under mpirun " +
+		"(go build -tags mpi ./cmd/ddpbench)"
 }

@@ -119,9 +119,11 @@ func parseCollective(c *cli.Context) (collectiveOpts, error) {
 		return o, usagef("-e/--maxbytes %d: %d elements of %s, more than a collective's count can hold (%d)",
 			o.cfg.MaxBytes, count, o.cfg.DType, math.MaxInt32)
 	}
-	o.ranks = c.Int("ranks")
-	if o.ranks < 1 || o.ranks > 1024 {
-		return o, usagef("--ranks %d: want 1..1024", o.ranks)
+	if o.backend, err = lookupBackend(c.String("backend")); err != nil {
+		return o, err
+	}
+	if o.ranks, err = worldRanks(o.backend, c.Int("ranks"), c.IsSet("ranks")); err != nil {
+		return o, err
 	}
 	if o.cfg.Op.Rooted() && (o.cfg.Root < 0 || o.cfg.Root >= o.ranks) {
 		return o, usagef("-r/--root %d: want 0..%d with %d ranks", o.cfg.Root, o.ranks-1, o.ranks)
@@ -134,9 +136,6 @@ func parseCollective(c *cli.Context) (collectiveOpts, error) {
 	if need := minBytes(o.cfg.Op, o.cfg.DType, o.ranks); o.cfg.MaxBytes < need {
 		return o, usagef("-e/--maxbytes %d: %s of %s with %d ranks needs at least %d bytes",
 			o.cfg.MaxBytes, o.cfg.Op, o.cfg.DType, o.ranks, need)
-	}
-	if o.backend, err = lookupBackend(c.String("backend")); err != nil {
-		return o, err
 	}
 	if o.cfg.Timeout = c.Duration("timeout"); o.cfg.Timeout <= 0 {
 		return o, usagef("--timeout %v: want a positive duration", o.cfg.Timeout)
@@ -170,21 +169,31 @@ func collectiveAction(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	g, closeGroup, err := startGroup(o.backend, o.ranks)
+	g, err := startGroup(c.Context, o.backend, o.ranks)
 	if err != nil {
 		return err
 	}
-	defer closeGroup()
-	out := c.App.Writer
+	defer g.close()
+	out, errOut := c.App.Writer, c.App.ErrWriter
+	if g.quietRank() {
+		out, errOut = io.Discard, io.Discard // rank 0 prints the group's table
+	}
 	w := newCollectiveWriter(out, o)
+	if g.launched {
+		hosts, err := bench.Hosts(c.Context, g.comms[0], w.host, w.pid)
+		if err != nil {
+			return err
+		}
+		w.hosts = hosts
+	}
 	if err := w.header(); err != nil {
 		return err
 	}
 	sizes := o.cfg.Sizes()
-	bar := newProgress(c.App.ErrWriter, "collective", len(sizes), o.format == "table")
+	bar := newProgress(errOut, "collective", len(sizes), o.format == "table")
 	defer bar.stop()
 	var werr error
-	rows, err := bench.RunCollective(c.Context, g, o.cfg, func(r bench.CollectiveRow) {
+	rows, err := bench.RunCollective(c.Context, g.comms, o.cfg, func(r bench.CollectiveRow) {
 		bar.add(1)
 		if werr == nil {
 			bar.above(func() { werr = w.row(r) })
@@ -218,6 +227,7 @@ type collectiveWriter struct {
 	o      collectiveOpts
 	host   string // for the "Using devices" lines
 	pid    int
+	hosts  []bench.Host // every rank's, in a launched job
 	header func() error
 	row    func(bench.CollectiveRow) error
 	footer func([]bench.CollectiveRow) error
@@ -261,6 +271,11 @@ func (w *collectiveWriter) tableHeader() error {
 		o.ranks, cfg.MinBytes, cfg.MaxBytes, step, cfg.Warmup, cfg.Iters, validation)
 	fmt.Fprintf(b, "#\n# Using devices\n")
 	for r := range o.ranks {
+		if w.hosts != nil {
+			h := w.hosts[r]
+			fmt.Fprintf(b, "#  Rank %2d Group  0 Pid %6d on %10s device %2d [cpu] %s process\n", r, h.PID, h.Name, r, o.backend.name)
+			continue
+		}
 		fmt.Fprintf(b, "#  Rank %2d Group  0 Pid %6d on %10s device %2d [cpu] %s rank goroutine\n", r, w.pid, w.host, r, o.backend.name)
 	}
 	fmt.Fprintf(b, "#\n")

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/launch"
 )
 
 // corruptComm is a communicator whose all-reduce results are damaged on
@@ -46,8 +47,8 @@ func (d damage) TestOp(uint64) (bool, error) { return d.w.Test() }
 func TestCollectiveCountsCorruption(t *testing.T) {
 	saved := backends
 	defer func() { backends = saved }()
-	backends = append([]backend{{name: "corrupt", built: true, newGroup: func(n int) ([]comm.Communicator, error) {
-		g, err := newInprocGroup(n)
+	backends = append([]backend{{name: "corrupt", built: true, open: func(n int) ([]comm.Communicator, error) {
+		g, err := launch.Open(context.Background(), "inproc", launch.Options{Ranks: n})
 		for i := range g {
 			g[i] = corruptComm{g[i]}
 		}

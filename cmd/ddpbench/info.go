@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/ddpgo/ddpgo/fp16"
+	"github.com/ddpgo/ddpgo/mpi"
+	"github.com/ddpgo/ddpgo/nccl"
 	"github.com/urfave/cli/v2"
 )
 
@@ -55,6 +57,28 @@ type backendInfo struct {
 	Name  string `json:"name"`
 	Built bool   `json:"built"`
 	Note  string `json:"note,omitempty"`
+	// Library describes the library the backend runs on: MPI's version
+	// and thread level, or what NCCL's loader found.
+	Library string `json:"library,omitempty"`
+}
+
+// libraryLine describes backend name's library.
+func libraryLine(name string) string {
+	switch name {
+	case "mpi":
+		i := mpi.LibraryInfo()
+		if !i.Built {
+			return ""
+		}
+		return fmt.Sprintf("%s; asks for %s", i.Library, i.Requested)
+	case "nccl":
+		i := nccl.GetInfo(nccl.Libraries{})
+		if i.Err != nil {
+			return i.Err.Error()
+		}
+		return fmt.Sprintf("NCCL %d from %s, CUDA driver %d, %d devices", i.NCCLVersion, i.NCCL, i.DriverVersion, len(i.Devices))
+	}
+	return ""
 }
 
 func collectInfo(g gpuInfo) infoData {
@@ -65,7 +89,7 @@ func collectInfo(g gpuInfo) infoData {
 		d.GPUs.Devices = []string{}
 	}
 	for _, be := range backends {
-		d.Backends = append(d.Backends, backendInfo{Name: be.name, Built: be.built, Note: be.note})
+		d.Backends = append(d.Backends, backendInfo{Name: be.name, Built: be.built, Note: be.note, Library: libraryLine(be.name)})
 	}
 	return d
 }
@@ -88,6 +112,9 @@ func writeInfo(w io.Writer, format string, d infoData) error {
 			state = be.Note
 		}
 		fmt.Fprintf(b, "  %-8s %s\n", be.Name, state)
+		if be.Library != "" {
+			fmt.Fprintf(b, "  %-8s %s\n", "", be.Library)
+		}
 	}
 	g := d.GPUs
 	switch {
@@ -117,6 +144,9 @@ func writeInfoCSV(w io.Writer, d infoData) error {
 			state = be.Note
 		}
 		recs = append(recs, []string{"backend." + be.Name, state})
+		if be.Library != "" {
+			recs = append(recs, []string{"backend." + be.Name + ".library", be.Library})
+		}
 	}
 	recs = append(recs, []string{"gpu_driver", d.GPUs.Driver}, []string{"gpu_error", d.GPUs.Err})
 	for i, dev := range d.GPUs.Devices {

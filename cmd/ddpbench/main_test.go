@@ -19,6 +19,7 @@ import (
 
 	"github.com/ddpgo/ddpgo/bench"
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/launch"
 	"github.com/ddpgo/ddpgo/models"
 	"github.com/google/uuid"
 	"github.com/urfave/cli/v2"
@@ -429,7 +430,7 @@ func TestInfo(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("status %d: %s", code, stderr)
 	}
-	for _, w := range []string{"Go:", "GOMAXPROCS", "fp16 kernels:", "inproc   built", "mpi      not built", "nccl     not built", "GPUs:"} {
+	for _, w := range []string{"Go:", "GOMAXPROCS", "fp16 kernels:", "inproc   built", "mpi      not built", "nccl     not wired into ddpbench", "GPUs:"} {
 		if !strings.Contains(stdout, w) {
 			t.Errorf("info lacks %q:\n%s", w, stdout)
 		}
@@ -583,8 +584,8 @@ func TestProgressDrawAllocs(t *testing.T) {
 func TestTimeoutNamed(t *testing.T) {
 	saved := backends
 	defer func() { backends = saved }()
-	backends = append([]backend{{name: "late", built: true, newGroup: func(n int) ([]comm.Communicator, error) {
-		g, err := newInprocGroup(n)
+	backends = append([]backend{{name: "late", built: true, open: func(n int) ([]comm.Communicator, error) {
+		g, err := launch.Open(context.Background(), "inproc", launch.Options{Ranks: n})
 		for i := range g {
 			g[i] = lateComm{g[i]}
 		}

@@ -22,10 +22,12 @@ import (
 // per rank, the reducer's step metrics (ddp.Metrics, fed from each step's
 // statistics) and its CommPool's collector. It returns the per-step
 // callback that feeds the metrics and a stop function (idempotent).
-func serveMetrics(addr string, pools []*allocator.Pool, log io.Writer) (func(int, bool, *ddp.StepStats), func(), error) {
+// pools[i] is rank first+i's.
+func serveMetrics(addr string, pools []*allocator.Pool, first int, log io.Writer) (func(int, bool, *ddp.StepStats), func(), error) {
 	reg := prometheus.NewRegistry()
 	ms := make([]*metrics.Metrics, len(pools))
-	for r, p := range pools {
+	for i, p := range pools {
+		r := first + i
 		if err := reg.Register(metrics.NewPoolCollector(p, prometheus.Labels{"rank": strconv.Itoa(r)})); err != nil {
 			return nil, nil, fmt.Errorf("--metrics-addr: %w", err)
 		}
@@ -33,7 +35,7 @@ func serveMetrics(addr string, pools []*allocator.Pool, log io.Writer) (func(int
 		if err != nil {
 			return nil, nil, fmt.Errorf("--metrics-addr: %w", err)
 		}
-		ms[r] = m
+		ms[i] = m
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -64,7 +66,7 @@ func serveMetrics(addr string, pools []*allocator.Pool, log io.Writer) (func(int
 			<-done
 		})
 	}
-	return func(rank int, _ bool, s *ddp.StepStats) { ms[rank].Observe(s) }, stop, nil
+	return func(rank int, _ bool, s *ddp.StepStats) { ms[rank-first].Observe(s) }, stop, nil
 }
 
 // allInterfaces reports whether a listen address binds every interface:

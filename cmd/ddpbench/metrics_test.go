@@ -22,7 +22,7 @@ func TestServeMetrics(t *testing.T) {
 	}
 	defer closePools(pools)
 	var log bytes.Buffer
-	onStep, stop, err := serveMetrics("127.0.0.1:0", pools, &log)
+	onStep, stop, err := serveMetrics("127.0.0.1:0", pools, 0, &log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +75,7 @@ func TestMetricsAddrInUse(t *testing.T) {
 	}
 	defer closePools(pools)
 	var log bytes.Buffer
-	_, stop, err := serveMetrics("127.0.0.1:0", pools, &log)
+	_, stop, err := serveMetrics("127.0.0.1:0", pools, 0, &log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +83,7 @@ func TestMetricsAddrInUse(t *testing.T) {
 	addr := strings.TrimSuffix(strings.TrimPrefix(regexp.MustCompile(`http://\S+/metrics`).FindString(log.String()), "http://"), "/metrics")
 	pools2, _ := newPools(1, 0)
 	defer closePools(pools2)
-	if _, _, err := serveMetrics(addr, pools2, io.Discard); err == nil || !strings.Contains(err.Error(), "--metrics-addr") {
+	if _, _, err := serveMetrics(addr, pools2, 0, io.Discard); err == nil || !strings.Contains(err.Error(), "--metrics-addr") {
 		t.Errorf("second server on %s: %v", addr, err)
 	}
 }

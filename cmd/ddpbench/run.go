@@ -120,11 +120,10 @@ func parseStepFlags(c *cli.Context) (runOpts, error) {
 		return o, usagef("--model %s: dtype %q: the reducer averages float32 gradients only (fp16 and bf16 are a --compression)",
 			o.modelName, o.model.DType)
 	}
-	o.ranks = c.Int("ranks")
-	if o.ranks < 1 || o.ranks > 1024 {
-		return o, usagef("--ranks %d: want 1..1024", o.ranks)
-	}
 	if o.backend, err = lookupBackend(c.String("backend")); err != nil {
+		return o, err
+	}
+	if o.ranks, err = worldRanks(o.backend, c.Int("ranks"), c.IsSet("ranks")); err != nil {
 		return o, err
 	}
 	o.bucketCapMB, o.firstMB = c.Float64("bucket-cap-mb"), c.Float64("first-bucket-mb")
@@ -256,21 +255,27 @@ func runAction(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	g, closeGroup, err := startGroup(o.backend, o.ranks)
+	g, err := startGroup(c.Context, o.backend, o.ranks)
 	if err != nil {
 		return err
 	}
-	defer closeGroup()
+	defer g.close()
+	out, errOut := c.App.Writer, c.App.ErrWriter
+	if g.quietRank() {
+		out, errOut = io.Discard, io.Discard // rank 0 prints the group's results
+	}
 
-	cfg := o.benchConfig(g)
+	cfg := o.benchConfig(g.comms)
 	if o.metricsAddr != "" {
-		pools, err := newPools(o.ranks, 4*o.model.Numel())
+		pools, err := newPools(len(g.comms), 4*o.model.Numel())
 		if err != nil {
 			return err
 		}
 		defer closePools(pools)
 		cfg.Pools = pools
-		onStep, stop, err := serveMetrics(o.metricsAddr, pools, c.App.ErrWriter)
+		// Every process serves its own ranks; a launched job's ranks on one
+		// machine listen on the port plus their local rank.
+		onStep, stop, err := serveMetrics(g.rankAddr(o.metricsAddr), pools, g.rank, c.App.ErrWriter)
 		if err != nil {
 			return err
 		}
@@ -280,8 +285,8 @@ func runAction(c *cli.Context) error {
 	if o.trace != "" {
 		cfg.TraceSteps = o.traceSteps
 	}
-	o.notes(c.App.ErrWriter)
-	bar := newProgress(c.App.ErrWriter, "run", o.warmup+o.steps, o.format == "table")
+	o.notes(errOut)
+	bar := newProgress(errOut, "run", o.warmup+o.steps, o.format == "table")
 	cfg.OnStep = chainOnStep(cfg.OnStep, func(rank int, _ bool, _ *ddp.StepStats) {
 		if rank == 0 {
 			bar.add(1)
@@ -296,11 +301,11 @@ func runAction(c *cli.Context) error {
 		return interruptedError{msg: fmt.Sprintf("interrupted before the first of %d measured steps completed: nothing to report", o.steps), err: err}
 	}
 	if o.trace != "" {
-		if err := writeTraceFile(o.trace, &o, res); err != nil {
+		if err := writeTraceFile(g.rankPath(o.trace), &o, res, g.rank); err != nil {
 			return err
 		}
 	}
-	if err := writeRunResults(c.App.Writer, o.format, []runRecord{{o: o, res: res}}); err != nil {
+	if err := writeRunResults(out, o.format, []runRecord{{o: o, res: res}}); err != nil {
 		return err
 	}
 	if res.Interrupted {

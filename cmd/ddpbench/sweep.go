@@ -64,21 +64,25 @@ func sweepAction(c *cli.Context) error {
 			return err
 		}
 	}
-	g, closeGroup, err := startGroup(o.backend, o.ranks)
+	g, err := startGroup(c.Context, o.backend, o.ranks)
 	if err != nil {
 		return err
 	}
-	defer closeGroup()
+	defer g.close()
+	out, errOut := c.App.Writer, c.App.ErrWriter
+	if g.quietRank() {
+		out, errOut = io.Discard, io.Discard // rank 0 prints the group's results
+	}
 	o.bucketCapMB = caps[0] // for the notes, which do not depend on it
-	o.notes(c.App.ErrWriter)
-	bar := newProgress(c.App.ErrWriter, "sweep", len(caps)*(o.steps+o.warmup), o.format == "table")
+	o.notes(errOut)
+	bar := newProgress(errOut, "sweep", len(caps)*(o.steps+o.warmup), o.format == "table")
 	defer bar.stop()
 	var recs []runRecord
 	var stopped error
 	for _, capMB := range caps {
 		ro := o
 		ro.bucketCapMB = capMB
-		cfg := ro.benchConfig(g)
+		cfg := ro.benchConfig(g.comms)
 		cfg.OnStep = func(rank int, _ bool, _ *ddp.StepStats) {
 			if rank == 0 {
 				bar.add(1)
@@ -100,12 +104,12 @@ func sweepAction(c *cli.Context) error {
 	if len(recs) == 0 {
 		return interruptedError{msg: fmt.Sprintf("interrupted before the first of %d measured steps at bucket cap %g MiB completed: nothing to report", o.steps, caps[0]), err: stopped}
 	}
-	if plot != "" {
+	if plot != "" && !g.quietRank() {
 		if err := writePlotFile(plot, &o, recs); err != nil {
 			return err
 		}
 	}
-	if err := writeSweep(c.App.Writer, o.format, recs); err != nil {
+	if err := writeSweep(out, o.format, recs); err != nil {
 		return err
 	}
 	if stopped != nil {

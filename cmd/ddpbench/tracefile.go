@@ -15,12 +15,15 @@ import (
 // marks, the wait, compress, collective and decompress lanes of the
 // buckets, arrows from each bucket's last ready mark to its collective,
 // and the bytes in flight.
-func writeTraceFile(path string, o *runOpts, res *bench.Result) error {
+//
+// In a launched job each process writes its own rank's steps (first is
+// its rank), to a file of its own.
+func writeTraceFile(path string, o *runOpts, res *bench.Result, first int) error {
 	f, err := os.Create(path)
 	if err != nil {
 		return fmt.Errorf("--trace: %w", err)
 	}
-	if err := writeTrace(f, o, res); err != nil {
+	if err := writeTrace(f, o, res, first); err != nil {
 		f.Close()
 		return fmt.Errorf("--trace %s: %w", path, err)
 	}
@@ -30,7 +33,7 @@ func writeTraceFile(path string, o *runOpts, res *bench.Result) error {
 	return nil
 }
 
-func writeTrace(out io.Writer, o *runOpts, res *bench.Result) error {
+func writeTrace(out io.Writer, o *runOpts, res *bench.Result, first int) error {
 	opts := trace.Options{MaxSteps: -1, Metadata: map[string]string{
 		"run_id": o.runID, "model": o.model.Model, "ranks": fmt.Sprint(o.ranks), "backend": o.backend.name,
 		"bucket_cap_mb": fmt.Sprint(o.bucketCapMB), "first_bucket_mb": fmt.Sprint(o.firstMB),
@@ -52,7 +55,7 @@ func writeTrace(out io.Writer, o *runOpts, res *bench.Result) error {
 	w := trace.New(out, opts)
 	for _, ranks := range res.Trace {
 		for r := range ranks {
-			ddp.WriteTimeline(w, r, &ranks[r], params)
+			ddp.WriteTimeline(w, first+r, &ranks[r], params)
 		}
 		if err := w.EndStep(); err != nil {
 			return err
