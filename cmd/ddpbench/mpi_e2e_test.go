@@ -1,0 +1,91 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// mpiOrSkip returns mpirun's path, or skips the test where Open MPI is
+// missing; DDPGO_REQUIRE_MPI=1 (CI) makes that a failure.
+func mpiOrSkip(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: the runs under mpirun are skipped")
+	}
+	if os.Getenv("OMPI_COMM_WORLD_SIZE") != "" {
+		t.Skip("already a rank of an mpirun job")
+	}
+	mpirun, err := exec.LookPath("mpirun")
+	if err == nil {
+		err = exec.Command("pkg-config", "--exists", "ompi-c").Run()
+	}
+	if err != nil {
+		msg := "Open MPI not found (mpirun, pkg-config ompi-c): apt-get install openmpi-bin libopenmpi-dev pkg-config"
+		if os.Getenv("DDPGO_REQUIRE_MPI") == "1" {
+			t.Fatalf("%s (DDPGO_REQUIRE_MPI=1)", msg)
+		}
+		t.Skip(msg)
+	}
+	return mpirun
+}
+
+// TestMPIEndToEnd builds ddpbench with the mpi tag and runs it under
+// mpirun with 2 processes: collective and run, as a user would, checking
+// that rank 0 alone prints one result for the whole job.
+func TestMPIEndToEnd(t *testing.T) {
+	mpirun := mpiOrSkip(t)
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "ddpbench")
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	build := exec.CommandContext(ctx, "go", "build", "-tags", "mpi", "-o", bin, ".")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build -tags mpi: %v\n%s", err, out)
+	}
+	job := func(args ...string) (stdout, stderr string) {
+		t.Helper()
+		full := []string{"-np", "2", "--oversubscribe", "--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo",
+			"-x", "MALLOC_ARENA_MAX=1"}
+		if os.Geteuid() == 0 {
+			full = append(full, "--allow-run-as-root")
+		}
+		cmd := exec.CommandContext(ctx, mpirun, append(append(full, bin), args...)...)
+		var o, e strings.Builder
+		cmd.Stdout, cmd.Stderr = &o, &e
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("mpirun -np 2 ddpbench %s: %v\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), err, o.String(), e.String())
+		}
+		return o.String(), e.String()
+	}
+
+	out, _ := job("collective", "--backend", "mpi", "-b", "1K", "-e", "64K", "-f", "8", "-n", "5", "-w", "1")
+	if strings.Count(out, "# Collective test: all_reduce, backend mpi") != 1 || !strings.Contains(out, "nRanks 2 ") ||
+		!strings.Contains(out, "#  Rank  1 Group  0 Pid") || !strings.Contains(out, "# Out of bounds values : 0 OK") {
+		t.Errorf("collective under mpirun: want one table for 2 ranks, rank 1 listed, nothing wrong:\n%s", out)
+	}
+	out, _ = job("collective", "--backend", "mpi", "-b", "1K", "-e", "4K", "-f", "4", "-n", "3", "-w", "1", "--format", "json")
+	var cj collectiveJSON
+	if err := json.Unmarshal([]byte(out), &cj); err != nil || cj.Ranks != 2 || cj.Backend != "mpi" || cj.Wrong != 0 || len(cj.Rows) != 2 {
+		t.Errorf("collective json under mpirun: %+v, %v\n%s", cj, err, out)
+	}
+
+	model := writeFile(t, "tiny.json", `{"model":"tiny","params":[{"name":"a","shape":[300,256]},{"name":"b","shape":[256]},{"name":"c","shape":[10,256]}]}`)
+	trace := filepath.Join(dir, "t.json")
+	out, _ = job("run", "--backend", "mpi", "--model", model, "--bucket-cap-mb", "0.25", "--first-bucket-mb", "0.1",
+		"--steps", "4", "--warmup", "1", "--compute", "none", "--format", "json", "--trace", trace)
+	var rj runJSON
+	if err := json.Unmarshal([]byte(out), &rj); err != nil || rj.Ranks != 2 || rj.Backend != "mpi" || rj.Steps != 4 {
+		t.Errorf("run json under mpirun: %+v, %v\n%s", rj, err, out)
+	}
+	for _, f := range []string{"t.rank0.json", "t.rank1.json"} {
+		if st, err := os.Stat(filepath.Join(dir, f)); err != nil || st.Size() == 0 {
+			t.Errorf("--trace under mpirun: %s: %v", f, err)
+		}
+	}
+}
