@@ -87,3 +87,19 @@ func TestEnvString(t *testing.T) {
 		t.Errorf("String() = %q, want %q", got, want)
 	}
 }
+
+// TestNoLauncher: with none of the launchers' variables set, the error
+// says so as ErrNoLauncher (a program may run as a job of one process);
+// a contradictory environment is not that error.
+func TestNoLauncher(t *testing.T) {
+	none := func(string) (string, bool) { return "", false }
+	if _, err := Parse(none); !errors.Is(err, ErrNoLauncher) || !errors.Is(err, ErrEnv) {
+		t.Errorf("no launcher: %v; want ErrEnv and ErrNoLauncher", err)
+	}
+	env := map[string]string{"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "RANK": "1", "WORLD_SIZE": "2",
+		"MASTER_ADDR": "198.18.0.1", "MASTER_PORT": "29500"}
+	_, err := Parse(func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+	if err == nil || errors.Is(err, ErrNoLauncher) {
+		t.Errorf("contradictory launchers: %v; want an error other than ErrNoLauncher", err)
+	}
+}
