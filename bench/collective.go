@@ -12,7 +12,6 @@ import (
 
 	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
-	"github.com/ddpgo/ddpgo/fp16"
 )
 
 // Collective names a collective operation of a sweep.
@@ -737,44 +736,11 @@ func (p pattern) fillConst(buf []byte, v int64) {
 }
 
 func (p pattern) set(buf []byte, i int, v int64) {
-	ptr := unsafe.Pointer(&buf[i*p.dt.Size()])
-	switch p.dt {
-	case comm.Float32:
-		*(*float32)(ptr) = float32(v)
-	case comm.Float64:
-		*(*float64)(ptr) = float64(v)
-	case comm.Float16:
-		*(*uint16)(ptr) = fp16.FromFloat32(float32(v))
-	case comm.BFloat16:
-		*(*uint16)(ptr) = fp16.BFloat16FromFloat32(float32(v))
-	case comm.Int32:
-		*(*int32)(ptr) = int32(v)
-	case comm.Int64:
-		*(*int64)(ptr) = v
-	case comm.Uint8:
-		*(*uint8)(ptr) = uint8(v)
-	}
+	comm.PutElem(p.dt, buf[i*p.dt.Size():], float64(v))
 }
 
 func (p pattern) get(buf []byte, i int) float64 {
-	ptr := unsafe.Pointer(&buf[i*p.dt.Size()])
-	switch p.dt {
-	case comm.Float32:
-		return float64(*(*float32)(ptr))
-	case comm.Float64:
-		return *(*float64)(ptr)
-	case comm.Float16:
-		return float64(fp16.ToFloat32(*(*uint16)(ptr)))
-	case comm.BFloat16:
-		return float64(fp16.BFloat16ToFloat32Scalar(*(*uint16)(ptr)))
-	case comm.Int32:
-		return float64(*(*int32)(ptr))
-	case comm.Int64:
-		return float64(*(*int64)(ptr))
-	case comm.Uint8:
-		return float64(*(*uint8)(ptr))
-	}
-	return math.NaN()
+	return comm.Elem(p.dt, buf[i*p.dt.Size():])
 }
 
 // tolerance is the error allowed for an average, which is not an integer;

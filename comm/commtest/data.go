@@ -8,7 +8,6 @@ import (
 	"unsafe"
 
 	"github.com/ddpgo/ddpgo/comm"
-	"github.com/ddpgo/ddpgo/fp16"
 )
 
 // period is the length of the repeating input pattern. It is prime, so a
@@ -80,25 +79,7 @@ func table(dt comm.DType, f func(j int) float64) []byte {
 }
 
 // encode writes x, rounded once to dt, at the start of b.
-func encode(dt comm.DType, b []byte, x float64) {
-	p := unsafe.Pointer(&b[0])
-	switch dt {
-	case comm.Float32:
-		*(*float32)(p) = float32(x)
-	case comm.Float64:
-		*(*float64)(p) = x
-	case comm.Float16:
-		*(*uint16)(p) = fp16.FromFloat32(float32(x))
-	case comm.BFloat16:
-		*(*uint16)(p) = fp16.BFloat16FromFloat32(float32(x))
-	case comm.Int32:
-		*(*int32)(p) = int32(x)
-	case comm.Int64:
-		*(*int64)(p) = int64(x)
-	case comm.Uint8:
-		*(*uint8)(p) = uint8(x)
-	}
-}
+func encode(dt comm.DType, b []byte, x float64) { comm.PutElem(dt, b, x) }
 
 // key maps an element of a float dtype to an integer whose difference
 // between two values counts units in the last place.
@@ -128,26 +109,7 @@ func key(dt comm.DType, b []byte) int64 {
 }
 
 // decode returns the element at the start of b as a float64, for messages.
-func decode(dt comm.DType, b []byte) float64 {
-	p := unsafe.Pointer(&b[0])
-	switch dt {
-	case comm.Float32:
-		return float64(*(*float32)(p))
-	case comm.Float64:
-		return *(*float64)(p)
-	case comm.Float16:
-		return float64(fp16.ToFloat32(*(*uint16)(p)))
-	case comm.BFloat16:
-		return float64(fp16.BFloat16ToFloat32Scalar(*(*uint16)(p)))
-	case comm.Int32:
-		return float64(*(*int32)(p))
-	case comm.Int64:
-		return float64(*(*int64)(p))
-	case comm.Uint8:
-		return float64(*(*uint8)(p))
-	}
-	return math.NaN()
-}
+func decode(dt comm.DType, b []byte) float64 { return comm.Elem(dt, b) }
 
 // fill writes count elements of the repeating table into buf, starting at
 // pattern position start.
