@@ -171,10 +171,35 @@ func (r *Reducer) waitDone(ctx context.Context, L *layout, each func(Reduced)) e
 					return nil
 				default:
 				}
+				if r.completedUnreported(L) {
+					// The collective has just completed, failed by a
+					// peer's abort, say: the finisher reports it, with
+					// the cause, which names the ranks this rank's own
+					// timeout could no longer find missing.
+					t := time.NewTimer(time.Second)
+					select {
+					case <-r.done:
+						t.Stop()
+						return nil
+					case <-t.C:
+					}
+				}
 				return r.fail(fmt.Errorf("ddp: %w", s.TimeoutError()))
 			}
 		}
 	}
+}
+
+// completedUnreported reports whether the oldest bucket not yet reduced
+// is on the wire and its collective has completed: the finisher is about
+// to report it.
+func (r *Reducer) completedUnreported(L *layout) bool {
+	k := int(r.reduced.Load())
+	if k >= len(L.buckets) || int(L.issued.Load()) <= k {
+		return false
+	}
+	done, _ := L.works[k].Test()
+	return done
 }
 
 // stall describes the wait for bucket k: the ranks missing from its
