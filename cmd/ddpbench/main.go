@@ -3,6 +3,12 @@
 // (collective) and the environment (info). With no arguments it runs
 // `ddpbench run` with defaults that finish in a few seconds.
 //
+// --backend inproc (the default) runs --ranks goroutines in this process.
+// Built with -tags mpi, --backend mpi runs one rank per process under
+// mpirun (mpirun -np 2 ddpbench run --backend mpi): every process runs its
+// rank, and rank 0 prints the whole job's results, gathered through the
+// communicator.
+//
 // Every flag can also be set through an environment variable named
 // DDPBENCH_ followed by the flag's name in upper case with dashes as
 // underscores (--bucket-cap-mb: DDPBENCH_BUCKET_CAP_MB). A flag given on
