@@ -11,7 +11,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"log"
 	"math"
 	"os"
 	"slices"
@@ -171,7 +170,7 @@ func Open(o Options) (comm.Communicator, error) {
 	e.mu.Lock()
 	e.comms[c] = struct{}{}
 	e.mu.Unlock()
-	if o.stallInterval() > 0 || o.timeout() > 0 {
+	if o.StallInterval >= 0 || o.Timeout >= 0 {
 		c.wdStop, c.wdDone = make(chan struct{}), make(chan struct{})
 		go c.watch()
 	}
@@ -495,19 +494,23 @@ func (c *communicator) dropWaiter(ch chan struct{}) {
 }
 
 // watch is the communicator's watchdog: it reports the oldest incomplete
-// operation every stall interval and ends the job at the timeout.
+// operation on comm.Watchdog's schedule and ends the job at the timeout.
+// MPI cannot say which ranks an operation waits for, so the reports'
+// Missing is nil.
 func (c *communicator) watch() {
 	defer close(c.wdDone)
-	stall, timeout := c.opts.stallInterval(), c.opts.timeout()
+	dog, stalls, deadline := c.opts.watchdog()
 	tick := time.Second
-	for _, d := range []time.Duration{stall, timeout} {
-		if d > 0 {
-			tick = min(tick, max(d/4, time.Millisecond))
-		}
+	if stalls {
+		tick = min(tick, max(dog.StallInterval/4, time.Millisecond))
+	}
+	if deadline {
+		tick = min(tick, max(dog.Timeout/4, time.Millisecond))
 	}
 	t := time.NewTicker(tick)
 	defer t.Stop()
-	low, reported, reports := uint64(1), uint64(0), 0
+	low, watched := uint64(1), uint64(0)
+	var w comm.Watch
 	for {
 		select {
 		case <-c.wdStop:
@@ -529,24 +532,19 @@ func (c *communicator) watch() {
 		if done, _ := c.TestOp(low); done {
 			continue
 		}
-		if reported != low {
-			reported, reports = low, 0
+		if watched != low {
+			watched, w = low, dog.Start(epoch.Add(time.Duration(at)))
 		}
-		waited := time.Duration(now() - at)
-		st := Stall{Rank: c.rank, Seq: low, Kind: kind.String(), Waited: waited,
-			Detail: "MPI cannot tell which ranks have not joined"}
-		if timeout > 0 && waited >= timeout {
-			fmt.Fprintf(os.Stderr, "mpi: rank %d: %s #%d incomplete after %v (Options.Timeout %v): ending the job with MPI_Abort, since MPI cannot cancel it\n",
-				c.rank, kind, low, waited.Round(time.Millisecond), timeout)
+		n := time.Now()
+		report, expired := w.Check(n)
+		st := comm.Stall{Rank: c.rank, Seq: low, Kind: kind, Waited: w.Waited(n)}
+		if deadline && expired {
+			fmt.Fprintf(os.Stderr, "mpi: %v (Options.Timeout %v): ending the job with MPI_Abort, since MPI cannot cancel the operation\n",
+				st.TimeoutError(), dog.Timeout)
 			c.e.abortJob(c.opts.abortCode())
 		}
-		if stall > 0 && waited >= time.Duration(reports+1)*stall {
-			reports++
-			if c.opts.OnStall != nil {
-				c.opts.OnStall(st)
-			} else {
-				log.Printf("mpi: rank %d has waited %v in %s #%d (%s)", st.Rank, waited.Round(time.Millisecond), st.Kind, st.Seq, st.Detail)
-			}
+		if stalls && report {
+			dog.Report(st)
 		}
 	}
 }

@@ -211,7 +211,7 @@ func TestChild(t *testing.T) {
 		// watchdog reports the stall, then ends the job at the timeout.
 		// Blocking, so that the owner is held in MPI_Allreduce and the
 		// watchdog must call MPI_Abort itself.
-		c := open(t, mpi.Options{Blocking: true, Timeout: time.Second, StallInterval: 200 * time.Millisecond, OnStall: func(s mpi.Stall) {
+		c := open(t, mpi.Options{Blocking: true, Timeout: time.Second, StallInterval: 200 * time.Millisecond, OnStall: func(s comm.Stall) {
 			fmt.Printf("CHILD: stall reported: rank %d, %s #%d, waited %v\n", s.Rank, s.Kind, s.Seq, s.Waited.Round(time.Millisecond))
 		}})
 		b := alloc(t, 100, comm.Float32)

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/ddpgo/ddpgo/allocator"
+	"github.com/ddpgo/ddpgo/comm"
 )
 
 // ErrNotBuilt is returned by Open in a binary built without the mpi build
@@ -14,12 +15,6 @@ var ErrNotBuilt = errors.New("mpi: backend not built")
 // ErrFinalized is returned by Open after Finalize: MPI cannot be
 // initialised twice in one process.
 var ErrFinalized = errors.New("mpi: MPI was finalized in this process")
-
-// Default deadlines of Options.
-const (
-	DefaultTimeout       = 10 * time.Minute
-	DefaultStallInterval = 60 * time.Second
-)
 
 // Options configures one communicator.
 type Options struct {
@@ -37,19 +32,23 @@ type Options struct {
 	// Timeout bounds how long an operation may stay incomplete; when it
 	// passes, the backend reports the operation on standard error and
 	// ends the job with MPI_Abort, since MPI can neither cancel the
-	// operation nor stop writing its buffers. Zero means DefaultTimeout;
-	// a negative value never times out.
+	// operation nor stop writing its buffers. Zero means
+	// comm.DefaultTimeout; a negative value never times out.
 	Timeout time.Duration
 
 	// StallInterval is how long an operation may stay incomplete before
 	// it is reported as a stall, and how often the report is repeated.
-	// Zero means DefaultStallInterval; a negative value turns reports off.
+	// Zero means comm.DefaultStallInterval; a negative value turns
+	// reports off. The schedule is comm.Watchdog's, the same as every
+	// other wait in ddpgo.
 	StallInterval time.Duration
 
 	// OnStall receives stall reports. Nil writes them to the standard
 	// logger. It runs on the communicator's watchdog goroutine and must
-	// not block.
-	OnStall func(Stall)
+	// not block. MPI cannot tell which ranks have not joined an
+	// operation, so a report's Missing is nil; its Detail gives the
+	// operation's count and dtype.
+	OnStall func(comm.Stall)
 
 	// Pool provides the scratch memory of the operations that need it (an
 	// in-place ReduceScatter). Nil means a pool of the communicator's
@@ -59,18 +58,6 @@ type Options struct {
 	// AbortCode is the error code Abort and the timeout pass to MPI_Abort,
 	// which mpirun usually turns into its exit status. Zero means 1.
 	AbortCode int
-}
-
-// Stall describes an operation that has stayed incomplete for longer than
-// the stall interval. MPI cannot tell which ranks have not joined it, so
-// Missing is always nil.
-type Stall struct {
-	Rank    int
-	Seq     uint64
-	Kind    string
-	Missing []int
-	Waited  time.Duration
-	Detail  string
 }
 
 // Info describes the MPI library a binary was built against, for tools
@@ -99,18 +86,11 @@ type Info struct {
 	F16C bool
 }
 
-func (o Options) timeout() time.Duration {
-	if o.Timeout == 0 {
-		return DefaultTimeout
-	}
-	return o.Timeout
-}
-
-func (o Options) stallInterval() time.Duration {
-	if o.StallInterval == 0 {
-		return DefaultStallInterval
-	}
-	return o.StallInterval
+// watchdog returns the comm.Watchdog that schedules the communicator's
+// stall reports and deadline, and whether each is on.
+func (o Options) watchdog() (d comm.Watchdog, stalls, deadline bool) {
+	d = comm.Watchdog{StallInterval: max(o.StallInterval, 0), Timeout: max(o.Timeout, 0), OnStall: o.OnStall}
+	return d.WithDefaults(), o.StallInterval >= 0, o.Timeout >= 0
 }
 
 func (o Options) abortCode() int {

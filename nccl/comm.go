@@ -14,8 +14,8 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultTimeout       = 10 * time.Minute
-	DefaultStallInterval = 60 * time.Second
+	DefaultTimeout       = comm.DefaultTimeout
+	DefaultStallInterval = comm.DefaultStallInterval
 	DefaultPollInterval  = 10 * time.Millisecond
 	// AbortDrain bounds how long Abort and Close wait for the
 	// communicator's stream to drain after ncclCommAbort, before they
@@ -47,8 +47,10 @@ type Config struct {
 	// DefaultStallInterval.
 	StallInterval time.Duration
 	// OnStall receives stall reports, on the watchdog goroutine; nil logs
-	// them.
-	OnStall func(Stall)
+	// them. NCCL cannot tell which ranks have not joined an operation, so
+	// a report's Missing is nil; its Detail gives the count and dtype.
+	// The schedule is comm.Watchdog's, as for every wait in ddpgo.
+	OnStall func(comm.Stall)
 	// PollInterval is how often the watchdog polls
 	// ncclCommGetAsyncError and the deadlines. Zero means
 	// DefaultPollInterval.
@@ -56,21 +58,6 @@ type Config struct {
 	// StagingLimit bounds the device memory used to stage host buffers
 	// (see the package documentation). Zero means allocator.DefaultLimit.
 	StagingLimit int64
-}
-
-// Stall describes an operation that has waited longer than
-// Config.StallInterval. NCCL does not say which ranks are missing.
-type Stall struct {
-	Rank   int
-	Seq    uint64
-	Kind   comm.Kind
-	Count  int
-	DType  comm.DType
-	Waited time.Duration
-}
-
-func (s Stall) String() string {
-	return fmt.Sprintf("nccl: rank %d: %s #%d (%d x %s) incomplete after %v; a peer may not have issued it", s.Rank, s.Kind, s.Seq, s.Count, s.DType, s.Waited.Round(time.Millisecond))
 }
 
 func (c *Config) validate() error {
@@ -311,7 +298,6 @@ type slot struct {
 	recorded bool // its event is on the stream
 	err      error
 	issued   time.Time
-	stalls   int
 	stage    []allocator.Block // device memory staging host buffers
 	pins     []allocator.Block // pinned host memory between them and the device
 }

@@ -53,7 +53,9 @@
 //
 // A watchdog goroutine per communicator polls ncclCommGetAsyncError and the
 // deadline of the oldest pending operation every Config.PollInterval. A
-// stall (Config.StallInterval) is reported to Config.OnStall; an
+// stall (Config.StallInterval) is reported to Config.OnStall as a
+// comm.Stall, on comm.Watchdog's schedule like every wait in ddpgo (NCCL
+// cannot say which ranks are missing, so its Missing is nil); an
 // asynchronous error, or an operation pending past Config.Timeout, aborts
 // the communicator: ncclCommAbort, then up to AbortDrain for the stream to
 // drain, then every pending Work fails with a *comm.OpError naming the

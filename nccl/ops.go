@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log"
 	"runtime"
 	"time"
 	"unsafe"
@@ -755,6 +754,9 @@ func (c *Comm) watchdog() {
 	defer c.wg.Done()
 	t := time.NewTicker(c.cfg.PollInterval)
 	defer t.Stop()
+	dog := comm.Watchdog{StallInterval: c.cfg.StallInterval, Timeout: c.cfg.Timeout, OnStall: c.cfg.OnStall}
+	var watched uint64
+	var w comm.Watch
 	for {
 		select {
 		case <-c.stop:
@@ -779,15 +781,22 @@ func (c *Comm) watchdog() {
 		if c.done < c.seq {
 			oldest = c.slot(c.done + 1)
 		}
-		var stall *Stall
+		var stall *comm.Stall
+		var report bool
 		var timeout error
 		if oldest != nil {
-			waited := time.Since(oldest.issued)
-			if waited >= c.cfg.Timeout {
-				timeout = fmt.Errorf("%w: %s #%d (%d x %s) incomplete after %v (Config.Timeout %v)", comm.ErrTimeout, oldest.kind, oldest.seq, oldest.count, oldest.dtype, waited.Round(time.Millisecond), c.cfg.Timeout)
-			} else if n := int(waited / c.cfg.StallInterval); n > oldest.stalls {
-				oldest.stalls = n
-				stall = &Stall{Rank: c.rank, Seq: oldest.seq, Kind: oldest.kind, Count: oldest.count, DType: oldest.dtype, Waited: waited}
+			if watched != oldest.seq {
+				watched, w = oldest.seq, dog.Start(oldest.issued)
+			}
+			n := time.Now()
+			var expired bool
+			report, expired = w.Check(n)
+			if report || expired {
+				stall = &comm.Stall{Rank: c.rank, Seq: oldest.seq, Kind: oldest.kind, Waited: w.Waited(n),
+					Detail: fmt.Sprintf("%d x %s", oldest.count, oldest.dtype)}
+			}
+			if expired {
+				timeout = fmt.Errorf("nccl: %w (Config.Timeout %v)", stall.TimeoutError(), c.cfg.Timeout)
 			}
 		}
 		c.mu.Unlock()
@@ -798,18 +807,12 @@ func (c *Comm) watchdog() {
 			c.Abort(c.asyncErr(st))
 			continue
 		}
+		if report {
+			dog.Report(*stall)
+		}
 		if timeout != nil {
 			c.Abort(timeout)
-			continue
-		}
-		if stall != nil {
-			if c.cfg.OnStall != nil {
-				c.cfg.OnStall(*stall)
-			} else {
-				logStall(*stall)
-			}
 		}
 	}
 }
 
-func logStall(s Stall) { log.Print(s.String()) }
