@@ -815,4 +815,3 @@ func (c *Comm) watchdog() {
 		}
 	}
 }
-
