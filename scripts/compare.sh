@@ -58,4 +58,23 @@ step "ddpbench ResNet-50 step, compute sleep 10ms" "ddpbench run --steps 40 --co
 step "ddpbench collective" "ddpbench collective -b 4K -e 256M -f 4"
 "$work/ddpbench" collective -b 4K -e 256M -f 4 > "$out/ddpbench_collective.txt"
 
+# Process against process: ddpgo over Open MPI, 2 ranks under mpirun, where
+# Open MPI's development files are installed (the peers above need them too).
+if pkg-config --exists ompi-c 2>/dev/null && command -v mpirun >/dev/null; then
+	go build -tags mpi -o "$work/ddpbench-mpi" ./cmd/ddpbench
+	mr=(mpirun --oversubscribe -np 2 --mca btl self,vader --mca oob_tcp_if_include lo -x MALLOC_ARENA_MAX=1)
+	if [ "$(id -u)" = 0 ]; then mr+=(--allow-run-as-root); fi
+	step "ddpbench over MPI, ResNet-50 step, 2 processes" "${mr[*]} ddpbench run --backend mpi --steps 40 --compute none --format json"
+	"${mr[@]}" "$work/ddpbench-mpi" run --backend mpi --steps 40 --compute none --format json > "$out/mpi_resnet50.json"
+	step "ddpbench over MPI, fp16" "... --compression fp16"
+	"${mr[@]}" "$work/ddpbench-mpi" run --backend mpi --steps 40 --compute none --compression fp16 --format json > "$out/mpi_resnet50_fp16.json"
+	step "ddpbench over MPI, compute sleep 30ms" "... --compute sleep --compute-time 30ms"
+	"${mr[@]}" "$work/ddpbench-mpi" run --backend mpi --steps 40 --compute sleep --compute-time 30ms --format json > "$out/mpi_resnet50_sleep.json"
+	step "ddpbench collective over MPI, small and large" "${mr[*]} ddpbench collective --backend mpi -b 4K -e 1M -f 16 -n 2000 -w 100 -a 3 --format csv; -b 64M -e 64M -n 30 -w 5"
+	"${mr[@]}" "$work/ddpbench-mpi" collective --backend mpi -b 4K -e 1M -f 16 -n 2000 -w 100 -a 3 --format csv > "$out/mpi_collective.csv"
+	"${mr[@]}" "$work/ddpbench-mpi" collective --backend mpi -b 64M -e 64M -n 30 -w 5 -a 3 --format csv | tail -n +2 >> "$out/mpi_collective.csv"
+else
+	echo "compare: Open MPI not found (pkg-config ompi-c, mpirun): no process-against-process rows" >&2
+fi
+
 go run ./scripts/summarize "$out"

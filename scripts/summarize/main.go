@@ -27,6 +27,10 @@ func main() {
 	}
 	s := &summary{dir: os.Args[1]}
 	s.print(os.Stdout)
+	if _, err := os.Stat(filepath.Join(s.dir, "mpi_resnet50.json")); err == nil {
+		fmt.Println()
+		s.printMPI(os.Stdout)
+	}
 	if len(s.missing) > 0 {
 		fmt.Fprintf(os.Stderr, "summarize: could not read: %s\n", strings.Join(s.missing, "; "))
 		os.Exit(1)
@@ -253,4 +257,57 @@ func (s *summary) print(w io.Writer) {
 		sleepStep, sleepStep/max(sleepCompute, sleepComm), sleepCompute, sleepComm)
 	fmt.Fprintf(w, "| ddpbench collective -b 4K -e 256M -f 4 | avg busbw %.2f GB/s, %v wrong | memcpy 1 thread %.1f GB/s | - | #wrong 0 |\n",
 		collBW, collWrong, copy1)
+}
+
+// printMPI prints the process-against-process table: ddpgo over Open MPI
+// (2 processes under mpirun) beside PyTorch's processes and Open MPI's own
+// C benchmark, from the same run.
+func (s *summary) printMPI(w io.Writer) {
+	const mpi, ddp, coll = "mpi_allreduce.csv", "ddp_step.csv", "mpi_collective.csv"
+	// Open MPI's figure is the better of its vader and vader_tuned rows.
+	peer := func(bytes, mode string) (us, busbw float64) {
+		for _, label := range []string{"vader", "vader_tuned"} {
+			where := map[string]string{"label": label, "mode": mode, "bytes": bytes}
+			u, b := s.csvValue(mpi, "median_us", where), s.csvValue(mpi, "busbw_GBps", where)
+			if us == 0 || u < us {
+				us = u
+			}
+			busbw = max(busbw, b)
+		}
+		return us, busbw
+	}
+	ours := func(bytes, col string) float64 {
+		return s.csvValue(coll, col, map[string]string{"size_bytes": bytes})
+	}
+	ptD := s.csvValue(ddp, "median_ms", map[string]string{"config": "d"})
+	ptE := s.csvValue(ddp, "median_ms", map[string]string{"config": "e"})
+	ptF := s.csvValue(ddp, "median_ms", map[string]string{"config": "f"})
+	step := s.jsonValue("mpi_resnet50.json", "step_ms.median")
+	allocs := s.jsonValue("mpi_resnet50.json", "allocs_per_step")
+	fp16 := s.jsonValue("mpi_resnet50_fp16.json", "step_ms.median")
+	sleepStep := s.jsonValue("mpi_resnet50_sleep.json", "step_ms.median")
+	sleepCompute := s.jsonValue("mpi_resnet50_sleep.json", "compute_ms.median")
+	sleepComm := s.jsonValue("mpi_resnet50_sleep.json", "comm_ms.median")
+
+	fmt.Fprintln(w, "| measurement | ddpgo over MPI, 2 processes | peer (same run) | ratio | goal |")
+	fmt.Fprintln(w, "|---|---|---|---|---|")
+	fmt.Fprintf(w, "| DDP step, ResNet-50, 25 MiB buckets, --compute none | %.1f ms, %.1f allocs/step | one gloo all-reduce of the same gradients, 2 PyTorch processes (row f): %.1f ms | %.2fx | <= 0.25x |\n",
+		step, allocs, ptF, step/ptF)
+	fmt.Fprintf(w, "| same, fp16 compression | %.1f ms | PyTorch fp16_compress_hook: %.1f ms - %.1f ms without DDP = %.1f ms | %.2fx | - |\n",
+		fp16, ptD, ptE, ptD-ptE, fp16/(ptD-ptE))
+	fmt.Fprintf(w, "| DDP step with 30 ms of backward (sleep) | %.1f ms = %.2f x max(compute %.1f, comm %.1f) | - | - | <= 1.15x |\n",
+		sleepStep, sleepStep/max(sleepCompute, sleepComm), sleepCompute, sleepComm)
+	for _, sz := range []struct{ bytes, name string }{{"4096", "4 KiB"}, {"65536", "64 KiB"}, {"1048576", "1 MiB"}, {"67108864", "64 MiB"}} {
+		oopUS, oopBW := peer(sz.bytes, "outofplace")
+		ipUS, ipBW := peer(sz.bytes, "inplace")
+		if sz.bytes == "4096" {
+			o, i := ours(sz.bytes, "oop_time_us"), ours(sz.bytes, "ip_time_us")
+			fmt.Fprintf(w, "| all_reduce float32 %s, time (out of place / in place) | %.1f / %.1f us (mean of the loop, slowest rank) | Open MPI's C loop: %.1f / %.1f us (median) | %+.1f / %+.1f us | within 1 us |\n",
+				sz.name, o, i, oopUS, ipUS, o-oopUS, i-ipUS)
+			continue
+		}
+		o, i := ours(sz.bytes, "oop_busbw_gbs"), ours(sz.bytes, "ip_busbw_gbs")
+		fmt.Fprintf(w, "| all_reduce float32 %s, busbw (out of place / in place) | %.2f / %.2f GB/s | Open MPI, better of vader and vader_tuned: %.2f / %.2f GB/s | %.2fx / %.2fx | >= 0.95x |\n",
+			sz.name, o, i, oopBW, ipBW, o/oopBW, i/ipBW)
+	}
 }
