@@ -12,7 +12,7 @@
 GO ?= go
 HAVE_MPI := $(shell pkg-config --exists ompi-c 2>/dev/null && command -v mpirun >/dev/null && echo yes)
 
-.PHONY: test test-mpi lint lint-mpi mpi-deps peers-deps compare
+.PHONY: test test-mpi lint lint-mpi mpi-deps peers-deps compare fuzz soak
 
 test: lint
 	$(GO) test -race -tags invariants ./...
@@ -51,3 +51,31 @@ peers-deps:
 
 compare:
 	scripts/compare.sh
+
+# Every native fuzz target for FUZZTIME each (one at a time: go test fuzzes
+# one target per run). The seed corpora in each package's testdata/fuzz run
+# in make test as ordinary tests; what a run finds is written there too.
+FUZZTIME ?= 60s
+FUZZ_TARGETS := \
+	bucket:FuzzAssign bucket:FuzzDecode \
+	fp16:FuzzConvert fp16:FuzzSum \
+	internal/reduce:FuzzSumFloat32 internal/reduce:FuzzTwiceKernels internal/reduce:FuzzAvg \
+	comm:FuzzAnyNonfinite comm:FuzzHalfAdd \
+	ddp:FuzzSchedule models:FuzzParse cmd/ddpbench:FuzzParseSize \
+	trace/tracetest:FuzzValidate trace/tracetest:FuzzWriter
+
+fuzz:
+	@log=$$(mktemp); trap 'rm -f "$$log"' EXIT; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; fn=$${t#*:}; \
+		echo "== $$fn ($$pkg), $(FUZZTIME)"; \
+		if ! $(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) ./$$pkg/ > "$$log" 2>&1; then \
+			cat "$$log"; exit 1; fi; \
+		grep -E '^fuzz: elapsed' "$$log" | tail -n 1; \
+	done
+
+# The soak: 10,000 steps of 4 in-process ranks, every reduced gradient
+# checked bit for bit against the sequential average, heap, pool and
+# goroutines checked flat (ddp's TestSoak; make test runs 60 steps).
+SOAK_STEPS ?= 10000
+soak:
+	DDPGO_SOAK_STEPS=$(SOAK_STEPS) $(GO) test -run '^TestSoak$$' -count=1 -timeout 60m -v ./ddp/

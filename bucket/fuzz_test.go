@@ -63,7 +63,9 @@ func words(enc []int64) []byte {
 }
 
 // FuzzAssign checks Assign against the naive transcription on arbitrary
-// tensors, limits and orders.
+// tensors, limits and orders (which bucket each tensor lands in, in which
+// order, under which cap), that every tensor is in exactly one bucket
+// (Validate), and that the layout survives Encode and Decode.
 func FuzzAssign(f *testing.F) {
 	f.Add([]byte{50, 0, 25, 3, 50, 0, 25, 3}, uint16(200), uint16(400), false, uint64(0))
 	f.Add([]byte{1, 0, 1, 0, 1, 0, 1, 0, 1, 0}, uint16(4), uint16(8), true, uint64(7))
@@ -91,6 +93,14 @@ func FuzzAssign(f *testing.F) {
 		}
 		if err := Validate(ts, bs); err != nil {
 			t.Fatal(err)
+		}
+		// The encoding rank 0 broadcasts decodes to the same layout.
+		dec, err := Decode(ts, Encode(bs))
+		if err != nil {
+			t.Fatalf("Decode(Encode(%v)): %v", indices(bs), err)
+		}
+		if !slices.EqualFunc(indices(dec), indices(bs), slices.Equal) || !slices.Equal(limitsOf(dec), limitsOf(bs)) {
+			t.Fatalf("Decode(Encode(layout)) = %v %v, want %v %v", indices(dec), limitsOf(dec), indices(bs), limitsOf(bs))
 		}
 		want, wantLimits := reference(ts, limits, order)
 		if !slices.EqualFunc(indices(bs), want, slices.Equal) || !slices.Equal(limitsOf(bs), wantLimits) {

@@ -33,6 +33,10 @@ func FuzzConvert(f *testing.F) {
 			ScaleToHalf(sh, fs, scale)
 			ScaleToBFloat16(sb, fs, scale)
 			for i, x := range fs {
+				if x == x && (h[i] != nearest(float64(x), 5, 10) || b[i] != nearest(float64(x), 8, 7)) {
+					t.Fatalf("%#08x (%g): half %#04x bf16 %#04x; float64 reference %#04x %#04x",
+						math.Float32bits(x), x, h[i], b[i], nearest(float64(x), 5, 10), nearest(float64(x), 8, 7))
+				}
 				if h[i] != FromFloat32(x) || b[i] != BFloat16FromFloat32(x) {
 					t.Fatalf("%#08x: half %#04x bf16 %#04x, want %#04x %#04x",
 						math.Float32bits(x), h[i], b[i], FromFloat32(x), BFloat16FromFloat32(x))
@@ -69,6 +73,74 @@ func FuzzConvert(f *testing.F) {
 			}
 		})
 	})
+}
+
+// value returns the binary format's value of bits (sign ignored) in
+// float64, which holds every such value exactly: an independent decoder
+// for the reference below.
+func value(bits uint16, expBits, mantBits uint) float64 {
+	bias := 1<<(expBits-1) - 1
+	e, m := int(bits>>mantBits)&(1<<expBits-1), int(bits)&(1<<mantBits-1)
+	if e == 0 {
+		return math.Ldexp(float64(m), 1-bias-int(mantBits))
+	}
+	return math.Ldexp(float64(1<<mantBits+m), e-bias-int(mantBits))
+}
+
+// nearest is the float64 reference of a conversion to a binary format
+// with expBits and mantBits (5, 10: IEEE binary16; 8, 7: bfloat16): the
+// representable value nearest to x, ties to the even one, infinity from
+// half an ulp above the largest finite value, by binary search over the
+// ordered bit patterns. x must not be NaN.
+func nearest(x float64, expBits, mantBits uint) uint16 {
+	sign := uint16(0)
+	if math.Signbit(x) {
+		sign, x = 0x8000, -x
+	}
+	inf := uint16(1<<expBits-1) << mantBits
+	top := inf - 1 // the largest finite value
+	ulp := value(top, expBits, mantBits) - value(top-1, expBits, mantBits)
+	if x >= value(top, expBits, mantBits)+ulp/2 {
+		return sign | inf
+	}
+	lo, hi := uint16(0), top // the first pattern whose value is >= x
+	for lo < hi {
+		mid := lo + (hi-lo)/2
+		if value(mid, expBits, mantBits) >= x {
+			hi = mid
+		} else {
+			lo = mid + 1
+		}
+	}
+	b := lo
+	if v := value(b, expBits, mantBits); v < x {
+		return sign | top // above the largest finite value, by less than half an ulp
+	} else if v != x && b > 0 {
+		below, above := x-value(b-1, expBits, mantBits), v-x
+		if below < above || below == above && b&1 == 1 {
+			b--
+		}
+	}
+	return sign | b
+}
+
+// TestNearest checks the reference itself at the edges it must get right.
+func TestNearest(t *testing.T) {
+	for _, tt := range []struct {
+		x          float64
+		half, bf16 uint16
+	}{
+		{0, 0, 0}, {math.Copysign(0, -1), 0x8000, 0x8000}, {1, 0x3c00, 0x3f80},
+		{1 + 0x1p-11, 0x3c00, 0x3f80}, {1 + 3*0x1p-11, 0x3c02, 0x3f80}, {1 + 0x1p-8, 0x3c04, 0x3f80}, {1 + 3*0x1p-8, 0x3c0c, 0x3f82},
+		{65504, 0x7bff, 0x4780}, {65519.99, 0x7bff, 0x4780}, {65520, 0x7c00, 0x4780}, {-1e6, 0xfc00, 0xc974},
+		{0x1p-24, 1, 0x3380}, {0x1p-25, 0, 0x3300}, {0x1p-25 * 1.0001, 1, 0x3300}, {3 * 0x1p-25, 2, 0x33c0},
+		{math.MaxFloat32, 0x7c00, 0x7f80}, {0x1.fep127, 0x7c00, 0x7f7f}, {math.Inf(-1), 0xfc00, 0xff80},
+		{0x1p-149, 0, 0}, {0x1p-133, 0, 1}, {0x1p-134, 0, 0}, {0x1.8p-134, 0, 1},
+	} {
+		if h, b := nearest(tt.x, 5, 10), nearest(tt.x, 8, 7); h != tt.half || b != tt.bf16 {
+			t.Errorf("nearest(%g): half %#04x bf16 %#04x, want %#04x %#04x", tt.x, h, b, tt.half, tt.bf16)
+		}
+	}
 }
 
 // FuzzSum splits arbitrary bytes into 1 to 5 sources of 16-bit values and
