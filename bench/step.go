@@ -102,6 +102,12 @@ type Config struct {
 	OnStep func(rank int, measured bool, s *ddp.StepStats)
 	// Timeout bounds each step's Wait; 0 -> ddp's default.
 	Timeout time.Duration
+	// StallInterval is how long a step's Wait waits before it reports a
+	// stall, and how often it repeats; 0 -> ddp's default. OnStall
+	// receives the reports, from every rank's goroutine (nil: the
+	// standard logger).
+	StallInterval time.Duration
+	OnStall       func(comm.Stall)
 }
 
 // Dist summarizes one quantity over the measured steps: its quantiles
@@ -216,7 +222,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		go func() {
 			defer wg.Done()
 			o := ddp.Options{BucketCap: cfg.BucketCap, FirstBucketCap: cfg.FirstBucketCap, Hook: newHook(),
-				CopyGrads: cfg.CopyGrads, NoZeroGrad: !cfg.ZeroGrad, Timeout: cfg.Timeout}
+				CopyGrads: cfg.CopyGrads, NoZeroGrad: !cfg.ZeroGrad, Timeout: cfg.Timeout,
+				StallInterval: cfg.StallInterval, OnStall: cfg.OnStall}
 			if cfg.Pools != nil {
 				o.Pool = cfg.Pools[r]
 			}
@@ -347,7 +354,6 @@ type driver struct {
 	order     []int           // parameter indices, reverse registration order
 	deadlines []time.Duration // cumulative compute time when each becomes ready
 	stats     ddp.StepStats
-	checked   bool
 	// timer paces ComputeSleep; one per driver, reset for every wait, so
 	// that a cancellable sleep allocates nothing.
 	timer *time.Timer
@@ -382,11 +388,10 @@ func (d *driver) steps(ctx context.Context, k int, agg *aggregator, trace [][]dd
 			return err
 		}
 		iter := time.Since(t)
-		if measured && !d.checked {
-			if err := d.check(); err != nil {
-				return err
-			}
-			d.checked = true
+		// Every step, so that a step that completes after a fault (a
+		// link cut and restored) is known to be right, not only fast.
+		if err := d.check(); err != nil {
+			return err
 		}
 		d.red.StatsInto(&d.stats)
 		if s < len(trace) {

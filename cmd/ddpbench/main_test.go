@@ -14,6 +14,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -68,6 +69,7 @@ func TestErrors(t *testing.T) {
 		{[]string{"run", "--grad-as-bucket-view=maybe"}, 2, []string{`--grad-as-bucket-view "maybe": not a valid boolean value`}},
 		{[]string{"sweep", "--bucket-cap-mb", "5"}, 2, []string{"unknown flag --bucket-cap-mb (ddpbench sweep --help"}},
 		{[]string{"sweep", "--plot", "x.png"}, 2, []string{`--plot "x.png"`, "SVG", ".svg"}},
+		{[]string{"run", "--stall-interval", "0s"}, 2, []string{"--stall-interval 0s: want a positive duration"}},
 		{[]string{"run", "--steps", "2000000000000"}, 2, []string{"--steps 2000000000000: want 1..1000000000000"}},
 		{[]string{"run", "--warmup", "2000000000000"}, 2, []string{"--warmup 2000000000000"}},
 		{[]string{"run", "--trace-steps", "5000"}, 2, []string{"--trace-steps 5000: want 1..1000"}},
@@ -843,5 +845,68 @@ func TestWarmupVariables(t *testing.T) {
 	}
 	if code, _, stderr := run(t, "run"); code != 2 || !strings.Contains(stderr, "--warmup -1") {
 		t.Errorf("run with DDPBENCH_WARMUP=-1: status %d, %q", code, stderr)
+	}
+}
+
+// TestStallReported: a step whose all-reduce never completes is reported
+// as a stall on standard error every --stall-interval, by every rank,
+// until --timeout fails the run.
+func TestStallReported(t *testing.T) {
+	saved := backends
+	defer func() { backends = saved }()
+	backends = append([]backend{{name: "stuck", built: true, open: func(n int) ([]comm.Communicator, error) {
+		g, err := launch.Open(context.Background(), "inproc", launch.Options{Ranks: n})
+		for i := range g {
+			g[i] = &stuckComm{Communicator: g[i], aborted: make(chan struct{})}
+		}
+		return g, err
+	}}}, saved...)
+	model := writeFile(t, "tiny.json", `{"model":"tiny","params":[{"name":"w","shape":[64]},{"name":"b","shape":[8]}]}`)
+	code, _, stderr := run(t, "run", "--backend", "stuck", "--model", model, "--steps", "1", "--warmup", "0",
+		"--compute", "none", "--timeout", "1500ms", "--stall-interval", "300ms")
+	if code != 1 || !strings.Contains(stderr, "--timeout 1.5s exceeded") {
+		t.Errorf("status %d; want 1 and the timeout named; stderr:\n%s", code, stderr)
+	}
+	for rank := range 2 {
+		if n := strings.Count(stderr, fmt.Sprintf("ddpbench: stall: comm: rank %d has waited", rank)); n < 2 {
+			t.Errorf("rank %d reported %d stalls in 1.5 s at a 300 ms interval; stderr:\n%s", rank, n, stderr)
+		}
+	}
+}
+
+// stuckComm is a communicator whose all-reduce completes only when the
+// communicator is aborted.
+type stuckComm struct {
+	comm.Communicator
+	once    sync.Once
+	aborted chan struct{}
+}
+
+func (c *stuckComm) AllReduce(_, _ comm.Buffer, _ comm.Op) comm.Work {
+	return comm.NewWork(stuck{c.aborted}, 0)
+}
+
+func (c *stuckComm) Abort(err error) {
+	c.once.Do(func() { close(c.aborted) })
+	c.Communicator.Abort(err)
+}
+
+type stuck struct{ aborted chan struct{} }
+
+func (s stuck) WaitOp(ctx context.Context, _ uint64) error {
+	select {
+	case <-s.aborted:
+		return comm.ErrAborted
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s stuck) TestOp(uint64) (bool, error) {
+	select {
+	case <-s.aborted:
+		return true, comm.ErrAborted
+	default:
+		return false, nil
 	}
 }

@@ -80,28 +80,30 @@ func stepFlags(withCap bool) []cli.Flag {
 			Usage: "backward duration per step, which sets the rate from the model size (used unless --rate or --gflops is given)", EnvVars: envs("compute-time")},
 		formatFlag("output: table, json or csv"),
 		&cli.DurationFlag{Name: "timeout", Value: time.Minute, Usage: "deadline of each step's Wait", EnvVars: envs("timeout")},
+		&cli.DurationFlag{Name: "stall-interval", Value: comm.DefaultStallInterval, Usage: "how long a step's Wait waits before it reports a stall on standard error (the step, the bucket and, where the backend can tell, the ranks it waits for), and then how often", EnvVars: envs("stall-interval")},
 	)
 }
 
 // runOpts is the parsed command line of run (and of each run of sweep).
 type runOpts struct {
-	runID       string // names this invocation in every output (a random UUID)
-	model       *models.Manifest
-	modelName   string
-	ranks       int
-	backend     backend
-	bucketCapMB float64
-	firstMB     float64
-	compression string
-	steps       int
-	warmup      int
-	bucketView  bool
-	zeroGrad    bool
-	compute     bench.Compute
-	rate        float64 // params/s; 0 with compute none
-	rateFrom    string  // the flag the rate came from
-	format      string
-	timeout     time.Duration
+	runID         string // names this invocation in every output (a random UUID)
+	model         *models.Manifest
+	modelName     string
+	ranks         int
+	backend       backend
+	bucketCapMB   float64
+	firstMB       float64
+	compression   string
+	steps         int
+	warmup        int
+	bucketView    bool
+	zeroGrad      bool
+	compute       bench.Compute
+	rate          float64 // params/s; 0 with compute none
+	rateFrom      string  // the flag the rate came from
+	format        string
+	timeout       time.Duration
+	stallInterval time.Duration
 
 	trace       string
 	traceSteps  int
@@ -157,6 +159,9 @@ func parseStepFlags(c *cli.Context) (runOpts, error) {
 	}
 	if o.timeout = c.Duration("timeout"); o.timeout <= 0 {
 		return o, usagef("--timeout %v: want a positive duration", o.timeout)
+	}
+	if o.stallInterval = c.Duration("stall-interval"); o.stallInterval <= 0 {
+		return o, usagef("--stall-interval %v: want a positive duration", o.stallInterval)
 	}
 	need := runMemory(4*o.model.Numel(), o.ranks, o.bucketView, o.compression)
 	if err := checkMemory(need, fmt.Sprintf("--ranks %d with --model %s (%s of float32 gradients per rank)",
@@ -287,6 +292,11 @@ func runAction(c *cli.Context) error {
 	}
 	o.notes(errOut)
 	bar := newProgress(errOut, "run", o.warmup+o.steps, o.format == "table")
+	// Every rank reports its stalls, a launched job's quiet ranks too: the
+	// rank that waits is the one that knows. above serializes the ranks.
+	cfg.OnStall = func(s comm.Stall) {
+		bar.above(func() { fmt.Fprintf(c.App.ErrWriter, "ddpbench: stall: %s\n", s) })
+	}
 	cfg.OnStep = chainOnStep(cfg.OnStep, func(rank int, _ bool, _ *ddp.StepStats) {
 		if rank == 0 {
 			bar.add(1)
@@ -348,7 +358,7 @@ func (o *runOpts) benchConfig(g []comm.Communicator) bench.Config {
 		Hook: hook, CopyGrads: !o.bucketView, ZeroGrad: o.zeroGrad,
 		Steps: o.steps, Warmup: o.warmup,
 		Compute: o.compute, Rate: o.rate,
-		Timeout: o.timeout,
+		Timeout: o.timeout, StallInterval: o.stallInterval,
 	}
 }
 
