@@ -348,6 +348,7 @@ var errStopped = errors.New("bench: stopped because another rank did")
 type driver struct {
 	red       *ddp.Reducer
 	cfg       *Config
+	tol       float64 // the check's relative tolerance: float32's rounding, or the wire's
 	rank, n   int
 	local     int             // index among this process's ranks (Result.Trace)
 	ex        *exchange       // a launched job's statistics exchange, or nil
@@ -360,7 +361,12 @@ type driver struct {
 }
 
 func newDriver(red *ddp.Reducer, cfg Config, rank, local, n int) *driver {
-	d := &driver{red: red, cfg: &cfg, rank: rank, local: local, n: n, timer: time.NewTimer(time.Hour)}
+	d := &driver{red: red, cfg: &cfg, rank: rank, local: local, n: n, timer: time.NewTimer(time.Hour), tol: 1e-6}
+	if cfg.Hook != nil {
+		if name := cfg.Hook().Name(); name == "fp16" || name == "bf16" {
+			d.tol = 1e-2 // they round the 1/n-scaled values to 11 or 8 bits
+		}
+	}
 	d.timer.Stop()
 	var cum float64
 	for i := len(cfg.Params) - 1; i >= 0; i-- {
@@ -503,8 +509,7 @@ func (d *driver) check() error {
 		if err != nil {
 			return err
 		}
-		// fp16 and bf16 round the 1/n-scaled values: allow their precision.
-		if !near(g[0], want) || !near(g[len(g)-1], want) {
+		if !near(g[0], want, d.tol) || !near(g[len(g)-1], want, d.tol) {
 			return fmt.Errorf("%w: rank %d param %d (%s): got %g and %g at its ends, want %g",
 				ErrCheck, d.rank, i, p.Name, g[0], g[len(g)-1], want)
 		}
@@ -512,4 +517,6 @@ func (d *driver) check() error {
 	return nil
 }
 
-func near(got, want float32) bool { return math.Abs(float64(got-want)) <= 1e-2*float64(want) }
+func near(got, want float32, tol float64) bool {
+	return math.Abs(float64(got-want)) <= tol*float64(want)
+}

@@ -5,10 +5,14 @@ import (
 	"errors"
 	"math"
 	"runtime"
+	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/ddpgo/ddpgo/allocator"
+	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/ddp"
+	"github.com/ddpgo/ddpgo/hooks"
 )
 
 func tinyParams() []ddp.Param {
@@ -111,6 +115,36 @@ func TestRunNoTrace(t *testing.T) {
 			t.Errorf("TraceSteps %d: %d traced steps, step time %v", ts, len(res.Trace), res.StepTime)
 		}
 	}
+}
+
+// TestRunChecksEveryStep: a backend that reduces with the wrong operation
+// (Max instead of the average) from the third step on fails the run with
+// ErrCheck, naming the rank and parameter, although the first steps were
+// right.
+func TestRunChecksEveryStep(t *testing.T) {
+	cs := group(t, 2)
+	var calls atomic.Int64
+	for i, c := range cs {
+		cs[i] = maxComm{c, &calls}
+	}
+	_, err := Run(context.Background(), Config{Params: tinyParams(), Comms: cs, Steps: 4, Warmup: 1, Hook: hooks.AllReduce})
+	if !errors.Is(err, ErrCheck) || !strings.Contains(err.Error(), "param ") {
+		t.Fatalf("Run = %v; want ErrCheck naming a parameter", err)
+	}
+}
+
+// maxComm reduces with Max once both ranks have made four all-reduces
+// (past New's checks and the first steps).
+type maxComm struct {
+	comm.Communicator
+	calls *atomic.Int64
+}
+
+func (c maxComm) AllReduce(send, recv comm.Buffer, op comm.Op) comm.Work {
+	if c.calls.Add(1) > 8 {
+		op = comm.Max
+	}
+	return c.Communicator.AllReduce(send, recv, op)
 }
 
 func TestRunConfigErrors(t *testing.T) {
