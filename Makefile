@@ -12,13 +12,14 @@
 GO ?= go
 HAVE_MPI := $(shell pkg-config --exists ompi-c 2>/dev/null && command -v mpirun >/dev/null && echo yes)
 
-.PHONY: test test-mpi lint lint-mpi mpi-deps peers-deps compare fuzz soak
+.PHONY: test test-mpi test-net lint lint-mpi mpi-deps peers-deps compare fuzz soak
 
 test: lint
 	$(GO) test -race -tags invariants ./...
 	$(GO) test -tags purego ./fp16/ ./internal/... ./inproc/ ./hooks/
 	$(GO) test -run Exhaustive -count=1 ./fp16/
 	@$(MAKE) --no-print-directory test-mpi
+	@$(MAKE) --no-print-directory test-net
 
 test-mpi:
 ifeq ($(HAVE_MPI),yes)
@@ -27,6 +28,18 @@ else
 	@if [ "$$DDPGO_REQUIRE_MPI" = 1 ]; then echo "mpi tests: Open MPI not found (pkg-config ompi-c, mpirun); run make mpi-deps"; exit 1; fi
 	@echo "mpi tests skipped: Open MPI not found (pkg-config ompi-c, mpirun); make mpi-deps installs it"
 endif
+
+# Faults over a real network stack (scripts/netfaults.sh: a link cut and
+# restored, cut for good, a rank stopped, a rank killed, over 2 test hosts
+# joined by 1 Gbit/s links). They need root, network namespaces and Open
+# MPI; elsewhere they are skipped with the reason, unless DDPGO_REQUIRE_NET=1
+# makes that an error. About a minute and a half.
+test-net:
+	@rc=0; scripts/netfaults.sh || rc=$$?; \
+	if [ $$rc = 2 ]; then \
+		if [ "$$DDPGO_REQUIRE_NET" = 1 ]; then echo "network fault tests required (DDPGO_REQUIRE_NET=1) but skipped"; exit 1; fi; \
+		echo "network fault tests skipped (the reason is above)"; \
+	elif [ $$rc != 0 ]; then exit $$rc; fi
 
 lint: lint-mpi
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt would rewrite:"; echo "$$out"; exit 1; fi

@@ -35,8 +35,11 @@ STATE=/run/$PREFIX.hosts
 
 die() { echo "netlab: $*" >&2; exit 1; }
 
+# hosts lists the lab's hosts. Inside $(...) its die ends only the subshell, so callers that loop
+# over $(hosts) call need_lab first.
+need_lab() { [[ -f $STATE ]] || die "no lab is up (run: netlab.sh up)"; }
 hosts() {
-	[[ -f $STATE ]] || die "no lab is up (run: netlab.sh up)"
+	need_lab
 	cat "$STATE"
 }
 
@@ -117,6 +120,7 @@ cmd_up() {
 cmd_rate() {
 	local rate=${1:?usage: netlab.sh rate RATE}
 	burst "$rate" >/dev/null
+	need_lab
 	for h in $(hosts); do
 		shape "$PREFIX-$h" eth0 "$rate"
 		shape "$SW" "$h" "$rate"
@@ -139,13 +143,16 @@ counter() { # counter HOST FIELD
 }
 
 cmd_counters() {
+	need_lab
 	for h in $(hosts); do
 		echo "$h $(counter "$h" rx_bytes) $(counter "$h" tx_bytes)"
 	done
 }
 
 cmd_status() {
+	need_lab
 	echo "rate $(cat "$STATE.rate" 2>/dev/null || echo '?') NETEM=$(cat "$STATE.netem" 2>/dev/null || echo '?')"
+	need_lab
 	for h in $(hosts); do
 		local addr state
 		addr=$(ip -n "$PREFIX-$h" -4 -o addr show dev eth0 | awk '{print $4}')
@@ -184,6 +191,7 @@ cmd_mpirun() {
 	shift
 	(($# > 0)) || die "usage: netlab.sh mpirun [MPIRUN-ARGS] -- PROGRAM [ARGS]"
 	local spec=() first=1
+	need_lab
 	for h in $(hosts); do
 		((first)) || spec+=(:)
 		first=0

@@ -1,0 +1,211 @@
+#!/usr/bin/env bash
+# netfaults: faults over the network lab (scripts/netlab.sh), one scenario per target. Each runs
+# `ddpbench run --backend mpi` as one rank per test host (2 hosts, 1 Gbit/s links), injects its
+# fault a few steps in, and checks what the ranks and the job do:
+#
+#   restore  h1's link is cut for 4 s, then restored, before the deadline: the waiting ranks report
+#            the stall every --stall-interval; training then continues and every step's average is
+#            checked (ddpbench fails a run whose result is wrong); the job exits 0.
+#   cut      h1's link is cut and stays cut: stall reports, then the ranks fail at --timeout; the
+#            first to do so aborts the job (MPI_Abort, with the timeout as its message), which ends
+#            (non-zero) instead of hanging.
+#   stop     h1's rank is stopped (SIGSTOP): rank 0 reports the stall, fails at the deadline, and
+#            the job ends.
+#   kill     h1's rank is killed (SIGKILL): Open MPI's runtime ends the job promptly and says which
+#            rank died.
+#
+#   netfaults.sh [SCENARIO...]      default: all four, in that order
+#
+# MPI cannot say which rank a collective waits for, so the stall reports name the step and bucket,
+# not the missing rank (inproc names it; see the README's reliability section). Needs what
+# netlab.sh needs (root, ip netns, veth, tbf) and Open MPI's development files; `netlab.sh check`
+# says whether this machine can run it. Exit status: 0 when every scenario behaved, 1 otherwise,
+# 2 when the lab cannot run here (a message says why).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+lab=scripts/netlab.sh
+STALL=1s
+TIMEOUT=15
+
+if ! "$lab" check >/dev/null 2>&1; then
+	echo "netfaults: skipped: $("$lab" check 2>&1 | tail -n 1)" >&2
+	exit 2
+fi
+if ! pkg-config --exists ompi-c 2>/dev/null || ! command -v mpirun >/dev/null; then
+	echo "netfaults: skipped: Open MPI not found (pkg-config ompi-c, mpirun); make mpi-deps installs it" >&2
+	exit 2
+fi
+
+if "$lab" status >/dev/null 2>&1; then
+	echo "netfaults: skipped: a lab is up already, which this script would have to take down (netlab.sh down first)" >&2
+	exit 2
+fi
+work=$(mktemp -d)
+cleanup() {
+	"$lab" down >/dev/null 2>&1 || true
+	rm -rf "$work"
+}
+trap cleanup EXIT
+go build -tags mpi -o "$work/ddpbench" ./cmd/ddpbench
+# 8 M float32 gradients (32 MiB) in 4 buckets: about 0.3 s a step at 1 Gbit/s.
+cat >"$work/model.json" <<'EOF'
+{"model": "netfaults", "params": [
+ {"name": "l0.weight", "shape": [2048, 1024]}, {"name": "l1.weight", "shape": [2048, 1024]},
+ {"name": "l2.weight", "shape": [2048, 1024]}, {"name": "l3.weight", "shape": [2048, 1024]}]}
+EOF
+"$lab" up -n 2 -r 1gbit >/dev/null
+
+failed=0
+pass() { echo "netfaults: $1: ok: $2"; }
+fail() {
+	echo "netfaults: $1: FAILED: $2" >&2
+	echo "---- job output ----" >&2
+	cat "$work/$1.log" >&2
+	echo "--------------------" >&2
+	failed=1
+}
+
+# start SCENARIO STEPS: the job in the background, its output in $work/SCENARIO.log.
+start() {
+	"$lab" mpirun -x MALLOC_ARENA_MAX=1 -- "$work/ddpbench" run --backend mpi --model "$work/model.json" \
+		--compute none --warmup 2 --steps "$2" --bucket-cap-mb 8 --timeout "${TIMEOUT}s" \
+		--stall-interval "$STALL" >"$work/$1.log" 2>&1 &
+	job=$!
+	t0=$SECONDS
+}
+
+# finish: waits for the job, at most LIMIT seconds (then kills it: a hang), and sets rc.
+finish() {
+	local limit=$1
+	while kill -0 "$job" 2>/dev/null && ((SECONDS - t0 < limit)); do sleep 0.2; done
+	if kill -0 "$job" 2>/dev/null; then
+		pkill -KILL -f "$work/ddpbench" || true
+		wait "$job" 2>/dev/null || true
+		rc=hung
+		return
+	fi
+	rc=0
+	wait "$job" || rc=$?
+}
+
+# rank_pid HOST: the pid of the ddpbench rank running on HOST.
+rank_pid() {
+	local p
+	for p in $(ip netns pids "ddplab-$1"); do
+		if [[ $(cat "/proc/$p/comm" 2>/dev/null) == ddpbench ]]; then
+			echo "$p"
+			return
+		fi
+	done
+	return 1
+}
+
+stalls() { grep -c "ddpbench: stall: " "$work/$1.log" || true; }
+
+# deadline SCENARIO: the first line that reports a rank's deadline, shortened.
+deadline() { grep -m1 -o "mpi: rank [0-9].*timed out after [0-9.]*s" "$work/$1.log" || true; }
+
+scenario_restore() {
+	start restore 30
+	sleep 4
+	"$lab" link h1 down >/dev/null
+	sleep 4
+	"$lab" link h1 up >/dev/null
+	finish 90
+	local n
+	n=$(stalls restore)
+	if [[ $rc != 0 ]]; then
+		fail restore "exit status $rc, want 0 (the link came back before the ${TIMEOUT}s deadline)"
+	elif ((n < 2)); then
+		fail restore "$n stall reports during a 4 s cut at a $STALL interval, want at least 2"
+	elif ! grep -q "step time" "$work/restore.log"; then
+		fail restore "no results printed"
+	else
+		pass restore "$n stall reports during the cut; all 30 steps completed and checked; exit 0 after $((SECONDS - t0)) s"
+	fi
+}
+
+scenario_cut() {
+	start cut 1000
+	sleep 4
+	local cut=$SECONDS
+	"$lab" link h1 down >/dev/null
+	finish $((TIMEOUT + 60))
+	local took=$((SECONDS - cut)) n
+	n=$(stalls cut)
+	"$lab" link h1 up >/dev/null
+	if [[ $rc == hung ]]; then
+		fail cut "the job was still running $((TIMEOUT + 60)) s in: it hung"
+	elif [[ $rc == 0 ]]; then
+		fail cut "exit status 0 with the link cut"
+	elif ((n < 2)); then
+		fail cut "$n stall reports, want at least 2 before the ${TIMEOUT}s deadline"
+	elif ! grep -q "timed out after ${TIMEOUT}" "$work/cut.log"; then
+		fail cut "no rank said that its collective timed out after ${TIMEOUT}s"
+	else
+		pass cut "$n stall reports, then '$(deadline cut)'; the job ended (status $rc) $took s after the cut"
+	fi
+}
+
+scenario_stop() {
+	start stop 1000
+	sleep 4
+	local pid stopped=$SECONDS
+	pid=$(rank_pid h1) || {
+		fail stop "no ddpbench process on h1"
+		finish 1
+		return
+	}
+	kill -STOP "$pid"
+	finish $((TIMEOUT + 60))
+	kill -CONT "$pid" 2>/dev/null || true
+	local took=$((SECONDS - stopped)) n
+	n=$(stalls stop)
+	if [[ $rc == hung ]]; then
+		fail stop "the job was still running $((TIMEOUT + 60)) s after the stop: it hung"
+	elif [[ $rc == 0 ]]; then
+		fail stop "exit status 0 with a rank stopped"
+	elif ((n < 2)); then
+		fail stop "$n stall reports, want at least 2 before the ${TIMEOUT}s deadline"
+	elif ! grep -q "rank 0 .*timed out after ${TIMEOUT}" "$work/stop.log"; then
+		fail stop "rank 0 did not say that its collective timed out after ${TIMEOUT}s"
+	else
+		pass stop "$n stall reports, then '$(deadline stop)'; the job ended (status $rc) $took s after the stop"
+	fi
+}
+
+scenario_kill() {
+	start kill 1000
+	sleep 4
+	local pid killed=$SECONDS
+	pid=$(rank_pid h1) || {
+		fail kill "no ddpbench process on h1"
+		finish 1
+		return
+	}
+	kill -KILL "$pid"
+	finish 60
+	local took=$((SECONDS - killed))
+	if [[ $rc == hung ]]; then
+		fail kill "the job was still running 60 s after the kill: it hung"
+	elif [[ $rc == 0 ]]; then
+		fail kill "exit status 0 with a rank killed"
+	elif ! grep -Eq "signal 9|Killed" "$work/kill.log"; then
+		fail kill "the job's output does not say that a rank was killed"
+	else
+		pass kill "the job ended (status $rc) $took s after the kill: $(grep -Em1 "signal 9|Killed" "$work/kill.log" | sed 's/^ *//')"
+	fi
+}
+
+scenarios=("$@")
+((${#scenarios[@]})) || scenarios=(restore cut stop kill)
+for s in "${scenarios[@]}"; do
+	case $s in
+	restore | cut | stop | kill) "scenario_$s" ;;
+	*)
+		echo "netfaults: unknown scenario $s (want restore, cut, stop or kill)" >&2
+		exit 2
+		;;
+	esac
+done
+exit $failed
