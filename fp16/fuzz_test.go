@@ -81,53 +81,36 @@ func FuzzConvert(f *testing.F) {
 	})
 }
 
-// value returns the binary format's value of bits (sign ignored) in
-// float64, which holds every such value exactly: an independent decoder
-// for the reference below.
-func value(bits uint16, expBits, mantBits uint) float64 {
-	bias := 1<<(expBits-1) - 1
-	e, m := int(bits>>mantBits)&(1<<expBits-1), int(bits)&(1<<mantBits-1)
-	if e == 0 {
-		return math.Ldexp(float64(m), 1-bias-int(mantBits))
-	}
-	return math.Ldexp(float64(1<<mantBits+m), e-bias-int(mantBits))
-}
-
 // nearest is the float64 reference of a conversion to a binary format
-// with expBits and mantBits (5, 10: IEEE binary16; 8, 7: bfloat16): the
-// representable value nearest to x, ties to the even one, infinity from
-// half an ulp above the largest finite value, by binary search over the
-// ordered bit patterns. x must not be NaN.
+// with expBits and mantBits (5, 10: IEEE binary16; 8, 7: bfloat16),
+// computed from the value, not the bits: x is divided by the format's ulp
+// at its exponent (exact: a power of two), rounded to an integer, ties to
+// even (math.RoundToEven), and the integer encoded; infinity from half an
+// ulp above the largest finite value. x must not be NaN.
 func nearest(x float64, expBits, mantBits uint) uint16 {
 	sign := uint16(0)
 	if math.Signbit(x) {
 		sign, x = 0x8000, -x
 	}
-	inf := uint16(1<<expBits-1) << mantBits
-	top := inf - 1 // the largest finite value
-	ulp := value(top, expBits, mantBits) - value(top-1, expBits, mantBits)
-	if x >= value(top, expBits, mantBits)+ulp/2 {
-		return sign | inf
+	bias := 1<<(expBits-1) - 1
+	one := float64(uint64(1) << mantBits) // the implicit leading bit
+	largest := math.Ldexp(2*one-1, bias-int(mantBits))
+	if x >= largest+math.Ldexp(0.5, bias-int(mantBits)) {
+		return sign | uint16(1<<expBits-1)<<mantBits
 	}
-	lo, hi := uint16(0), top // the first pattern whose value is >= x
-	for lo < hi {
-		mid := lo + (hi-lo)/2
-		if value(mid, expBits, mantBits) >= x {
-			hi = mid
-		} else {
-			lo = mid + 1
-		}
+	if x == 0 {
+		return sign
 	}
-	b := lo
-	if v := value(b, expBits, mantBits); v < x {
-		return sign | top // above the largest finite value, by less than half an ulp
-	} else if v != x && b > 0 {
-		below, above := x-value(b-1, expBits, mantBits), v-x
-		if below < above || below == above && b&1 == 1 {
-			b--
-		}
+	_, e := math.Frexp(x) // x = f * 2^e, f in [0.5, 1)
+	exp := max(e-1, 1-bias)
+	q := math.RoundToEven(x / math.Ldexp(1, exp-int(mantBits)))
+	if q == 2*one { // rounded up into the next binade
+		exp, q = exp+1, one
 	}
-	return sign | b
+	if q < one { // subnormal: the exponent field is 0
+		return sign | uint16(q)
+	}
+	return sign | uint16(exp+bias)<<mantBits | uint16(q-one)
 }
 
 // TestNearest checks the reference itself at the edges it must get right.
