@@ -77,6 +77,8 @@ type Config struct {
 	Pools []*allocator.Pool
 
 	BucketCap, FirstBucketCap int // bytes; 0 -> ddp's defaults
+	// MaxInFlight bounds the buckets on the wire at once; 0 -> no bound.
+	MaxInFlight int
 	// Hook returns a new hook for one rank; nil -> hooks.Avg.
 	Hook      func() hooks.Hook
 	CopyGrads bool // false: gradients are bucket views (the default)
@@ -221,7 +223,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			o := ddp.Options{BucketCap: cfg.BucketCap, FirstBucketCap: cfg.FirstBucketCap, Hook: newHook(),
+			o := ddp.Options{BucketCap: cfg.BucketCap, FirstBucketCap: cfg.FirstBucketCap, MaxInFlight: cfg.MaxInFlight, Hook: newHook(),
 				CopyGrads: cfg.CopyGrads, NoZeroGrad: !cfg.ZeroGrad, Timeout: cfg.Timeout,
 				StallInterval: cfg.StallInterval, OnStall: cfg.OnStall}
 			if cfg.Pools != nil {

@@ -27,7 +27,7 @@ import (
 //	go test -c -tags mpi -o /tmp/mpi.test ./mpi/
 //	mpirun -np 2 --oversubscribe --mca btl self,vader /tmp/mpi.test -test.run TestSweep -mpi.sweep=blocking,nonblocking -mpi.csv=/tmp/ddpgo_mpi.csv
 var (
-	sweepModes  = flag.String("mpi.sweep", "", "run the all-reduce sweep for these progress modes (blocking, nonblocking; comma-separated)")
+	sweepModes  = flag.String("mpi.sweep", "", "run the all-reduce sweep for these progress modes (blocking, nonblocking, or raw: blocking MPI calls made back to back by the owner, the backend's floor; comma-separated)")
 	sweepCSV    = flag.String("mpi.csv", "", "append the sweep's rows to this CSV file (rank 0)")
 	sweepLabel  = flag.String("mpi.label", "", "label of the sweep's CSV rows")
 	sweepBudget = flag.Duration("mpi.budget", 300*time.Millisecond, "time per size and mode")
@@ -56,14 +56,14 @@ func TestSweep(t *testing.T) {
 	var rows []string
 	rank := 0
 	for _, mode := range strings.Split(*sweepModes, ",") {
-		c, err := mpi.Open(mpi.Options{Blocking: mode == "blocking"})
+		c, err := mpi.Open(mpi.Options{Blocking: mode == "blocking" || mode == "raw"})
 		if err != nil {
 			t.Fatal(err)
 		}
 		rank = c.Rank()
 		for _, inPlace := range []bool{false, true} {
 			for _, bytes := range sizes {
-				med, iters := sweepOne(t, c, bytes, inPlace)
+				med, iters := sweepOne(t, c, bytes, inPlace, mode == "raw")
 				n := c.Size()
 				busbw := comm.BusBW(comm.KindAllReduce, n, int64(bytes), med)
 				pl := "outofplace"
@@ -97,7 +97,9 @@ func TestSweep(t *testing.T) {
 
 // sweepOne times an all-reduce of bytes of float32 and returns the median
 // over iterations of the slowest rank's time.
-func sweepOne(t *testing.T, c comm.Communicator, bytes int, inPlace bool) (time.Duration, int) {
+// sweepOne times bytes' all-reduces on c, through the backend or, raw,
+// as MPI calls made one after another by the owner goroutine.
+func sweepOne(t *testing.T, c comm.Communicator, bytes int, inPlace, raw bool) (time.Duration, int) {
 	count := bytes / 4
 	send := alloc(t, count, comm.Float32)
 	recv := send
@@ -135,8 +137,14 @@ func sweepOne(t *testing.T, c comm.Communicator, bytes int, inPlace bool) (time.
 	waitAll(t, c.Barrier())
 	times := alloc(t, int(iters), comm.Float64)
 	tf := times.AsFloat64()
-	for i := range tf {
-		tf[i] = run().Seconds()
+	if raw {
+		if err := mpi.RawAllReduceTimes(c, send.Addr, recv.Addr, count, tf); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		for i := range tf {
+			tf[i] = run().Seconds()
+		}
 	}
 	waitAll(t, c.AllReduce(times, times, comm.Max))
 	slices.Sort(tf)

@@ -184,10 +184,11 @@ func (c *communicator) Rank() int { return c.rank }
 func (c *communicator) Size() int { return c.size }
 
 // Capabilities reports what the MPI backend does natively: host memory;
-// Avg is a Sum followed by a division, and 16-bit sums round once per
-// pairwise addition, not once per element.
+// Avg in the reduction pass for two ranks (an operation that averages its
+// two operands), otherwise as a Sum followed by a division; 16-bit sums
+// round once per pairwise addition, not once per element.
 func (c *communicator) Capabilities() comm.Caps {
-	return comm.Caps{Backend: "mpi", HostMemory: true}
+	return comm.Caps{Backend: "mpi", HostMemory: true, NativeAvg: c.size == 2}
 }
 
 // Blocking reports whether the communicator's collectives are blocking

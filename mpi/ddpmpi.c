@@ -9,6 +9,7 @@
 #include <immintrin.h>
 
 static MPI_Op op_f16_sum, op_bf16_sum, op_half_max, op_half_min;
+static MPI_Op op_f32_avg2, op_f64_avg2, op_f16_avg2, op_bf16_avg2;
 
 static MPI_Request reqs[DDP_MAXREQ];
 static MPI_Datatype req_type[DDP_MAXREQ];
@@ -152,6 +153,50 @@ __attribute__((optimize("O3"))) static void half_min(void *in, void *inout, int 
 			b[i] = a[i];
 }
 
+// The pair averages: in*0.5 + inout*0.5, rounded once, as inproc's
+// pre-multiplied Avg sums two contributions (halving is exact in the normal
+// range, and cannot overflow). With two ranks MPI combines the two
+// contributions of an element exactly once, whatever its algorithm (a
+// user-defined operation has no identity to start from), so the result is
+// the average; with more it would not be, and mpi_op never picks these.
+// fp-contract=off: no fused multiply-add, which would round differently
+// where a half is subnormal.
+__attribute__((optimize("O3", "fp-contract=off"))) static void f32_avg2(void *in, void *inout, int *len, MPI_Datatype *dt) {
+	(void)dt;
+	const float *a = in;
+	float *b = inout;
+	int n = *len;
+	for (int i = 0; i < n; i++)
+		b[i] = a[i] * 0.5f + b[i] * 0.5f;
+}
+
+__attribute__((optimize("O3", "fp-contract=off"))) static void f64_avg2(void *in, void *inout, int *len, MPI_Datatype *dt) {
+	(void)dt;
+	const double *a = in;
+	double *b = inout;
+	int n = *len;
+	for (int i = 0; i < n; i++)
+		b[i] = a[i] * 0.5 + b[i] * 0.5;
+}
+
+__attribute__((optimize("O3", "fp-contract=off"))) static void f16_avg2(void *in, void *inout, int *len, MPI_Datatype *dt) {
+	(void)dt;
+	const uint16_t *a = in;
+	uint16_t *b = inout;
+	int n = *len;
+	for (int i = 0; i < n; i++)
+		b[i] = float_to_half(half_to_float(a[i]) * 0.5f + half_to_float(b[i]) * 0.5f);
+}
+
+__attribute__((optimize("O3", "fp-contract=off"))) static void bf16_avg2(void *in, void *inout, int *len, MPI_Datatype *dt) {
+	(void)dt;
+	const uint16_t *a = in;
+	uint16_t *b = inout;
+	int n = *len;
+	for (int i = 0; i < n; i++)
+		b[i] = float_to_bf16(bf16_to_float(a[i]) * 0.5f + bf16_to_float(b[i]) * 0.5f);
+}
+
 int ddp_has_f16c(void) {
 	__builtin_cpu_init();
 	return __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
@@ -203,7 +248,11 @@ int ddp_init(int *provided, int *ours, int *tuned, int *world_rank, int *world_s
 	if ((rc = MPI_Op_create(f16_sum, 1, &op_f16_sum)) != MPI_SUCCESS ||
 	    (rc = MPI_Op_create(bf16_sum, 1, &op_bf16_sum)) != MPI_SUCCESS ||
 	    (rc = MPI_Op_create(half_max, 1, &op_half_max)) != MPI_SUCCESS ||
-	    (rc = MPI_Op_create(half_min, 1, &op_half_min)) != MPI_SUCCESS)
+	    (rc = MPI_Op_create(half_min, 1, &op_half_min)) != MPI_SUCCESS ||
+	    (rc = MPI_Op_create(f32_avg2, 1, &op_f32_avg2)) != MPI_SUCCESS ||
+	    (rc = MPI_Op_create(f64_avg2, 1, &op_f64_avg2)) != MPI_SUCCESS ||
+	    (rc = MPI_Op_create(f16_avg2, 1, &op_f16_avg2)) != MPI_SUCCESS ||
+	    (rc = MPI_Op_create(bf16_avg2, 1, &op_bf16_avg2)) != MPI_SUCCESS)
 		return rc;
 	for (int i = 0; i < DDP_MAXREQ; i++)
 		reqs[i] = MPI_REQUEST_NULL;
@@ -217,6 +266,10 @@ int ddp_finalize(int ours) {
 	MPI_Op_free(&op_bf16_sum);
 	MPI_Op_free(&op_half_max);
 	MPI_Op_free(&op_half_min);
+	MPI_Op_free(&op_f32_avg2);
+	MPI_Op_free(&op_f64_avg2);
+	MPI_Op_free(&op_f16_avg2);
+	MPI_Op_free(&op_bf16_avg2);
 	return ours ? MPI_Finalize() : MPI_SUCCESS;
 }
 
@@ -251,8 +304,18 @@ static MPI_Datatype mpi_type(int dt) {
 	return MPI_UINT16_T; // DDP_F16, DDP_BF16: reduced by the ops above
 }
 
-// mpi_op maps a reduction; Avg is a Sum here, divided afterwards.
+// mpi_op maps a reduction; Avg is a Sum here, divided afterwards, except
+// DDP_AVG2 (floating types, two ranks), the pair averages above.
 static MPI_Op mpi_op(int op, int dt) {
+	if (op == DDP_AVG2) {
+		switch (dt) {
+		case DDP_F32: return op_f32_avg2;
+		case DDP_F64: return op_f64_avg2;
+		case DDP_F16: return op_f16_avg2;
+		case DDP_BF16: return op_bf16_avg2;
+		}
+		return MPI_OP_NULL;
+	}
 	if (dt == DDP_F16 || dt == DDP_BF16) {
 		switch (op) {
 		case DDP_MAX: return op_half_max;
@@ -367,6 +430,7 @@ void ddp_test_reduce(int dt, int op, uintptr_t in, uintptr_t inout, int count, i
 	void (*f)(void *, void *, int *, MPI_Datatype *) = NULL;
 	if (op == DDP_MAX) f = half_max;
 	else if (op == DDP_MIN) f = half_min;
+	else if (op == DDP_AVG2) f = dt == DDP_F16 ? f16_avg2 : dt == DDP_BF16 ? bf16_avg2 : dt == DDP_F32 ? f32_avg2 : f64_avg2;
 	else f = dt == DDP_F16 ? f16_sum : bf16_sum;
 	f((void *)in, (void *)inout, &count, &t);
 	has_f16c = saved;

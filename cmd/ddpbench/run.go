@@ -67,6 +67,7 @@ func stepFlags(withCap bool) []cli.Flag {
 	}
 	return append(flags,
 		floatFlag("first-bucket-mb", 1, "first bucket's size limit in MiB"),
+		&cli.IntFlag{Name: "max-in-flight", Value: 0, Usage: "most buckets on the wire at once (ddp's Options.MaxInFlight); 0: no bound", EnvVars: envs("max-in-flight")},
 		stringFlag("compression", "none", "gradient compression: none, fp16 or bf16 (pays off only where wire bytes cost more than conversions: not in shared memory)"),
 		intFlag("steps", 20, "measured steps"),
 		intFlag("warmup", 40, "steps before measuring (the first rebuilds the buckets; the rest let the runtime settle: parked goroutines allocate until its caches are warm)"),
@@ -93,6 +94,7 @@ type runOpts struct {
 	backend       backend
 	bucketCapMB   float64
 	firstMB       float64
+	maxInFlight   int
 	compression   string
 	steps         int
 	warmup        int
@@ -131,6 +133,9 @@ func parseStepFlags(c *cli.Context) (runOpts, error) {
 	o.bucketCapMB, o.firstMB = c.Float64("bucket-cap-mb"), c.Float64("first-bucket-mb")
 	if c.Command.Name != "sweep" && !(o.bucketCapMB > 0 && o.bucketCapMB <= 4096) {
 		return o, usagef("--bucket-cap-mb %g: want a size in (0, 4096] MiB", o.bucketCapMB)
+	}
+	if o.maxInFlight = c.Int("max-in-flight"); o.maxInFlight < 0 || o.maxInFlight > 1<<20 {
+		return o, usagef("--max-in-flight %d: want 0 (no bound) to %d", o.maxInFlight, 1<<20)
 	}
 	if !(o.firstMB > 0 && o.firstMB <= 4096) {
 		return o, usagef("--first-bucket-mb %g: want a size in (0, 4096] MiB", o.firstMB)
@@ -354,7 +359,7 @@ func (o *runOpts) benchConfig(g []comm.Communicator) bench.Config {
 	hook, _ := bench.NewHook(o.compression)
 	return bench.Config{
 		Params: params, Comms: g,
-		BucketCap: mib(o.bucketCapMB), FirstBucketCap: mib(o.firstMB),
+		BucketCap: mib(o.bucketCapMB), FirstBucketCap: mib(o.firstMB), MaxInFlight: o.maxInFlight,
 		Hook: hook, CopyGrads: !o.bucketView, ZeroGrad: o.zeroGrad,
 		Steps: o.steps, Warmup: o.warmup,
 		Compute: o.compute, Rate: o.rate,

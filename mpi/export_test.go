@@ -1,0 +1,6 @@
+//go:build mpi && cgo
+
+package mpi
+
+// RawAllReduceTimes exposes rawAllReduceTimes to the sweep.
+var RawAllReduceTimes = rawAllReduceTimes
