@@ -68,6 +68,7 @@ func TestErrors(t *testing.T) {
 		{[]string{"run", "--zero-grad", "true"}, 2, []string{"--zero-grad=true"}},
 		{[]string{"run", "--grad-as-bucket-view=maybe"}, 2, []string{`--grad-as-bucket-view "maybe": not a valid boolean value`}},
 		{[]string{"sweep", "--bucket-cap-mb", "5"}, 2, []string{"unknown flag --bucket-cap-mb (ddpbench sweep --help"}},
+		{[]string{"run", "--max-in-flight", "-1"}, 2, []string{"--max-in-flight -1: want 0 (no bound) to 1048576"}},
 		{[]string{"sweep", "--plot", "x.png"}, 2, []string{`--plot "x.png"`, "SVG", ".svg"}},
 		{[]string{"run", "--stall-interval", "0s"}, 2, []string{"--stall-interval 0s: want a positive duration"}},
 		{[]string{"run", "--steps", "2000000000000"}, 2, []string{"--steps 2000000000000: want 1..1000000000000"}},
