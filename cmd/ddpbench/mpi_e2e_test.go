@@ -4,64 +4,27 @@ import (
 	"context"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-)
 
-// mpiOrSkip returns mpirun's path, or skips the test where Open MPI is
-// missing; DDPGO_REQUIRE_MPI=1 (CI) makes that a failure.
-func mpiOrSkip(t *testing.T) string {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("-short: the runs under mpirun are skipped")
-	}
-	if os.Getenv("OMPI_COMM_WORLD_SIZE") != "" {
-		t.Skip("already a rank of an mpirun job")
-	}
-	mpirun, err := exec.LookPath("mpirun")
-	if err == nil {
-		err = exec.Command("pkg-config", "--exists", "ompi-c").Run()
-	}
-	if err != nil {
-		msg := "Open MPI not found (mpirun, pkg-config ompi-c): apt-get install openmpi-bin libopenmpi-dev pkg-config"
-		if os.Getenv("DDPGO_REQUIRE_MPI") == "1" {
-			t.Fatalf("%s (DDPGO_REQUIRE_MPI=1)", msg)
-		}
-		t.Skip(msg)
-	}
-	return mpirun
-}
+	"github.com/ddpgo/ddpgo/internal/mpitest"
+)
 
 // TestMPIEndToEnd builds ddpbench with the mpi tag and runs it under
 // mpirun with 2 processes: collective and run, as a user would, checking
 // that rank 0 alone prints one result for the whole job.
 func TestMPIEndToEnd(t *testing.T) {
-	mpirun := mpiOrSkip(t)
+	mpirun := mpitest.Mpirun(t)
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "ddpbench")
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	build := exec.CommandContext(ctx, "go", "build", "-tags", "mpi", "-o", bin, ".")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build -tags mpi: %v\n%s", err, out)
-	}
+	mpitest.Build(ctx, t, ".", bin)
 	job := func(args ...string) (stdout, stderr string) {
 		t.Helper()
-		full := []string{"-np", "2", "--oversubscribe", "--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo",
-			"-x", "MALLOC_ARENA_MAX=1"}
-		if os.Geteuid() == 0 {
-			full = append(full, "--allow-run-as-root")
-		}
-		cmd := exec.CommandContext(ctx, mpirun, append(append(full, bin), args...)...)
-		var o, e strings.Builder
-		cmd.Stdout, cmd.Stderr = &o, &e
-		if err := cmd.Run(); err != nil {
-			t.Fatalf("mpirun -np 2 ddpbench %s: %v\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), err, o.String(), e.String())
-		}
-		return o.String(), e.String()
+		return mpitest.Run(ctx, t, mpirun, 2, bin, args...)
 	}
 
 	out, _ := job("collective", "--backend", "mpi", "-b", "1K", "-e", "64K", "-f", "8", "-n", "5", "-w", "1")

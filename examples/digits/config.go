@@ -6,7 +6,8 @@ const trainFraction = 0.8
 
 // config is what the command-line flags set.
 type config struct {
-	Ranks    int     // data-parallel replicas (in-process ranks)
+	Backend  string  // inproc (ranks as goroutines) or mpi (a rank per process)
+	Ranks    int     // data-parallel replicas (with mpi: the job's size)
 	Epochs   int     // passes over the training set
 	Batch    int     // global batch size; a multiple of Ranks
 	Hidden   int     // hidden units
@@ -17,8 +18,12 @@ type config struct {
 	Data     string  // CSV(.gz) path; "" = the embedded copy
 	Stats    bool    // print step timings per epoch
 	Trace    string  // timeline file; "" = none
+	Save     string  // final weights file (rank 0); "" = none
+	// RanksSet says that -ranks was given: with mpi it must then equal
+	// the job's size.
+	RanksSet bool
 }
 
 func defaultConfig() config {
-	return config{Ranks: 4, Epochs: 20, Batch: 64, Hidden: 128, LR: 0.05, Momentum: 0.9, Hook: "none", Seed: 1}
+	return config{Backend: "inproc", Ranks: 4, Epochs: 20, Batch: 64, Hidden: 128, LR: 0.05, Momentum: 0.9, Hook: "none", Seed: 1}
 }

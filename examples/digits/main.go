@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"runtime"
 	"slices"
@@ -14,12 +16,14 @@ import (
 	"time"
 
 	"github.com/ddpgo/ddpgo/ddp"
+	"github.com/ddpgo/ddpgo/mpi"
 	"github.com/ddpgo/ddpgo/trace"
 )
 
 func main() {
 	cfg := defaultConfig()
-	flag.IntVar(&cfg.Ranks, "ranks", cfg.Ranks, "number of data-parallel ranks (goroutines)")
+	flag.StringVar(&cfg.Backend, "backend", cfg.Backend, "inproc: -ranks goroutines in this process; mpi: one rank per process under mpirun (build with -tags mpi)")
+	flag.IntVar(&cfg.Ranks, "ranks", cfg.Ranks, "number of data-parallel ranks (goroutines); with -backend mpi, the job's size (unset, or equal to it)")
 	flag.IntVar(&cfg.Epochs, "epochs", cfg.Epochs, "passes over the training set")
 	flag.IntVar(&cfg.Batch, "batch", cfg.Batch, "global batch size, a multiple of -ranks")
 	flag.IntVar(&cfg.Hidden, "hidden", cfg.Hidden, "hidden units")
@@ -29,9 +33,15 @@ func main() {
 	flag.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the split, the initial weights and the shuffles")
 	flag.StringVar(&cfg.Data, "data", cfg.Data, "data set (CSV, optionally gzipped); default: the embedded copy")
 	flag.BoolVar(&cfg.Stats, "stats", cfg.Stats, "print rank 0's mean step timings per epoch: step, backward, communication and the share of it hidden behind backward")
-	flag.StringVar(&cfg.Trace, "trace", cfg.Trace, "write a timeline of steps 2-4 of every rank to this file (Chrome trace JSON; open in ui.perfetto.dev)")
+	flag.StringVar(&cfg.Trace, "trace", cfg.Trace, "write a timeline of steps 2-4 of every rank to this file (Chrome trace JSON; open in ui.perfetto.dev); with -backend mpi, one file per rank, FILE with .rankN before its extension")
+	flag.StringVar(&cfg.Save, "save", cfg.Save, "write rank 0's final weights to this file: every parameter in order (W1, b1, W2, b2), as little-endian float32")
 	flag.Parse()
-	if err := run(os.Stdout, cfg); err != nil {
+	flag.Visit(func(f *flag.Flag) { cfg.RanksSet = cfg.RanksSet || f.Name == "ranks" })
+	err := run(os.Stdout, cfg)
+	// MPI must be finalized before the process exits, on every path; a
+	// no-op where MPI was not used.
+	err = errors.Join(err, mpi.Finalize())
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "digits:", err)
 		os.Exit(1)
 	}
@@ -43,6 +53,8 @@ var errConfig = errors.New("invalid configuration")
 
 func (c config) validate() error {
 	switch {
+	case c.Backend != "inproc" && c.Backend != "mpi":
+		return fmt.Errorf("%w: -backend %q, want inproc or mpi", errConfig, c.Backend)
 	case c.Ranks < 1:
 		return fmt.Errorf("%w: -ranks %d, want >= 1", errConfig, c.Ranks)
 	case c.Batch < c.Ranks || c.Batch%c.Ranks != 0:
@@ -68,14 +80,26 @@ func run(out io.Writer, cfg config) error {
 	if err != nil {
 		return err
 	}
+	g, err := openGroup(context.Background(), &cfg)
+	if err != nil {
+		return err
+	}
+	defer g.close()
+	if g.first != 0 {
+		out = io.Discard // rank 0 reports for the job
+	}
 	train, test := ds.split(cfg.Seed, trainFraction)
 	if train.len() < cfg.Batch {
 		return fmt.Errorf("%w: -batch %d exceeds the %d training examples", errConfig, cfg.Batch, train.len())
 	}
+	ranks := rankCount(cfg.Ranks)
+	if g.mpi {
+		ranks += " (a process each, over MPI)"
+	}
 	fmt.Fprintf(out, "digits: %d train / %d test examples, %s, batch %d (%d per rank), hook %s\n",
-		train.len(), test.len(), rankCount(cfg.Ranks), cfg.Batch, cfg.Batch/cfg.Ranks, cfg.Hook)
+		train.len(), test.len(), ranks, cfg.Batch, cfg.Batch/cfg.Ranks, cfg.Hook)
 	if cfg.Stats {
-		fmt.Fprintln(out, overlapNote(cfg.Ranks, runtime.GOMAXPROCS(0)))
+		fmt.Fprintln(out, overlapNote(len(g.comms), runtime.GOMAXPROCS(0)))
 	}
 	// Rank 0's step statistics, summed over an epoch (rank 0's callbacks
 	// all run on its own goroutine).
@@ -83,11 +107,11 @@ func run(out io.Writer, cfg config) error {
 		steps                       int
 		wall, backward, comm, ovlap time.Duration
 	}
-	tl := newTimeline(cfg.Ranks)
+	tl := newTimeline(g.first, len(g.comms))
 	var traceFile *os.File
 	if cfg.Trace != "" {
 		// Created now, so that a bad path fails before training does.
-		if traceFile, err = os.Create(cfg.Trace); err != nil {
+		if traceFile, err = os.Create(g.path(cfg.Trace)); err != nil {
 			return err
 		}
 	}
@@ -123,11 +147,25 @@ func run(out io.Writer, cfg config) error {
 			sum.steps, sum.wall, sum.backward, sum.comm, sum.ovlap = 0, 0, 0, 0, 0
 		},
 	}
-	_, err = trainGroup(context.Background(), train, cfg, obs)
+	models, err := trainRanks(context.Background(), g.comms, train, cfg, obs)
+	if err == nil && cfg.Save != "" && g.first == 0 {
+		err = saveWeights(cfg.Save, models[0])
+	}
 	if traceFile != nil {
 		return errors.Join(err, tl.write(traceFile, cfg, params))
 	}
 	return err
+}
+
+// saveWeights writes m's parameters, in order, as little-endian float32.
+func saveWeights(path string, m *mlp) error {
+	var b []byte
+	for _, v := range m.values() {
+		for _, x := range v {
+			b = binary.LittleEndian.AppendUint32(b, math.Float32bits(x))
+		}
+	}
+	return os.WriteFile(path, b, 0o644)
 }
 
 // overlapNote says, for -stats, whether the "hidden" share can show. Each
@@ -165,11 +203,12 @@ const (
 // trace, one step at a time.
 type timeline struct {
 	mu    sync.Mutex
-	steps [traceSteps][]ddp.StepStats // [step-traceFrom][rank]
+	first int                         // the first rank this process runs
+	steps [traceSteps][]ddp.StepStats // [step-traceFrom][rank-first]
 }
 
-func newTimeline(ranks int) *timeline {
-	tl := &timeline{}
+func newTimeline(first, ranks int) *timeline {
+	tl := &timeline{first: first}
 	for i := range tl.steps {
 		tl.steps[i] = make([]ddp.StepStats, ranks)
 	}
@@ -186,7 +225,7 @@ func (tl *timeline) keep(rank int, s *ddp.StepStats) {
 	c.ParamReady = slices.Clone(s.ParamReady)
 	c.Unused = slices.Clone(s.Unused)
 	tl.mu.Lock()
-	tl.steps[s.Step-traceFrom][rank] = c
+	tl.steps[s.Step-traceFrom][rank-tl.first] = c
 	tl.mu.Unlock()
 }
 
@@ -203,7 +242,7 @@ func (tl *timeline) write(f *os.File, cfg config, params []ddp.Param) error {
 			break // training ended before this step
 		}
 		for r := range ranks {
-			ddp.WriteTimeline(w, r, &ranks[r], params)
+			ddp.WriteTimeline(w, tl.first+r, &ranks[r], params)
 		}
 		if werr = w.EndStep(); werr != nil {
 			break

@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
+	"strings"
 	"sync"
 
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/ddp"
 	"github.com/ddpgo/ddpgo/hooks"
-	"github.com/ddpgo/ddpgo/inproc"
+	"github.com/ddpgo/ddpgo/launch"
+	"github.com/ddpgo/ddpgo/mpi"
 	"github.com/ddpgo/ddpgo/sampler"
 )
 
@@ -110,34 +113,96 @@ func newHook(name string) (hooks.Hook, error) {
 	return nil, fmt.Errorf("%w: -hook %q, want none, allreduce, fp16 or bf16", errConfig, name)
 }
 
+// group is the ranks this process runs: every rank of an in-process
+// group, or this process's rank of a job launched by mpirun.
+type group struct {
+	comms []comm.Communicator
+	first int  // the rank of comms[0]
+	mpi   bool // one rank per process
+	close func()
+}
+
+// openGroup starts cfg.Backend's ranks. Under mpi the job's size is the
+// number of ranks: cfg.Ranks is set to it, and a -ranks given on the
+// command line must equal it.
+func openGroup(ctx context.Context, cfg *config) (*group, error) {
+	if cfg.Backend != "mpi" {
+		cs, err := launch.Open(ctx, "inproc", launch.Options{Ranks: cfg.Ranks})
+		if err != nil {
+			return nil, err
+		}
+		return &group{comms: cs, close: func() { closeAll(cs) }}, nil
+	}
+	env, err := launch.FromEnv()
+	if errors.Is(err, launch.ErrNoLauncher) {
+		env, err = launch.Env{Launcher: "none (a single process)", Size: 1, LocalSize: 1}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if cfg.RanksSet && cfg.Ranks != env.Size {
+		return nil, fmt.Errorf("%w: -ranks %d, but the job has %d processes (%s): leave -ranks unset under a launcher, or make them equal",
+			errConfig, cfg.Ranks, env.Size, env.Launcher)
+	}
+	cfg.Ranks = env.Size
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	// One communicator per process and one training loop: blocking
+	// collectives are the faster mode (see package mpi).
+	cs, err := launch.Open(ctx, "mpi", launch.Options{Env: &env, Config: mpi.Options{Blocking: true}})
+	if err != nil {
+		return nil, fmt.Errorf("starting rank %d of %d over MPI: %w", env.Rank, env.Size, err)
+	}
+	return &group{comms: cs, first: env.Rank, mpi: true, close: func() { closeAll(cs) }}, nil
+}
+
+// path names this process's copy of an output file: name itself, or under
+// mpi, name with .rankN before its extension.
+func (g *group) path(name string) string {
+	if !g.mpi {
+		return name
+	}
+	ext := filepath.Ext(name)
+	return fmt.Sprintf("%s.rank%d%s", strings.TrimSuffix(name, ext), g.first, ext)
+}
+
+func closeAll(cs []comm.Communicator) {
+	for _, c := range cs {
+		c.Close()
+	}
+}
+
 // trainGroup trains cfg.Ranks replicas at once, one goroutine per rank over
-// an in-process group, and returns every rank's model. If one rank fails,
-// its Reducer aborts the group, so the others fail too instead of waiting.
+// an in-process group, and returns every rank's model.
 func trainGroup(ctx context.Context, data *dataset, cfg config, obs observer) ([]*mlp, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	comms, err := inproc.NewGroup(cfg.Ranks)
+	comms, err := launch.Open(ctx, "inproc", launch.Options{Ranks: cfg.Ranks})
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		for _, c := range comms {
-			c.Close()
-		}
-	}()
-	models := make([]*mlp, cfg.Ranks)
-	errs := make([]error, cfg.Ranks)
+	defer closeAll(comms)
+	return trainRanks(ctx, comms, data, cfg, obs)
+}
+
+// trainRanks trains the replicas of comms' ranks at once, a goroutine
+// each, and returns their models. If one rank fails, its Reducer aborts
+// the group, so the others fail too instead of waiting.
+func trainRanks(ctx context.Context, comms []comm.Communicator, data *dataset, cfg config, obs observer) ([]*mlp, error) {
+	models := make([]*mlp, len(comms))
+	errs := make([]error, len(comms))
 	var wg sync.WaitGroup
-	for rank, c := range comms {
+	for i, c := range comms {
 		hook, err := newHook(cfg.Hook)
 		if err != nil {
 			return nil, err
 		}
 		wg.Go(func() {
-			models[rank], errs[rank] = train(ctx, c, data, cfg, hook, obs)
-			if errs[rank] != nil {
-				errs[rank] = fmt.Errorf("rank %d: %w", rank, errs[rank])
+			models[i], errs[i] = train(ctx, c, data, cfg, hook, obs)
+			if errs[i] != nil {
+				errs[i] = fmt.Errorf("rank %d: %w", c.Rank(), errs[i])
 			}
 		})
 	}

@@ -1,0 +1,90 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ddpgo/ddpgo/internal/mpitest"
+)
+
+// TestMPIMatchesInproc builds the example with the mpi tag and trains it
+// under mpirun with 2 and 4 processes: rank 0 alone prints, its epoch
+// lines (losses and accuracies) are those of the in-process run with the
+// same rank count, and its final weights are within 1e-6 of that run's
+// (bit for bit with 2 ranks, where MPI averages as inproc does; with 4, MPI
+// sums in its own order before dividing). Both runs shard the data by rank
+// with the same sampler, so they are the same computation.
+func TestMPIMatchesInproc(t *testing.T) {
+	mpirun := mpitest.Mpirun(t)
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "digits")
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	mpitest.Build(ctx, t, ".", bin)
+	for _, np := range []int{2, 4} {
+		cfg := defaultConfig()
+		cfg.Epochs, cfg.Ranks = 3, np
+		cfg.Save = filepath.Join(dir, fmt.Sprintf("inproc%d.bin", np))
+		var want bytes.Buffer
+		if err := run(&want, cfg); err != nil {
+			t.Fatal(err)
+		}
+		saved := filepath.Join(dir, fmt.Sprintf("mpi%d.bin", np))
+		out, _ := mpitest.Run(ctx, t, mpirun, np, bin, "-backend", "mpi", "-epochs", "3", "-save", saved)
+		if !strings.Contains(out, fmt.Sprintf("%d ranks (a process each, over MPI)", np)) {
+			t.Errorf("-np %d: the header does not name %d ranks over MPI:\n%s", np, np, out)
+		}
+		if got, want := epochLines(out), epochLines(want.String()); got != want || strings.Count(got, "\n") != 3 {
+			t.Errorf("-np %d: rank 0 printed\n%s\nwant (inproc, %d ranks)\n%s", np, got, np, want)
+		}
+		a, b := readWeights(t, saved), readWeights(t, cfg.Save)
+		if len(a) != len(b) || len(a) == 0 {
+			t.Fatalf("-np %d: %d weights saved, inproc %d", np, len(a), len(b))
+		}
+		worst, at := 0.0, 0
+		for i := range a {
+			if d := math.Abs(float64(a[i]) - float64(b[i])); d > worst {
+				worst, at = d, i
+			}
+		}
+		t.Logf("-np %d: max |w_mpi - w_inproc| = %.3g (weight %d)", np, worst, at)
+		if worst > 1e-6 {
+			t.Errorf("-np %d: weight %d is %g over MPI, %g in process: %.3g apart, want at most 1e-6", np, at, a[at], b[at], worst)
+		}
+		if np == 2 && worst != 0 {
+			t.Errorf("-np 2: the weights differ (%.3g); MPI's two-rank average is inproc's bit for bit", worst)
+		}
+	}
+}
+
+// epochLines returns the lines of out that report an epoch.
+func epochLines(out string) string {
+	var b strings.Builder
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "epoch ") {
+			b.WriteString(l + "\n")
+		}
+	}
+	return b.String()
+}
+
+func readWeights(t *testing.T, path string) []float32 {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := make([]float32, len(raw)/4)
+	for i := range w {
+		w[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
+	}
+	return w
+}
