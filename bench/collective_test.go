@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/comm/commtest"
 	"github.com/ddpgo/ddpgo/ddp"
 	"github.com/ddpgo/ddpgo/inproc"
 )
@@ -355,46 +356,6 @@ func TestCollectiveInterrupted(t *testing.T) {
 	}
 }
 
-// stuckComm is a communicator whose all-reduce never completes until the
-// rank is aborted, as a peer that never joins would leave it.
-type stuckComm struct {
-	comm.Communicator
-	aborted chan struct{}
-}
-
-func (c *stuckComm) AllReduce(_, _ comm.Buffer, _ comm.Op) comm.Work {
-	return comm.NewWork(stuck{c.aborted}, 0)
-}
-
-func (c *stuckComm) Abort(err error) {
-	select {
-	case <-c.aborted:
-	default:
-		close(c.aborted)
-	}
-	c.Communicator.Abort(err)
-}
-
-type stuck struct{ aborted chan struct{} }
-
-func (s stuck) WaitOp(ctx context.Context, _ uint64) error {
-	select {
-	case <-s.aborted:
-		return comm.ErrAborted
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (s stuck) TestOp(uint64) (bool, error) {
-	select {
-	case <-s.aborted:
-		return true, comm.ErrAborted
-	default:
-		return false, nil
-	}
-}
-
 // TestCollectiveTimeoutDrains checks that a placement cut short by its
 // deadline aborts the ranks and waits for the pending operations before
 // the buffers go back to the pool: RunCollective returns the deadline's
@@ -402,7 +363,7 @@ func (s stuck) TestOp(uint64) (bool, error) {
 func TestCollectiveTimeoutDrains(t *testing.T) {
 	g := group(t, 2)
 	for i := range g {
-		g[i] = &stuckComm{Communicator: g[i], aborted: make(chan struct{})}
+		g[i] = commtest.Stuck(g[i])
 	}
 	cfg := small(AllReduce, comm.Float32, comm.Sum)
 	cfg.Timeout = 50 * time.Millisecond

@@ -14,12 +14,12 @@ import (
 	"runtime"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/ddpgo/ddpgo/bench"
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/comm/commtest"
 	"github.com/ddpgo/ddpgo/launch"
 	"github.com/ddpgo/ddpgo/models"
 	"github.com/google/uuid"
@@ -858,7 +858,7 @@ func TestStallReported(t *testing.T) {
 	backends = append([]backend{{name: "stuck", built: true, open: func(n int) ([]comm.Communicator, error) {
 		g, err := launch.Open(context.Background(), "inproc", launch.Options{Ranks: n})
 		for i := range g {
-			g[i] = &stuckComm{Communicator: g[i], aborted: make(chan struct{})}
+			g[i] = commtest.Stuck(g[i])
 		}
 		return g, err
 	}}}, saved...)
@@ -872,42 +872,5 @@ func TestStallReported(t *testing.T) {
 		if n := strings.Count(stderr, fmt.Sprintf("ddpbench: stall: comm: rank %d has waited", rank)); n < 2 {
 			t.Errorf("rank %d reported %d stalls in 1.5 s at a 300 ms interval; stderr:\n%s", rank, n, stderr)
 		}
-	}
-}
-
-// stuckComm is a communicator whose all-reduce completes only when the
-// communicator is aborted.
-type stuckComm struct {
-	comm.Communicator
-	once    sync.Once
-	aborted chan struct{}
-}
-
-func (c *stuckComm) AllReduce(_, _ comm.Buffer, _ comm.Op) comm.Work {
-	return comm.NewWork(stuck{c.aborted}, 0)
-}
-
-func (c *stuckComm) Abort(err error) {
-	c.once.Do(func() { close(c.aborted) })
-	c.Communicator.Abort(err)
-}
-
-type stuck struct{ aborted chan struct{} }
-
-func (s stuck) WaitOp(ctx context.Context, _ uint64) error {
-	select {
-	case <-s.aborted:
-		return comm.ErrAborted
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (s stuck) TestOp(uint64) (bool, error) {
-	select {
-	case <-s.aborted:
-		return true, comm.ErrAborted
-	default:
-		return false, nil
 	}
 }
