@@ -70,6 +70,10 @@ if pkg-config --exists ompi-c 2>/dev/null && command -v mpirun >/dev/null; then
 	"${mr[@]}" "$work/ddpbench-mpi" run --backend mpi --steps 40 --compute none --compression fp16 --format json > "$out/mpi_resnet50_fp16.json"
 	step "ddpbench over MPI, compute sleep 30ms" "... --compute sleep --compute-time 30ms"
 	"${mr[@]}" "$work/ddpbench-mpi" run --backend mpi --steps 40 --compute sleep --compute-time 30ms --format json > "$out/mpi_resnet50_sleep.json"
+	step "ddpgo over MPI, all_reduce sweep timed as the peer times it (median over calls of the slowest rank)" "go test -c -tags mpi ./mpi/; ${mr[*]} mpi.test -test.run TestSweep -mpi.sweep=blocking -mpi.budget=1s -mpi.bytes=4096,65536,1048576,67108864"
+	go test -c -tags mpi -o "$work/mpi.test" ./mpi/
+	"${mr[@]}" "$work/mpi.test" -test.run TestSweep -mpi.sweep=blocking -mpi.budget=1s -mpi.bytes=4096,65536,1048576,67108864 \
+		-mpi.csv="$out/mpi_sweep.csv" > "$out/mpi_sweep.txt"
 	step "ddpbench collective over MPI, small and large" "${mr[*]} ddpbench collective --backend mpi -b 4K -e 1M -f 16 -n 2000 -w 100 -a 3 --format csv; -b 64M -e 64M -n 30 -w 5"
 	"${mr[@]}" "$work/ddpbench-mpi" collective --backend mpi -b 4K -e 1M -f 16 -n 2000 -w 100 -a 3 --format csv > "$out/mpi_collective.csv"
 	"${mr[@]}" "$work/ddpbench-mpi" collective --backend mpi -b 64M -e 64M -n 30 -w 5 -a 3 --format csv | tail -n +2 >> "$out/mpi_collective.csv"

@@ -125,26 +125,33 @@ scenario_restore() {
 	fi
 }
 
+# expect_deadline SCENARIO WHAT SINCE WHO: the job must have ended non-zero, not hung, after at least
+# 2 stall reports and a line from WHO (a regular expression: the rank) saying that its collective
+# timed out at the deadline. WHAT names the fault, SINCE is when it was injected.
+expect_deadline() {
+	local s=$1 what=$2 since=$3 who=$4 n took=$((SECONDS - $3))
+	n=$(stalls "$s")
+	if [[ $rc == hung ]]; then
+		fail "$s" "the job was still running $((TIMEOUT + 60)) s after the $what: it hung"
+	elif [[ $rc == 0 ]]; then
+		fail "$s" "exit status 0 after the $what"
+	elif ((n < 2)); then
+		fail "$s" "$n stall reports, want at least 2 before the ${TIMEOUT}s deadline"
+	elif ! grep -q "$who .*timed out after ${TIMEOUT}" "$work/$s.log"; then
+		fail "$s" "no line from $who saying that its collective timed out after ${TIMEOUT}s"
+	else
+		pass "$s" "$n stall reports, then '$(deadline "$s")'; the job ended (status $rc) $took s after the $what"
+	fi
+}
+
 scenario_cut() {
 	start cut 1000
 	sleep 4
 	local cut=$SECONDS
 	"$lab" link h1 down >/dev/null
 	finish $((TIMEOUT + 60))
-	local took=$((SECONDS - cut)) n
-	n=$(stalls cut)
 	"$lab" link h1 up >/dev/null
-	if [[ $rc == hung ]]; then
-		fail cut "the job was still running $((TIMEOUT + 60)) s in: it hung"
-	elif [[ $rc == 0 ]]; then
-		fail cut "exit status 0 with the link cut"
-	elif ((n < 2)); then
-		fail cut "$n stall reports, want at least 2 before the ${TIMEOUT}s deadline"
-	elif ! grep -q "timed out after ${TIMEOUT}" "$work/cut.log"; then
-		fail cut "no rank said that its collective timed out after ${TIMEOUT}s"
-	else
-		pass cut "$n stall reports, then '$(deadline cut)'; the job ended (status $rc) $took s after the cut"
-	fi
+	expect_deadline cut cut "$cut" "mpi: rank [0-9]"
 }
 
 scenario_stop() {
@@ -159,19 +166,7 @@ scenario_stop() {
 	kill -STOP "$pid"
 	finish $((TIMEOUT + 60))
 	kill -CONT "$pid" 2>/dev/null || true
-	local took=$((SECONDS - stopped)) n
-	n=$(stalls stop)
-	if [[ $rc == hung ]]; then
-		fail stop "the job was still running $((TIMEOUT + 60)) s after the stop: it hung"
-	elif [[ $rc == 0 ]]; then
-		fail stop "exit status 0 with a rank stopped"
-	elif ((n < 2)); then
-		fail stop "$n stall reports, want at least 2 before the ${TIMEOUT}s deadline"
-	elif ! grep -q "rank 0 .*timed out after ${TIMEOUT}" "$work/stop.log"; then
-		fail stop "rank 0 did not say that its collective timed out after ${TIMEOUT}s"
-	else
-		pass stop "$n stall reports, then '$(deadline stop)'; the job ended (status $rc) $took s after the stop"
-	fi
+	expect_deadline stop stop "$stopped" "mpi: rank 0"
 }
 
 scenario_kill() {
