@@ -108,12 +108,11 @@ func run(out io.Writer, cfg config) error {
 		wall, backward, comm, ovlap time.Duration
 	}
 	tl := newTimeline(g.first, len(g.comms))
-	var traceFile *os.File
-	if cfg.Trace != "" {
-		// Created now, so that a bad path fails before training does.
-		if traceFile, err = os.Create(g.path(cfg.Trace)); err != nil {
-			return err
-		}
+	// The files are created now, so that a bad path fails before training
+	// does, on every rank of the job (ready).
+	traceFile, saveFile, err := createFiles(g, cfg)
+	if err = g.ready(context.Background(), err); err != nil {
+		return errors.Join(err, closeFile(traceFile), closeFile(saveFile))
 	}
 	params := (&mlp{in: Pixels, hidden: cfg.Hidden, out: Classes}).params()
 	obs := observer{
@@ -148,8 +147,11 @@ func run(out io.Writer, cfg config) error {
 		},
 	}
 	models, err := trainRanks(context.Background(), g.comms, train, cfg, obs)
-	if err == nil && cfg.Save != "" && g.first == 0 {
-		err = saveWeights(cfg.Save, models[0])
+	if saveFile != nil {
+		if err == nil {
+			err = saveWeights(saveFile, models[0])
+		}
+		err = errors.Join(err, saveFile.Close())
 	}
 	if traceFile != nil {
 		return errors.Join(err, tl.write(traceFile, cfg, params))
@@ -158,14 +160,39 @@ func run(out io.Writer, cfg config) error {
 }
 
 // saveWeights writes m's parameters, in order, as little-endian float32.
-func saveWeights(path string, m *mlp) error {
+func saveWeights(f *os.File, m *mlp) error {
 	var b []byte
 	for _, v := range m.values() {
 		for _, x := range v {
 			b = binary.LittleEndian.AppendUint32(b, math.Float32bits(x))
 		}
 	}
-	return os.WriteFile(path, b, 0o644)
+	_, err := f.Write(b)
+	return err
+}
+
+// createFiles creates this process's -trace file and, on rank 0, the -save
+// file; on failure it closes what it created.
+func createFiles(g *group, cfg config) (traceFile, saveFile *os.File, err error) {
+	if cfg.Trace != "" {
+		if traceFile, err = os.Create(g.path(cfg.Trace)); err != nil {
+			return nil, nil, err
+		}
+	}
+	if cfg.Save != "" && g.first == 0 {
+		if saveFile, err = os.Create(cfg.Save); err != nil {
+			return nil, nil, errors.Join(err, closeFile(traceFile))
+		}
+	}
+	return traceFile, saveFile, nil
+}
+
+// closeFile closes f, if there is one.
+func closeFile(f *os.File) error {
+	if f == nil {
+		return nil
+	}
+	return f.Close()
 }
 
 // overlapNote says, for -stats, whether the "hidden" share can show. Each
@@ -175,9 +202,13 @@ func saveWeights(path string, m *mlp) error {
 // the CPU's.
 func overlapNote(ranks, procs int) string {
 	if ranks >= procs {
-		return fmt.Sprintf("note: %s compute backward on %d cores (GOMAXPROCS): an all-reduce started during backward\n"+
+		verb := "compute"
+		if ranks == 1 {
+			verb = "computes"
+		}
+		return fmt.Sprintf("note: %s %s backward on %d cores (GOMAXPROCS): an all-reduce started during backward\n"+
 			"      waits for a core, so little or none of it hides behind backward (%% hidden below);\n"+
-			"      with more cores than ranks, layer 2's all-reduce overlaps layer 1's backward", rankCount(ranks), procs)
+			"      with more cores than ranks, layer 2's all-reduce overlaps layer 1's backward", rankCount(ranks), verb, procs)
 	}
 	return fmt.Sprintf("note: %s on %d cores (GOMAXPROCS): a core is free for layer 2's all-reduce while layer 1's backward runs",
 		rankCount(ranks), procs)

@@ -3,10 +3,13 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/ddpgo/ddpgo/mpi"
 )
 
 // TestMessages checks what the command prints: errors carry the program
@@ -34,6 +37,9 @@ func TestMessages(t *testing.T) {
 	}
 	if n := overlapNote(4, 2); !strings.Contains(n, "4 ranks compute backward on 2 cores") || !strings.Contains(n, "little or none") {
 		t.Errorf("overlapNote(4, 2) = %q", n)
+	}
+	if n := overlapNote(1, 1); !strings.Contains(n, "1 rank computes backward on 1 cores") {
+		t.Errorf("overlapNote(1, 1) = %q", n)
 	}
 	if n := overlapNote(2, 16); !strings.Contains(n, "a core is free") {
 		t.Errorf("overlapNote(2, 16) = %q", n)
@@ -66,5 +72,25 @@ func TestTraceMetadata(t *testing.T) {
 	cfg.Trace = filepath.Join(t.TempDir(), "missing", "trace.json")
 	if err := run(&bytes.Buffer{}, cfg); err == nil || !strings.Contains(err.Error(), "missing") {
 		t.Errorf("a trace in a missing directory: %v", err)
+	}
+}
+
+// TestMPINotBuilt checks that -backend mpi in a binary built without the
+// mpi tag says how to build this one, and that an unknown -backend is
+// refused by name.
+func TestMPINotBuilt(t *testing.T) {
+	cfg := defaultConfig()
+	cfg.Epochs = 1
+	cfg.Backend = "nccl"
+	if err := run(&bytes.Buffer{}, cfg); !errors.Is(err, errConfig) || !strings.Contains(err.Error(), `-backend "nccl"`) {
+		t.Errorf("-backend nccl: %v, want errConfig naming it", err)
+	}
+	if mpi.LibraryInfo().Built {
+		t.Skip("built with the mpi tag: TestMPIMatchesInproc runs -backend mpi under mpirun (MPI, once finalized, cannot start again in this process)")
+	}
+	cfg.Backend = "mpi"
+	err := run(&bytes.Buffer{}, cfg)
+	if !errors.Is(err, mpi.ErrNotBuilt) || !strings.Contains(err.Error(), "go build -tags mpi ./examples/digits") {
+		t.Errorf("-backend mpi without the tag: %v, want ErrNotBuilt and the build command", err)
 	}
 }

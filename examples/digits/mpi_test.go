@@ -63,6 +63,26 @@ func TestMPIMatchesInproc(t *testing.T) {
 			t.Errorf("-np 2: the weights differ (%.3g); MPI's two-rank average is inproc's bit for bit", worst)
 		}
 	}
+
+	// A rank that cannot create its -trace file (here rank 1's alone, a
+	// directory in its way) fails before training, and its peer with it
+	// instead of waiting for it in a collective, well within the deadline.
+	if err := os.Mkdir(filepath.Join(dir, "t.rank1.json"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	fctx, fcancel := context.WithTimeout(ctx, time.Minute)
+	defer fcancel()
+	out, err := mpitest.Job(fctx, mpirun, 2, bin, "-backend", "mpi", "-epochs", "1", "-trace", filepath.Join(dir, "t.json")).CombinedOutput()
+	if err == nil || fctx.Err() != nil || !strings.Contains(string(out), "t.rank1.json: is a directory") ||
+		!strings.Contains(string(out), "rank 0: rank 1 of 2 failed before training") {
+		t.Errorf("-np 2, rank 1's -trace file blocked: %v (deadline: %v), want both ranks to fail at once, naming the file and rank 1:\n%s", err, fctx.Err(), out)
+	}
+
+	// A -ranks other than the job's size fails on every rank, naming both.
+	out, err = mpitest.Job(fctx, mpirun, 2, bin, "-backend", "mpi", "-ranks", "4", "-epochs", "1").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "-ranks 4, but the job has 2 processes") {
+		t.Errorf("-np 2 with -ranks 4: %v, want a failure naming -ranks 4 and the 2 processes:\n%s", err, out)
+	}
 }
 
 // epochLines returns the lines of out that report an epoch.

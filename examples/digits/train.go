@@ -133,6 +133,12 @@ func openGroup(ctx context.Context, cfg *config) (*group, error) {
 		}
 		return &group{comms: cs, close: func() { closeAll(cs) }}, nil
 	}
+	if info := mpi.LibraryInfo(); !info.Built {
+		// Said before the launcher's environment is read, which would
+		// otherwise fail first under a plain run.
+		_, err := mpi.Open(mpi.Options{})
+		return nil, fmt.Errorf("-backend mpi: this binary was built without it: go build -tags mpi ./examples/digits, then mpirun -np N ./digits -backend mpi (%w)", err)
+	}
 	env, err := launch.FromEnv()
 	if errors.Is(err, launch.ErrNoLauncher) {
 		env, err = launch.Env{Launcher: "none (a single process)", Size: 1, LocalSize: 1}, nil
