@@ -55,6 +55,15 @@ cat >"$work/model.json" <<'EOF'
 EOF
 "$lab" up -n 2 -r 1gbit >/dev/null
 
+# A job without a fault first: if the lab cannot carry an MPI job on this machine at all, that is
+# a missing capability (skipped, exit 2), not a fault the scenarios could judge.
+if ! timeout 120 "$lab" mpirun -x MALLOC_ARENA_MAX=1 -- "$work/ddpbench" run --backend mpi --model "$work/model.json" \
+	--compute none --warmup 1 --steps 2 >"$work/sanity.log" 2>&1; then
+	echo "netfaults: skipped: an MPI job without faults does not run over the lab here:" >&2
+	tail -n 20 "$work/sanity.log" >&2
+	exit 2
+fi
+
 failed=0
 pass() { echo "netfaults: $1: ok: $2"; }
 fail() {
