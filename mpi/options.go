@@ -46,8 +46,7 @@ type Options struct {
 	// OnStall receives stall reports. Nil writes them to the standard
 	// logger. It runs on the communicator's watchdog goroutine and must
 	// not block. MPI cannot tell which ranks have not joined an
-	// operation, so a report's Missing is nil; its Detail gives the
-	// operation's count and dtype.
+	// operation, so a report's Missing is nil (and says so).
 	OnStall func(comm.Stall)
 
 	// Pool provides the scratch memory of the operations that need it (an
