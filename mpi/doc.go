@@ -136,7 +136,11 @@
 // MPI_Abort with Options.AbortCode, as PyTorch's NCCL error handling tears
 // the process down. It asks the owner to call MPI_Abort, and calls it
 // itself after 200 ms if the owner is held in a blocking collective; Open
-// MPI then kills every process of the job, usually within a second. No
+// MPI then kills every process of the job, usually within a second. If
+// MPI_Abort has not ended the process 5 s later (it blocks when the
+// runtime is out of reach, as on a host whose link is cut), the process
+// exits by itself with the same code, and mpirun, seeing a rank gone
+// without MPI_Finalize, ends the others. No
 // Work of the rank completes after Abort and no buffer is written: the
 // process is gone. Close fails the operations MPI has not been given yet
 // with comm.ErrClosed, waits for those it has (bounded by the timeout)

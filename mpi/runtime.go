@@ -77,6 +77,10 @@ type ref struct {
 // inside a blocking collective that a stalled peer never joins).
 const abortGrace = 200 * time.Millisecond
 
+// abortExit is how long the process waits for MPI_Abort to end it before
+// it exits by itself.
+const abortExit = 5 * time.Second
+
 // start returns the process's engine, starting it on first use.
 func start() (*engine, error) {
 	rtMu.Lock()
@@ -444,7 +448,19 @@ func (e *engine) putScratch(c *communicator, b allocator.Block) {
 // abortJob ends the job with MPI_Abort: through the owner thread if it
 // answers within abortGrace, else from this thread. It does not return.
 func (e *engine) abortJob(code int) {
-	e.abortCode.CompareAndSwap(0, int32(code))
+	if e.abortCode.CompareAndSwap(0, int32(code)) {
+		// MPI_Abort asks the runtime (mpirun and its daemons) to end the
+		// job, and can block for good when the runtime is out of reach:
+		// a host whose network is cut. The process then ends itself, and
+		// the runtime, seeing a rank gone without MPI_Finalize, ends the
+		// others.
+		go func() {
+			time.Sleep(abortExit)
+			fmt.Fprintf(os.Stderr, "mpi: world rank %d: MPI_Abort has not ended the job after %v (is mpirun out of reach?): exiting with code %d\n",
+				e.worldRank, abortExit, code)
+			os.Exit(code)
+		}()
+	}
 	select {
 	case e.q <- ref{}: // wakes a parked owner; a busy one sees abortCode
 	default:

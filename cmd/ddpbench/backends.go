@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/launch"
@@ -110,7 +111,10 @@ type group struct {
 
 // startGroup starts the ranks of backend b that this process runs: n
 // goroutine ranks for inproc, this process's rank for a launched backend.
-func startGroup(ctx context.Context, b backend, n int) (*group, error) {
+// timeout is the command's --timeout: a launched backend's own deadline
+// for every operation, so that a rank waiting outside the reducer (in the
+// statistics exchange between steps) ends the job too when a peer is gone.
+func startGroup(ctx context.Context, b backend, n int, timeout time.Duration) (*group, error) {
 	if !b.launched {
 		var cs []comm.Communicator
 		var err error
@@ -130,7 +134,7 @@ func startGroup(ctx context.Context, b backend, n int) (*group, error) {
 	}
 	// One communicator per process: blocking collectives are the faster
 	// mode (see package mpi).
-	cs, err := launch.Open(ctx, b.name, launch.Options{Env: &env, Config: mpi.Options{Blocking: true}})
+	cs, err := launch.Open(ctx, b.name, launch.Options{Env: &env, Config: mpi.Options{Blocking: true, Timeout: timeout}})
 	if err != nil {
 		mpi.Finalize()
 		return nil, fmt.Errorf("starting rank %d of %d (%s): %w", env.Rank, env.Size, b.name, err)

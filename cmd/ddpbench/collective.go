@@ -169,7 +169,7 @@ func collectiveAction(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	g, err := startGroup(c.Context, o.backend, o.ranks)
+	g, err := startGroup(c.Context, o.backend, o.ranks, o.cfg.Timeout)
 	if err != nil {
 		return err
 	}

@@ -265,7 +265,7 @@ func runAction(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	g, err := startGroup(c.Context, o.backend, o.ranks)
+	g, err := startGroup(c.Context, o.backend, o.ranks, o.timeout)
 	if err != nil {
 		return err
 	}

@@ -64,7 +64,7 @@ func sweepAction(c *cli.Context) error {
 			return err
 		}
 	}
-	g, err := startGroup(c.Context, o.backend, o.ranks)
+	g, err := startGroup(c.Context, o.backend, o.ranks, o.timeout)
 	if err != nil {
 		return err
 	}
