@@ -186,10 +186,10 @@ __attribute__((optimize("O3"))) static void half_min(void *in, void *inout, int 
 
 // The pair averages: in*0.5 + inout*0.5, rounded once, as inproc's
 // pre-multiplied Avg sums two contributions (halving is exact in the normal
-// range, and cannot overflow). With two ranks MPI combines the two
-// contributions of an element exactly once, whatever its algorithm (a
-// user-defined operation has no identity to start from), so the result is
-// the average; with more it would not be, and mpi_op never picks these.
+// range, and cannot overflow). With two ranks MPI can combine the two
+// contributions of an element only once (a user-defined operation has no
+// identity to start from), so the result is the average; with more it
+// would not be, and mpi_op never picks these.
 // fp-contract=off: no fused multiply-add, which would round differently
 // where a half is subnormal.
 __attribute__((optimize("O3", "fp-contract=off"))) static void f32_avg2(void *in, void *inout, int *len, MPI_Datatype *dt) {

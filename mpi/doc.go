@@ -98,10 +98,12 @@
 // MPI has no MPI_AVG. Over two ranks, Avg of a floating type is done
 // inside MPI's reduction pass by a user-defined operation that averages
 // its two operands (in*0.5 + inout*0.5, rounded once: bit for bit
-// inproc's pre-multiplied Avg, and it cannot overflow); MPI combines the
-// two contributions of an element exactly once, whatever its algorithm, so
-// this is exact, and it saves a whole pass over the buffer (ResNet-50's
-// 102 MB step over 2 processes: 33 ms -> 24 ms on a 2-core machine).
+// inproc's pre-multiplied Avg, and it cannot overflow). A user-defined
+// operation has no identity element to start from, so MPI can only combine
+// the two contributions of an element once; the conformance suite checks
+// the result under mpirun -np 2. It saves a whole pass over the buffer
+// (ResNet-50's 102 MB step over 2 processes: 33 ms -> 24 ms on a 2-core
+// machine).
 // Caps.NativeAvg is true there. Over more ranks an operation cannot tell
 // a partial sum from a contribution, so Avg runs Sum and then divides each
 // element by the group size, in the element type's arithmetic (integers

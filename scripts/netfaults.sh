@@ -109,6 +109,17 @@ rank_pid() {
 	return 1
 }
 
+# signal_h1 SCENARIO SIGNAL sends SIGNAL to the rank on h1 and sets pid; without such a process the
+# scenario fails and signal_h1 returns 1.
+signal_h1() {
+	pid=$(rank_pid h1) || {
+		fail "$1" "no ddpbench process on h1"
+		finish 1
+		return 1
+	}
+	kill "-$2" "$pid"
+}
+
 stalls() { grep -c "ddpbench: stall: " "$work/$1.log" || true; }
 
 # deadline SCENARIO: the first line that reports a rank's deadline, shortened.
@@ -168,13 +179,8 @@ scenario_cut() {
 scenario_stop() {
 	start stop 1000
 	sleep 4
-	local pid stopped=$SECONDS
-	pid=$(rank_pid h1) || {
-		fail stop "no ddpbench process on h1"
-		finish 1
-		return
-	}
-	kill -STOP "$pid"
+	local stopped=$SECONDS
+	signal_h1 stop STOP || return
 	finish $((TIMEOUT + 60))
 	kill -CONT "$pid" 2>/dev/null || true
 	expect_deadline stop stop "$stopped" "rank 0"
@@ -183,13 +189,8 @@ scenario_stop() {
 scenario_kill() {
 	start kill 1000
 	sleep 4
-	local pid killed=$SECONDS
-	pid=$(rank_pid h1) || {
-		fail kill "no ddpbench process on h1"
-		finish 1
-		return
-	}
-	kill -KILL "$pid"
+	local killed=$SECONDS
+	signal_h1 kill KILL || return
 	finish 60
 	local took=$((SECONDS - killed))
 	if [[ $rc == hung ]]; then
