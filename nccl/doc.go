@@ -10,7 +10,10 @@
 // binding_cgo.go, checked against NCCL's src/nccl.h.in (ncclConfig_t in
 // its 2.17 layout: NCCL copies min(size, its own sizeof) and defaults the
 // newer fields) and CUDA 12.6's cuda.h (the _v2 symbols its macros name).
-// Only the driver API is used; no libcudart. A missing library or
+// Only the driver API is used; no libcudart. Libraries' empty fields
+// mean the paths in DDPGO_NCCL_LIBRARY and DDPGO_CUDA_LIBRARY when set
+// (pip's nvidia-nccl-cu12 keeps libnccl.so.2 in a directory the loader
+// does not search), else the standard names. A missing library or
 // required symbol is a *LoadError (ErrNotFound) saying what to install;
 // NCCL older than MinVersion (2.14) is ErrVersion; optional symbols
 // (ncclMemAlloc and ncclCommRegister, 2.19; ncclGetLastError, 2.13) may
@@ -98,5 +101,7 @@
 // stall a rank and count allocations and registrations. It cannot run
 // PTX: a kernel launched through it runs a C emulation chosen by its name,
 // which checks the launch's marshalling, not the PTX. Nothing measured
-// over it says anything about a GPU.
+// over it says anything about a GPU. It exports ddpgo_standin, which no
+// real library has: Library.StandIn and Info.StandIn report it, and
+// ddpbench prints it beside every figure measured over it.
 package nccl
