@@ -52,6 +52,20 @@
 // one cgo call, and each cgo call makes the device's primary context
 // current on its thread first.
 //
+// # Launching
+//
+// The package registers "nccl" with package launch (import it, blank or
+// not, and launch.Open(ctx, "nccl", ...) opens it), which runs it either
+// way. Under a launcher (mpirun, srun, torchrun: launch.FromEnv finds
+// one, or Options.Env is given) the process runs one rank, on the device
+// of its local rank unless JobOptions.Devices says otherwise, and rank 0's
+// unique id reaches the others through launch.NewBootstrap (MPI, where
+// mpirun started the job and package mpi is built in) or else through the
+// rendezvous store rank 0 serves at MASTER_ADDR:MASTER_PORT. Started by
+// hand, the process runs Options.Ranks ranks, rank r on device r, made
+// together by NewComms. JobOptions (launch.Options.Config) also chooses
+// the libraries and every rank's Config.
+//
 // # Failure
 //
 // A watchdog goroutine per communicator polls ncclCommGetAsyncError and the
