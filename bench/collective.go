@@ -396,9 +396,9 @@ type rankBufs struct {
 	// (Uint8, the whole size); kern is set for device buffers.
 	sendBuf, recvBuf comm.Buffer
 	kern             comm.Kernels
-	elapsed    time.Duration
-	wrong      int64
-	err        error
+	elapsed          time.Duration
+	wrong            int64
+	err              error
 	// pending is an operation whose Wait ended with its context: the
 	// backend may still write its buffers until it completes.
 	pending    comm.Work
