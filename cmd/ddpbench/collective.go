@@ -280,16 +280,16 @@ func (w *collectiveWriter) tableHeader() error {
 		o.ranks, cfg.MinBytes, cfg.MaxBytes, step, cfg.Warmup, cfg.Iters, validation)
 	fmt.Fprintf(b, "#\n# Using devices\n")
 	for r := range o.ranks {
-		dev, kind := r, "[cpu]"
+		dev := fmt.Sprintf("%2d [cpu]", r)
 		if o.backend.device {
-			dev, kind = w.device(r)
+			dev = w.device(r)
 		}
 		if w.hosts != nil {
 			h := w.hosts[r]
-			fmt.Fprintf(b, "#  Rank %2d Group  0 Pid %6d on %10s device %2d %s %s process\n", r, h.PID, h.Name, dev, kind, o.backend.name)
+			fmt.Fprintf(b, "#  Rank %2d Group  0 Pid %6d on %10s device %s %s process\n", r, h.PID, h.Name, dev, o.backend.name)
 			continue
 		}
-		fmt.Fprintf(b, "#  Rank %2d Group  0 Pid %6d on %10s device %2d %s %s rank goroutine\n", r, w.pid, w.host, dev, kind, o.backend.name)
+		fmt.Fprintf(b, "#  Rank %2d Group  0 Pid %6d on %10s device %s %s rank goroutine\n", r, w.pid, w.host, dev, o.backend.name)
 	}
 	fmt.Fprintf(b, "#\n")
 	if bench.EmulatedOutOfPlace(cfg.Op) {
@@ -309,20 +309,20 @@ func (w *collectiveWriter) tableHeader() error {
 	return err
 }
 
-// device returns rank r's device ordinal and its name in brackets, where
-// this process runs rank r; a launched job's other ranks are only known
-// to run on the device of their local rank.
-func (w *collectiveWriter) device(r int) (int, string) {
+// device describes rank r's device, its ordinal and its name, where this
+// process runs rank r; a launched job's other ranks run on the device of
+// their local rank, which this process does not know.
+func (w *collectiveWriter) device(r int) string {
 	for _, c := range w.comms {
 		if c.Rank() == r {
 			d := comm.DeviceOf(c)
 			if d < len(w.o.backend.devices) {
-				return d, "[" + w.o.backend.devices[d] + "]"
+				return fmt.Sprintf("%2d [%s]", d, w.o.backend.devices[d])
 			}
-			return d, "[device]"
+			return fmt.Sprintf("%2d", d)
 		}
 	}
-	return -1, "[its local rank's]"
+	return " ? [its local rank's]"
 }
 
 // ncclTestName returns the name of op's nccl-tests binary without
