@@ -104,6 +104,21 @@ type CollectiveConfig struct {
 	// Average is how the ranks' times make a row's time (nccl-tests' -a);
 	// the zero value is the mean, nccl-tests' default.
 	Average Average
+	// Device puts each rank's buffers in its device's memory, from a
+	// CommPool over its communicator's own Source (DeviceMemory, as
+	// nccl.Comm has), filled and read back through its kernels, as
+	// nccl-tests' buffers are cudaMalloc'd. Without it the buffers are
+	// host memory, which a device backend would stage: a device figure
+	// must not include that.
+	Device bool
+}
+
+// DeviceMemory is what a communicator offers for its collectives to run
+// on device memory: a Source of that memory for a CommPool, and the
+// kernels (comm.KernelSource) that reach it. nccl.Comm has both.
+type DeviceMemory interface {
+	comm.KernelSource
+	Source() allocator.Source
 }
 
 // Average says how the ranks' times of one placement combine into its
@@ -301,7 +316,13 @@ func RunCollective(ctx context.Context, comms []comm.Communicator, cfg Collectiv
 	sizes := cfg.Sizes()
 	maxCount, _ := geometry(cfg.Op, cfg.DType, sizes[len(sizes)-1], n)
 	es := cfg.DType.Size()
-	ranks, release, err := newRankBufs(len(comms), maxCount*es)
+	var ranks []*rankBufs
+	var release func()
+	if cfg.Device {
+		ranks, release, err = newDeviceBufs(comms, maxCount*es)
+	} else {
+		ranks, release, err = newRankBufs(len(comms), maxCount*es)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -367,10 +388,17 @@ func placeName(inPlace bool) string {
 // rankBufs is one rank's buffers and its outcome in the current
 // placement.
 type rankBufs struct {
-	send, recv []byte // views of pool blocks
-	elapsed    time.Duration
-	wrong      int64
-	err        error
+	// send and recv are the buffers' bytes: views of host pool blocks,
+	// or, for device buffers, host copies that fillInputs writes and
+	// uploads, and into which the result is downloaded to be checked.
+	send, recv []byte
+	// sendBuf and recvBuf are the buffers as collectives take them
+	// (Uint8, the whole size); kern is set for device buffers.
+	sendBuf, recvBuf comm.Buffer
+	kern             comm.Kernels
+	elapsed          time.Duration
+	wrong            int64
+	err              error
 	// pending is an operation whose Wait ended with its context: the
 	// backend may still write its buffers until it completes.
 	pending    comm.Work
@@ -421,9 +449,75 @@ func newRankBufs(n, size int) ([]*rankBufs, func(), error) {
 			}
 			blocks = append(blocks, b)
 		}
-		ranks[r] = &rankBufs{send: blocks[2*r].Bytes()[:size:size], recv: blocks[2*r+1].Bytes()[:size:size]}
+		rb := &rankBufs{send: blocks[2*r].Bytes()[:size:size], recv: blocks[2*r+1].Bytes()[:size:size]}
+		rb.sendBuf = comm.HostBuffer(blocks[2*r].Addr(), size, comm.Uint8)
+		rb.recvBuf = comm.HostBuffer(blocks[2*r+1].Addr(), size, comm.Uint8)
+		ranks[r] = rb
 	}
 	return ranks, release, nil
+}
+
+// newDeviceBufs is newRankBufs in each rank's device memory: a CommPool
+// per rank over its communicator's Source, and host copies of both
+// buffers to fill and check them.
+func newDeviceBufs(comms []comm.Communicator, size int) ([]*rankBufs, func(), error) {
+	per := int64(size+allocator.Alignment-1) &^ (allocator.Alignment - 1)
+	if 2*per > math.MaxInt-(1<<20) {
+		return nil, nil, fmt.Errorf("bench: 2 buffers of %d bytes: more than an address space holds", size)
+	}
+	pools := make([]*allocator.Pool, len(comms))
+	blocks := make([][2]allocator.Block, len(comms))
+	ranks := make([]*rankBufs, len(comms))
+	release := func() {
+		for i, p := range pools {
+			if p == nil {
+				continue
+			}
+			if rb := ranks[i]; rb == nil || rb.drained() {
+				for _, b := range blocks[i] {
+					if b.Addr() != nil {
+						p.Put(b)
+					}
+				}
+			}
+			p.Close() // a leaked block keeps its slab mapped
+		}
+	}
+	for r, c := range comms {
+		dm, ok := c.(DeviceMemory)
+		if !ok {
+			release()
+			return nil, nil, fmt.Errorf("%w: device buffers need a communicator with device memory (DeviceMemory); rank %d's (%s) has none",
+				ErrConfig, c.Rank(), comm.CapsOf(c).Backend)
+		}
+		p, err := allocator.New(allocator.Options{Source: dm.Source(), Limit: 2*per + 1<<20, SlabSize: int(2 * per)})
+		if err != nil {
+			release()
+			return nil, nil, fmt.Errorf("bench: rank %d: a device CommPool of 2 x %d bytes: %w", c.Rank(), size, err)
+		}
+		pools[r] = p
+		rb := &rankBufs{send: make([]byte, size), recv: make([]byte, size), kern: dm.Kernels()}
+		for i, dst := range []*comm.Buffer{&rb.sendBuf, &rb.recvBuf} {
+			b, err := p.Get(size)
+			if err != nil {
+				release()
+				return nil, nil, fmt.Errorf("bench: rank %d: a device buffer of %d bytes: %w", c.Rank(), size, err)
+			}
+			blocks[r][i] = b
+			*dst = comm.Buffer{Addr: b.Addr(), Count: size, DType: comm.Uint8, Loc: comm.Device, Device: comm.DeviceOf(c)}
+		}
+		ranks[r] = rb
+	}
+	return ranks, release, nil
+}
+
+// typed returns the first elems elements of dt of b (a Uint8 buffer).
+func typed(b comm.Buffer, elems int, dt comm.DType) comm.Buffer {
+	b.Count, b.DType = elems, dt
+	if elems == 0 {
+		b.Addr = nil
+	}
+	return b
 }
 
 // wait waits for w, remembering it if ctx ends first.
@@ -455,10 +549,7 @@ func (b *rankBufs) drained() bool {
 func issueFunc(c comm.Communicator, b *rankBufs, cfg *CollectiveConfig, count, per int, inPlace bool) (issue func() comm.Work, out comm.Buffer) {
 	r, n := c.Rank(), c.Size()
 	dt := cfg.DType
-	buf := func(p []byte, elems int) comm.Buffer {
-		return comm.HostBuffer(unsafe.Pointer(unsafe.SliceData(p)), elems, dt)
-	}
-	send, recv := buf(b.send, count), buf(b.recv, count)
+	send, recv := typed(b.sendBuf, count, dt), typed(b.recvBuf, count, dt)
 	es := dt.Size()
 	switch cfg.Op {
 	case AllReduce:
@@ -469,6 +560,13 @@ func issueFunc(c comm.Communicator, b *rankBufs, cfg *CollectiveConfig, count, p
 	case Broadcast:
 		if inPlace || r != cfg.Root {
 			return func() comm.Work { return c.Broadcast(recv, cfg.Root) }, recv
+		}
+		if b.kern != nil {
+			// On the device stream, ordered before the broadcast.
+			return func() comm.Work {
+				b.kern.Copy(recv, send)
+				return c.Broadcast(recv, cfg.Root)
+			}, recv
 		}
 		return func() comm.Work {
 			copy(b.recv[:count*es], b.send[:count*es])
@@ -484,13 +582,13 @@ func issueFunc(c comm.Communicator, b *rankBufs, cfg *CollectiveConfig, count, p
 		}
 		return func() comm.Work { return c.Reduce(send, recv, cfg.RedOp, cfg.Root) }, out
 	case AllGather:
-		s := buf(b.send, per)
+		s := typed(b.sendBuf, per, dt)
 		if inPlace {
 			s = recv.Slice(r*per, per)
 		}
 		return func() comm.Work { return c.AllGather(s, recv) }, recv
 	case ReduceScatter:
-		o := buf(b.recv, per)
+		o := typed(b.recvBuf, per, dt)
 		if inPlace {
 			o = send.Slice(r*per, per)
 		}
@@ -635,11 +733,34 @@ func runRank(ctx context.Context, c comm.Communicator, b *rankBufs, cfg *Collect
 	if err := b.wait(ctx, issue()); err != nil {
 		return err
 	}
+	if b.kern != nil {
+		out = b.download(out)
+	}
 	if corruptHook != nil {
 		corruptHook(c.Rank(), inPlace, out)
 	}
 	b.wrong = p.check(cfg, c.Rank(), out, per)
 	return nil
+}
+
+// upload copies the host copies of a device rank's buffers (what
+// fillInputs wrote, count elements of dt) into the device buffers.
+func (b *rankBufs) upload(count int, dt comm.DType) {
+	n := count * dt.Size()
+	b.kern.Upload(typed(b.sendBuf, n, comm.Uint8), b.send[:n])
+	b.kern.Upload(typed(b.recvBuf, n, comm.Uint8), b.recv[:n])
+}
+
+// download copies out (device memory) into the host copy of the receive
+// buffer, whose filled values the check no longer needs, and returns it
+// as a host Buffer.
+func (b *rankBufs) download(out comm.Buffer) comm.Buffer {
+	if out.Count == 0 {
+		return comm.Buffer{DType: out.DType}
+	}
+	h := b.recv[:out.Bytes()]
+	b.kern.Download(h, out)
+	return comm.HostBuffer(unsafe.Pointer(unsafe.SliceData(h)), out.Count, out.DType)
 }
 
 // pattern is the data of a checked collective: element i of rank r's
@@ -689,6 +810,9 @@ func (p pattern) expected(red comm.Op, i int) float64 {
 }
 
 func (p pattern) fillInputs(cfg *CollectiveConfig, b *rankBufs, r, count, per int, inPlace bool) {
+	if b.kern != nil {
+		defer b.upload(count, p.dt)
+	}
 	es := p.dt.Size()
 	switch cfg.Op {
 	case AllReduce, Reduce, ReduceScatter:

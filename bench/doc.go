@@ -13,5 +13,14 @@
 // the step measures the reducer's pure synchronization overhead.
 //
 // Everything here runs every rank of a group in this process, one
-// goroutine per rank; each rank issues the same collective sequence.
+// goroutine per rank, or the one rank of this process in a job launched
+// with a process per rank; each rank issues the same collective sequence.
+//
+// A device backend (NCCL) is measured on device memory: with
+// CollectiveConfig.Device each rank's buffers come from a CommPool over
+// its communicator's own Source (DeviceMemory), and with device Pools in
+// Config the simulated backward writes the gradients with the
+// communicator's kernels and the check downloads them. Inputs are filled
+// on the host and uploaded, and results downloaded to be checked, outside
+// the timed loops; nothing timed passes through host memory.
 package bench

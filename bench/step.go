@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -73,7 +74,11 @@ type Config struct {
 	// AllGather over the communicator (outside the timed step).
 	Comms []comm.Communicator
 	// Pools, if not nil, holds each rank's CommPool; nil lets each Reducer
-	// own one.
+	// own one. A pool of device memory (Host false, over a device
+	// backend's Source) makes the simulated backward write each gradient
+	// with the communicator's kernels (comm.KernelSource), copying the
+	// rank's value from a device buffer, and the check read it back with
+	// Download: no gradient then passes through host memory.
 	Pools []*allocator.Pool
 
 	BucketCap, FirstBucketCap int // bytes; 0 -> ddp's defaults
@@ -286,6 +291,17 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			d := newDriver(reducers[r], cfg, cfg.Comms[r].Rank(), r, n)
 			d.ex = ex
 			defer d.timer.Stop()
+			if cfg.Pools != nil && !cfg.Pools[r].Host() {
+				release, err := d.onDevice(cfg.Comms[r], cfg.Pools[r])
+				if err != nil {
+					warm.Done()
+					agg.stop()
+					errs[r] = fmt.Errorf("rank %d: %w", cfg.Comms[r].Rank(), err)
+					cfg.Comms[r].Abort(errs[r])
+					return
+				}
+				defer release()
+			}
 			err := d.steps(ctx, cfg.Warmup, nil, nil)
 			warm.Done()
 			measured.Wait()
@@ -360,6 +376,38 @@ type driver struct {
 	// timer paces ComputeSleep; one per driver, reset for every wait, so
 	// that a cancellable sleep allocates nothing.
 	timer *time.Timer
+	// With a device pool: the kernels, a device float32 holding the
+	// rank's gradient value, and a host word to download into.
+	kern comm.Kernels
+	val  comm.Buffer
+	word []byte
+}
+
+// onDevice prepares the driver for gradients in device memory: the
+// communicator's kernels and, from pool, one float32 holding the rank's
+// value, which step copies into every gradient's ends. It returns the
+// function that gives the memory back.
+func (d *driver) onDevice(c comm.Communicator, pool *allocator.Pool) (func(), error) {
+	ks, ok := c.(comm.KernelSource)
+	if !ok {
+		return nil, fmt.Errorf("%w: a device pool, but the communicator (%s) has no kernels to write gradients with", ErrConfig, comm.CapsOf(c).Backend)
+	}
+	d.kern = ks.Kernels()
+	blk, err := pool.Get(4)
+	if err != nil {
+		return nil, fmt.Errorf("bench: a device float32 for the gradients' value: %w", err)
+	}
+	d.val = comm.Buffer{Addr: blk.Addr(), Count: 1, DType: comm.Float32, Loc: comm.Device, Device: comm.DeviceOf(c)}
+	d.word = make([]byte, 4)
+	binary.LittleEndian.PutUint32(d.word, math.Float32bits(float32(d.rank+1)))
+	d.kern.Upload(d.val, d.word)
+	return func() {
+		// The stream passes every use of val before Sync returns; if it
+		// cannot say so, val may still be read: keep it out of the pool.
+		if d.kern.Sync() == nil {
+			pool.Put(blk)
+		}
+	}, nil
 }
 
 func newDriver(red *ddp.Reducer, cfg Config, rank, local, n int) *driver {
@@ -461,6 +509,18 @@ func (d *driver) step(ctx context.Context) error {
 		}
 		// Producing the gradient is part of the compute being simulated:
 		// mark its ends, which the check reads back after the reduction.
+		if d.kern != nil {
+			g, err := d.red.GradBuffer(i)
+			if err != nil {
+				return err
+			}
+			d.kern.Copy(g.Slice(0, 1), d.val)
+			d.kern.Copy(g.Slice(g.Count-1, 1), d.val)
+			if err := d.red.Ready(i); err != nil {
+				return err
+			}
+			continue
+		}
 		g, err := d.red.Grad(i)
 		if err != nil {
 			return err
@@ -507,16 +567,32 @@ func (d *driver) await(ctx context.Context, start time.Time, at time.Duration) e
 func (d *driver) check() error {
 	want := float32(d.n+1) / 2
 	for i, p := range d.cfg.Params {
-		g, err := d.red.Grad(i)
-		if err != nil {
-			return err
+		var first, last float32
+		if d.kern != nil {
+			g, err := d.red.GradBuffer(i)
+			if err != nil {
+				return err
+			}
+			first, last = d.download(g.Slice(0, 1)), d.download(g.Slice(g.Count-1, 1))
+		} else {
+			g, err := d.red.Grad(i)
+			if err != nil {
+				return err
+			}
+			first, last = g[0], g[len(g)-1]
 		}
-		if !near(g[0], want, d.tol) || !near(g[len(g)-1], want, d.tol) {
+		if !near(first, want, d.tol) || !near(last, want, d.tol) {
 			return fmt.Errorf("%w: rank %d param %d (%s): got %g and %g at its ends, want %g",
-				ErrCheck, d.rank, i, p.Name, g[0], g[len(g)-1], want)
+				ErrCheck, d.rank, i, p.Name, first, last, want)
 		}
 	}
 	return nil
+}
+
+// download reads one device float32 (after everything issued before it).
+func (d *driver) download(b comm.Buffer) float32 {
+	d.kern.Download(d.word, b)
+	return math.Float32frombits(binary.LittleEndian.Uint32(d.word))
 }
 
 func near(got, want float32, tol float64) bool {

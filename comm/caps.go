@@ -40,6 +40,22 @@ func CapsOf(c Communicator) Caps {
 	return Caps{HostMemory: true}
 }
 
+// DeviceOwner is implemented by a backend whose rank works on one device
+// (NCCL: one GPU per rank). Device returns its ordinal, which Buffers of
+// that rank's device memory carry in Buffer.Device.
+type DeviceOwner interface {
+	Device() int
+}
+
+// DeviceOf returns the device ordinal of c's rank, or 0 for a backend
+// that does not say (DeviceOwner).
+func DeviceOf(c Communicator) int {
+	if d, ok := c.(DeviceOwner); ok {
+		return d.Device()
+	}
+	return 0
+}
+
 // Grouper is implemented by a backend that can batch several operations
 // into one launch (ncclGroupStart and ncclGroupEnd). Between GroupStart
 // and the matching GroupEnd, the rank's collectives are recorded and may

@@ -62,6 +62,37 @@ type KernelSource interface {
 	Kernels() Kernels
 }
 
+// The names of the Kernels operations that may be limited to some dtypes,
+// as KernelSupporter.Supports and Supports take them.
+const (
+	OpAdd        = "Add"
+	OpScale      = "Scale"
+	OpCompress   = "Compress"   // dt: the half-precision dtype written
+	OpDecompress = "Decompress" // dt: the half-precision dtype read
+	OpOverflows  = "Overflows"  // dt: the half-precision dtype counted
+)
+
+// KernelSupporter is implemented by Kernels that do some operations for
+// some dtypes only (a device's kernels, whose code exists for float32
+// alone) and panic for the others, as a programming error. Supports
+// reports whether op (OpAdd, ...) on buffers of dt is done. Callers that
+// choose kernels from data (the Reducer, from its parameters' dtypes and
+// its hook) ask before issuing anything, since a kernel's failure on a
+// device would surface only at Sync, which nothing may call.
+type KernelSupporter interface {
+	Supports(op string, dt DType) bool
+}
+
+// Supports reports whether k does op on dt: what k's Supports says, and
+// true for Kernels that do not implement KernelSupporter (HostKernels
+// do every operation for every dtype the contract names).
+func Supports(k Kernels, op string, dt DType) bool {
+	if s, ok := k.(KernelSupporter); ok {
+		return s.Supports(op, dt)
+	}
+	return true
+}
+
 // HostKernels returns the kernels for host memory.
 func HostKernels() Kernels { return hostKernels{} }
 

@@ -292,3 +292,19 @@ func FuzzHalfAdd(f *testing.F) {
 		}
 	})
 }
+
+// TestSupports: Kernels that do not implement KernelSupporter (the host's)
+// do everything; those that do are asked.
+func TestSupports(t *testing.T) {
+	if !Supports(HostKernels(), OpScale, Float16) || !Supports(HostKernels(), OpAdd, Float64) {
+		t.Error("HostKernels reported as not supporting Scale of half or Add of double")
+	}
+	k := float32Only{HostKernels()}
+	if Supports(k, OpScale, Float16) || !Supports(k, OpScale, Float32) || !Supports(k, OpCompress, Float16) {
+		t.Error("Supports does not ask a KernelSupporter")
+	}
+}
+
+type float32Only struct{ Kernels }
+
+func (float32Only) Supports(op string, dt DType) bool { return op != OpScale || dt == Float32 }

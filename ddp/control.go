@@ -19,9 +19,9 @@ import (
 // region returns count elements of dt at byte offset off of blk.
 func (r *Reducer) region(blk allocator.Block, off, count int, dt comm.DType) comm.Buffer {
 	if count == 0 {
-		return comm.Buffer{DType: dt, Loc: location(r.host)}
+		return comm.Buffer{DType: dt, Loc: location(r.host), Device: r.dev}
 	}
-	return comm.Buffer{Addr: unsafe.Add(blk.Addr(), off), Count: count, DType: dt, Loc: location(r.host)}
+	return comm.Buffer{Addr: unsafe.Add(blk.Addr(), off), Count: count, DType: dt, Loc: location(r.host), Device: r.dev}
 }
 
 // ctlAllGather gathers every rank's mine into all (Size times as long),

@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"unsafe"
 
 	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/hooks"
 )
 
 // A test-only "device": memory that Go code may not address. Its pool's
@@ -195,4 +197,89 @@ func TestDeviceMemory(t *testing.T) {
 
 func bytesOf(s []float32) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), 4*len(s))
+}
+
+// float32Kernels are deviceKernels that, like a GPU backend's, add and
+// scale float32 only (comm.KernelSupporter), and panic for what they do
+// not do, as a device's kernels do.
+type float32Kernels struct{ deviceKernels }
+
+func (float32Kernels) Supports(op string, dt comm.DType) bool {
+	switch op {
+	case comm.OpAdd, comm.OpScale:
+		return dt == comm.Float32
+	}
+	return true
+}
+
+func (k float32Kernels) Scale(b comm.Buffer, s float32) {
+	if b.DType != comm.Float32 {
+		panic(fmt.Sprintf("float32Kernels: Scale of %s", b.DType))
+	}
+	k.deviceKernels.Scale(b, s)
+}
+
+// TestKernelSupportRefused: New refuses, on every rank, a parameter whose
+// dtype needs a kernel that the pool's kernels do not do for it, naming
+// the parameter, the rank and the dtype; what they do is accepted and
+// reduced.
+func TestKernelSupportRefused(t *testing.T) {
+	checkNoLeak(t)
+	f16 := Param{Name: "half.weight", Shape: []int{8}, DType: comm.Float16}
+	bf16 := Param{Name: "bf.weight", Shape: []int{8}, DType: comm.BFloat16}
+	f32 := Param{Name: "fc.weight", Shape: []int{8}}
+	for _, tc := range []struct {
+		name   string
+		hook   func() hooks.Hook
+		join   JoinMode
+		params []Param
+		refuse string // the parameter named, "" when accepted
+		op     string
+	}{
+		{"allreduce/float16", hooks.AllReduce, JoinOff, []Param{f32, f16}, `parameter 1 ("half.weight") is half`, "hook allreduce needs Scale of half"},
+		{"fp16/bfloat16", hooks.FP16, JoinOff, []Param{bf16, f32}, `parameter 0 ("bf.weight") is bfloat16`, "hook fp16 needs Scale of bfloat16"},
+		{"avg/joinactive/float16", hooks.Avg, JoinActive, []Param{f16}, `parameter 0 ("half.weight") is half`, "JoinActive's rescaling needs Scale of half"},
+		{"avg/float16", hooks.Avg, JoinOff, []Param{f32, f16, bf16}, "", ""},
+		{"fp16/float32", hooks.FP16, JoinOff, []Param{f32}, "", ""},
+		{"allreduce/float32", hooks.AllReduce, JoinActive, []Param{f32}, "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const n = 2
+			cs := newTestGroup(t, n)
+			errs := runRanks(cs, func(rank int, c comm.Communicator) error {
+				pool, err := allocator.New(allocator.Options{Source: deviceSource{allocator.HostSource()}})
+				if err != nil {
+					return err
+				}
+				defer pool.Close()
+				k := float32Kernels{deviceKernels{comm.HostKernels()}}
+				r, err := New(context.Background(), deviceComm{c}, tc.params, Options{Pool: pool, Kernels: k, Hook: tc.hook(), Join: tc.join})
+				if err != nil {
+					return err
+				}
+				defer r.Close()
+				if err := r.Begin(Sync); err != nil {
+					return err
+				}
+				for i := range tc.params {
+					if err := r.Ready(i); err != nil {
+						return err
+					}
+				}
+				return r.Wait(context.Background())
+			})
+			for rank, err := range errs {
+				if tc.refuse == "" {
+					if err != nil {
+						t.Errorf("rank %d: %v", rank, err)
+					}
+					continue
+				}
+				want := fmt.Sprintf("rank %d: %s", rank, tc.refuse)
+				if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), tc.op) {
+					t.Errorf("rank %d: New: %v; want ErrUnsupported naming %q and %q", rank, err, want, tc.op)
+				}
+			}
+		})
+	}
 }

@@ -202,7 +202,14 @@
 // kernels (Options.Kernels, or the communicator's comm.KernelSource) and a
 // communicator that carries device memory: the Reducer then reaches the
 // gradients only through the kernels, GradBuffer gives them as
-// comm.Buffers, SetGrad uploads, and Grad fails with ErrOptions.
+// comm.Buffers (on the rank's device, comm.DeviceOf), SetGrad uploads,
+// and Grad fails with ErrOptions. Kernels that do some operations for
+// some dtypes only (comm.KernelSupporter: NCCL's device kernels add and
+// scale float32 alone) are asked when New builds the Reducer, for every
+// operation the hook (hooks.KernelUser) and JoinActive would apply to
+// each parameter's dtype; a parameter that needs one they lack fails New
+// with ErrUnsupported, naming it, the rank and the dtype, rather than
+// panicking on the launcher goroutine in the first step.
 //
 // No block goes back to the pool while a collective may still write it.
 // When the Reducer lets go of memory with collectives in flight (Close

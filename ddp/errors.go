@@ -32,7 +32,9 @@ var (
 	ErrGradSize = errors.New("ddp: wrong gradient size")
 	// ErrUnsupported: a parameter New cannot reduce: a dtype that is not
 	// floating-point, one the hook refuses (hooks.FP16 and hooks.BF16
-	// refuse float64), or a shape whose size overflows.
+	// refuse float64), one whose reduction needs a kernel that the
+	// pool's kernels do not do for it (comm.Supports: a device's kernels
+	// scale float32 only), or a shape whose size overflows.
 	ErrUnsupported = errors.New("ddp: unsupported parameter")
 	// ErrOptions: an Options field is out of range (a negative bucket
 	// cap) or does not fit the memory or the communicator (a device pool

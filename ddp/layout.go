@@ -100,7 +100,7 @@ func (r *Reducer) build(bs []bucket.Bucket) (*layout, error) {
 			}
 			L.bucketOf[p] = k
 		}
-		L.hb[k] = hooks.Bucket{Index: k, Buf: buf, Scratch: comm.Buffer{DType: comm.Uint8, Loc: loc}}
+		L.hb[k] = hooks.Bucket{Index: k, Buf: buf, Scratch: comm.Buffer{DType: comm.Uint8, Loc: loc, Device: r.dev}}
 	}
 	slots := min(r.window, len(bs))
 	need := make([]int, slots)

@@ -35,6 +35,7 @@ type Reducer struct {
 	ownPool bool
 	kern    comm.Kernels
 	host    bool // the pool's memory is addressable from Go
+	dev     int  // device memory's ordinal (comm.DeviceOf), in its Buffers
 	hook    hooks.Hook
 
 	lay     atomic.Pointer[layout] // current layout (read by the communication goroutines)
@@ -172,6 +173,9 @@ func (r *Reducer) memory(params []Param) (fatal, local error) {
 		r.ownPool = true
 	}
 	r.host = r.pool.Host()
+	if !r.host {
+		r.dev = comm.DeviceOf(r.c)
+	}
 	r.kern = o.Kernels
 	if r.kern == nil {
 		if r.host {
@@ -212,7 +216,7 @@ func (r *Reducer) memory(params []Param) (fatal, local error) {
 	if r.ownPool {
 		r.pool.Close()
 	}
-	r.pool, r.ownPool, r.host, r.kern = pool, true, true, comm.HostKernels()
+	r.pool, r.ownPool, r.host, r.dev, r.kern = pool, true, true, 0, comm.HostKernels()
 	return nil, bad
 }
 
@@ -305,6 +309,9 @@ func (r *Reducer) prepare(params []Param) error {
 	if err := r.hook.Setup(r.c, r.kern); err != nil {
 		return fmt.Errorf("ddp: rank %d: setting up hook %s: %w", r.c.Rank(), r.hook.Name(), err)
 	}
+	if err := r.checkKernels(); err != nil {
+		return err
+	}
 	if err := r.adopt(bs); err != nil {
 		return fmt.Errorf("ddp: rank %d: %w", r.c.Rank(), err)
 	}
@@ -312,6 +319,46 @@ func (r *Reducer) prepare(params []Param) error {
 		return err
 	}
 	return r.prepareJoin()
+}
+
+// checkKernels refuses a parameter whose reduction needs a kernel that
+// r.kern does not do for its dtype (comm.Supports): the hook's operations
+// (hooks.KernelUser) and JoinActive's rescaling. A device's kernels would
+// otherwise panic on the launcher goroutine, or fail where only Sync,
+// which the Reducer never calls, would tell. The first parameter of each
+// dtype is named.
+func (r *Reducer) checkKernels() error {
+	where := "host"
+	if !r.host {
+		where = "device"
+	}
+	seen := map[comm.DType]bool{}
+	for i, p := range r.params {
+		if seen[p.DType] {
+			continue
+		}
+		seen[p.DType] = true
+		type use struct {
+			hooks.KernelUse
+			by string
+		}
+		var uses []use
+		if u, ok := r.hook.(hooks.KernelUser); ok {
+			for _, k := range u.KernelOps(p.DType) {
+				uses = append(uses, use{k, "hook " + r.hook.Name()})
+			}
+		}
+		if r.o.Join == JoinActive && !(p.DType == comm.Float64 && r.host) {
+			uses = append(uses, use{hooks.KernelUse{Op: comm.OpScale, DType: p.DType}, "JoinActive's rescaling"})
+		}
+		for _, u := range uses {
+			if !comm.Supports(r.kern, u.Op, u.DType) {
+				return fmt.Errorf("%w: rank %d: parameter %d (%q) is %s: %s needs %s of %s, which the %s kernels (backend %q) do not do; keep its gradient in float32, or reduce it without that kernel",
+					ErrUnsupported, r.c.Rank(), i, p.Name, p.DType, u.by, u.Op, u.DType, where, comm.CapsOf(r.c).Backend)
+			}
+		}
+	}
+	return nil
 }
 
 // Rank returns the rank of the Reducer's communicator.

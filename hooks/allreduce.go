@@ -75,6 +75,15 @@ func (h *plain) Launch(b *Bucket) (comm.Work, error) {
 	return h.c.AllReduce(b.Buf, b.Buf, h.op), nil
 }
 
+// KernelOps is the prescaling Scale, where Launch does one: for every
+// dtype but float64, when the collective is a Sum over more than one rank.
+func (h *plain) KernelOps(dt comm.DType) []KernelUse {
+	if dt == comm.Float64 || !dt.IsFloat() || h.op != comm.Sum || h.n < 2 {
+		return nil
+	}
+	return []KernelUse{{comm.OpScale, dt}}
+}
+
 func (h *plain) Close() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -113,6 +113,21 @@ func (h *half) Finish(b *Bucket) error {
 	return nil
 }
 
+// KernelOps: a float32 bucket is compressed, counted and decompressed
+// through the wire dtype; a half-precision one is scaled in its own dtype
+// when there is more than one rank.
+func (h *half) KernelOps(dt comm.DType) []KernelUse {
+	switch dt {
+	case comm.Float32:
+		return []KernelUse{{comm.OpCompress, h.wire}, {comm.OpOverflows, h.wire}, {comm.OpDecompress, h.wire}}
+	case comm.Float16, comm.BFloat16:
+		if h.scale != 1 {
+			return []KernelUse{{comm.OpScale, dt}}
+		}
+	}
+	return nil
+}
+
 func (h *half) Close() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()

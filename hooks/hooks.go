@@ -63,6 +63,25 @@ type Hook interface {
 	Close() error
 }
 
+// KernelUse is one operation of comm.Kernels that a hook applies to bucket
+// memory: Op (comm.OpScale, comm.OpCompress, ...) on buffers of DType.
+type KernelUse struct {
+	Op    string
+	DType comm.DType
+}
+
+// KernelUser is implemented by a hook that can say, once set up, which
+// Kernels operations reducing a bucket of dt applies, besides Zero, Copy,
+// Upload and Download, which every Kernels does for every dtype. The
+// Reducer asks it when it is built and refuses a parameter whose dtype
+// needs an operation that its kernels do not do (comm.Supports): a
+// device's kernels panic for a dtype they have no code for, on the
+// Reducer's launcher goroutine. The built-in hooks implement it; a hook
+// that does not is trusted.
+type KernelUser interface {
+	KernelOps(dt comm.DType) []KernelUse
+}
+
 // Bucket is what a Hook reduces: one bucket of gradients.
 type Bucket struct {
 	Index int         // bucket index in the current layout

@@ -11,6 +11,14 @@
 //
 //	cs, err := launch.Open(ctx, "mpi", launch.Options{})   // one rank per process
 //	cs, err := launch.Open(ctx, "inproc", launch.Options{Ranks: 4}) // 4 ranks in this process
+//	cs, err := launch.Open(ctx, "nccl", launch.Options{Ranks: 4})   // either: see below
+//
+// A backend runs its ranks in this process (inproc), one rank per process
+// started by a launcher (Backend.Launched: mpi), or either way
+// (Backend.InProcess too: nccl, one GPU per rank in each case): one rank
+// when a launcher started the process (or Options.Env is given), and
+// Options.Ranks ranks when FromEnv finds no launcher at all. Job.Launched
+// tells such a backend which.
 //
 // # Backends register themselves
 //
@@ -23,6 +31,8 @@
 // registry keeps that choice in the program (as database/sql drivers and
 // image formats do). Package mpi registers "mpi" in every build: without
 // its build tag, opening it fails with an error that says how to build it.
+// Package nccl registers "nccl" in every build too; it needs no tag, and
+// opening it without NCCL installed fails saying what to install.
 //
 // # Bootstrap
 //

@@ -20,6 +20,12 @@ type Backend struct {
 	// Launched backends run one rank per process: Open gives them the
 	// launcher's environment in Job.Env (FromEnv, or Options.Env).
 	Launched bool
+	// InProcess, on a Launched backend, lets it run either way (nccl):
+	// one rank per process when Options.Env is given or a launcher
+	// started this process, and otherwise, when FromEnv finds no launcher
+	// at all (ErrNoLauncher), Options.Ranks ranks in this process.
+	// Job.Launched tells the backend which.
+	InProcess bool
 	// Open starts the backend for job and returns this process's
 	// communicators: one for a launched backend, Job.Ranks otherwise.
 	Open func(ctx context.Context, job Job) ([]comm.Communicator, error)
@@ -27,7 +33,10 @@ type Backend struct {
 
 // Job is what Open hands a backend.
 type Job struct {
-	// Env is the launcher's environment (launched backends only).
+	// Launched: the job runs one rank per process and Env is the
+	// launcher's; always so for a Launched backend that is not InProcess.
+	Launched bool
+	// Env is the launcher's environment (launched jobs only).
 	Env Env
 	// Ranks is the number of ranks to start in this process (backends
 	// that are not launched, such as inproc).
@@ -39,7 +48,8 @@ type Job struct {
 // Options configures Open.
 type Options struct {
 	// Ranks is the number of in-process ranks of a backend that is not
-	// launched (inproc); 0 means 1.
+	// launched (inproc), or of an InProcess backend that no launcher
+	// started (nccl); 0 means 1.
 	Ranks int
 	// Env overrides the launcher's environment for a launched backend;
 	// nil means FromEnv().
@@ -91,8 +101,9 @@ func Backends() []string {
 }
 
 // Open starts the named backend and returns this process's communicators:
-// Options.Ranks of them for inproc, one for a launched backend (mpi,
-// nccl), whose rank and size come from the launcher's environment. With
+// Options.Ranks of them for inproc, one for a launched backend (mpi),
+// whose rank and size come from the launcher's environment, and either
+// for an InProcess one (nccl), as a launcher started this process or not. With
 // DDPGO_DISTRIBUTED_DEBUG=DETAIL in the environment, each is wrapped by
 // package checked, so that ranks whose calls disagree fail naming each
 // other (PyTorch's TORCH_DISTRIBUTED_DEBUG=DETAIL).
@@ -110,14 +121,25 @@ func Open(ctx context.Context, backend string, o Options) ([]comm.Communicator, 
 	}
 	job := Job{Ranks: max(o.Ranks, 1), Config: o.Config}
 	if b.Launched {
+		env, err := Env{}, error(nil)
 		if o.Env != nil {
-			job.Env = *o.Env
+			env = *o.Env
 		} else {
-			env, err := FromEnv()
-			if err != nil {
-				return nil, fmt.Errorf("launch: backend %s runs one rank per process: %w", backend, err)
+			env, err = FromEnv()
+		}
+		switch {
+		case err == nil:
+			job.Env, job.Launched = env, true
+			if b.InProcess && o.Ranks > 1 {
+				return nil, fmt.Errorf("%w: backend %s: Options.Ranks %d, but a launcher started this process (%s), which runs one rank",
+					comm.ErrInvalid, backend, o.Ranks, env)
 			}
-			job.Env = env
+		case b.InProcess && errors.Is(err, ErrNoLauncher):
+			// No launcher: Ranks ranks in this process.
+		case b.InProcess:
+			return nil, fmt.Errorf("launch: backend %s: %w", backend, err)
+		default:
+			return nil, fmt.Errorf("launch: backend %s runs one rank per process: %w", backend, err)
 		}
 	}
 	cs, err := b.Open(ctx, job)

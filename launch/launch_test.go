@@ -158,3 +158,53 @@ func TestOpenChecked(t *testing.T) {
 		}
 	}
 }
+
+// either is a backend that runs under a launcher or in this process.
+var eitherJobs = make(chan launch.Job, 1)
+
+func init() {
+	launch.Register(launch.Backend{Name: "either", Launched: true, InProcess: true, Open: func(_ context.Context, job launch.Job) ([]comm.Communicator, error) {
+		eitherJobs <- job
+		return nil, nil
+	}})
+}
+
+// TestOpenEither: an InProcess backend is launched when a launcher started
+// the process (or Options.Env says so), runs Options.Ranks ranks when no
+// launcher did, and fails on a broken launcher environment.
+func TestOpenEither(t *testing.T) {
+	ctx := context.Background()
+	clearLaunchers(t)
+	if _, err := launch.Open(ctx, "either", launch.Options{Ranks: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if job := <-eitherJobs; job.Launched || job.Ranks != 3 {
+		t.Errorf("no launcher: job %+v; want 3 ranks in process", job)
+	}
+
+	env := launch.Env{Launcher: "openmpi", Rank: 1, Size: 2}
+	if _, err := launch.Open(ctx, "either", launch.Options{Env: &env}); err != nil {
+		t.Fatal(err)
+	}
+	if job := <-eitherJobs; !job.Launched || job.Env != env {
+		t.Errorf("Options.Env: job %+v; want launched with the given Env", job)
+	}
+
+	for k, v := range map[string]string{"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "localhost", "MASTER_PORT": "29500"} {
+		t.Setenv(k, v)
+	}
+	if _, err := launch.Open(ctx, "either", launch.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if job := <-eitherJobs; !job.Launched || job.Env.Launcher != "torchrun" || job.Env.Size != 2 {
+		t.Errorf("torchrun's variables: job %+v; want launched, rank 0 of 2", job)
+	}
+	if _, err := launch.Open(ctx, "either", launch.Options{Ranks: 2}); !errors.Is(err, comm.ErrInvalid) || !strings.Contains(err.Error(), "one rank") {
+		t.Errorf("Ranks 2 under torchrun: %v; want ErrInvalid", err)
+	}
+
+	os.Unsetenv("MASTER_PORT")
+	if _, err := launch.Open(ctx, "either", launch.Options{Ranks: 2}); !errors.Is(err, launch.ErrEnv) || !strings.Contains(err.Error(), "MASTER_PORT") {
+		t.Errorf("a half-set torchrun environment: %v; want ErrEnv, not a silent in-process job", err)
+	}
+}

@@ -128,6 +128,12 @@ static void *ddp_dlopen(const char *path, char *err, size_t errlen) {
 	return h;
 }
 static void *ddp_dlsym(void *h, const char *name) { return dlsym(h, name); }
+// ddp_standin calls the stand-in's ddpgo_standin, which only the test
+// stand-in exports, or returns NULL.
+static const char *ddp_standin(void *h) {
+	const char *(*f)(void) = (const char *(*)(void))dlsym(h, "ddpgo_standin");
+	return f ? f() : NULL;
+}
 static void ddp_dlclose(void *h) { dlclose(h); }
 
 #define F(T, name) ((T)L->f[S_##name])
@@ -417,6 +423,7 @@ const ctxErr = C.DDP_CTXERR
 type cdriver struct {
 	t          *C.ddp_lib
 	cuda, nccl unsafe.Pointer // dlopen handles
+	standin    string         // the test stand-in's description, "" for real libraries
 }
 
 func cgoEnabled() bool { return true }
@@ -444,6 +451,11 @@ func openDriver(ncclPath, cudaPath string, hide map[string]bool) (driver, []symb
 	if d.nccl, msg = open(ncclPath); d.nccl == nil {
 		d.close()
 		return nil, nil, &LoadError{Library: ncclPath, Reason: msg}
+	}
+	for _, h := range []unsafe.Pointer{d.nccl, d.cuda} {
+		if s := C.ddp_standin(h); s != nil && d.standin == "" {
+			d.standin = C.GoString(s)
+		}
 	}
 	n := int(C.ddp_nsyms())
 	syms := make([]symbol, n)
@@ -478,6 +490,8 @@ func (d *cdriver) close() {
 		d.t = nil
 	}
 }
+
+func (d *cdriver) standIn() string { return d.standin }
 
 func (d *cdriver) cuErr(call string, r C.CUresult) error {
 	if r == 0 {

@@ -79,10 +79,38 @@ func TestInfo(t *testing.T) {
 		t.Errorf("devices %+v", info.Devices)
 	}
 	s := info.String()
-	for _, want := range []string{"NCCL 2.21.5", "CUDA driver API 12.6", "4 device(s)", "compute capability 9.0"} {
+	if !strings.Contains(info.StandIn, "stand-in") || lib.StandIn() != info.StandIn {
+		t.Errorf("StandIn %q (Library: %q); want the stand-in's description", info.StandIn, lib.StandIn())
+	}
+	for _, want := range []string{"STAND-IN", "not NCCL", "NCCL 2.21.5", "CUDA driver API 12.6", "4 device(s)", "compute capability 9.0"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("Info.String() = %q, missing %q", s, want)
 		}
+	}
+}
+
+// TestLibrariesFromEnv: empty Libraries fields take DDPGO_NCCL_LIBRARY
+// and DDPGO_CUDA_LIBRARY, and a path there that does not load is an error
+// that names it and says what to install.
+func TestLibrariesFromEnv(t *testing.T) {
+	t.Setenv(EnvNCCL, si.NCCL)
+	t.Setenv(EnvCUDA, si.CUDA)
+	l, err := Open(Libraries{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Paths() != (Libraries{NCCL: si.NCCL, CUDA: si.CUDA}) || l.StandIn() == "" {
+		t.Errorf("Open(Libraries{}) with the variables set: paths %+v, stand-in %q", l.Paths(), l.StandIn())
+	}
+	t.Setenv(EnvNCCL, "/nonexistent/lib/libnccl.so.2")
+	_, err = Open(Libraries{})
+	for _, want := range []string{"/nonexistent/lib/libnccl.so.2", "nvidia-nccl-cu12", EnvNCCL, "install NCCL"} {
+		if !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), want) {
+			t.Errorf("Open with %s naming no library: %v; want ErrNotFound saying %q", EnvNCCL, err, want)
+		}
+	}
+	if info := GetInfo(Libraries{}); info.NCCL != "/nonexistent/lib/libnccl.so.2" || !errors.Is(info.Err, ErrNotFound) {
+		t.Errorf("GetInfo with %s set: %+v", EnvNCCL, info)
 	}
 }
 

@@ -231,8 +231,8 @@ func (l *Library) awaitReady(ctx context.Context, h uintptr) error {
 }
 
 // Comm is one rank's NCCL communicator; it implements comm.Communicator,
-// comm.Capable, comm.Grouper and comm.KernelSource. See the package
-// documentation for its model.
+// comm.Capable, comm.Grouper, comm.KernelSource and comm.DeviceOwner. See
+// the package documentation for its model.
 type Comm struct {
 	lib    *Library
 	d      driver

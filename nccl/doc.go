@@ -10,7 +10,10 @@
 // binding_cgo.go, checked against NCCL's src/nccl.h.in (ncclConfig_t in
 // its 2.17 layout: NCCL copies min(size, its own sizeof) and defaults the
 // newer fields) and CUDA 12.6's cuda.h (the _v2 symbols its macros name).
-// Only the driver API is used; no libcudart. A missing library or
+// Only the driver API is used; no libcudart. Libraries' empty fields
+// mean the paths in DDPGO_NCCL_LIBRARY and DDPGO_CUDA_LIBRARY when set
+// (pip's nvidia-nccl-cu12 keeps libnccl.so.2 in a directory the loader
+// does not search), else the standard names. A missing library or
 // required symbol is a *LoadError (ErrNotFound) saying what to install;
 // NCCL older than MinVersion (2.14) is ErrVersion; optional symbols
 // (ncclMemAlloc and ncclCommRegister, 2.19; ncclGetLastError, 2.13) may
@@ -48,6 +51,20 @@
 // NCCL's group state belongs to the calling thread, a group is launched in
 // one cgo call, and each cgo call makes the device's primary context
 // current on its thread first.
+//
+// # Launching
+//
+// The package registers "nccl" with package launch (import it, blank or
+// not, and launch.Open(ctx, "nccl", ...) opens it), which runs it either
+// way. Under a launcher (mpirun, srun, torchrun: launch.FromEnv finds
+// one, or Options.Env is given) the process runs one rank, on the device
+// of its local rank unless JobOptions.Devices says otherwise, and rank 0's
+// unique id reaches the others through launch.NewBootstrap (MPI, where
+// mpirun started the job and package mpi is built in) or else through the
+// rendezvous store rank 0 serves at MASTER_ADDR:MASTER_PORT. Started by
+// hand, the process runs Options.Ranks ranks, rank r on device r, made
+// together by NewComms. JobOptions (launch.Options.Config) also chooses
+// the libraries and every rank's Config.
 //
 // # Failure
 //
@@ -98,5 +115,7 @@
 // stall a rank and count allocations and registrations. It cannot run
 // PTX: a kernel launched through it runs a C emulation chosen by its name,
 // which checks the launch's marshalling, not the PTX. Nothing measured
-// over it says anything about a GPU.
+// over it says anything about a GPU. It exports ddpgo_standin, which no
+// real library has: Library.StandIn and Info.StandIn report it, and
+// ddpbench prints it beside every figure measured over it.
 package nccl

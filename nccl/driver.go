@@ -9,6 +9,9 @@ import "unsafe"
 // fails with ErrNoCgo.
 type driver interface {
 	close()
+	// standIn describes the test stand-in when it is what was loaded
+	// (it exports ddpgo_standin), and is "" for real libraries.
+	standIn() string
 
 	ncclVersion() (int, error)
 	driverVersion() (int, error)

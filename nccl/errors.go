@@ -44,9 +44,10 @@ func (e *LoadError) Error() string {
 		what = fmt.Sprintf("nccl: cannot load %s: %s", e.Library, e.Reason)
 	}
 	if e.cuda {
-		return what + "; libcuda.so.1 comes with the NVIDIA driver: install the driver (CUDA 12 or newer) or set Libraries.CUDA to its path"
+		return what + "; libcuda.so.1 comes with the NVIDIA driver: install the driver (CUDA 12 or newer), or point " + EnvCUDA + " (Libraries.CUDA) at it"
 	}
-	return what + fmt.Sprintf("; install NCCL %s or newer (2.19 or newer for ncclMemAlloc and buffer registration), e.g. the libnccl2 package of NVIDIA's CUDA repository or pip's nvidia-nccl-cu12, or set Libraries.NCCL to its path", VersionString(MinVersion))
+	return what + fmt.Sprintf("; install NCCL %s or newer (2.19 or newer for ncclMemAlloc and buffer registration), e.g. the libnccl2 package of NVIDIA's CUDA repository, "+
+		"or pip's nvidia-nccl-cu12 and point %s (Libraries.NCCL) at its lib/libnccl.so.2", VersionString(MinVersion), EnvNCCL)
 }
 
 // Unwrap returns ErrNotFound.

@@ -71,6 +71,19 @@ const threadsPerBlock = 256
 
 func (deviceKernels) Location() comm.Location { return comm.Device }
 
+// Supports (comm.KernelSupporter): Add and Scale exist for float32 only;
+// Compress, Decompress and Overflows for float16 and bfloat16 against
+// float32. Zero, Copy, Upload and Download move bytes of any dtype.
+func (deviceKernels) Supports(op string, dt comm.DType) bool {
+	switch op {
+	case comm.OpAdd, comm.OpScale:
+		return dt == comm.Float32
+	case comm.OpCompress, comm.OpDecompress, comm.OpOverflows:
+		return dt == comm.Float16 || dt == comm.BFloat16
+	}
+	return true
+}
+
 func (k deviceKernels) dev(op string, b comm.Buffer) uintptr {
 	if b.Loc != comm.Device || b.Device != k.c.dev.ordinal {
 		panic(fmt.Sprintf("nccl: %s of a %s buffer (loc %d, device %d); the kernels of rank %d take memory of device %d",

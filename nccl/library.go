@@ -1,25 +1,37 @@
 package nccl
 
 import (
+	"cmp"
 	"fmt"
+	"os"
 	"sort"
 	"sync"
 )
 
-// Libraries names the shared objects to load. Empty fields mean the
-// standard names, found by the dynamic loader's search (LD_LIBRARY_PATH,
-// the ld.so cache).
+// Libraries names the shared objects to load. An empty field means the
+// path in the environment variable EnvNCCL (EnvCUDA) when it is set, and
+// otherwise the standard name, found by the dynamic loader's search
+// (LD_LIBRARY_PATH, the ld.so cache). pip's nvidia-nccl-cu12 package puts
+// libnccl.so.2 in its lib directory, which the loader does not search:
+// point EnvNCCL (or Libraries.NCCL) at it.
 type Libraries struct {
-	NCCL string // default "libnccl.so.2"
-	CUDA string // default "libcuda.so.1"
+	NCCL string // default $DDPGO_NCCL_LIBRARY, else "libnccl.so.2"
+	CUDA string // default $DDPGO_CUDA_LIBRARY, else "libcuda.so.1"
 }
+
+// The environment variables that name the libraries when Libraries'
+// fields are empty.
+const (
+	EnvNCCL = "DDPGO_NCCL_LIBRARY"
+	EnvCUDA = "DDPGO_CUDA_LIBRARY"
+)
 
 func (l Libraries) withDefaults() Libraries {
 	if l.NCCL == "" {
-		l.NCCL = "libnccl.so.2"
+		l.NCCL = cmp.Or(os.Getenv(EnvNCCL), "libnccl.so.2")
 	}
 	if l.CUDA == "" {
-		l.CUDA = "libcuda.so.1"
+		l.CUDA = cmp.Or(os.Getenv(EnvCUDA), "libcuda.so.1")
 	}
 	return l
 }
@@ -34,6 +46,7 @@ type Library struct {
 	paths   Libraries
 	version int
 	syms    map[string]bool
+	standIn string
 
 	initOnce sync.Once
 	initErr  error
@@ -48,7 +61,8 @@ var (
 	defaultErr  error
 )
 
-// Default returns the Library of the standard names, opened once.
+// Default returns the Library of the default names (Libraries{}: the
+// environment's, else the standard ones), opened once.
 func Default() (*Library, error) {
 	defaultOnce.Do(func() { defaultLib, defaultErr = Open(Libraries{}) })
 	return defaultLib, defaultErr
@@ -69,7 +83,7 @@ func open(l Libraries, hide map[string]bool) (*Library, error) {
 	if err != nil {
 		return nil, err
 	}
-	lib := &Library{d: d, paths: l, syms: map[string]bool{}, devs: map[int]*device{}}
+	lib := &Library{d: d, paths: l, syms: map[string]bool{}, devs: map[int]*device{}, standIn: d.standIn()}
 	for _, s := range syms {
 		lib.syms[s.name] = s.present
 	}
@@ -110,6 +124,12 @@ func (l *Library) Version() int { return l.version }
 
 // Paths returns the libraries as they were opened.
 func (l *Library) Paths() Libraries { return l.paths }
+
+// StandIn describes the library when it is ddpgo's test stand-in
+// (testdata/standin, which exports ddpgo_standin), and is "" when it is
+// not. Over the stand-in nothing runs on a GPU: a program that reports
+// figures measured through a Library says so when StandIn is not empty.
+func (l *Library) StandIn() string { return l.standIn }
 
 // Has reports whether the optional symbol name was found (ncclMemAlloc,
 // ncclMemFree, ncclCommRegister, ncclCommDeregister, ncclGetLastError).
@@ -157,7 +177,10 @@ type Info struct {
 	DriverVersion int // cuDriverGetVersion's value, 0 if unknown
 	Devices       []DeviceInfo
 	Missing       []string // optional NCCL symbols that are absent
-	Err           error    // why the rest is incomplete, nil if it is not
+	// StandIn is Library.StandIn: not empty when the libraries loaded
+	// are the test stand-in, not NCCL.
+	StandIn string
+	Err     error // why the rest is incomplete, nil if it is not
 }
 
 // DeviceInfo describes one CUDA device.
@@ -170,6 +193,9 @@ type DeviceInfo struct {
 // String formats i on a few lines.
 func (i Info) String() string {
 	s := "nccl: "
+	if i.StandIn != "" {
+		s += "STAND-IN (" + i.StandIn + "), "
+	}
 	if i.NCCLVersion > 0 {
 		s += fmt.Sprintf("NCCL %s (%s)", VersionString(i.NCCLVersion), i.NCCL)
 	} else {
@@ -207,7 +233,7 @@ func GetInfo(l Libraries) Info {
 
 // Info is GetInfo for an open Library.
 func (l *Library) Info() Info {
-	info := Info{NCCL: l.paths.NCCL, CUDA: l.paths.CUDA, NCCLVersion: l.version, Missing: l.Missing()}
+	info := Info{NCCL: l.paths.NCCL, CUDA: l.paths.CUDA, NCCLVersion: l.version, Missing: l.Missing(), StandIn: l.standIn}
 	if v, err := l.d.driverVersion(); err == nil {
 		info.DriverVersion = v
 	} else {

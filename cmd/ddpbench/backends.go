@@ -10,9 +10,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ddpgo/ddpgo/allocator"
+	"github.com/ddpgo/ddpgo/bench"
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/launch"
-	"github.com/ddpgo/ddpgo/mpi" // registers "mpi" with launch; built with -tags mpi
+	"github.com/ddpgo/ddpgo/mpi"  // registers "mpi" with launch; built with -tags mpi
+	"github.com/ddpgo/ddpgo/nccl" // registers "nccl" with launch; opened at run time
 )
 
 // backend is a communicator implementation ddpbench can start.
@@ -23,6 +26,16 @@ type backend struct {
 	// launched: one rank per process, started by a launcher (mpirun); the
 	// ranks' count comes from the launcher, not from --ranks.
 	launched bool
+	// either: launched when a launcher started this process, else
+	// --ranks ranks in this process (nccl); lookupBackend sets launched.
+	either bool
+	// device: collectives run on device memory, from each rank's
+	// communicator (bench.DeviceMemory), never staged through the host.
+	device bool
+	// library describes the library loaded (nccl), and standIn is not
+	// empty when it is the test stand-in: every output says so.
+	library, standIn string
+	devices          []string // the devices' names, by ordinal (nccl)
 	// sharedMemory: the ranks are goroutines of this process and a
 	// collective moves no bytes over any wire, so compression only costs.
 	sharedMemory bool
@@ -38,8 +51,8 @@ var backends = []backend{
 	{name: "inproc", built: true, sharedMemory: true, what: "goroutines of this process sharing memory"},
 	{name: "mpi", built: mpi.LibraryInfo().Built, note: mpi.LibraryInfo().Note, launched: true,
 		what: "one process per rank, Open MPI"},
-	{name: "nccl", note: "not wired into ddpbench yet: the package nccl is built and tested against a stand-in of the NCCL and CUDA ABI, " +
-		"and has never run on a GPU"},
+	{name: "nccl", built: true, either: true, device: true,
+		what: "one GPU per rank, NCCL; one process per rank under mpirun or torchrun, else --ranks ranks of this process"},
 }
 
 // builtBackends returns the names of the backends ddpbench can run.
@@ -53,12 +66,31 @@ func builtBackends() []string {
 	return out
 }
 
-// lookupBackend validates --backend.
+// lookupBackend validates --backend. For nccl it loads the libraries
+// (DDPGO_NCCL_LIBRARY and DDPGO_CUDA_LIBRARY, else the
+// standard names), failing with nccl's error, which says what to install,
+// and decides from the environment whether this process is one rank of a
+// launched job.
 func lookupBackend(name string) (backend, error) {
 	for _, b := range backends {
 		if b.name == name {
 			if !b.built {
 				return b, usagef("--backend %s: %s; built: %s", name, b.note, strings.Join(builtBackends(), ", "))
+			}
+			if b.either {
+				_, err := launch.FromEnv()
+				b.launched = !errors.Is(err, launch.ErrNoLauncher)
+			}
+			if b.name == "nccl" {
+				lib, err := nccl.Open(nccl.Libraries{})
+				if err != nil {
+					return b, fmt.Errorf("--backend nccl: %w", err)
+				}
+				info := lib.Info()
+				b.library, b.standIn = ncclLibraryLine(info), info.StandIn
+				for _, d := range info.Devices {
+					b.devices = append(b.devices, d.Name)
+				}
 			}
 			return b, nil
 		}
@@ -106,6 +138,7 @@ type group struct {
 	local int // this process's local rank on its machine (launched backends)
 	// launched: one rank per process; only rank 0 prints results.
 	launched bool
+	pools    []*allocator.Pool // device pools (devicePools), or nil
 	close    func()
 }
 
@@ -118,15 +151,23 @@ func startGroup(ctx context.Context, b backend, n int, timeout time.Duration) (*
 	if !b.launched {
 		var cs []comm.Communicator
 		var err error
-		if b.open != nil {
+		switch {
+		case b.open != nil:
 			cs, err = b.open(n)
-		} else {
+		case b.name == "nccl":
+			cs, err = launch.Open(ctx, b.name, launch.Options{Ranks: n, Config: ncclJob(timeout)})
+		default:
 			cs, err = launch.Open(ctx, b.name, launch.Options{Ranks: n})
 		}
 		if err != nil {
 			return nil, fmt.Errorf("starting %d %s ranks: %w", n, b.name, err)
 		}
-		return &group{comms: cs, size: n, close: func() { closeAll(cs) }}, nil
+		g := &group{comms: cs, size: n}
+		g.close = func() {
+			g.closePools()
+			closeAll(cs)
+		}
+		return g, nil
 	}
 	env, err := launchEnv()
 	if err != nil {
@@ -134,15 +175,74 @@ func startGroup(ctx context.Context, b backend, n int, timeout time.Duration) (*
 	}
 	// One communicator per process: blocking collectives are the faster
 	// mode (see package mpi).
-	cs, err := launch.Open(ctx, b.name, launch.Options{Env: &env, Config: mpi.Options{Blocking: true, Timeout: timeout}})
+	var cfg any = mpi.Options{Blocking: true, Timeout: timeout}
+	if b.name == "nccl" {
+		// Under mpirun with package mpi built, the unique id travels over
+		// MPI (launch.NewBootstrap), which Finalize then ends too.
+		cfg = ncclJob(timeout)
+	}
+	cs, err := launch.Open(ctx, b.name, launch.Options{Env: &env, Config: cfg})
 	if err != nil {
 		mpi.Finalize()
 		return nil, fmt.Errorf("starting rank %d of %d (%s): %w", env.Rank, env.Size, b.name, err)
 	}
-	return &group{comms: cs, size: env.Size, rank: env.Rank, local: env.LocalRank, launched: true, close: func() {
+	g := &group{comms: cs, size: env.Size, rank: env.Rank, local: env.LocalRank, launched: true}
+	g.close = func() {
+		g.closePools()
 		closeAll(cs)
 		mpi.Finalize()
-	}}, nil
+	}
+	return g, nil
+}
+
+// ncclJob is the nccl backend's configuration: the libraries lookupBackend
+// loaded (the zero Libraries: the same variables), and --timeout as every
+// operation's deadline.
+func ncclJob(timeout time.Duration) nccl.JobOptions {
+	return nccl.JobOptions{Config: nccl.Config{Timeout: timeout}}
+}
+
+// ncclLibraryLine describes the NCCL and CUDA libraries info loaded.
+func ncclLibraryLine(i nccl.Info) string {
+	s := fmt.Sprintf("NCCL %s (%s)", nccl.VersionString(i.NCCLVersion), i.NCCL)
+	if i.DriverVersion > 0 {
+		s += fmt.Sprintf(", CUDA driver API %s (%s)", nccl.DriverVersionString(i.DriverVersion), i.CUDA)
+	}
+	s += fmt.Sprintf(", %d device(s)", len(i.Devices))
+	if i.Err != nil {
+		s += ": " + i.Err.Error()
+	}
+	return s
+}
+
+// devicePools returns one CommPool per rank of this process over its
+// communicator's device memory, sized for gradBytes of gradients as
+// ddp.New sizes the pools it makes; made once, closed with the group.
+func (g *group) devicePools(gradBytes int64) ([]*allocator.Pool, error) {
+	if g.pools != nil {
+		return g.pools, nil
+	}
+	pools := make([]*allocator.Pool, len(g.comms))
+	for r, c := range g.comms {
+		dm, ok := c.(bench.DeviceMemory)
+		if !ok {
+			closePools(pools)
+			return nil, fmt.Errorf("rank %d: the communicator has no device memory to reduce in (DDPGO_DISTRIBUTED_DEBUG=DETAIL hides it)", c.Rank())
+		}
+		p, err := allocator.New(allocator.Options{Source: dm.Source(), Limit: poolLimit(gradBytes)})
+		if err != nil {
+			closePools(pools)
+			return nil, fmt.Errorf("rank %d device CommPool: %w", c.Rank(), err)
+		}
+		pools[r] = p
+	}
+	g.pools = pools
+	return pools, nil
+}
+
+func (g *group) closePools() {
+	closePools(g.pools)
+	g.pools = nil
 }
 
 func closeAll(cs []comm.Communicator) {
@@ -184,5 +284,12 @@ func (g *group) rankAddr(addr string) string {
 
 func backendUsage() string {
 	return "communication backend (built: " + strings.Join(builtBackends(), ", ") + "); mpi runs one rank per process under mpirun " +
-		"(go build -tags mpi ./cmd/ddpbench)"
+		"(go build -tags mpi ./cmd/ddpbench); nccl one rank per GPU, one process per rank under mpirun or torchrun, else --ranks " +
+		"ranks of this process (libnccl.so.2 from " + nccl.EnvNCCL + " or the loader's path)"
+}
+
+// standInBanner is the line every output of a run over the test stand-in
+// carries, so that none of its figures passes for a GPU's.
+func (b backend) standInBanner() string {
+	return "STAND-IN: " + b.standIn + "; these figures are not NCCL's and not a GPU's"
 }

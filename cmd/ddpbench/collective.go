@@ -125,6 +125,7 @@ func parseCollective(c *cli.Context) (collectiveOpts, error) {
 	if o.ranks, err = worldRanks(o.backend, c.Int("ranks"), c.IsSet("ranks")); err != nil {
 		return o, err
 	}
+	o.cfg.Device = o.backend.device
 	if o.cfg.Op.Rooted() && (o.cfg.Root < 0 || o.cfg.Root >= o.ranks) {
 		return o, usagef("-r/--root %d: want 0..%d with %d ranks", o.cfg.Root, o.ranks-1, o.ranks)
 	}
@@ -179,6 +180,7 @@ func collectiveAction(c *cli.Context) error {
 		out, errOut = io.Discard, io.Discard // rank 0 prints the group's table
 	}
 	w := newCollectiveWriter(out, o)
+	w.comms = g.comms
 	if g.launched {
 		hosts, err := bench.Hosts(c.Context, g.comms[0], w.host, w.pid)
 		if err != nil {
@@ -228,6 +230,7 @@ type collectiveWriter struct {
 	host   string // for the "Using devices" lines
 	pid    int
 	hosts  []bench.Host // every rank's, in a launched job
+	comms  []comm.Communicator
 	header func() error
 	row    func(bench.CollectiveRow) error
 	footer func([]bench.CollectiveRow) error
@@ -267,16 +270,26 @@ func (w *collectiveWriter) tableHeader() error {
 		step = fmt.Sprintf("%d(bytes)", cfg.Step)
 	}
 	fmt.Fprintf(b, "# Collective test: %s, backend %s\n", ncclTestName(cfg.Op), o.backend.name)
+	if o.backend.library != "" {
+		fmt.Fprintf(b, "# Library: %s; buffers in device memory\n", o.backend.library)
+	}
+	if o.backend.standIn != "" {
+		fmt.Fprintf(b, "# %s\n", o.backend.standInBanner())
+	}
 	fmt.Fprintf(b, "# nThread 1 nRanks %d minBytes %d maxBytes %d step: %s warmup iters: %d iters: %d agg iters: 1 validation: %d graph: 0\n",
 		o.ranks, cfg.MinBytes, cfg.MaxBytes, step, cfg.Warmup, cfg.Iters, validation)
 	fmt.Fprintf(b, "#\n# Using devices\n")
 	for r := range o.ranks {
+		dev := fmt.Sprintf("%2d [cpu]", r)
+		if o.backend.device {
+			dev = w.device(r)
+		}
 		if w.hosts != nil {
 			h := w.hosts[r]
-			fmt.Fprintf(b, "#  Rank %2d Group  0 Pid %6d on %10s device %2d [cpu] %s process\n", r, h.PID, h.Name, r, o.backend.name)
+			fmt.Fprintf(b, "#  Rank %2d Group  0 Pid %6d on %10s device %s %s process\n", r, h.PID, h.Name, dev, o.backend.name)
 			continue
 		}
-		fmt.Fprintf(b, "#  Rank %2d Group  0 Pid %6d on %10s device %2d [cpu] %s rank goroutine\n", r, w.pid, w.host, r, o.backend.name)
+		fmt.Fprintf(b, "#  Rank %2d Group  0 Pid %6d on %10s device %s %s rank goroutine\n", r, w.pid, w.host, dev, o.backend.name)
 	}
 	fmt.Fprintf(b, "#\n")
 	if bench.EmulatedOutOfPlace(cfg.Op) {
@@ -294,6 +307,22 @@ func (w *collectiveWriter) tableHeader() error {
 	fmt.Fprintf(b, "  %7s  %6s  %6s  %5s\n", "(us)", "(GB/s)", "(GB/s)", "")
 	_, err := io.WriteString(w.out, b.String())
 	return err
+}
+
+// device describes rank r's device, its ordinal and its name, where this
+// process runs rank r; a launched job's other ranks run on the device of
+// their local rank, which this process does not know.
+func (w *collectiveWriter) device(r int) string {
+	for _, c := range w.comms {
+		if c.Rank() == r {
+			d := comm.DeviceOf(c)
+			if d < len(w.o.backend.devices) {
+				return fmt.Sprintf("%2d [%s]", d, w.o.backend.devices[d])
+			}
+			return fmt.Sprintf("%2d", d)
+		}
+	}
+	return " ? [its local rank's]"
 }
 
 // ncclTestName returns the name of op's nccl-tests binary without
@@ -361,6 +390,9 @@ func (w *collectiveWriter) tableFooter(rows []bench.CollectiveRow) error {
 	}
 	_, err := fmt.Fprintf(w.out, "# Out of bounds values : %d %s\n# Avg bus bandwidth    : %g %s\n#\n",
 		wrong, status, roundTo(bench.AvgBusBW(rows), 5), check)
+	if err == nil && w.o.backend.standIn != "" {
+		_, err = fmt.Fprintf(w.out, "# %s\n", w.o.backend.standInBanner())
+	}
 	return err
 }
 
@@ -374,7 +406,7 @@ func roundTo(v float64, sig int) float64 {
 
 var collectiveCSVHeader = []string{"op", "size_bytes", "count", "type", "redop", "root",
 	"oop_time_us", "oop_algbw_gbs", "oop_busbw_gbs", "oop_wrong",
-	"ip_time_us", "ip_algbw_gbs", "ip_busbw_gbs", "ip_wrong", "ranks", "backend"}
+	"ip_time_us", "ip_algbw_gbs", "ip_busbw_gbs", "ip_wrong", "ranks", "backend", "library", "stand_in"}
 
 func (w *collectiveWriter) csvHeader() error {
 	return writeCSV(w.out, collectiveCSVHeader)
@@ -393,7 +425,7 @@ func (w *collectiveWriter) csvRow(r bench.CollectiveRow) error {
 		}
 		rec = append(rec, fmtFloat(float64(t.Time)/float64(time.Microsecond)), fmtFloat(t.AlgBW), fmtFloat(t.BusBW), wrong)
 	}
-	rec = append(rec, fmt.Sprint(w.o.ranks), w.o.backend.name)
+	rec = append(rec, fmt.Sprint(w.o.ranks), w.o.backend.name, w.o.backend.library, w.o.backend.standIn)
 	return writeCSV(w.out, rec)
 }
 
@@ -401,6 +433,9 @@ func (w *collectiveWriter) csvRow(r bench.CollectiveRow) error {
 type collectiveJSON struct {
 	Op               string          `json:"op"`
 	Backend          string          `json:"backend"`
+	Library          string          `json:"library,omitempty"`  // the library loaded (nccl)
+	StandIn          string          `json:"stand_in,omitempty"` // not empty: the test stand-in, not NCCL, no GPU
+	DeviceMemory     bool            `json:"device_memory,omitempty"`
 	Ranks            int             `json:"ranks"`
 	DType            string          `json:"dtype"`
 	RedOp            string          `json:"redop"`
@@ -445,7 +480,8 @@ func timingOut(t bench.Timing) *timingJSON {
 
 func (w *collectiveWriter) jsonFooter(rows []bench.CollectiveRow) error {
 	cfg := &w.o.cfg
-	j := collectiveJSON{Op: cfg.Op.String(), Backend: w.o.backend.name, Ranks: w.o.ranks, DType: cfg.DType.String(),
+	j := collectiveJSON{Op: cfg.Op.String(), Backend: w.o.backend.name, Library: w.o.backend.library, StandIn: w.o.backend.standIn,
+		DeviceMemory: cfg.Device, Ranks: w.o.ranks, DType: cfg.DType.String(),
 		RedOp: cfg.RedOp.String(), Iters: cfg.Iters, Warmup: cfg.Warmup, Check: cfg.Check, Average: cfg.Average.NCCLTests(),
 		OutOfPlaceIsCopy: bench.EmulatedOutOfPlace(cfg.Op), AvgBusBW: bench.AvgBusBW(rows), Wrong: bench.WrongTotal(rows), FailedTests: bench.WrongTests(rows),
 		Interrupted: w.interrupted, Rows: []collectiveRow{}}

@@ -73,10 +73,17 @@ func libraryLine(name string) string {
 		return fmt.Sprintf("%s; asks for %s", i.Library, i.Requested)
 	case "nccl":
 		i := nccl.GetInfo(nccl.Libraries{})
-		if i.Err != nil {
-			return i.Err.Error()
+		switch {
+		case i.NCCLVersion == 0:
+			return "not usable: " + i.Err.Error()
+		case i.Err != nil:
+			return "not usable: " + ncclLibraryLine(i)
+		case len(i.Devices) == 0:
+			return "not usable (no CUDA device): " + ncclLibraryLine(i)
+		case i.StandIn != "":
+			return "usable, but over the test STAND-IN (" + i.StandIn + "): " + ncclLibraryLine(i)
 		}
-		return fmt.Sprintf("NCCL %d from %s, CUDA driver %d, %d devices", i.NCCLVersion, i.NCCL, i.DriverVersion, len(i.Devices))
+		return "usable: " + ncclLibraryLine(i)
 	}
 	return ""
 }

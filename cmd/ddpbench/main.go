@@ -7,7 +7,12 @@
 // Built with -tags mpi, --backend mpi runs one rank per process under
 // mpirun (mpirun -np 2 ddpbench run --backend mpi): every process runs its
 // rank, and rank 0 prints the whole job's results, gathered through the
-// communicator.
+// communicator. --backend nccl runs one rank per GPU: --ranks ranks of
+// this process when no launcher started it, else one rank per process
+// under mpirun or torchrun, as mpi does; its buffers and gradients are in
+// device memory, and its outputs name the library loaded (set
+// DDPGO_NCCL_LIBRARY and DDPGO_CUDA_LIBRARY to choose it) and say so when
+// it is the test stand-in, whose figures say nothing about a GPU.
 //
 // Every flag can also be set through an environment variable named
 // DDPBENCH_ followed by the flag's name in upper case with dashes as

@@ -433,7 +433,7 @@ func TestInfo(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("status %d: %s", code, stderr)
 	}
-	for _, w := range []string{"Go:", "GOMAXPROCS", "fp16 kernels:", "inproc   built", "mpi      not built", "nccl     not wired into ddpbench", "GPUs:"} {
+	for _, w := range []string{"Go:", "GOMAXPROCS", "fp16 kernels:", "inproc   built", "mpi      not built", "nccl     built", "usable", "GPUs:"} {
 		if !strings.Contains(stdout, w) {
 			t.Errorf("info lacks %q:\n%s", w, stdout)
 		}

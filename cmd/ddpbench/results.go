@@ -26,7 +26,7 @@ var runCSVHeader = []string{
 	"comm_ms_median", "comm_ms_p10", "comm_ms_p90",
 	"overlap_median", "overlap_p10", "overlap_p90",
 	"busbw_gbs_median", "busbw_gbs_p10", "busbw_gbs_p90",
-	"bytes_per_step", "grad_bytes", "buckets", "bucket_bytes", "fp16_overflows", "allocs_per_step",
+	"bytes_per_step", "grad_bytes", "buckets", "bucket_bytes", "fp16_overflows", "allocs_per_step", "library", "stand_in",
 }
 
 func (r runRecord) csv() []string {
@@ -51,7 +51,7 @@ func (r runRecord) csv() []string {
 	rec = append(rec, raw(res.OverlapRatio)...)
 	rec = append(rec, raw(res.BusBW)...)
 	return append(rec, fmt.Sprint(res.WireBytes), fmt.Sprint(res.GradBytes), fmt.Sprint(len(res.Buckets)),
-		strings.Join(sizes, " "), fmt.Sprint(res.Overflows), fmtFloat(res.AllocsPerStep))
+		strings.Join(sizes, " "), fmt.Sprint(res.Overflows), fmtFloat(res.AllocsPerStep), o.backend.library, o.backend.standIn)
 }
 
 // distJSON is a Dist in the JSON output.
@@ -74,6 +74,8 @@ type runJSON struct {
 	Parameters       int64    `json:"parameters"`
 	Ranks            int      `json:"ranks"`
 	Backend          string   `json:"backend"`
+	Library          string   `json:"library,omitempty"`  // the library loaded (nccl)
+	StandIn          string   `json:"stand_in,omitempty"` // not empty: the test stand-in, not NCCL, no GPU
 	BucketCapMB      float64  `json:"bucket_cap_mb"`
 	FirstBucketMB    float64  `json:"first_bucket_mb"`
 	Compression      string   `json:"compression"`
@@ -104,7 +106,7 @@ func (r runRecord) json() runJSON {
 	o, res := r.o, r.res
 	return runJSON{
 		RunID: o.runID, Model: o.model.Model, ModelSource: o.model.Source, Tensors: len(o.model.Params), Parameters: o.model.Numel(),
-		Ranks: o.ranks, Backend: o.backend.name, BucketCapMB: o.bucketCapMB, FirstBucketMB: o.firstMB,
+		Ranks: o.ranks, Backend: o.backend.name, Library: o.backend.library, StandIn: o.backend.standIn, BucketCapMB: o.bucketCapMB, FirstBucketMB: o.firstMB,
 		Compression: o.compression, GradAsBucketView: o.bucketView, ZeroGrad: o.zeroGrad, Compute: o.compute.String(), RateParamsPerSec: o.rate,
 		ComputeTargetMS: res.ComputeTarget * 1e3, Steps: res.Steps, StepsRequested: o.steps, Warmup: res.Warmup,
 		Interrupted: res.Interrupted, QuantileSteps: res.Sampled,
@@ -154,7 +156,13 @@ func writeRunResults(w io.Writer, format string, recs []runRecord) error {
 // buckets, a line each.
 func (o *runOpts) describe() string {
 	b := &strings.Builder{}
+	if o.backend.standIn != "" {
+		b.WriteString(o.backend.standInBanner() + "\n")
+	}
 	b.WriteString(o.modelLine() + "\n" + o.ranksLine() + "\n")
+	if o.backend.library != "" {
+		fmt.Fprintf(b, "library: %s; gradients in device memory\n", o.backend.library)
+	}
 	view := "gradients as bucket views"
 	if !o.bucketView {
 		view = "gradients copied into buckets"

@@ -152,6 +152,9 @@ func parseStepFlags(c *cli.Context) (runOpts, error) {
 		return o, usagef("--warmup %d: want 0..%d", o.warmup, maxSteps)
 	}
 	o.bucketView = c.Bool("grad-as-bucket-view")
+	if !o.bucketView && o.backend.device {
+		return o, usagef("--grad-as-bucket-view=false with --backend %s: the gradients live in device memory, which cannot be copied to Go slices", o.backend.name)
+	}
 	o.zeroGrad = c.Bool("zero-grad")
 	if o.compute, err = bench.ParseCompute(c.String("compute")); err != nil {
 		return o, usagef("--compute %q: want sleep, spin or none", c.String("compute"))
@@ -276,13 +279,20 @@ func runAction(c *cli.Context) error {
 	}
 
 	cfg := o.benchConfig(g.comms)
-	if o.metricsAddr != "" {
-		pools, err := newPools(len(g.comms), 4*o.model.Numel())
-		if err != nil {
+	if o.backend.device {
+		if cfg.Pools, err = g.devicePools(4 * o.model.Numel()); err != nil {
 			return err
 		}
-		defer closePools(pools)
-		cfg.Pools = pools
+	}
+	if o.metricsAddr != "" {
+		pools := cfg.Pools
+		if pools == nil {
+			if pools, err = newPools(len(g.comms), 4*o.model.Numel()); err != nil {
+				return err
+			}
+			defer closePools(pools)
+			cfg.Pools = pools
+		}
 		// Every process serves its own ranks; a launched job's ranks on one
 		// machine listen on the port plus their local rank.
 		onStep, stop, err := serveMetrics(g.rankAddr(o.metricsAddr), pools, g.rank, c.App.ErrWriter)

@@ -83,6 +83,11 @@ func sweepAction(c *cli.Context) error {
 		ro := o
 		ro.bucketCapMB = capMB
 		cfg := ro.benchConfig(g.comms)
+		if o.backend.device {
+			if cfg.Pools, err = g.devicePools(4 * o.model.Numel()); err != nil {
+				return err
+			}
+		}
 		cfg.OnStep = func(rank int, _ bool, _ *ddp.StepStats) {
 			if rank == 0 {
 				bar.add(1)

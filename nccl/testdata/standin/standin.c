@@ -1445,6 +1445,13 @@ EXPORT ncclResult_t ncclGroupEnd(void) {
 }
 
 /* ---- controls for tests ---- */
+/* ddpgo_standin identifies this library as the stand-in (package nccl
+ * looks for it in both libraries it loads and reports it), so that no
+ * figure measured over it can be taken for NCCL's on a GPU. */
+EXPORT const char *ddpgo_standin(void) {
+	return "ddpgo's test stand-in for libnccl.so.2 and libcuda.so.1: not NCCL, not CUDA, no GPU";
+}
+
 EXPORT void standin_set_inprogress(int polls) { lock(); inject_inprogress = polls; unlock(); }
 EXPORT void standin_set_devices(int n) { lock(); ndevices = n; unlock(); }
 EXPORT void standin_async_error(comm_t *c, int r, const char *msg) {
