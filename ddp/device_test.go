@@ -12,74 +12,9 @@ import (
 
 	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/comm/commtest"
 	"github.com/ddpgo/ddpgo/hooks"
 )
-
-// A test-only "device": memory that Go code may not address. Its pool's
-// blocks refuse Go views, its Buffers say Loc == Device (so AsFloat32 and
-// the other views panic), and its kernels and communicator refuse host
-// buffers. Underneath it is host memory, so the test can check results by
-// downloading them through the kernels. Any host access left in ddp or
-// hooks panics, and the test fails.
-
-// deviceSource maps host memory and calls it device memory, as a CUDA
-// source would.
-type deviceSource struct{ allocator.Source }
-
-func (deviceSource) Name() string { return "testdevice" }
-func (deviceSource) Host() bool   { return false }
-
-// onHost returns the host view of a device buffer, panicking for a buffer
-// that is not device memory: the Reducer must hand device buffers only.
-func onHost(op string, b comm.Buffer) comm.Buffer {
-	if b.Loc != comm.Device {
-		panic(fmt.Sprintf("testdevice: %s of a host buffer (%d x %s)", op, b.Count, b.DType))
-	}
-	b.Loc = comm.Host
-	return b
-}
-
-// deviceKernels are comm.HostKernels behind device buffers.
-type deviceKernels struct{ h comm.Kernels }
-
-func (deviceKernels) Location() comm.Location { return comm.Device }
-func (k deviceKernels) Zero(b comm.Buffer)    { k.h.Zero(onHost("Zero", b)) }
-func (k deviceKernels) Copy(d, s comm.Buffer) { k.h.Copy(onHost("Copy", d), onHost("Copy", s)) }
-func (k deviceKernels) Add(d, s comm.Buffer)  { k.h.Add(onHost("Add", d), onHost("Add", s)) }
-func (k deviceKernels) Scale(b comm.Buffer, s float32) {
-	k.h.Scale(onHost("Scale", b), s)
-}
-func (k deviceKernels) Compress(d, s comm.Buffer, scale float32) {
-	k.h.Compress(onHost("Compress", d), onHost("Compress", s), scale)
-}
-func (k deviceKernels) Decompress(d, s comm.Buffer) {
-	k.h.Decompress(onHost("Decompress", d), onHost("Decompress", s))
-}
-func (k deviceKernels) Overflows(w, in comm.Buffer) int64 {
-	return k.h.Overflows(onHost("Overflows", w), onHost("Overflows", in))
-}
-func (k deviceKernels) Upload(d comm.Buffer, src []byte)   { k.h.Upload(onHost("Upload", d), src) }
-func (k deviceKernels) Download(dst []byte, s comm.Buffer) { k.h.Download(dst, onHost("Download", s)) }
-func (k deviceKernels) Sync() error                        { return nil }
-
-// deviceComm carries device buffers only, over an in-process group.
-type deviceComm struct{ comm.Communicator }
-
-func (c deviceComm) Capabilities() comm.Caps {
-	caps := comm.CapsOf(c.Communicator)
-	caps.Backend, caps.DeviceMemory, caps.HostMemory = "testdevice", true, false
-	return caps
-}
-func (deviceComm) Kernels() comm.Kernels { return deviceKernels{comm.HostKernels()} }
-func (c deviceComm) AllReduce(s, r comm.Buffer, op comm.Op) comm.Work {
-	return c.Communicator.AllReduce(onHost("AllReduce", s), onHost("AllReduce", r), op)
-}
-func (c deviceComm) Broadcast(b comm.Buffer, root int) comm.Work {
-	return c.Communicator.Broadcast(onHost("Broadcast", b), root)
-}
-func (c deviceComm) AllGather(s, r comm.Buffer) comm.Work {
-	return c.Communicator.AllGather(onHost("AllGather", s), onHost("AllGather", r))
-}
 
 // TestDeviceMemory runs steps with every hook over the test device: the
 // Reducer must reach the gradients through GradBuffer and the kernels
@@ -96,12 +31,12 @@ func TestDeviceMemory(t *testing.T) {
 			got := make([][][][]float32, n)
 			bcast := make([][][]float32, n)
 			errs := runRanks(cs, func(rank int, c comm.Communicator) error {
-				pool, err := allocator.New(allocator.Options{Source: deviceSource{allocator.HostSource()}})
+				pool, err := allocator.New(allocator.Options{Source: commtest.NewDeviceSource()})
 				if err != nil {
 					return err
 				}
 				defer pool.Close()
-				dc := deviceComm{c}
+				dc := commtest.DeviceComm{Communicator: c, Ordinal: 1}
 				kern := dc.Kernels()
 				r, err := New(context.Background(), dc, params, Options{Pool: pool, Hook: w.hook(), BucketCap: 256, FirstBucketCap: 128, FindUnusedParameters: true})
 				if err != nil {
@@ -199,10 +134,10 @@ func bytesOf(s []float32) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), 4*len(s))
 }
 
-// float32Kernels are deviceKernels that, like a GPU backend's, add and
+// float32Kernels are commtest.DeviceKernels that, like a GPU backend's, add and
 // scale float32 only (comm.KernelSupporter), and panic for what they do
 // not do, as a device's kernels do.
-type float32Kernels struct{ deviceKernels }
+type float32Kernels struct{ commtest.DeviceKernels }
 
 func (float32Kernels) Supports(op string, dt comm.DType) bool {
 	switch op {
@@ -216,7 +151,7 @@ func (k float32Kernels) Scale(b comm.Buffer, s float32) {
 	if b.DType != comm.Float32 {
 		panic(fmt.Sprintf("float32Kernels: Scale of %s", b.DType))
 	}
-	k.deviceKernels.Scale(b, s)
+	k.DeviceKernels.Scale(b, s)
 }
 
 // TestKernelSupportRefused: New refuses, on every rank, a parameter whose
@@ -247,13 +182,13 @@ func TestKernelSupportRefused(t *testing.T) {
 			const n = 2
 			cs := newTestGroup(t, n)
 			errs := runRanks(cs, func(rank int, c comm.Communicator) error {
-				pool, err := allocator.New(allocator.Options{Source: deviceSource{allocator.HostSource()}})
+				pool, err := allocator.New(allocator.Options{Source: commtest.NewDeviceSource()})
 				if err != nil {
 					return err
 				}
 				defer pool.Close()
-				k := float32Kernels{deviceKernels{comm.HostKernels()}}
-				r, err := New(context.Background(), deviceComm{c}, tc.params, Options{Pool: pool, Kernels: k, Hook: tc.hook(), Join: tc.join})
+				k := float32Kernels{commtest.DeviceKernels{Ordinal: 1}}
+				r, err := New(context.Background(), commtest.DeviceComm{Communicator: c, Ordinal: 1}, tc.params, Options{Pool: pool, Kernels: k, Hook: tc.hook(), Join: tc.join})
 				if err != nil {
 					return err
 				}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/comm/commtest"
 	"github.com/ddpgo/ddpgo/hooks"
 )
 
@@ -140,7 +141,7 @@ func TestNumel(t *testing.T) {
 // error naming it instead of waiting in the check's collective.
 func TestNewLocalFailure(t *testing.T) {
 	checkNoLeak(t)
-	devPool, err := allocator.New(allocator.Options{Source: deviceSource{allocator.HostSource()}})
+	devPool, err := allocator.New(allocator.Options{Source: commtest.NewDeviceSource()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,6 +26,9 @@ type JobOptions struct {
 	// Libraries to load; empty fields mean DDPGO_NCCL_LIBRARY and
 	// DDPGO_CUDA_LIBRARY when set, else the standard names.
 	Libraries Libraries
+	// Library, if not nil, is a pair already loaded (Open), used instead
+	// of Libraries.
+	Library *Library
 	// Config is every rank's Config; Rank, Size, Device and ID are set
 	// per rank.
 	Config Config
@@ -49,9 +52,12 @@ func openJob(ctx context.Context, job launch.Job) ([]comm.Communicator, error) {
 	default:
 		return nil, fmt.Errorf("%w: nccl takes nccl.JobOptions as Config, not %T", comm.ErrInvalid, job.Config)
 	}
-	lib, err := Open(o.Libraries)
-	if err != nil {
-		return nil, err
+	lib := o.Library
+	if lib == nil {
+		var err error
+		if lib, err = Open(o.Libraries); err != nil {
+			return nil, err
+		}
 	}
 	if job.Launched {
 		c, err := openLaunched(ctx, lib, job.Env, o)

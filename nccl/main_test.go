@@ -14,7 +14,7 @@ import (
 
 	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
-	"github.com/ddpgo/ddpgo/nccl/internal/standin"
+	"github.com/ddpgo/ddpgo/internal/standin"
 )
 
 // Every test runs over the stand-in (testdata/standin), built once per

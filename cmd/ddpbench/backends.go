@@ -35,7 +35,8 @@ type backend struct {
 	// library describes the library loaded (nccl), and standIn is not
 	// empty when it is the test stand-in: every output says so.
 	library, standIn string
-	devices          []string // the devices' names, by ordinal (nccl)
+	lib              *nccl.Library // what lookupBackend loaded (nccl)
+	devices          []string      // the devices' names, by ordinal (nccl)
 	// sharedMemory: the ranks are goroutines of this process and a
 	// collective moves no bytes over any wire, so compression only costs.
 	sharedMemory bool
@@ -86,6 +87,7 @@ func lookupBackend(name string) (backend, error) {
 				if err != nil {
 					return b, fmt.Errorf("--backend nccl: %w", err)
 				}
+				b.lib = lib
 				info := lib.Info()
 				b.library, b.standIn = ncclLibraryLine(info), info.StandIn
 				for _, d := range info.Devices {
@@ -155,7 +157,7 @@ func startGroup(ctx context.Context, b backend, n int, timeout time.Duration) (*
 		case b.open != nil:
 			cs, err = b.open(n)
 		case b.name == "nccl":
-			cs, err = launch.Open(ctx, b.name, launch.Options{Ranks: n, Config: ncclJob(timeout)})
+			cs, err = launch.Open(ctx, b.name, launch.Options{Ranks: n, Config: ncclJob(b.lib, timeout)})
 		default:
 			cs, err = launch.Open(ctx, b.name, launch.Options{Ranks: n})
 		}
@@ -179,7 +181,7 @@ func startGroup(ctx context.Context, b backend, n int, timeout time.Duration) (*
 	if b.name == "nccl" {
 		// Under mpirun with package mpi built, the unique id travels over
 		// MPI (launch.NewBootstrap), which Finalize then ends too.
-		cfg = ncclJob(timeout)
+		cfg = ncclJob(b.lib, timeout)
 	}
 	cs, err := launch.Open(ctx, b.name, launch.Options{Env: &env, Config: cfg})
 	if err != nil {
@@ -196,10 +198,9 @@ func startGroup(ctx context.Context, b backend, n int, timeout time.Duration) (*
 }
 
 // ncclJob is the nccl backend's configuration: the libraries lookupBackend
-// loaded (the zero Libraries: the same variables), and --timeout as every
-// operation's deadline.
-func ncclJob(timeout time.Duration) nccl.JobOptions {
-	return nccl.JobOptions{Config: nccl.Config{Timeout: timeout}}
+// loaded, and --timeout as every operation's deadline.
+func ncclJob(lib *nccl.Library, timeout time.Duration) nccl.JobOptions {
+	return nccl.JobOptions{Library: lib, Config: nccl.Config{Timeout: timeout}}
 }
 
 // ncclLibraryLine describes the NCCL and CUDA libraries info loaded.

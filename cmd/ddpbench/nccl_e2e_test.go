@@ -6,39 +6,25 @@ import (
 	"encoding/csv"
 	"encoding/json"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/ddpgo/ddpgo/internal/standin"
 	"github.com/ddpgo/ddpgo/nccl"
 )
 
-// standIn builds the NCCL and CUDA stand-in (nccl/testdata/standin) as
-// nccl/internal/standin.Build does, which this package may not import,
-// and points DDPGO_NCCL_LIBRARY and DDPGO_CUDA_LIBRARY at it for the rest
-// of the test. It is not NCCL and not a GPU: these tests check that
-// ddpbench drives the backend and says so, never a figure.
+// standIn builds the NCCL and CUDA stand-in (nccl/testdata/standin) and
+// points DDPGO_NCCL_LIBRARY and DDPGO_CUDA_LIBRARY at it for the rest of
+// the test. It is not NCCL and not a GPU: these tests check that ddpbench
+// drives the backend and says so, never a figure.
 func standIn(t *testing.T) {
 	t.Helper()
-	dir := t.TempDir()
-	so := filepath.Join(dir, "libstandin.so")
-	cc := os.Getenv("CC")
-	if cc == "" {
-		cc = "gcc"
-	}
-	out, err := exec.Command(cc, "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-fvisibility=hidden", "-shared", "-fPIC", "-o", so,
-		"../../nccl/testdata/standin/standin.c", "-lpthread").CombinedOutput()
+	lib, err := standin.Build(t.TempDir(), "../../nccl/testdata/standin/standin.c")
 	if err != nil {
-		t.Fatalf("building the stand-in with %s: %v\n%s", cc, err, out)
+		t.Fatal(err)
 	}
-	for _, name := range []string{"libnccl.so.2", "libcuda.so.1"} {
-		if err := os.Symlink("libstandin.so", filepath.Join(dir, name)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Setenv(nccl.EnvNCCL, filepath.Join(dir, "libnccl.so.2"))
-	t.Setenv(nccl.EnvCUDA, filepath.Join(dir, "libcuda.so.1"))
+	t.Setenv(nccl.EnvNCCL, lib.NCCL)
+	t.Setenv(nccl.EnvCUDA, lib.CUDA)
 	// In-process ranks: no launcher's variables.
 	for _, k := range []string{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "MASTER_ADDR", "MASTER_PORT"} {
 		t.Setenv(k, "")
@@ -133,6 +119,13 @@ func TestNCCLRun(t *testing.T) {
 	recs, err := csv.NewReader(strings.NewReader(out)).ReadAll()
 	if code != 0 || err != nil || len(recs) != 2 || recs[0][len(recs[0])-1] != "stand_in" || !strings.Contains(recs[1][len(recs[1])-1], "stand-in") {
 		t.Errorf("csv: status %d, %v: %s\n%s", code, err, stderr, out)
+	}
+
+	// The sweep's table carries the same lines.
+	code, out, stderr = run(t, "sweep", "--backend", "nccl", "--ranks", "2", "--model", model, "--caps", "0.25,0.5", "--first-bucket-mb", "0.1",
+		"--steps", "2", "--warmup", "1", "--compute", "none")
+	if code != 0 || !strings.HasPrefix(out, standInMark) || !strings.Contains(out, "library: NCCL 2.21.5 (") {
+		t.Errorf("sweep: status %d, %s; want a table opening with the stand-in's line and naming the library:\n%s", code, stderr, out)
 	}
 
 	code, _, stderr = run(t, append(args, "--grad-as-bucket-view=false")...)

@@ -152,6 +152,15 @@ func writeRunResults(w io.Writer, format string, recs []runRecord) error {
 	return nil
 }
 
+// libraryLine names the library a device backend loaded (nccl), with its
+// newline; "" for the others.
+func (o *runOpts) libraryLine() string {
+	if o.backend.library == "" {
+		return ""
+	}
+	return fmt.Sprintf("library: %s; gradients in device memory\n", o.backend.library)
+}
+
 // describe is the configuration of a run: the model, the ranks and the
 // buckets, a line each.
 func (o *runOpts) describe() string {
@@ -159,10 +168,7 @@ func (o *runOpts) describe() string {
 	if o.backend.standIn != "" {
 		b.WriteString(o.backend.standInBanner() + "\n")
 	}
-	b.WriteString(o.modelLine() + "\n" + o.ranksLine() + "\n")
-	if o.backend.library != "" {
-		fmt.Fprintf(b, "library: %s; gradients in device memory\n", o.backend.library)
-	}
+	b.WriteString(o.modelLine() + "\n" + o.ranksLine() + "\n" + o.libraryLine())
 	view := "gradients as bucket views"
 	if !o.bucketView {
 		view = "gradients copied into buckets"

@@ -210,8 +210,11 @@ func writeSweepTable(w io.Writer, recs []runRecord) error {
 	o := recs[0].o
 	sb := &strings.Builder{}
 	// The configuration lines, without the cap, which varies.
-	fmt.Fprintf(sb, "%s\n%s\nbuckets: first %g MiB, compression %s\n%s\n",
-		o.modelLine(), o.ranksLine(), o.firstMB, o.compression, o.computeLine(recs[0].res))
+	if o.backend.standIn != "" {
+		sb.WriteString(o.backend.standInBanner() + "\n")
+	}
+	fmt.Fprintf(sb, "%s\n%s\n%sbuckets: first %g MiB, compression %s\n%s\n",
+		o.modelLine(), o.ranksLine(), o.libraryLine(), o.firstMB, o.compression, o.computeLine(recs[0].res))
 	fmt.Fprintf(sb, "%d steps after %d warmup per cap\n", o.steps, o.warmup)
 	if last := recs[len(recs)-1]; last.res.Interrupted {
 		fmt.Fprintf(sb, "INTERRUPTED: the last row (%g MiB) covers %d of %d steps\n", last.o.bucketCapMB, last.res.Steps, last.o.steps)
