@@ -63,7 +63,14 @@ type communicator struct {
 	h          C.MPI_Comm
 	rank, size int
 	blocking   bool
-	opts       Options
+	hosts      int // the hosts the ranks run on
+	// large, where hasLarge, is a second duplicate of MPI_COMM_WORLD
+	// whose all-reduce is the ring (segmented, for two ranks), for
+	// blocking all-reduces of at least largeMin bytes between hosts (see
+	// the package documentation).
+	large    C.MPI_Comm
+	hasLarge bool
+	opts     Options
 
 	mu      sync.Mutex // serialises issuing
 	closed  bool
@@ -162,6 +169,32 @@ func Open(o Options) (comm.Communicator, error) {
 		if c.blocking {
 			e.blockingComms++
 		}
+		var hosts, can C.int
+		if rc := C.ddp_hosts(c.h, n, &hosts, &can); rc != C.MPI_SUCCESS {
+			return c.openFailed(fmt.Errorf("mpi: world rank %d: counting the hosts: %w", e.worldRank, mpiError(int(rc))))
+		}
+		c.hosts = int(hosts)
+		if c.blocking && c.size >= 2 && c.hosts >= 2 && can != 0 {
+			var made C.int
+			alg, seg := C.int(ringAlgorithm), C.int(0)
+			if c.size == 2 {
+				alg, seg = segmentedRingAlgorithm, pairSegment
+			}
+			if rc := C.ddp_dup_algorithm(c.h, alg, seg, &c.large, &made); rc != C.MPI_SUCCESS {
+				if made != 0 {
+					C.ddp_free(&c.large)
+				}
+				return c.openFailed(fmt.Errorf("mpi: world rank %d: MPI_Comm_dup with the ring all-reduce: %w", e.worldRank, mpiError(int(rc))))
+			}
+			c.hasLarge = made != 0
+		}
+		e.lastHosts, e.lastLarge = c.hosts, ""
+		if c.hasLarge {
+			e.lastLarge = "ring"
+			if c.size == 2 {
+				e.lastLarge = "segmented ring (1 MiB segments)"
+			}
+		}
 		return nil
 	})
 	if err != nil {
@@ -176,6 +209,25 @@ func Open(o Options) (comm.Communicator, error) {
 	}
 	return c, nil
 }
+
+// openFailed frees what Open made of c and returns err; on the owner.
+func (c *communicator) openFailed(err error) error {
+	C.ddp_free(&c.h)
+	if c.blocking {
+		c.e.blockingComms--
+	}
+	return err
+}
+
+// Open MPI's numbers for its ring and segmented ring all-reduces
+// (coll_tuned_allreduce_algorithm), the segment size for two ranks, and
+// the size from which a blocking all-reduce between hosts uses them.
+const (
+	ringAlgorithm          = 4
+	segmentedRingAlgorithm = 5
+	pairSegment            = 1 << 20
+	largeMin               = 1 << 20
+)
 
 // Rank returns this rank's index.
 func (c *communicator) Rank() int { return c.rank }

@@ -255,7 +255,62 @@ static int ddp_tune_malloc(void) {
 	return ok;
 }
 
-int ddp_init(int *provided, int *ours, int *tuned, int *world_rank, int *world_size) {
+// ddp_tcp_flags is Open MPI 4's default btl_tcp_flags without "put".
+static const char ddp_tcp_flags[] = "send,inplace,need-ack,need-csum,hetero-rdma";
+
+static int open_mpi_4(void) {
+	char v[MPI_MAX_LIBRARY_VERSION_STRING];
+	int n = 0;
+	return MPI_Get_library_version(v, &n) == MPI_SUCCESS && strncmp(v, "Open MPI v4.", 12) == 0;
+}
+
+// ddp_tune_coll turns Open MPI's dynamic rules for collectives on, so
+// that ddp_dup_algorithm can choose an all-reduce algorithm for a
+// communicator; with no algorithm forced and no rules file, Open MPI
+// decides as it does without them.
+static void ddp_tune_coll(void) {
+	const char *env = getenv("DDPGO_MPI_ALLREDUCE");
+	if (getenv("OMPI_MCA_coll_tuned_use_dynamic_rules") != NULL || (env != NULL && strcmp(env, "mpi") == 0) || !open_mpi_4())
+		return;
+	setenv("OMPI_MCA_coll_tuned_use_dynamic_rules", "1", 0);
+}
+
+static int ddp_tune_tcp(void) {
+	// The user's own setting wins (mpirun --mca btl_tcp_flags ... sets
+	// this variable too). Only the library this was measured with: another
+	// version may name its flags differently, and MPI_Init would refuse a
+	// name it lacks.
+	if (getenv("OMPI_MCA_btl_tcp_flags") != NULL || !open_mpi_4())
+		return 0;
+	// Without "put", the TCP transport sends a large message as a
+	// pipeline of fragments instead of one emulated RDMA write of the
+	// whole message, which goes into the connection ahead of the
+	// handshake of the message coming the other way: that one then waits
+	// for the whole of this one, and an all-reduce between two hosts moves
+	// its two directions one after the other (see the package docs).
+	return setenv("OMPI_MCA_btl_tcp_flags", ddp_tcp_flags, 0) == 0;
+}
+
+// ddp_read_tcp_flags returns btl_tcp_flags as Open MPI holds it, or -1
+// when its tool interface does not have the variable (the tcp transport
+// not opened, or another MPI).
+static int ddp_read_tcp_flags(void) {
+	int prov, idx, count, v = -1;
+	MPI_T_cvar_handle h;
+	if (MPI_T_init_thread(MPI_THREAD_SERIALIZED, &prov) != MPI_SUCCESS)
+		return -1;
+	if (MPI_T_cvar_get_index("btl_tcp_flags", &idx) == MPI_SUCCESS &&
+	    MPI_T_cvar_handle_alloc(idx, NULL, &h, &count) == MPI_SUCCESS) {
+		unsigned u;
+		if (count == 1 && MPI_T_cvar_read(h, &u) == MPI_SUCCESS)
+			v = (int)u;
+		MPI_T_cvar_handle_free(&h);
+	}
+	MPI_T_finalize();
+	return v;
+}
+
+int ddp_init(int *provided, int *ours, int *tuned, int *tcp, int *tcp_flags, int *world_rank, int *world_size) {
 	int rc, flag = 0;
 	has_f16c = ddp_has_f16c();
 	__builtin_cpu_init();
@@ -272,6 +327,8 @@ int ddp_init(int *provided, int *ours, int *tuned, int *world_rank, int *world_s
 		// Before MPI starts its threads, which would take arenas of their
 		// own (see ddp_tune_malloc).
 		*tuned = ddp_tune_malloc();
+		*tcp = ddp_tune_tcp();
+		ddp_tune_coll();
 		rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, provided);
 	}
 	if (rc != MPI_SUCCESS)
@@ -289,6 +346,7 @@ int ddp_init(int *provided, int *ours, int *tuned, int *world_rank, int *world_s
 		return rc;
 	for (int i = 0; i < DDP_MAXREQ; i++)
 		reqs[i] = MPI_REQUEST_NULL;
+	*tcp_flags = ddp_read_tcp_flags();
 	MPI_Comm_rank(MPI_COMM_WORLD, world_rank);
 	MPI_Comm_size(MPI_COMM_WORLD, world_size);
 	return MPI_SUCCESS;
@@ -319,6 +377,138 @@ int ddp_dup(MPI_Comm *out, int *rank, int *size) {
 }
 
 int ddp_free(MPI_Comm *c) { return MPI_Comm_free(c); }
+
+// ---- the all-reduce algorithm between hosts -----------------------------
+
+// host_key names this process's host, hashed (FNV-1a): DDPGO_MPI_HOST
+// where set, else the host's name and network namespace (the test hosts
+// of scripts/netlab.sh share a name).
+static uint64_t host_key(void) {
+	char buf[512];
+	size_t n;
+	memset(buf, 0, sizeof buf);
+	const char *env = getenv("DDPGO_MPI_HOST");
+	if (env != NULL && *env != 0) {
+		strncpy(buf, env, sizeof buf - 1);
+		n = strlen(buf);
+	} else {
+		gethostname(buf, 255);
+		n = strlen(buf);
+		buf[n++] = '|';
+		ssize_t m = readlink("/proc/self/ns/net", buf + n, sizeof buf - n - 1);
+		if (m > 0)
+			n += (size_t)m;
+	}
+	uint64_t h = 1469598103934665603ULL;
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ (unsigned char)buf[i]) * 1099511628211ULL;
+	return h;
+}
+
+// cvar_open finds Open MPI's control variable name through MPI's tool
+// interface (initialised by the caller).
+static int cvar_open(const char *name, MPI_T_cvar_handle *h) {
+	int idx, count;
+	if (MPI_T_cvar_get_index(name, &idx) != MPI_SUCCESS ||
+	    MPI_T_cvar_handle_alloc(idx, NULL, h, &count) != MPI_SUCCESS)
+		return 0;
+	if (count != 1) {
+		MPI_T_cvar_handle_free(h);
+		return 0;
+	}
+	return 1;
+}
+
+int ddp_hosts(MPI_Comm c, int size, int *hosts, int *can) {
+	struct {
+		uint64_t key;
+		int32_t can, pad;
+	} me = {host_key(), 0, 0}, *all;
+	// This rank can set the algorithm when the user left it to Open MPI
+	// (dynamic rules on, as ddp_init asked, and no algorithm forced) and
+	// did not opt out.
+	int prov, v = -1, t_ok = MPI_T_init_thread(MPI_THREAD_SERIALIZED, &prov) == MPI_SUCCESS;
+	const char *env = getenv("DDPGO_MPI_ALLREDUCE");
+	if (t_ok && (env == NULL || strcmp(env, "mpi") != 0)) {
+		MPI_T_cvar_handle h;
+		int dyn = 0;
+		if (cvar_open("coll_tuned_use_dynamic_rules", &h)) {
+			MPI_T_cvar_read(h, &dyn);
+			MPI_T_cvar_handle_free(&h);
+		}
+		if (dyn && cvar_open("coll_tuned_allreduce_algorithm", &h)) {
+			if (MPI_T_cvar_read(h, &v) == MPI_SUCCESS && v == 0)
+				me.can = 1;
+			MPI_T_cvar_handle_free(&h);
+		}
+		if (me.can && cvar_open("coll_tuned_allreduce_algorithm_segmentsize", &h)) {
+			if (MPI_T_cvar_read(h, &v) != MPI_SUCCESS || v != 0)
+				me.can = 0;
+			MPI_T_cvar_handle_free(&h);
+		} else {
+			me.can = 0;
+		}
+	}
+	if (t_ok)
+		MPI_T_finalize();
+	all = malloc(sizeof me * (size_t)size);
+	if (all == NULL)
+		return MPI_ERR_NO_MEM;
+	int rc = MPI_Allgather(&me, sizeof me, MPI_BYTE, all, sizeof me, MPI_BYTE, c);
+	if (rc == MPI_SUCCESS) {
+		*hosts = 0;
+		*can = 1;
+		for (int i = 0; i < size; i++) {
+			int seen = 0;
+			for (int j = 0; j < i && !seen; j++)
+				seen = all[j].key == all[i].key;
+			*hosts += !seen;
+			*can &= all[i].can;
+		}
+	}
+	free(all);
+	return rc;
+}
+
+// set_allreduce_algorithm writes coll_tuned_allreduce_algorithm and its
+// segment size, which Open MPI reads when it sets up a communicator's
+// collectives.
+static int set_allreduce_algorithm(int alg, int segsize) {
+	int prov, ok = 0;
+	MPI_T_cvar_handle h;
+	if (MPI_T_init_thread(MPI_THREAD_SERIALIZED, &prov) != MPI_SUCCESS)
+		return 0;
+	if (cvar_open("coll_tuned_allreduce_algorithm", &h)) {
+		ok = MPI_T_cvar_write(h, &alg) == MPI_SUCCESS;
+		MPI_T_cvar_handle_free(&h);
+	}
+	if (ok && cvar_open("coll_tuned_allreduce_algorithm_segmentsize", &h)) {
+		ok = MPI_T_cvar_write(h, &segsize) == MPI_SUCCESS;
+		MPI_T_cvar_handle_free(&h);
+	} else {
+		ok = 0;
+	}
+	MPI_T_finalize();
+	return ok;
+}
+
+int ddp_dup_algorithm(MPI_Comm c, int alg, int segsize, MPI_Comm *out, int *made) {
+	*out = MPI_COMM_NULL;
+	*made = 0;
+	// Every rank must set the algorithm, or none: ranks whose
+	// communicators run different algorithms do not match.
+	int ok = set_allreduce_algorithm(alg, segsize);
+	int rc = MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, c);
+	if (rc == MPI_SUCCESS && ok) {
+		rc = MPI_Comm_dup(MPI_COMM_WORLD, out);
+		if (rc == MPI_SUCCESS) {
+			*made = 1;
+			rc = MPI_Comm_set_errhandler(*out, MPI_ERRORS_RETURN);
+		}
+	}
+	set_allreduce_algorithm(0, 0);
+	return rc;
+}
 
 int ddp_allreduce_int(MPI_Comm c, int *inout, int n, int max) {
 	return MPI_Allreduce(MPI_IN_PLACE, inout, n, MPI_INT, max ? MPI_MAX : MPI_MIN, c);

@@ -30,12 +30,26 @@ enum {
 // ddp_init initialises MPI (or adopts an MPI the host program initialised)
 // and creates the 16-bit reductions. *provided receives the thread level,
 // *ours whether this call initialised MPI, *tuned whether it changed
-// glibc's malloc settings first (see the package documentation).
-int ddp_init(int *provided, int *ours, int *tuned, int *world_rank, int *world_size);
+// glibc's malloc settings first, *tcp whether it took "put" out of Open
+// MPI's TCP transport flags (see the package documentation), *tcp_flags
+// those flags as MPI holds them (-1 where MPI does not say).
+int ddp_init(int *provided, int *ours, int *tuned, int *tcp, int *tcp_flags, int *world_rank, int *world_size);
 int ddp_finalize(int ours);
 
 int ddp_dup(MPI_Comm *out, int *rank, int *size);
 int ddp_free(MPI_Comm *c);
+
+// ddp_hosts counts the hosts c's ranks run on (a host: a name and a
+// network namespace) and whether every rank can choose Open MPI's
+// all-reduce algorithm (*can); collective over c.
+int ddp_hosts(MPI_Comm c, int size, int *hosts, int *can);
+
+// ddp_dup_algorithm duplicates MPI_COMM_WORLD into *out with Open MPI's
+// all-reduce algorithm alg and segment size segsize
+// (coll_tuned_allreduce_algorithm and _segmentsize), or leaves *out
+// MPI_COMM_NULL and *made 0 when some rank could not set them; collective
+// over c.
+int ddp_dup_algorithm(MPI_Comm c, int alg, int segsize, MPI_Comm *out, int *made);
 int ddp_allreduce_int(MPI_Comm c, int *inout, int n, int max);
 
 // ddp_start runs (blocking != 0) or posts (into request slot) one

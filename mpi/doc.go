@@ -178,6 +178,51 @@
 // 27-48 ms with MALLOC_ARENA_MAX=1 as well (0.1-0.25 against 1.4-2.6
 // GB/s, 258-368k against 102k faults).
 //
+// # Between hosts
+//
+// Between hosts Open MPI carries messages over TCP (its tcp transport,
+// BTL), and two of its defaults cost an all-reduce half the link's rate.
+// The backend changes both, where the user has not chosen, and only with
+// Open MPI 4 (the version measured).
+//
+// The first is the transport's "put" flag (btl_tcp_flags). With it, a
+// large message goes into the connection as one emulated RDMA write of
+// all its bytes once the receiver has answered its handshake. When two
+// ranks send to each other at once, as every all-reduce between two hosts
+// does, the answer to the message coming the other way can be queued
+// behind that write, and then waits for all of it: the two directions go
+// one after the other, at half a full-duplex link's rate (that is how
+// the measurements read; Open MPI's code was not traced). Without "put",
+// a large message is sent as a pipeline of 128 KiB fragments and both
+// directions flow at once. So, when it initialises MPI itself, the
+// backend sets OMPI_MCA_btl_tcp_flags to Open MPI 4's default without
+// "put" (send,inplace,need-ack,need-csum,hetero-rdma) before MPI_Init,
+// unless it is set already (mpirun --mca btl_tcp_flags ... sets it, and
+// so restores any choice; a setting in an MCA parameter file is
+// overridden). Info.TCPTuned says whether it did, Info.TCPFlags what MPI
+// holds. Shared memory (the vader transport) does not use it.
+//
+// The second is the all-reduce algorithm for more than two ranks: for
+// large messages Open MPI 4.1's fixed rules pick algorithms that move
+// about twice the ring's volume over the link. So the backend turns on
+// Open MPI's dynamic rules before MPI_Init
+// (OMPI_MCA_coll_tuned_use_dynamic_rules=1, unless set; with no algorithm
+// forced and no rules file Open MPI decides as before), and Open counts
+// the hosts its ranks run on (a host: a name and a network namespace, or
+// DDPGO_MPI_HOST where set). A blocking communicator of three or more
+// ranks on two or more hosts gets a second duplicate of MPI_COMM_WORLD,
+// made with coll_tuned_allreduce_algorithm set to the ring (4) through
+// MPI's tool interface, and its all-reduces of 1 MiB and more run on it;
+// smaller ones keep Open MPI's latency-minded choice. Every rank decides
+// from the same gathered facts, so all take the ring or none: none when
+// any rank set DDPGO_MPI_ALLREDUCE=mpi, turned dynamic rules off, or
+// forced an algorithm of its own (--mca coll_tuned_allreduce_algorithm).
+// Info.Hosts and Info.RingAllReduce say what the last Open found and
+// chose. Two ranks keep Open MPI's choice, which is as fast as the ring
+// once "put" is off.
+//
+// # MEASUREMENTS
+//
 // # Testing
 //
 // The tests are SPMD: go test -tags mpi ./mpi/ runs them in one process

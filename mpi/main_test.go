@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
@@ -164,6 +165,12 @@ func waitAll(t testing.TB, ws ...comm.Work) {
 // its error.
 func childJob(t *testing.T, np int, role string) ([]byte, time.Duration, error) {
 	t.Helper()
+	return childJobArgs(t, np, role, mpirunArgs(fmt.Sprint(np)))
+}
+
+// childJobArgs is childJob with the mpirun options given (np > 0).
+func childJobArgs(t *testing.T, np int, role string, mpirunOpts []string) ([]byte, time.Duration, error) {
+	t.Helper()
 	if underMpirun() {
 		t.Skip("starts jobs of its own; run outside mpirun")
 	}
@@ -173,7 +180,7 @@ func childJob(t *testing.T, np int, role string) ([]byte, time.Duration, error) 
 		if err != nil {
 			t.Skip("mpirun not found (Debian: apt-get install openmpi-bin)")
 		}
-		name, args = mpirun, append(append(mpirunArgs(fmt.Sprint(np)), "-x", "DDPGO_MPI_CHILD", os.Args[0]), args...)
+		name, args = mpirun, append(append(append([]string(nil), mpirunOpts...), "-x", "DDPGO_MPI_CHILD", os.Args[0]), args...)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -235,6 +242,64 @@ func TestChild(t *testing.T) {
 		defer cancel()
 		err := c.AllReduce(b, b, comm.Sum).Wait(ctx)
 		fmt.Printf("CHILD: rank %d survived its peer's death: %v\n", c.Rank(), err)
+	case "tcp":
+		// Two ranks over Open MPI's TCP transport (on loopback): what
+		// the backend did to btl_tcp_flags, then a large all-reduce, in
+		// blocking mode as ddp runs it, checked element by element.
+		preset := os.Getenv("OMPI_MCA_btl_tcp_flags")
+		c := open(t, mpi.Options{Blocking: true})
+		i := mpi.LibraryInfo()
+		fmt.Printf("CHILD: rank %d: btl_tcp_flags preset %q, tuned %v, flags %#x\n", c.Rank(), preset, i.TCPTuned, i.TCPFlags)
+		if i.TCPFlags < 0 {
+			t.Fatalf("rank %d: MPI does not expose btl_tcp_flags", c.Rank())
+		}
+		if put := i.TCPFlags&mpi.TCPFlagPut != 0; preset == "" && (!i.TCPTuned || put) || preset != "" && i.TCPTuned {
+			t.Fatalf("rank %d: TCPTuned %v, flags %#x with OMPI_MCA_btl_tcp_flags %q at start-up", c.Rank(), i.TCPTuned, i.TCPFlags, preset)
+		}
+		const n = 3<<20 + 5 // 12 MiB and a bit: the TCP transport's large-message path
+		b := alloc(t, n, comm.Float32)
+		v := unsafe.Slice((*float32)(b.Addr), n)
+		for k := range v {
+			v[k] = float32(c.Rank()+1) * float32(k%1000)
+		}
+		for range 3 {
+			if err := c.AllReduce(b, b, comm.Sum).Wait(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The first pass sums the ranks' factors; each later one
+		// multiplies the now equal contributions by the rank count.
+		f := float32(c.Size()*(c.Size()+1)/2) * float32(c.Size()*c.Size())
+		for k := range v {
+			if want := float32(k%1000) * f; v[k] != want {
+				t.Fatalf("rank %d: element %d is %v; want %v", c.Rank(), k, v[k], want)
+			}
+		}
+		fmt.Printf("CHILD: rank %d: all-reduce over tcp ok\n", c.Rank())
+	case "hosts":
+		// Ranks on the hosts DDPGO_MPI_HOST names: blocking all-reduces
+		// large and small, interleaved (the large ones on the ring where
+		// the ranks span hosts), each checked element by element.
+		c := open(t, mpi.Options{Blocking: true})
+		i := mpi.LibraryInfo()
+		fmt.Printf("CHILD: rank %d: hosts %d, ring %v (%s)\n", c.Rank(), i.Hosts, strings.Contains(i.LargeAllReduce, "ring"), i.LargeAllReduce)
+		for _, n := range []int{1 << 20, 1000, 1<<18 + 3, 1 << 18, 7} { // 4 MiB, 4 KB, just over 1 MiB, exactly 1 MiB, 28 B
+			b := alloc(t, n, comm.Float32)
+			v := unsafe.Slice((*float32)(b.Addr), n)
+			for k := range v {
+				v[k] = float32(c.Rank()+1) * float32(k%777)
+			}
+			if err := c.AllReduce(b, b, comm.Sum).Wait(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			f := float32(c.Size() * (c.Size() + 1) / 2)
+			for k := range v {
+				if want := float32(k%777) * f; v[k] != want {
+					t.Fatalf("rank %d: %d elements: element %d is %v; want %v", c.Rank(), n, k, v[k], want)
+				}
+			}
+		}
+		fmt.Printf("CHILD: rank %d: all-reduces ok\n", c.Rank())
 	default:
 		t.Fatalf("unknown DDPGO_MPI_CHILD %q", role)
 	}
@@ -292,4 +357,91 @@ func TestTimeout(t *testing.T) {
 		t.Errorf("the job took %v to end after a 1s timeout", took)
 	}
 	t.Logf("the job ended %v after it started", took.Round(time.Millisecond))
+}
+
+// TestTCPFlags: the backend takes "put" out of Open MPI's TCP transport
+// flags unless mpirun (or the environment) set them, and large all-reduces
+// over TCP are exact either way.
+func TestTCPFlags(t *testing.T) {
+	tcp := func(extra ...string) []string {
+		args := []string{"-np", "2", "--oversubscribe", "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo"}
+		if os.Geteuid() == 0 {
+			args = append(args, "--allow-run-as-root")
+		}
+		return append(args, extra...)
+	}
+	for _, c := range []struct {
+		name  string
+		extra []string
+		want  string
+	}{
+		{"ours", nil, "tuned true"},
+		{"users", []string{"--mca", "btl_tcp_flags", "send,put,inplace,need-ack,need-csum,hetero-rdma"}, "tuned false"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			out, _, err := childJobArgs(t, 2, "tcp", tcp(c.extra...))
+			if err != nil {
+				t.Fatalf("job: %v\n%s", err, out)
+			}
+			s := string(out)
+			if strings.Count(s, "all-reduce over tcp ok") != 2 || strings.Count(s, c.want) != 2 {
+				t.Fatalf("want both ranks %s and exact:\n%s", c.want, s)
+			}
+			t.Logf("\n%s", s)
+		})
+	}
+}
+
+// TestRingBetweenHosts: with ranks on two hosts (named by DDPGO_MPI_HOST),
+// a blocking communicator runs its large all-reduces on the ring (3
+// ranks) or the segmented ring (2), every rank or none
+// (DDPGO_MPI_ALLREDUCE=mpi on one rank turns it off for all), and the
+// results are exact either way; on one host it stays with Open MPI's
+// choice.
+func TestRingBetweenHosts(t *testing.T) {
+	mpirun, err := exec.LookPath("mpirun")
+	if err != nil {
+		t.Skip("mpirun not found (Debian: apt-get install openmpi-bin)")
+	}
+	if underMpirun() {
+		t.Skip("starts jobs of its own; run outside mpirun")
+	}
+	for _, c := range []struct {
+		name        string
+		env         [3]string // each rank's environment, beyond DDPGO_MPI_CHILD
+		want, hosts string
+	}{
+		{"two-hosts", [3]string{"DDPGO_MPI_HOST=a", "DDPGO_MPI_HOST=b", "DDPGO_MPI_HOST=b"}, "ring true", "hosts 2"},
+		{"opted-out", [3]string{"DDPGO_MPI_HOST=a", "DDPGO_MPI_HOST=b DDPGO_MPI_ALLREDUCE=mpi", "DDPGO_MPI_HOST=b"}, "ring false", "hosts 2"},
+		{"one-host", [3]string{"DDPGO_MPI_HOST=a", "DDPGO_MPI_HOST=a", "DDPGO_MPI_HOST=a"}, "ring false", "hosts 1"},
+		{"two-ranks", [3]string{"DDPGO_MPI_HOST=a", "DDPGO_MPI_HOST=b"}, "ring true", "hosts 2"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			args := mpirunArgs("1")[2:] // the options, without -np
+			ranks := 0
+			for r, env := range c.env {
+				if env == "" {
+					break
+				}
+				ranks++
+				if r > 0 {
+					args = append(args, ":")
+				}
+				args = append(append(args, "-np", "1", "env", "DDPGO_MPI_CHILD=hosts"), strings.Fields(env)...)
+				args = append(args, os.Args[0], "-test.run=^TestChild$", "-test.v")
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, mpirun, args...)
+			cmd.Env = childEnv()
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("mpirun %s: %v\n%s", strings.Join(args, " "), err, out)
+			}
+			s := string(out)
+			if strings.Count(s, c.want) != ranks || strings.Count(s, c.hosts) != ranks || strings.Count(s, "all-reduces ok") != ranks {
+				t.Fatalf("want every rank to say %q, %q and ok:\n%s", c.hosts, c.want, s)
+			}
+		})
+	}
 }

@@ -80,10 +80,30 @@ type Info struct {
 	// MallocTuned reports whether the backend raised glibc's mmap and trim
 	// thresholds at initialisation (see the package documentation).
 	MallocTuned bool
+	// TCPTuned reports whether the backend took "put" out of Open MPI's
+	// TCP transport flags (btl_tcp_flags) before it initialised MPI, so
+	// that an all-reduce between hosts moves both directions at once (see
+	// the package documentation).
+	TCPTuned bool
+	// TCPFlags is btl_tcp_flags as Open MPI holds it once initialised (a
+	// bit set: TCPFlagPut is "put"), or -1 where MPI does not expose it
+	// (the tcp transport excluded, or another MPI).
+	TCPFlags int
+	// Hosts is the number of hosts the ranks of the last communicator
+	// opened run on (a host: a name and a network namespace), and
+	// LargeAllReduce the Open MPI algorithm that communicator runs its
+	// blocking all-reduces of 1 MiB and more on, "ring" or "segmented ring
+	// (1 MiB segments)", or "" for Open MPI's own choice (see the package
+	// documentation).
+	Hosts          int
+	LargeAllReduce string
 	// F16C reports whether the 16-bit sums use the CPU's F16C
 	// conversions.
 	F16C bool
 }
+
+// TCPFlagPut is the "put" bit of Open MPI's btl_tcp_flags (Info.TCPFlags).
+const TCPFlagPut = 0x2
 
 // watchdog returns the comm.Watchdog that schedules the communicator's
 // stall reports and deadline, and whether each is on.

@@ -46,8 +46,13 @@ type engine struct {
 	pool     *allocator.Pool // scratch of operations whose communicator has none
 	poolOnce sync.Once
 
-	provided, worldRank, worldSize int
-	ours, mallocTuned, f16c        bool
+	provided, worldRank, worldSize, tcpFlags int
+
+	// the last Open's hosts and whether it runs large all-reduces on the
+	// ring (owner-only until Open returns; read under rtMu by LibraryInfo)
+	lastHosts                         int
+	lastLarge                         string
+	ours, mallocTuned, tcpTuned, f16c bool
 
 	abortCode atomic.Int32 // non-zero: end the job with this code
 
@@ -132,13 +137,13 @@ func (e *engine) call(f func() error) error {
 func (e *engine) mainThread(errc chan<- error) {
 	defer close(e.mainExit)
 	runtime.LockOSThread()
-	var provided, ours, tuned, wr, ws C.int
-	if rc := C.ddp_init(&provided, &ours, &tuned, &wr, &ws); rc != C.MPI_SUCCESS {
+	var provided, ours, tuned, tcp, tcpFlags, wr, ws C.int
+	if rc := C.ddp_init(&provided, &ours, &tuned, &tcp, &tcpFlags, &wr, &ws); rc != C.MPI_SUCCESS {
 		errc <- fmt.Errorf("mpi: initialising MPI: %w", mpiError(int(rc)))
 		return
 	}
 	e.provided, e.ours, e.worldRank, e.worldSize = int(provided), ours != 0, int(wr), int(ws)
-	e.mallocTuned = tuned != 0
+	e.mallocTuned, e.tcpTuned, e.tcpFlags = tuned != 0, tcp != 0, int(tcpFlags)
 	e.f16c = C.ddp_has_f16c() != 0
 	if e.provided < C.MPI_THREAD_SERIALIZED {
 		// The owner calls MPI from threads other than the one that
@@ -259,7 +264,11 @@ func (e *engine) start(c *communicator, seq uint64) {
 	if pairAvg(c, d) {
 		op = C.DDP_AVG2
 	}
-	rc := C.ddp_start(c.h, boolInt(blocking), C.int(max(slot, 0)), C.int(d.kind), op, C.int(d.dt),
+	h := c.h
+	if c.hasLarge && blocking && d.kind == kindAllReduce && d.count*dtypeSize(d.dt) >= largeMin {
+		h = c.large
+	}
+	rc := C.ddp_start(h, boolInt(blocking), C.int(max(slot, 0)), C.int(d.kind), op, C.int(d.dt),
 		C.int(d.count), C.uintptr_t(uintptr(send)), C.uintptr_t(uintptr(recv)), C.int(d.root), C.int(inplace))
 	if blocking || rc != C.MPI_SUCCESS {
 		if slot >= 0 {
@@ -371,6 +380,12 @@ func (e *engine) release(c *communicator) {
 		}
 		if rc := C.ddp_free(&c.h); rc != C.MPI_SUCCESS {
 			c.closeErr = fmt.Errorf("mpi: rank %d: MPI_Comm_free: %w", c.rank, mpiError(int(rc)))
+		}
+		if c.hasLarge {
+			c.hasLarge = false
+			if rc := C.ddp_free(&c.large); rc != C.MPI_SUCCESS && c.closeErr == nil {
+				c.closeErr = fmt.Errorf("mpi: rank %d: MPI_Comm_free: %w", c.rank, mpiError(int(rc)))
+			}
 		}
 		e.mu.Lock()
 		delete(e.comms, c)
@@ -538,7 +553,8 @@ func LibraryInfo() Info {
 		info.Initialized, info.OwnInit = true, e.ours
 		info.Provided = threadLevel(e.provided)
 		info.WorldRank, info.WorldSize = e.worldRank, e.worldSize
-		info.MallocTuned = e.mallocTuned
+		info.MallocTuned, info.TCPTuned, info.TCPFlags = e.mallocTuned, e.tcpTuned, e.tcpFlags
+		info.Hosts, info.LargeAllReduce = e.lastHosts, e.lastLarge
 	}
 	return info
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/ddpgo/ddpgo/bench"
+	"github.com/ddpgo/ddpgo/mpi"
 )
 
 // runRecord is one run's configuration and result: a row of the run and
@@ -191,6 +192,29 @@ func (o *runOpts) ranksLine() string {
 	s := rankCount(o.ranks) + ", " + o.backend.name
 	if o.backend.what != "" {
 		s += " (" + o.backend.what + ")"
+	}
+	if o.backend.name == "mpi" {
+		s += mpiTuning(mpi.LibraryInfo())
+	}
+	return s
+}
+
+// mpiTuning says, once MPI is initialised, how many hosts the ranks span
+// and what the backend chose for Open MPI (see package mpi).
+func mpiTuning(i mpi.Info) string {
+	if !i.Initialized {
+		return ""
+	}
+	hosts := "1 host"
+	if i.Hosts != 1 {
+		hosts = fmt.Sprintf("%d hosts", i.Hosts)
+	}
+	s := "\n          " + i.Library + "; " + hosts
+	if i.LargeAllReduce != "" {
+		s += ", all-reduces from 1 MiB on the " + i.LargeAllReduce
+	}
+	if i.TCPTuned {
+		s += ", TCP transport without put"
 	}
 	return s
 }
