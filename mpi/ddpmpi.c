@@ -419,14 +419,30 @@ static int cvar_open(const char *name, MPI_T_cvar_handle *h) {
 	return 1;
 }
 
+// rules_file reports whether Open MPI was given a file of dynamic rules
+// for its collectives (coll_tuned_dynamic_rules_filename).
+static int rules_file(void) {
+	int idx, count, set = 0;
+	MPI_T_cvar_handle h;
+	if (MPI_T_cvar_get_index("coll_tuned_dynamic_rules_filename", &idx) != MPI_SUCCESS ||
+	    MPI_T_cvar_handle_alloc(idx, NULL, &h, &count) != MPI_SUCCESS)
+		return 0;
+	char *buf = calloc((size_t)count + 2, 1);
+	if (buf != NULL && MPI_T_cvar_read(h, buf) == MPI_SUCCESS)
+		set = buf[0] != 0;
+	free(buf);
+	MPI_T_cvar_handle_free(&h);
+	return set;
+}
+
 int ddp_hosts(MPI_Comm c, int size, int *hosts, int *can) {
 	struct {
 		uint64_t key;
 		int32_t can, pad;
 	} me = {host_key(), 0, 0}, *all;
 	// This rank can set the algorithm when the user left it to Open MPI
-	// (dynamic rules on, as ddp_init asked, and no algorithm forced) and
-	// did not opt out.
+	// (dynamic rules on, as ddp_init asked, with no algorithm, segment
+	// size or rules file of the user's) and did not opt out.
 	int prov, v = -1, t_ok = MPI_T_init_thread(MPI_THREAD_SERIALIZED, &prov) == MPI_SUCCESS;
 	const char *env = getenv("DDPGO_MPI_ALLREDUCE");
 	if (t_ok && (env == NULL || strcmp(env, "mpi") != 0)) {
@@ -448,6 +464,8 @@ int ddp_hosts(MPI_Comm c, int size, int *hosts, int *can) {
 		} else {
 			me.can = 0;
 		}
+		if (me.can && rules_file())
+			me.can = 0;
 	}
 	if (t_ok)
 		MPI_T_finalize();

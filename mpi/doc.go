@@ -218,8 +218,10 @@
 // 1 MiB and more run on it; smaller ones keep Open MPI's latency-minded
 // choice. Every rank decides from the same gathered facts, so all take
 // it or none: none when any rank set DDPGO_MPI_ALLREDUCE=mpi, turned
-// dynamic rules off, or forced an algorithm or segment size of its own
-// (--mca coll_tuned_allreduce_algorithm ...). Info.Hosts and
+// dynamic rules off, or chose an algorithm, segment size or rules file of
+// its own (--mca coll_tuned_allreduce_algorithm ...). A host program that
+// initialises MPI itself sets OMPI_MCA_coll_tuned_use_dynamic_rules=1 (and
+// the TCP flags above) in its environment to have the same. Info.Hosts and
 // Info.LargeAllReduce say what the last Open found and chose. On one
 // host nothing changes: there no algorithm measured faster than Open
 // MPI's choice.

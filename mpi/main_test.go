@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -406,6 +407,11 @@ func TestRingBetweenHosts(t *testing.T) {
 	if underMpirun() {
 		t.Skip("starts jobs of its own; run outside mpirun")
 	}
+	file := filepath.Join(t.TempDir(), "rules")
+	if err := os.WriteFile(file, []byte("1\n7\n1\n2\n1\n0 1 0 0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rules := "OMPI_MCA_coll_tuned_dynamic_rules_filename=" + file
 	for _, c := range []struct {
 		name        string
 		env         [3]string // each rank's environment, beyond DDPGO_MPI_CHILD
@@ -415,6 +421,9 @@ func TestRingBetweenHosts(t *testing.T) {
 		{"opted-out", [3]string{"DDPGO_MPI_HOST=a", "DDPGO_MPI_HOST=b DDPGO_MPI_ALLREDUCE=mpi", "DDPGO_MPI_HOST=b"}, "ring false", "hosts 2"},
 		{"one-host", [3]string{"DDPGO_MPI_HOST=a", "DDPGO_MPI_HOST=a", "DDPGO_MPI_HOST=a"}, "ring false", "hosts 1"},
 		{"two-ranks", [3]string{"DDPGO_MPI_HOST=a", "DDPGO_MPI_HOST=b"}, "ring true", "hosts 2"},
+		// A rules file is the user's choice (this one sets only Bcast's
+		// algorithm, for 2 ranks).
+		{"rules-file", [3]string{"DDPGO_MPI_HOST=a " + rules, "DDPGO_MPI_HOST=b " + rules}, "ring false", "hosts 2"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			args := mpirunArgs("1")[2:] // the options, without -np
