@@ -65,9 +65,9 @@ type communicator struct {
 	blocking   bool
 	hosts      int // the hosts the ranks run on
 	// large, where hasLarge, is a second duplicate of MPI_COMM_WORLD
-	// whose all-reduce is the ring (segmented, for two ranks), for
-	// blocking all-reduces of at least largeMin bytes between hosts (see
-	// the package documentation).
+	// whose all-reduce is the segmented ring, for blocking all-reduces of
+	// at least largeMin bytes between hosts (see the package
+	// documentation).
 	large    C.MPI_Comm
 	hasLarge bool
 	opts     Options
@@ -176,11 +176,7 @@ func Open(o Options) (comm.Communicator, error) {
 		c.hosts = int(hosts)
 		if c.blocking && c.size >= 2 && c.hosts >= 2 && can != 0 {
 			var made C.int
-			alg, seg := C.int(ringAlgorithm), C.int(0)
-			if c.size == 2 {
-				alg, seg = segmentedRingAlgorithm, pairSegment
-			}
-			if rc := C.ddp_dup_algorithm(c.h, alg, seg, &c.large, &made); rc != C.MPI_SUCCESS {
+			if rc := C.ddp_dup_algorithm(c.h, segmentedRing, C.DDP_SEGMENT, &c.large, &made); rc != C.MPI_SUCCESS {
 				if made != 0 {
 					C.ddp_free(&c.large)
 				}
@@ -190,10 +186,7 @@ func Open(o Options) (comm.Communicator, error) {
 		}
 		e.lastHosts, e.lastLarge = c.hosts, ""
 		if c.hasLarge {
-			e.lastLarge = "ring"
-			if c.size == 2 {
-				e.lastLarge = "segmented ring (1 MiB segments)"
-			}
+			e.lastLarge = fmt.Sprintf("segmented ring (%d KiB segments)", C.DDP_SEGMENT>>10)
 		}
 		return nil
 	})
@@ -219,14 +212,12 @@ func (c *communicator) openFailed(err error) error {
 	return err
 }
 
-// Open MPI's numbers for its ring and segmented ring all-reduces
-// (coll_tuned_allreduce_algorithm), the segment size for two ranks, and
-// the size from which a blocking all-reduce between hosts uses them.
+// segmentedRing is Open MPI's number for its segmented ring all-reduce
+// (coll_tuned_allreduce_algorithm), and largeMin the size from which a
+// blocking all-reduce between hosts runs on it, in DDP_SEGMENT pieces.
 const (
-	ringAlgorithm          = 4
-	segmentedRingAlgorithm = 5
-	pairSegment            = 1 << 20
-	largeMin               = 1 << 20
+	segmentedRing = 5
+	largeMin      = 1 << 20
 )
 
 // Rank returns this rank's index.

@@ -275,42 +275,60 @@ static void ddp_tune_coll(void) {
 	setenv("OMPI_MCA_coll_tuned_use_dynamic_rules", "1", 0);
 }
 
+// ddp_tcp_eager is the TCP transport's eager limit the backend sets: a
+// segment of the segmented ring (DDP_SEGMENT) and its headers fit in one
+// eager message, which needs no handshake.
+static const char ddp_tcp_eager[] = "300000";
+
 static int ddp_tune_tcp(void) {
-	// The user's own setting wins (mpirun --mca btl_tcp_flags ... sets
-	// this variable too). Only the library this was measured with: another
-	// version may name its flags differently, and MPI_Init would refuse a
-	// name it lacks.
-	if (getenv("OMPI_MCA_btl_tcp_flags") != NULL || !open_mpi_4())
+	// Only the library this was measured with: another version may name
+	// its flags differently, and MPI_Init would refuse a name it lacks.
+	if (!open_mpi_4())
 		return 0;
-	// Without "put", the TCP transport sends a large message as a
-	// pipeline of fragments instead of one emulated RDMA write of the
-	// whole message, which goes into the connection ahead of the
-	// handshake of the message coming the other way: that one then waits
-	// for the whole of this one, and an all-reduce between two hosts moves
-	// its two directions one after the other (see the package docs).
-	return setenv("OMPI_MCA_btl_tcp_flags", ddp_tcp_flags, 0) == 0;
+	int set = 0;
+	// The user's own settings win (mpirun --mca btl_tcp_flags ... sets
+	// these variables too). Without "put", the TCP transport sends a
+	// large message as a pipeline of fragments instead of one emulated
+	// RDMA write of the whole message, which goes into the connection
+	// ahead of the handshake of the message coming the other way: that one
+	// then waits for the whole of this one, and an all-reduce between two
+	// hosts moves its two directions one after the other (see the package
+	// docs).
+	if (getenv("OMPI_MCA_btl_tcp_flags") == NULL)
+		set |= setenv("OMPI_MCA_btl_tcp_flags", ddp_tcp_flags, 0) == 0;
+	if (getenv("OMPI_MCA_btl_tcp_eager_limit") == NULL)
+		set |= setenv("OMPI_MCA_btl_tcp_eager_limit", ddp_tcp_eager, 0) == 0;
+	return set;
 }
 
-// ddp_read_tcp_flags returns btl_tcp_flags as Open MPI holds it, or -1
-// when its tool interface does not have the variable (the tcp transport
-// not opened, or another MPI).
-static int ddp_read_tcp_flags(void) {
-	int prov, idx, count, v = -1;
+// ddp_read_tcp reads btl_tcp_flags and btl_tcp_eager_limit as Open MPI
+// holds them, or leaves -1 where its tool interface does not have them
+// (the tcp transport not opened, or another MPI).
+static void ddp_read_tcp(int *flags, long long *eager) {
+	int prov, idx, count;
 	MPI_T_cvar_handle h;
+	*flags = -1;
+	*eager = -1;
 	if (MPI_T_init_thread(MPI_THREAD_SERIALIZED, &prov) != MPI_SUCCESS)
-		return -1;
+		return;
 	if (MPI_T_cvar_get_index("btl_tcp_flags", &idx) == MPI_SUCCESS &&
 	    MPI_T_cvar_handle_alloc(idx, NULL, &h, &count) == MPI_SUCCESS) {
 		unsigned u;
 		if (count == 1 && MPI_T_cvar_read(h, &u) == MPI_SUCCESS)
-			v = (int)u;
+			*flags = (int)u;
+		MPI_T_cvar_handle_free(&h);
+	}
+	if (MPI_T_cvar_get_index("btl_tcp_eager_limit", &idx) == MPI_SUCCESS &&
+	    MPI_T_cvar_handle_alloc(idx, NULL, &h, &count) == MPI_SUCCESS) {
+		unsigned long long u = 0; // a size_t, MPI_UNSIGNED_LONG or _LONG_LONG
+		if (count == 1 && MPI_T_cvar_read(h, &u) == MPI_SUCCESS)
+			*eager = (long long)u;
 		MPI_T_cvar_handle_free(&h);
 	}
 	MPI_T_finalize();
-	return v;
 }
 
-int ddp_init(int *provided, int *ours, int *tuned, int *tcp, int *tcp_flags, int *world_rank, int *world_size) {
+int ddp_init(int *provided, int *ours, int *tuned, int *tcp, int *tcp_flags, long long *tcp_eager, int *world_rank, int *world_size) {
 	int rc, flag = 0;
 	has_f16c = ddp_has_f16c();
 	__builtin_cpu_init();
@@ -346,7 +364,7 @@ int ddp_init(int *provided, int *ours, int *tuned, int *tcp, int *tcp_flags, int
 		return rc;
 	for (int i = 0; i < DDP_MAXREQ; i++)
 		reqs[i] = MPI_REQUEST_NULL;
-	*tcp_flags = ddp_read_tcp_flags();
+	ddp_read_tcp(tcp_flags, tcp_eager);
 	MPI_Comm_rank(MPI_COMM_WORLD, world_rank);
 	MPI_Comm_size(MPI_COMM_WORLD, world_size);
 	return MPI_SUCCESS;

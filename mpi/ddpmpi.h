@@ -24,6 +24,10 @@ enum {
 	DDP_REDUCESCATTER, DDP_SEND, DDP_RECV, DDP_BARRIER
 };
 
+// DDP_SEGMENT is the segment size of the segmented ring all-reduce the
+// backend runs between hosts (see the package documentation).
+#define DDP_SEGMENT (256 << 10)
+
 // DDP_MAXREQ bounds the non-blocking requests in flight at once.
 #define DDP_MAXREQ 1024
 
@@ -31,9 +35,10 @@ enum {
 // and creates the 16-bit reductions. *provided receives the thread level,
 // *ours whether this call initialised MPI, *tuned whether it changed
 // glibc's malloc settings first, *tcp whether it took "put" out of Open
-// MPI's TCP transport flags (see the package documentation), *tcp_flags
-// those flags as MPI holds them (-1 where MPI does not say).
-int ddp_init(int *provided, int *ours, int *tuned, int *tcp, int *tcp_flags, int *world_rank, int *world_size);
+// MPI's TCP transport flags or raised its eager limit (see the package
+// documentation), *tcp_flags and *tcp_eager those settings as MPI holds
+// them (-1 where MPI does not say).
+int ddp_init(int *provided, int *ours, int *tuned, int *tcp, int *tcp_flags, long long *tcp_eager, int *world_rank, int *world_size);
 int ddp_finalize(int ours);
 
 int ddp_dup(MPI_Comm *out, int *rank, int *size);

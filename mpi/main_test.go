@@ -245,18 +245,15 @@ func TestChild(t *testing.T) {
 		fmt.Printf("CHILD: rank %d survived its peer's death: %v\n", c.Rank(), err)
 	case "tcp":
 		// Two ranks over Open MPI's TCP transport (on loopback): what
-		// the backend did to btl_tcp_flags, then a large all-reduce, in
+		// the backend did to the transport's settings (the test checks
+		// them against what mpirun was given), then a large all-reduce, in
 		// blocking mode as ddp runs it, checked element by element.
-		preset := os.Getenv("OMPI_MCA_btl_tcp_flags")
 		c := open(t, mpi.Options{Blocking: true})
 		i := mpi.LibraryInfo()
-		fmt.Printf("CHILD: rank %d: btl_tcp_flags preset %q, tuned %v, flags %#x\n", c.Rank(), preset, i.TCPTuned, i.TCPFlags)
-		if i.TCPFlags < 0 {
-			t.Fatalf("rank %d: MPI does not expose btl_tcp_flags", c.Rank())
+		if i.TCPFlags < 0 || i.TCPEagerLimit < 0 {
+			t.Fatalf("rank %d: MPI does not expose btl_tcp_flags (%d) or btl_tcp_eager_limit (%d)", c.Rank(), i.TCPFlags, i.TCPEagerLimit)
 		}
-		if put := i.TCPFlags&mpi.TCPFlagPut != 0; preset == "" && (!i.TCPTuned || put) || preset != "" && i.TCPTuned {
-			t.Fatalf("rank %d: TCPTuned %v, flags %#x with OMPI_MCA_btl_tcp_flags %q at start-up", c.Rank(), i.TCPTuned, i.TCPFlags, preset)
-		}
+		fmt.Printf("CHILD: rank %d: tuned %v, put %v, eager %d\n", c.Rank(), i.TCPTuned, i.TCPFlags&mpi.TCPFlagPut != 0, i.TCPEagerLimit)
 		const n = 3<<20 + 5 // 12 MiB and a bit: the TCP transport's large-message path
 		b := alloc(t, n, comm.Float32)
 		v := unsafe.Slice((*float32)(b.Addr), n)
@@ -361,8 +358,8 @@ func TestTimeout(t *testing.T) {
 }
 
 // TestTCPFlags: the backend takes "put" out of Open MPI's TCP transport
-// flags unless mpirun (or the environment) set them, and large all-reduces
-// over TCP are exact either way.
+// flags and raises its eager limit, each unless mpirun (or the environment)
+// set it, and large all-reduces over TCP are exact either way.
 func TestTCPFlags(t *testing.T) {
 	tcp := func(extra ...string) []string {
 		args := []string{"-np", "2", "--oversubscribe", "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo"}
@@ -376,8 +373,9 @@ func TestTCPFlags(t *testing.T) {
 		extra []string
 		want  string
 	}{
-		{"ours", nil, "tuned true"},
-		{"users", []string{"--mca", "btl_tcp_flags", "send,put,inplace,need-ack,need-csum,hetero-rdma"}, "tuned false"},
+		{"ours", nil, "tuned true, put false, eager 300000"},
+		{"users-flags", []string{"--mca", "btl_tcp_flags", "send,put,inplace,need-ack,need-csum,hetero-rdma"}, "tuned true, put true, eager 300000"},
+		{"users-both", []string{"--mca", "btl_tcp_flags", "send,put,inplace,need-ack,need-csum,hetero-rdma", "--mca", "btl_tcp_eager_limit", "65536"}, "tuned false, put true, eager 65536"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			out, _, err := childJobArgs(t, 2, "tcp", tcp(c.extra...))
@@ -394,8 +392,8 @@ func TestTCPFlags(t *testing.T) {
 }
 
 // TestRingBetweenHosts: with ranks on two hosts (named by DDPGO_MPI_HOST),
-// a blocking communicator runs its large all-reduces on the ring (3
-// ranks) or the segmented ring (2), every rank or none
+// a blocking communicator of 2 or 3 ranks runs its large all-reduces on
+// the segmented ring, every rank or none
 // (DDPGO_MPI_ALLREDUCE=mpi on one rank turns it off for all), and the
 // results are exact either way; on one host it stays with Open MPI's
 // choice.

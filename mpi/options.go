@@ -81,19 +81,22 @@ type Info struct {
 	// thresholds at initialisation (see the package documentation).
 	MallocTuned bool
 	// TCPTuned reports whether the backend took "put" out of Open MPI's
-	// TCP transport flags (btl_tcp_flags) before it initialised MPI, so
-	// that an all-reduce between hosts moves both directions at once (see
-	// the package documentation).
+	// TCP transport flags (btl_tcp_flags) or raised its eager limit
+	// (btl_tcp_eager_limit) before it initialised MPI (see the package
+	// documentation).
 	TCPTuned bool
 	// TCPFlags is btl_tcp_flags as Open MPI holds it once initialised (a
 	// bit set: TCPFlagPut is "put"), or -1 where MPI does not expose it
 	// (the tcp transport excluded, or another MPI).
 	TCPFlags int
+	// TCPEagerLimit is btl_tcp_eager_limit as Open MPI holds it once
+	// initialised, or -1 where MPI does not expose it.
+	TCPEagerLimit int64
 	// Hosts is the number of hosts the ranks of the last communicator
 	// opened run on (a host: a name and a network namespace), and
 	// LargeAllReduce the Open MPI algorithm that communicator runs its
-	// blocking all-reduces of 1 MiB and more on, "ring" or "segmented ring
-	// (1 MiB segments)", or "" for Open MPI's own choice (see the package
+	// blocking all-reduces of 1 MiB and more on, "segmented ring (256 KiB
+	// segments)", or "" for Open MPI's own choice (see the package
 	// documentation).
 	Hosts          int
 	LargeAllReduce string

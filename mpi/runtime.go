@@ -47,6 +47,7 @@ type engine struct {
 	poolOnce sync.Once
 
 	provided, worldRank, worldSize, tcpFlags int
+	tcpEager                                 int64
 
 	// the last Open's hosts and whether it runs large all-reduces on the
 	// ring (owner-only until Open returns; read under rtMu by LibraryInfo)
@@ -138,12 +139,13 @@ func (e *engine) mainThread(errc chan<- error) {
 	defer close(e.mainExit)
 	runtime.LockOSThread()
 	var provided, ours, tuned, tcp, tcpFlags, wr, ws C.int
-	if rc := C.ddp_init(&provided, &ours, &tuned, &tcp, &tcpFlags, &wr, &ws); rc != C.MPI_SUCCESS {
+	var tcpEager C.longlong
+	if rc := C.ddp_init(&provided, &ours, &tuned, &tcp, &tcpFlags, &tcpEager, &wr, &ws); rc != C.MPI_SUCCESS {
 		errc <- fmt.Errorf("mpi: initialising MPI: %w", mpiError(int(rc)))
 		return
 	}
 	e.provided, e.ours, e.worldRank, e.worldSize = int(provided), ours != 0, int(wr), int(ws)
-	e.mallocTuned, e.tcpTuned, e.tcpFlags = tuned != 0, tcp != 0, int(tcpFlags)
+	e.mallocTuned, e.tcpTuned, e.tcpFlags, e.tcpEager = tuned != 0, tcp != 0, int(tcpFlags), int64(tcpEager)
 	e.f16c = C.ddp_has_f16c() != 0
 	if e.provided < C.MPI_THREAD_SERIALIZED {
 		// The owner calls MPI from threads other than the one that
@@ -553,7 +555,7 @@ func LibraryInfo() Info {
 		info.Initialized, info.OwnInit = true, e.ours
 		info.Provided = threadLevel(e.provided)
 		info.WorldRank, info.WorldSize = e.worldRank, e.worldSize
-		info.MallocTuned, info.TCPTuned, info.TCPFlags = e.mallocTuned, e.tcpTuned, e.tcpFlags
+		info.MallocTuned, info.TCPTuned, info.TCPFlags, info.TCPEagerLimit = e.mallocTuned, e.tcpTuned, e.tcpFlags, e.tcpEager
 		info.Hosts, info.LargeAllReduce = e.lastHosts, e.lastLarge
 	}
 	return info

@@ -214,7 +214,11 @@ func mpiTuning(i mpi.Info) string {
 		s += ", all-reduces from 1 MiB on the " + i.LargeAllReduce
 	}
 	if i.TCPTuned {
-		s += ", TCP transport without put"
+		put := "on"
+		if i.TCPFlags >= 0 && i.TCPFlags&mpi.TCPFlagPut == 0 {
+			put = "off"
+		}
+		s += fmt.Sprintf(", TCP transport: put %s, eager limit %d", put, i.TCPEagerLimit)
 	}
 	return s
 }
