@@ -180,14 +180,17 @@ func Open(o Options) (comm.Communicator, error) {
 				if made != 0 {
 					C.ddp_free(&c.large)
 				}
-				return c.openFailed(fmt.Errorf("mpi: world rank %d: MPI_Comm_dup with the ring all-reduce: %w", e.worldRank, mpiError(int(rc))))
+				return c.openFailed(fmt.Errorf("mpi: world rank %d: MPI_Comm_dup with the segmented ring all-reduce: %w", e.worldRank, mpiError(int(rc))))
 			}
 			c.hasLarge = made != 0
 		}
-		e.lastHosts, e.lastLarge = c.hosts, ""
+		large := ""
 		if c.hasLarge {
-			e.lastLarge = fmt.Sprintf("segmented ring (%d KiB segments)", C.DDP_SEGMENT>>10)
+			large = fmt.Sprintf("segmented ring (%d KiB segments)", C.DDP_SEGMENT>>10)
 		}
+		rtMu.Lock()
+		e.lastHosts, e.lastLarge = c.hosts, large
+		rtMu.Unlock()
 		return nil
 	})
 	if err != nil {

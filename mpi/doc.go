@@ -181,57 +181,66 @@
 // # Between hosts
 //
 // Between hosts Open MPI carries messages over TCP (its tcp transport,
-// BTL), and two of its defaults cost an all-reduce much of the link's rate.
-// The backend changes both, where the user has not chosen, and only with
-// Open MPI 4 (the version measured).
+// BTL), and with its defaults an all-reduce loses much of the link's
+// rate. The backend changes three settings where the user has not chosen
+// them, and only with Open MPI 4 (the version measured).
 //
-// The first is the transport's "put" flag (btl_tcp_flags). With it, a
-// large message goes into the connection as one emulated RDMA write of
-// all its bytes once the receiver has answered its handshake. When two
-// ranks send to each other at once, as every all-reduce between two hosts
-// does, the answer to the message coming the other way can be queued
-// behind that write, and then waits for all of it: the two directions go
-// one after the other, at half a full-duplex link's rate (that is how
-// the measurements read; Open MPI's code was not traced). Without "put",
-// a large message is sent as a pipeline of 128 KiB fragments and both
-// directions flow at once. So, when it initialises MPI itself, the
-// backend sets OMPI_MCA_btl_tcp_flags to Open MPI 4's default without
-// "put" (send,inplace,need-ack,need-csum,hetero-rdma) before MPI_Init,
-// unless it is set already (mpirun --mca btl_tcp_flags ... sets it, and
-// so restores any choice; a setting in an MCA parameter file is
-// overridden). Info.TCPTuned says whether it did, Info.TCPFlags what MPI
-// holds. Shared memory (the vader transport) does not use it.
+// The transport's "put" flag (btl_tcp_flags). With it, a large message
+// goes into the connection as one emulated RDMA write of all its bytes
+// once the receiver has answered its handshake. When two ranks send to
+// each other at once, as every all-reduce between two hosts does, the
+// answer to the message coming the other way can be queued behind that
+// write, and then waits for all of it: the two directions go one after the
+// other, at half a full-duplex link's rate (that is how the measurements
+// read; Open MPI's code was not traced). Without "put", a large message is
+// sent as a pipeline of 128 KiB fragments and both directions flow at
+// once.
 //
-// The second is the all-reduce algorithm. For large messages between
-// hosts, Open MPI 4.1's own choice took 1.2 times as long as its ring
-// with four ranks, and with two ranks it does not overlap a segment's
-// reduction with the next segment's transfer, as its segmented ring does.
-// So the backend turns on Open MPI's dynamic rules before MPI_Init
-// (OMPI_MCA_coll_tuned_use_dynamic_rules=1, unless set; with no
-// algorithm forced and no rules file Open MPI decides as before), and
-// Open counts the hosts its ranks run on (a host: a name and a network
-// namespace, or DDPGO_MPI_HOST where set). A blocking communicator whose
-// ranks span two or more hosts gets a second duplicate of MPI_COMM_WORLD,
-// made with coll_tuned_allreduce_algorithm (and _segmentsize) set through
-// MPI's tool interface to the ring (4) for three ranks or more, or the
-// segmented ring (5) in 1 MiB segments for two, and its all-reduces of
-// 1 MiB and more run on it; smaller ones keep Open MPI's latency-minded
-// choice. Every rank decides from the same gathered facts, so all take
-// it or none: none when any rank set DDPGO_MPI_ALLREDUCE=mpi, turned
-// dynamic rules off, or chose an algorithm, segment size or rules file of
-// its own (--mca coll_tuned_allreduce_algorithm ...). A host program that
-// initialises MPI itself sets OMPI_MCA_coll_tuned_use_dynamic_rules=1 (and
-// the TCP flags above) in its environment to have the same. Info.Hosts and
-// Info.LargeAllReduce say what the last Open found and chose. On one
-// host nothing changes: there no algorithm measured faster than Open
-// MPI's choice.
+// The all-reduce algorithm. Open MPI 4.1's own choice for large messages
+// does not overlap the reduction of one piece with the transfer of the
+// next, and with four ranks it took 1.2 times as long as its ring. Its
+// segmented ring (algorithm 5) does, segment by segment; in 256 KiB
+// segments it measured best from two to four hosts.
+//
+// The transport's eager limit (btl_tcp_eager_limit), raised from 64 KiB to
+// 300,000 bytes so that a segment and its headers go as one eager message,
+// without a handshake: with the default limit, the segmented ring in
+// 64 KiB or 1 MiB segments was slower than the plain ring with four ranks
+// (1,386 and 1,462-1,469 ms a ResNet-50 step against 1,355-1,383).
+//
+// So, when it initialises MPI itself, the backend sets
+// OMPI_MCA_btl_tcp_flags (Open MPI 4's default without "put":
+// send,inplace,need-ack,need-csum,hetero-rdma), OMPI_MCA_btl_tcp_eager_limit
+// (300000) and OMPI_MCA_coll_tuned_use_dynamic_rules (1; with no
+// algorithm forced and no rules file Open MPI decides as it does without
+// them) in its environment before MPI_Init, each unless it is set already:
+// mpirun --mca NAME VALUE sets it, and so keeps any choice of the user's;
+// a setting in an MCA parameter file is overridden. A host program that
+// initialises MPI itself sets them the same way to have the same.
+// Info.TCPTuned says whether the backend set a TCP setting, Info.TCPFlags
+// and Info.TCPEagerLimit what MPI holds. Shared memory (the vader
+// transport) uses neither.
+//
+// Open then counts the hosts its ranks run on (a host: a name and a
+// network namespace, or DDPGO_MPI_HOST where set). A blocking communicator
+// whose ranks span two or more hosts gets a second duplicate of
+// MPI_COMM_WORLD, made with coll_tuned_allreduce_algorithm and
+// coll_tuned_allreduce_algorithm_segmentsize set through MPI's tool
+// interface, and its all-reduces of 1 MiB and more run on it; smaller ones
+// keep Open MPI's latency-minded choice. Every rank decides from the same
+// gathered facts, so all take it or none: none when any rank set
+// DDPGO_MPI_ALLREDUCE=mpi, turned dynamic rules off, or chose an
+// algorithm, segment size or rules file of its own (--mca
+// coll_tuned_allreduce_algorithm ...). Info.Hosts and Info.LargeAllReduce
+// say what the last Open found and chose. On one host nothing changes:
+// there no algorithm measured faster than Open MPI's choice.
 //
 // Measured between test hosts joined by 1 Gbit/s links (scripts/netlab.sh;
 // the README has the tables and commands), a ResNet-50 step (102 MB of
-// gradients, line-rate bound 818 ms) took 1,659 ms with Open MPI's
-// defaults, 877 ms with "put" off alone and 856 ms with the segmented
-// ring as well (PyTorch DDP over gloo: 867 ms); with four hosts (bound
-// 1,227 ms), 2,547 ms with the defaults and 1,371 ms now.
+// gradients; line-rate bound 818 ms) took 1,659 ms with Open MPI's
+// defaults, 877 ms with "put" off alone and 856 ms with all three changes
+// (PyTorch DDP over gloo: 873 ms); with four hosts (bound 1,227 ms), 2,537
+// ms with the defaults and 1,326 ms with the changes (PyTorch: 1,314 ms).
 //
 // # Testing
 //

@@ -49,8 +49,8 @@ type engine struct {
 	provided, worldRank, worldSize, tcpFlags int
 	tcpEager                                 int64
 
-	// the last Open's hosts and whether it runs large all-reduces on the
-	// ring (owner-only until Open returns; read under rtMu by LibraryInfo)
+	// the last Open's hosts and the algorithm of its large all-reduces
+	// ("": Open MPI's choice), for LibraryInfo; under rtMu
 	lastHosts                         int
 	lastLarge                         string
 	ours, mallocTuned, tcpTuned, f16c bool
