@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -89,6 +90,7 @@ func (c *heldComm) GroupStart() {
 func (c *heldComm) GroupEnd() error {
 	c.mu.Lock()
 	c.events = append(c.events, "end")
+	c.notify()
 	c.mu.Unlock()
 	return nil
 }
@@ -144,6 +146,22 @@ func (c *heldComm) waitIssued(t *testing.T, n int) {
 		case <-c.changed:
 		case <-deadline:
 			t.Fatalf("%d operations issued after 10s, want %d (events %v)", got, n, c.log())
+		}
+	}
+}
+
+// waitLogged waits until the log from event from on holds ev.
+func (c *heldComm) waitLogged(t *testing.T, from int, ev string) {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		if l := c.log(); len(l) > from && slices.Contains(l[from:], ev) {
+			return
+		}
+		select {
+		case <-c.changed:
+		case <-deadline:
+			t.Fatalf("no %q logged after event %d: %v", ev, from, c.log())
 		}
 	}
 }
@@ -236,6 +254,9 @@ func TestPipelined(t *testing.T) {
 		}
 	}
 	c.waitIssued(t, 8)
+	// The group ends after its last issue: release nothing before, or a
+	// completion could be logged ahead of the end.
+	c.waitLogged(t, 8, "end")
 	for k := 4; k < 8; k++ {
 		c.release(k)
 	}
