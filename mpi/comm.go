@@ -70,6 +70,7 @@ type communicator struct {
 	// documentation).
 	large    C.MPI_Comm
 	hasLarge bool
+	largeOps atomic.Uint64 // operations run on large, for tests
 	opts     Options
 
 	mu      sync.Mutex // serialises issuing
@@ -204,6 +205,23 @@ func Open(o Options) (comm.Communicator, error) {
 		go c.watch()
 	}
 	return c, nil
+}
+
+// forcedAllReduce returns the all-reduce algorithm and segment size Open
+// MPI would give a communicator created now (0: its own choice), for
+// tests: Open sets them only while it makes its second communicator.
+func forcedAllReduce() (alg, segsize int, err error) {
+	e, err := start()
+	if err != nil {
+		return 0, 0, err
+	}
+	err = e.call(func() error {
+		var a, s C.int
+		C.ddp_forced_allreduce(&a, &s)
+		alg, segsize = int(a), int(s)
+		return nil
+	})
+	return alg, segsize, err
 }
 
 // openFailed frees what Open made of c and returns err; on the owner.

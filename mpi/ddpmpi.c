@@ -3,6 +3,7 @@
 #include "ddpmpi.h"
 
 #include <malloc.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -399,8 +400,9 @@ int ddp_free(MPI_Comm *c) { return MPI_Comm_free(c); }
 // ---- the all-reduce algorithm between hosts -----------------------------
 
 // host_key names this process's host, hashed (FNV-1a): DDPGO_MPI_HOST
-// where set, else the host's name and network namespace (the test hosts
-// of scripts/netlab.sh share a name).
+// where set, else the host's name, boot id (machines may share a name)
+// and network namespace (the test hosts of scripts/netlab.sh share a
+// machine).
 static uint64_t host_key(void) {
 	char buf[512];
 	size_t n;
@@ -412,6 +414,13 @@ static uint64_t host_key(void) {
 	} else {
 		gethostname(buf, 255);
 		n = strlen(buf);
+		buf[n++] = '|';
+		FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+		if (f != NULL) {
+			if (fgets(buf + n, 64, f) != NULL)
+				n = strlen(buf);
+			fclose(f);
+		}
 		buf[n++] = '|';
 		ssize_t m = readlink("/proc/self/ns/net", buf + n, sizeof buf - n - 1);
 		if (m > 0)
@@ -463,9 +472,9 @@ int ddp_hosts(MPI_Comm c, int size, int *hosts, int *can) {
 	// size or rules file of the user's) and did not opt out.
 	int prov, v = -1, t_ok = MPI_T_init_thread(MPI_THREAD_SERIALIZED, &prov) == MPI_SUCCESS;
 	const char *env = getenv("DDPGO_MPI_ALLREDUCE");
-	if (t_ok && (env == NULL || strcmp(env, "mpi") != 0)) {
+	if (t_ok && (env == NULL || strcmp(env, "mpi") != 0) && open_mpi_4()) {
 		MPI_T_cvar_handle h;
-		int dyn = 0;
+		int dyn = 0; // a bool, which Open MPI's MPI_T writes as one byte
 		if (cvar_open("coll_tuned_use_dynamic_rules", &h)) {
 			MPI_T_cvar_read(h, &dyn);
 			MPI_T_cvar_handle_free(&h);
@@ -487,10 +496,18 @@ int ddp_hosts(MPI_Comm c, int size, int *hosts, int *can) {
 	}
 	if (t_ok)
 		MPI_T_finalize();
+	// A rank that cannot take part in the all-gather says so first, so
+	// that every rank fails instead of waiting for it.
 	all = malloc(sizeof me * (size_t)size);
-	if (all == NULL)
-		return MPI_ERR_NO_MEM;
-	int rc = MPI_Allgather(&me, sizeof me, MPI_BYTE, all, sizeof me, MPI_BYTE, c);
+	int ok = all != NULL;
+	int rc = MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, c);
+	if (rc == MPI_SUCCESS && !ok)
+		rc = MPI_ERR_NO_MEM;
+	if (rc != MPI_SUCCESS) {
+		free(all);
+		return rc;
+	}
+	rc = MPI_Allgather(&me, sizeof me, MPI_BYTE, all, sizeof me, MPI_BYTE, c);
 	if (rc == MPI_SUCCESS) {
 		*hosts = 0;
 		*can = 1;
@@ -528,6 +545,23 @@ static int set_allreduce_algorithm(int alg, int segsize) {
 	return ok;
 }
 
+void ddp_forced_allreduce(int *alg, int *segsize) {
+	int prov;
+	MPI_T_cvar_handle h;
+	*alg = *segsize = -1;
+	if (MPI_T_init_thread(MPI_THREAD_SERIALIZED, &prov) != MPI_SUCCESS)
+		return;
+	if (cvar_open("coll_tuned_allreduce_algorithm", &h)) {
+		MPI_T_cvar_read(h, alg);
+		MPI_T_cvar_handle_free(&h);
+	}
+	if (cvar_open("coll_tuned_allreduce_algorithm_segmentsize", &h)) {
+		MPI_T_cvar_read(h, segsize);
+		MPI_T_cvar_handle_free(&h);
+	}
+	MPI_T_finalize();
+}
+
 int ddp_dup_algorithm(MPI_Comm c, int alg, int segsize, MPI_Comm *out, int *made) {
 	*out = MPI_COMM_NULL;
 	*made = 0;
@@ -542,7 +576,12 @@ int ddp_dup_algorithm(MPI_Comm c, int alg, int segsize, MPI_Comm *out, int *made
 			rc = MPI_Comm_set_errhandler(*out, MPI_ERRORS_RETURN);
 		}
 	}
-	set_allreduce_algorithm(0, 0);
+	// Every later communicator of every rank must have Open MPI's choice
+	// again: a rank that could not restore it fails the job's Open.
+	int restored = set_allreduce_algorithm(0, 0);
+	int rc2 = MPI_Allreduce(MPI_IN_PLACE, &restored, 1, MPI_INT, MPI_MIN, c);
+	if (rc == MPI_SUCCESS)
+		rc = rc2 != MPI_SUCCESS ? rc2 : restored ? MPI_SUCCESS : MPI_ERR_OTHER;
 	return rc;
 }
 

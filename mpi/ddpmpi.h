@@ -55,6 +55,10 @@ int ddp_hosts(MPI_Comm c, int size, int *hosts, int *can);
 // MPI_COMM_NULL and *made 0 when some rank could not set them; collective
 // over c.
 int ddp_dup_algorithm(MPI_Comm c, int alg, int segsize, MPI_Comm *out, int *made);
+
+// ddp_forced_allreduce reads coll_tuned_allreduce_algorithm and its
+// segment size as they stand (-1 where MPI does not have them): for tests.
+void ddp_forced_allreduce(int *alg, int *segsize);
 int ddp_allreduce_int(MPI_Comm c, int *inout, int n, int max);
 
 // ddp_start runs (blocking != 0) or posts (into request slot) one

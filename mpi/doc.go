@@ -211,28 +211,36 @@
 // So, when it initialises MPI itself, the backend sets
 // OMPI_MCA_btl_tcp_flags (Open MPI 4's default without "put":
 // send,inplace,need-ack,need-csum,hetero-rdma), OMPI_MCA_btl_tcp_eager_limit
-// (300000) and OMPI_MCA_coll_tuned_use_dynamic_rules (1; with no
-// algorithm forced and no rules file Open MPI decides as it does without
-// them) in its environment before MPI_Init, each unless it is set already:
-// mpirun --mca NAME VALUE sets it, and so keeps any choice of the user's;
-// a setting in an MCA parameter file is overridden. A host program that
+// (300000) and, unless DDPGO_MPI_ALLREDUCE=mpi,
+// OMPI_MCA_coll_tuned_use_dynamic_rules (1) in its environment before
+// MPI_Init, each unless it is set already: mpirun --mca NAME VALUE sets
+// it, and so keeps any choice of the user's; a setting in an MCA parameter
+// file is overridden. With dynamic rules on and nothing forced Open MPI
+// decides as it does without them; but an algorithm forced for some
+// collective (coll_tuned_bcast_algorithm, ...) or a rules file, in the
+// environment or a parameter file, which Open MPI ignores while dynamic
+// rules are off, then takes effect. A host program that
 // initialises MPI itself sets them the same way to have the same.
 // Info.TCPTuned says whether the backend set a TCP setting, Info.TCPFlags
 // and Info.TCPEagerLimit what MPI holds. Shared memory (the vader
 // transport) uses neither.
 //
-// Open then counts the hosts its ranks run on (a host: a name and a
-// network namespace, or DDPGO_MPI_HOST where set). A blocking communicator
+// Open then counts the hosts its ranks run on (a host: a name, a boot id
+// and a network namespace, or DDPGO_MPI_HOST where set). A blocking communicator
 // whose ranks span two or more hosts gets a second duplicate of
 // MPI_COMM_WORLD, made with coll_tuned_allreduce_algorithm and
 // coll_tuned_allreduce_algorithm_segmentsize set through MPI's tool
-// interface, and its all-reduces of 1 MiB and more run on it; smaller ones
-// keep Open MPI's latency-minded choice. Every rank decides from the same
+// interface, and its all-reduces of 1 MiB and more run on it (Open MPI
+// runs its plain ring where a message holds less than a segment per
+// rank); smaller ones keep Open MPI's latency-minded choice. This assumes
+// Open MPI's tuned component runs the all-reduce, as it does by default
+// (another component, such as hcoll, ignores these variables). Every rank decides from the same
 // gathered facts, so all take it or none: none when any rank set
 // DDPGO_MPI_ALLREDUCE=mpi, turned dynamic rules off, or chose an
 // algorithm, segment size or rules file of its own (--mca
-// coll_tuned_allreduce_algorithm ...). Info.Hosts and Info.LargeAllReduce
-// say what the last Open found and chose. On one host nothing changes:
+// coll_tuned_allreduce_algorithm ...), or runs another MPI than Open MPI
+// 4. Info.Hosts and Info.LargeAllReduce say what the last Open found and
+// chose. On one host nothing changes:
 // there no algorithm measured faster than Open MPI's choice.
 //
 // Measured between test hosts joined by 1 Gbit/s links (scripts/netlab.sh;

@@ -87,13 +87,14 @@ type Info struct {
 	TCPTuned bool
 	// TCPFlags is btl_tcp_flags as Open MPI holds it once initialised (a
 	// bit set: TCPFlagPut is "put"), or -1 where MPI does not expose it
-	// (the tcp transport excluded, or another MPI).
+	// (the tcp transport excluded, or another MPI); 0 before.
 	TCPFlags int
 	// TCPEagerLimit is btl_tcp_eager_limit as Open MPI holds it once
 	// initialised, or -1 where MPI does not expose it.
 	TCPEagerLimit int64
 	// Hosts is the number of hosts the ranks of the last communicator
-	// opened run on (a host: a name and a network namespace), and
+	// opened run on (a host: a name, a boot id and a network namespace),
+	// and
 	// LargeAllReduce the Open MPI algorithm that communicator runs its
 	// blocking all-reduces of 1 MiB and more on, "segmented ring (256 KiB
 	// segments)", or "" for Open MPI's own choice (see the package

@@ -269,6 +269,7 @@ func (e *engine) start(c *communicator, seq uint64) {
 	h := c.h
 	if c.hasLarge && blocking && d.kind == kindAllReduce && d.count*dtypeSize(d.dt) >= largeMin {
 		h = c.large
+		c.largeOps.Add(1)
 	}
 	rc := C.ddp_start(h, boolInt(blocking), C.int(max(slot, 0)), C.int(d.kind), op, C.int(d.dt),
 		C.int(d.count), C.uintptr_t(uintptr(send)), C.uintptr_t(uintptr(recv)), C.int(d.root), C.int(inplace))

@@ -213,9 +213,9 @@ func mpiTuning(i mpi.Info) string {
 	if i.LargeAllReduce != "" {
 		s += ", all-reduces from 1 MiB on the " + i.LargeAllReduce
 	}
-	if i.TCPTuned {
+	if i.TCPTuned && i.TCPFlags >= 0 && i.TCPEagerLimit >= 0 {
 		put := "on"
-		if i.TCPFlags >= 0 && i.TCPFlags&mpi.TCPFlagPut == 0 {
+		if i.TCPFlags&mpi.TCPFlagPut == 0 {
 			put = "off"
 		}
 		s += fmt.Sprintf(", TCP transport: put %s, eager limit %d", put, i.TCPEagerLimit)
