@@ -16,6 +16,9 @@ peers=$(cd "${1:-../shared/peers}" && pwd)
 out=${OUT:-results}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
+# The files the rounds append to start empty: a reused directory would
+# otherwise hold an earlier run's rows, which the summary would read first.
+rm -f "$out/mpi_sweep.csv" "$out/mpi_sweep.txt" "$out/mpi_interleaved.csv" "$out/mpi_interleaved.txt"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cp -r "$peers"/. "$work"/   # the peers write beside themselves; keep the original read-only
