@@ -302,27 +302,39 @@ static int ddp_tune_tcp(void) {
 	return set;
 }
 
+// cvar_open finds Open MPI's control variable name through MPI's tool
+// interface (initialised by the caller).
+static int cvar_open(const char *name, MPI_T_cvar_handle *h) {
+	int idx, count;
+	if (MPI_T_cvar_get_index(name, &idx) != MPI_SUCCESS ||
+	    MPI_T_cvar_handle_alloc(idx, NULL, h, &count) != MPI_SUCCESS)
+		return 0;
+	if (count != 1) {
+		MPI_T_cvar_handle_free(h);
+		return 0;
+	}
+	return 1;
+}
+
 // ddp_read_tcp reads btl_tcp_flags and btl_tcp_eager_limit as Open MPI
 // holds them, or leaves -1 where its tool interface does not have them
 // (the tcp transport not opened, or another MPI).
 static void ddp_read_tcp(int *flags, long long *eager) {
-	int prov, idx, count;
+	int prov;
 	MPI_T_cvar_handle h;
 	*flags = -1;
 	*eager = -1;
 	if (MPI_T_init_thread(MPI_THREAD_SERIALIZED, &prov) != MPI_SUCCESS)
 		return;
-	if (MPI_T_cvar_get_index("btl_tcp_flags", &idx) == MPI_SUCCESS &&
-	    MPI_T_cvar_handle_alloc(idx, NULL, &h, &count) == MPI_SUCCESS) {
+	if (cvar_open("btl_tcp_flags", &h)) {
 		unsigned u;
-		if (count == 1 && MPI_T_cvar_read(h, &u) == MPI_SUCCESS)
+		if (MPI_T_cvar_read(h, &u) == MPI_SUCCESS)
 			*flags = (int)u;
 		MPI_T_cvar_handle_free(&h);
 	}
-	if (MPI_T_cvar_get_index("btl_tcp_eager_limit", &idx) == MPI_SUCCESS &&
-	    MPI_T_cvar_handle_alloc(idx, NULL, &h, &count) == MPI_SUCCESS) {
+	if (cvar_open("btl_tcp_eager_limit", &h)) {
 		unsigned long long u = 0; // a size_t, MPI_UNSIGNED_LONG or _LONG_LONG
-		if (count == 1 && MPI_T_cvar_read(h, &u) == MPI_SUCCESS)
+		if (MPI_T_cvar_read(h, &u) == MPI_SUCCESS)
 			*eager = (long long)u;
 		MPI_T_cvar_handle_free(&h);
 	}
@@ -430,20 +442,6 @@ static uint64_t host_key(void) {
 	for (size_t i = 0; i < n; i++)
 		h = (h ^ (unsigned char)buf[i]) * 1099511628211ULL;
 	return h;
-}
-
-// cvar_open finds Open MPI's control variable name through MPI's tool
-// interface (initialised by the caller).
-static int cvar_open(const char *name, MPI_T_cvar_handle *h) {
-	int idx, count;
-	if (MPI_T_cvar_get_index(name, &idx) != MPI_SUCCESS ||
-	    MPI_T_cvar_handle_alloc(idx, NULL, h, &count) != MPI_SUCCESS)
-		return 0;
-	if (count != 1) {
-		MPI_T_cvar_handle_free(h);
-		return 0;
-	}
-	return 1;
 }
 
 // rules_file reports whether Open MPI was given a file of dynamic rules

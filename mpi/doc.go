@@ -193,8 +193,8 @@
 // write, and then waits for all of it: the two directions go one after the
 // other, at half a full-duplex link's rate (that is how the measurements
 // read; Open MPI's code was not traced). Without "put", a large message is
-// sent as a pipeline of 128 KiB fragments and both directions flow at
-// once.
+// sent as a pipeline of fragments of up to 128 KiB (btl_tcp_max_send_size)
+// and both directions flow at once.
 //
 // The all-reduce algorithm. Open MPI 4.1's own choice for large messages
 // does not overlap the reduction of one piece with the transfer of the
@@ -230,11 +230,12 @@
 // whose ranks span two or more hosts gets a second duplicate of
 // MPI_COMM_WORLD, made with coll_tuned_allreduce_algorithm and
 // coll_tuned_allreduce_algorithm_segmentsize set through MPI's tool
-// interface, and its all-reduces of 1 MiB and more run on it (Open MPI
-// runs its plain ring where a message holds less than a segment per
-// rank); smaller ones keep Open MPI's latency-minded choice. This assumes
-// Open MPI's tuned component runs the all-reduce, as it does by default
-// (another component, such as hcoll, ignores these variables). Every rank decides from the same
+// interface, and its all-reduces of 1 MiB and more run on it (Open MPI's
+// code, read but not measured here, runs its plain ring where a message
+// holds less than a segment per rank); smaller ones keep Open MPI's
+// latency-minded choice. This assumes Open MPI's tuned component runs the
+// all-reduce, as it does by default; another component (hcoll, say) would
+// not read these variables. Every rank decides from the same
 // gathered facts, so all take it or none: none when any rank set
 // DDPGO_MPI_ALLREDUCE=mpi, turned dynamic rules off, or chose an
 // algorithm, segment size or rules file of its own (--mca

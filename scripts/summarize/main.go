@@ -47,21 +47,19 @@ func (s *summary) fail(what string, err error) float64 {
 	return 0
 }
 
-// csvValue returns column col of the first row of file whose columns
-// match every key=value in where.
-// csvHas reports whether file has a row matching where (quietly: an
-// older result directory lacks some rows).
-func (s *summary) csvHas(file string, where map[string]string) bool {
+// csvRow returns the first row of file whose columns match every
+// key=value in where (nil if none) and the file's column indexes.
+func (s *summary) csvRow(file string, where map[string]string) ([]string, map[string]int, error) {
 	f, err := os.Open(filepath.Join(s.dir, file))
 	if err != nil {
-		return false
+		return nil, nil, err
 	}
 	defer f.Close()
 	cr := csv.NewReader(f)
-	cr.FieldsPerRecord = -1
+	cr.FieldsPerRecord = -1 // the peers do not quote commas inside names
 	rows, err := cr.ReadAll()
 	if err != nil || len(rows) == 0 {
-		return false
+		return nil, nil, fmt.Errorf("not a CSV file with a header: %v", err)
 	}
 	idx := map[string]int{}
 	for i, h := range rows[0] {
@@ -75,9 +73,16 @@ next:
 				continue next
 			}
 		}
-		return true
+		return r, idx, nil
 	}
-	return false
+	return nil, idx, nil
+}
+
+// csvHas reports whether file has a row matching where (quietly: an
+// older result directory lacks some rows).
+func (s *summary) csvHas(file string, where map[string]string) bool {
+	r, _, err := s.csvRow(file, where)
+	return err == nil && r != nil
 }
 
 // oursBest is ddpgo's value of col in the sweep's rows labelled label
@@ -100,40 +105,28 @@ func (s *summary) oursBest(col, suffix, mode, bytes string) float64 {
 	return v
 }
 
+// csvValue returns column col of the first row of file whose columns
+// match every key=value in where.
 func (s *summary) csvValue(file, col string, where map[string]string) float64 {
-	f, err := os.Open(filepath.Join(s.dir, file))
+	r, idx, err := s.csvRow(file, where)
 	if err != nil {
 		return s.fail(file, err)
 	}
-	defer f.Close()
-	cr := csv.NewReader(f)
-	cr.FieldsPerRecord = -1 // the peers do not quote commas inside names
-	rows, err := cr.ReadAll()
-	if err != nil || len(rows) == 0 {
-		return s.fail(file, fmt.Errorf("not a CSV file with a header: %v", err))
-	}
-	idx := map[string]int{}
-	for i, h := range rows[0] {
-		idx[h] = i
-	}
-	if _, ok := idx[col]; !ok {
+	i, ok := idx[col]
+	if !ok {
 		return s.fail(file, fmt.Errorf("no column %q", col))
 	}
-next:
-	for _, r := range rows[1:] {
-		for k, v := range where {
-			i, ok := idx[k]
-			if !ok || i >= len(r) || r[i] != v {
-				continue next
-			}
-		}
-		v, err := strconv.ParseFloat(r[idx[col]], 64)
-		if err != nil {
-			return s.fail(file, err)
-		}
-		return v
+	if r == nil {
+		return s.fail(file, fmt.Errorf("no row with %v", where))
 	}
-	return s.fail(file, fmt.Errorf("no row with %v", where))
+	if i >= len(r) {
+		return s.fail(file, fmt.Errorf("row %v has no column %q", where, col))
+	}
+	v, err := strconv.ParseFloat(r[i], 64)
+	if err != nil {
+		return s.fail(file, err)
+	}
+	return v
 }
 
 // benchMedian returns the median of metric unit over the lines of a Go
