@@ -321,7 +321,7 @@ func RunCollective(ctx context.Context, comms []comm.Communicator, cfg Collectiv
 	if cfg.Device {
 		ranks, release, err = newDeviceBufs(comms, maxCount*es)
 	} else {
-		ranks, release, err = newRankBufs(len(comms), maxCount*es)
+		ranks, release, err = newRankBufs(len(comms), maxCount*es, comm.HostSourceOf(comms[0]))
 	}
 	if err != nil {
 		return nil, err
@@ -412,10 +412,12 @@ type rankBufs struct {
 const drainTimeout = 30 * time.Second
 
 // newRankBufs returns a send and a receive buffer of size bytes for each
-// of n ranks, from a CommPool (collectives take pool memory, never Go
-// heap memory), and the function that returns them. A buffer whose
+// of n ranks, from a CommPool over src (nil: HostSource; the
+// communicator's own host memory where it has one, comm.HostSourceOf)
+// (collectives take pool memory, never Go heap memory), and the function
+// that returns them. A buffer whose
 // operation may still be pending is never returned to the pool.
-func newRankBufs(n, size int) ([]*rankBufs, func(), error) {
+func newRankBufs(n, size int, src allocator.Source) ([]*rankBufs, func(), error) {
 	// Two blocks per rank, all carved from one slab sized for them (not
 	// the default 64 MiB: a sweep of small sizes maps, and under the
 	// invariants tag poisons, only what it uses). The limit is that slab
@@ -425,7 +427,7 @@ func newRankBufs(n, size int) ([]*rankBufs, func(), error) {
 	if slab > math.MaxInt-(1<<20) {
 		return nil, nil, fmt.Errorf("bench: %d ranks x 2 buffers of %d bytes: more than an address space holds", n, size)
 	}
-	pool, err := allocator.New(allocator.Options{Limit: slab + 1<<20, SlabSize: int(slab)})
+	pool, err := allocator.New(allocator.Options{Source: src, Limit: slab + 1<<20, SlabSize: int(slab)})
 	if err != nil {
 		return nil, nil, fmt.Errorf("bench: CommPool for %d ranks of 2 x %d bytes: %w", n, size, err)
 	}

@@ -41,7 +41,10 @@
 // detection, device memory); Grouper batches several launches into one
 // (ncclGroupStart/End; GroupStart and GroupEnd are no-ops for a backend
 // without it); KernelSource supplies the element-wise Kernels for the
-// backend's memory (HostKernels serves host memory).
+// backend's memory (HostKernels serves host memory); HostSourcer offers
+// host memory the backend reduces faster than other host memory
+// (HostSourceOf; package mpi's shared memory), from which a Reducer
+// without a pool of its own takes its buckets.
 //
 // Work values are small and are not allocated per collective: a backend
 // keeps its per-operation state in its own preallocated slots and hands

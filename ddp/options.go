@@ -62,7 +62,10 @@ type Options struct {
 	// bucket that may be in flight has its own hook scratch.
 	MaxInFlight int
 	// Pool provides bucket and scratch memory; nil means a host pool owned
-	// (and closed) by the Reducer. A pool of device memory (Pool.Host
+	// (and closed) by the Reducer, over the communicator's own host memory
+	// where it has some (comm.HostSourcer: package mpi's shared memory,
+	// which its all-reduces on one machine read and write in place), else
+	// over allocator.HostSource. A pool of device memory (Pool.Host
 	// false) needs device Kernels and a communicator that carries device
 	// memory (comm.Caps.DeviceMemory).
 	Pool *allocator.Pool

@@ -166,8 +166,10 @@ func (r *Reducer) memory(params []Param) (fatal, local error) {
 			}
 		}
 		limit := max(allocator.DefaultLimit, 3*total+64<<20)
+		// The communicator's own host memory where it has one (package
+		// mpi: memory the ranks of one machine reduce in place).
 		var err error
-		if r.pool, err = allocator.New(allocator.Options{Limit: limit}); err != nil {
+		if r.pool, err = allocator.New(allocator.Options{Source: comm.HostSourceOf(r.c), Limit: limit}); err != nil {
 			return fmt.Errorf("creating the pool: %w", err), nil
 		}
 		r.ownPool = true

@@ -27,7 +27,8 @@ import (
 //	go test -c -tags mpi -o /tmp/mpi.test ./mpi/
 //	mpirun -np 2 --oversubscribe --mca btl self,vader /tmp/mpi.test -test.run TestSweep -mpi.sweep=blocking,nonblocking -mpi.csv=/tmp/ddpgo_mpi.csv
 var (
-	sweepModes  = flag.String("mpi.sweep", "", "run the all-reduce sweep for these progress modes (blocking, nonblocking, or raw: blocking MPI calls made back to back by the owner, the backend's floor; comma-separated)")
+	sweepModes  = flag.String("mpi.sweep", "", "run the all-reduce sweep for these progress modes (blocking, nonblocking, raw: blocking MPI calls made back to back by the owner, the backend's floor, or shared: blocking, on buffers from the communicator's shared memory; comma-separated)")
+	sweepShared = flag.Int("mpi.sharedmin", 0, "with -mpi.sweep=shared, the size from which all-reduces run in shared memory (0: the backend's)")
 	sweepCSV    = flag.String("mpi.csv", "", "append the sweep's rows to this CSV file (rank 0)")
 	sweepLabel  = flag.String("mpi.label", "", "label of the sweep's CSV rows")
 	sweepBudget = flag.Duration("mpi.budget", 300*time.Millisecond, "time per size and mode")
@@ -56,14 +57,25 @@ func TestSweep(t *testing.T) {
 	var rows []string
 	rank := 0
 	for _, mode := range strings.Split(*sweepModes, ",") {
-		c, err := mpi.Open(mpi.Options{Blocking: mode == "blocking" || mode == "raw"})
+		c, err := mpi.Open(mpi.Options{Blocking: mode == "blocking" || mode == "raw" || mode == "shared"})
 		if err != nil {
 			t.Fatal(err)
 		}
 		rank = c.Rank()
+		get := alloc
+		if mode == "shared" {
+			src := comm.HostSourceOf(c)
+			if src == nil {
+				t.Fatalf("-mpi.sweep=shared: the communicator offers no shared memory (Info.SharedMemory %v)", mpi.LibraryInfo().SharedMemory)
+			}
+			get = allocFrom(newPool(t, src))
+			if *sweepShared > 0 {
+				defer mpi.SetSharedMin(mpi.SetSharedMin(*sweepShared))
+			}
+		}
 		for _, inPlace := range []bool{false, true} {
 			for _, bytes := range sizes {
-				med, iters := sweepOne(t, c, bytes, inPlace, mode == "raw")
+				med, iters := sweepOne(t, c, get, bytes, inPlace, mode == "raw")
 				n := c.Size()
 				busbw := comm.BusBW(comm.KindAllReduce, n, int64(bytes), med)
 				pl := "outofplace"
@@ -99,7 +111,7 @@ func TestSweep(t *testing.T) {
 // over iterations of the slowest rank's time.
 // sweepOne times bytes' all-reduces on c, through the backend or, raw,
 // as MPI calls made one after another by the owner goroutine.
-func sweepOne(t *testing.T, c comm.Communicator, bytes int, inPlace, raw bool) (time.Duration, int) {
+func sweepOne(t *testing.T, c comm.Communicator, alloc func(testing.TB, int, comm.DType) comm.Buffer, bytes int, inPlace, raw bool) (time.Duration, int) {
 	count := bytes / 4
 	send := alloc(t, count, comm.Float32)
 	recv := send

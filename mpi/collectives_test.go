@@ -136,7 +136,10 @@ func TestBlockingCollectives(t *testing.T) {
 	t.Run("Barrier", func(t *testing.T) { waitAll(t, c.Barrier(), c.Barrier()) })
 }
 
-func testAllReduce(t *testing.T, c comm.Communicator) {
+func testAllReduce(t *testing.T, c comm.Communicator) { testAllReduceWith(t, c, alloc) }
+
+// testAllReduceWith is testAllReduce on buffers from alloc.
+func testAllReduceWith(t *testing.T, c comm.Communicator, alloc func(testing.TB, int, comm.DType) comm.Buffer) {
 	n, r := c.Size(), c.Rank()
 	for _, dt := range comm.DTypes {
 		for _, op := range comm.Ops {

@@ -71,7 +71,11 @@ type communicator struct {
 	large    C.MPI_Comm
 	hasLarge bool
 	largeOps atomic.Uint64 // operations run on large, for tests
-	opts     Options
+	// shm: blocking, and every rank on one machine: all-reduces of
+	// buffers from HostSource run in shared memory (ddpshm.c).
+	shm    bool
+	shmOps atomic.Uint64 // all-reduces run in shared memory, for tests
+	opts   Options
 
 	mu      sync.Mutex // serialises issuing
 	closed  bool
@@ -185,12 +189,24 @@ func Open(o Options) (comm.Communicator, error) {
 			}
 			c.hasLarge = made != 0
 		}
+		if c.blocking && c.size >= 2 && c.hosts == 1 {
+			// Every rank must take the same path at every all-reduce:
+			// one that opted out opts every rank out.
+			want := C.int(1)
+			if os.Getenv("DDPGO_MPI_SHM") == "0" {
+				want = 0
+			}
+			if rc := C.ddp_allreduce_int(c.h, &want, 1, 0); rc != C.MPI_SUCCESS {
+				return c.openFailed(fmt.Errorf("mpi: world rank %d: agreeing on shared memory: %w", e.worldRank, mpiError(int(rc))))
+			}
+			c.shm = want == 1
+		}
 		large := ""
 		if c.hasLarge {
 			large = fmt.Sprintf("segmented ring (%d KiB segments)", C.DDP_SEGMENT>>10)
 		}
 		rtMu.Lock()
-		e.lastHosts, e.lastLarge = c.hosts, large
+		e.lastHosts, e.lastLarge, e.lastShared = c.hosts, large, c.shm
 		rtMu.Unlock()
 		return nil
 	})

@@ -190,7 +190,7 @@ __attribute__((optimize("O3"))) static void half_min(void *in, void *inout, int 
 // range, and cannot overflow). With two ranks MPI can combine the two
 // contributions of an element only once (a user-defined operation has no
 // identity to start from), so the result is the average; with more it
-// would not be, and mpi_op never picks these.
+// would not be, and ddp_op never picks these.
 // fp-contract=off: no fused multiply-add, which would round differently
 // where a half is subnormal.
 __attribute__((optimize("O3", "fp-contract=off"))) static void f32_avg2(void *in, void *inout, int *len, MPI_Datatype *dt) {
@@ -589,7 +589,7 @@ int ddp_allreduce_int(MPI_Comm c, int *inout, int n, int max) {
 
 // ---- operations ---------------------------------------------------------
 
-static MPI_Datatype mpi_type(int dt) {
+MPI_Datatype ddp_type(int dt) {
 	switch (dt) {
 	case DDP_F32: return MPI_FLOAT;
 	case DDP_F64: return MPI_DOUBLE;
@@ -600,9 +600,9 @@ static MPI_Datatype mpi_type(int dt) {
 	return MPI_UINT16_T; // DDP_F16, DDP_BF16: reduced by the ops above
 }
 
-// mpi_op maps a reduction; Avg is a Sum here, divided afterwards, except
+// ddp_op maps a reduction; Avg is a Sum here, divided afterwards, except
 // DDP_AVG2 (floating types, two ranks), the pair averages above.
-static MPI_Op mpi_op(int op, int dt) {
+MPI_Op ddp_op(int op, int dt) {
 	if (op == DDP_AVG2) {
 		switch (dt) {
 		case DDP_F32: return op_f32_avg2;
@@ -628,8 +628,8 @@ static MPI_Op mpi_op(int op, int dt) {
 
 int ddp_start(MPI_Comm c, int blocking, int slot, int kind, int op, int dt,
               int count, uintptr_t send, uintptr_t recv, int root, int inplace) {
-	MPI_Datatype t = mpi_type(dt);
-	MPI_Op o = mpi_op(op, dt);
+	MPI_Datatype t = ddp_type(dt);
+	MPI_Op o = ddp_op(op, dt);
 	void *s = send ? (void *)send : empty, *r = recv ? (void *)recv : empty;
 	const void *in = inplace ? MPI_IN_PLACE : s;
 	MPI_Request *q = &reqs[slot];

@@ -10,6 +10,7 @@
 #define DDPGO_MPI_H
 
 #include <mpi.h>
+#include <stddef.h>
 #include <stdint.h>
 
 // Element types, reduction ops and collective kinds: the values of the Go
@@ -17,7 +18,7 @@
 enum { DDP_F32 = 1, DDP_F16, DDP_BF16, DDP_F64, DDP_I32, DDP_I64, DDP_U8 };
 enum { DDP_SUM = 1, DDP_AVG, DDP_MAX, DDP_MIN };
 // DDP_AVG2 is Avg over exactly two ranks, done inside MPI's reduction by
-// an operation that averages its two operands (see mpi_op); not a comm.Op.
+// an operation that averages its two operands (see ddp_op); not a comm.Op.
 enum { DDP_AVG2 = 100 };
 enum {
 	DDP_ALLREDUCE = 1, DDP_BROADCAST, DDP_REDUCE, DDP_ALLGATHER,
@@ -78,6 +79,35 @@ extern int ddp_test_rc;
 extern int ddp_done[DDP_MAXREQ];
 extern int ddp_errs[DDP_MAXREQ];
 extern int ddp_got[DDP_MAXREQ];
+
+// ddp_type and ddp_op are the MPI datatype and operation of a ddpgo
+// dtype and op (DDP_AVG2 included); Avg is reduced as a Sum.
+MPI_Datatype ddp_type(int dt);
+MPI_Op ddp_op(int op, int dt);
+
+// Shared memory (ddpshm.c). ddp_shm_alloc maps size bytes of a new memfd
+// shared (on failure NULL, errno in *err); ddp_shm_free unmaps one and
+// closes its file (-1 and errno in *err on failure). Both may run on any
+// thread.
+void *ddp_shm_alloc(size_t size, int *err);
+int ddp_shm_free(void *p, size_t size, int *err);
+int ddp_shm_slabs(void);
+
+// ddp_shm_allreduce all-reduces count elements (esize bytes each) of send
+// into recv over c, whose ranks all run on this machine, by reading and
+// writing the ranks' buffers directly, where every rank's buffers lie in
+// slabs of ddp_shm_alloc and every rank could map its peers'.
+// ddp_shm_taken says whether it did; if not, the ranks all leave the call
+// to MPI. Collective over c; on the owner thread.
+int ddp_shm_allreduce(MPI_Comm c, int rank, int size, int op, int dt, int esize, int count,
+                      uintptr_t send, uintptr_t recv);
+extern int ddp_shm_taken;
+// ddp_shm_failure is why the first call that could not map a peer's
+// memory fell back to MPI ("" if none did); ddp_shm_mapped counts the
+// peers' slabs mapped here, and ddp_shm_detach_all unmaps them.
+const char *ddp_shm_failure(void);
+int ddp_shm_mapped(void);
+void ddp_shm_detach_all(void);
 
 // ddp_scale divides count elements of dt at buf by n (Avg after Sum).
 void ddp_scale(int dt, uintptr_t buf, int count, int n);

@@ -133,16 +133,7 @@ var pool = func() *allocator.Pool {
 // pool when the test ends.
 func alloc(t testing.TB, count int, dt comm.DType) comm.Buffer {
 	t.Helper()
-	b, err := pool.Get(count * dt.Size())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := pool.Put(b); err != nil {
-			t.Error(err)
-		}
-	})
-	return comm.HostBuffer(b.Addr(), count, dt)
+	return allocFrom(pool)(t, count, dt)
 }
 
 // waitAll waits for every Work with a deadline and fails on any error.

@@ -101,6 +101,16 @@ type Info struct {
 	// documentation).
 	Hosts          int
 	LargeAllReduce string
+	// SharedMemory reports whether the last communicator opened runs its
+	// all-reduces of SharedMemoryMin bytes and more in memory its ranks
+	// map into each other, where their buffers come from its HostSource
+	// (blocking mode, every rank on one machine; see the package
+	// documentation).
+	// SharedMemoryFailure is why an all-reduce of this process could not
+	// map a peer's memory and left the call to MPI, once one could not.
+	SharedMemory        bool
+	SharedMemoryMin     int
+	SharedMemoryFailure string
 	// F16C reports whether the 16-bit sums use the CPU's F16C
 	// conversions.
 	F16C bool

@@ -53,6 +53,8 @@ type engine struct {
 	// ("": Open MPI's choice), for LibraryInfo; under rtMu
 	lastHosts                         int
 	lastLarge                         string
+	lastShared                        bool
+	shmFailure                        string // why an all-reduce could not map a peer's memory, once one could not
 	ours, mallocTuned, tcpTuned, f16c bool
 
 	abortCode atomic.Int32 // non-zero: end the job with this code
@@ -63,6 +65,8 @@ type engine struct {
 	hi      int // slots [hi, DDP_MAXREQ) are free
 	nactive int
 	polls   uint64
+	// owner-only: whether shmFailure is set
+	shmNoted bool
 	// owner-only: open communicators in blocking mode (at most one)
 	blockingComms int
 
@@ -266,6 +270,27 @@ func (e *engine) start(c *communicator, seq uint64) {
 	if pairAvg(c, d) {
 		op = C.DDP_AVG2
 	}
+	if c.shm && blocking && d.kind == kindAllReduce && d.count*dtypeSize(d.dt) >= sharedMin {
+		if d.inplace {
+			send = recv
+		}
+		rc := C.ddp_shm_allreduce(c.h, C.int(c.rank), C.int(c.size), op, C.int(d.dt), C.int(dtypeSize(d.dt)),
+			C.int(d.count), C.uintptr_t(uintptr(send)), C.uintptr_t(uintptr(recv)))
+		if rc != C.MPI_SUCCESS || C.ddp_shm_taken != 0 {
+			if C.ddp_shm_taken != 0 {
+				c.shmOps.Add(1)
+			}
+			e.finish(c, seq, int(rc), -1)
+			return
+		}
+		if !e.shmNoted && *C.ddp_shm_failure() != 0 {
+			e.shmNoted = true
+			f := C.GoString(C.ddp_shm_failure())
+			rtMu.Lock()
+			e.shmFailure = f
+			rtMu.Unlock()
+		}
+	}
 	h := c.h
 	if c.hasLarge && blocking && d.kind == kindAllReduce && d.count*dtypeSize(d.dt) >= largeMin {
 		h = c.large
@@ -383,6 +408,12 @@ func (e *engine) release(c *communicator) {
 		}
 		if rc := C.ddp_free(&c.h); rc != C.MPI_SUCCESS {
 			c.closeErr = fmt.Errorf("mpi: rank %d: MPI_Comm_free: %w", c.rank, mpiError(int(rc)))
+		}
+		if c.shm {
+			// The peers' slabs mapped here stay mapped until no
+			// communicator may use them (one at most is in blocking
+			// mode, which shared memory needs).
+			C.ddp_shm_detach_all()
 		}
 		if c.hasLarge {
 			c.hasLarge = false
@@ -558,6 +589,10 @@ func LibraryInfo() Info {
 		info.WorldRank, info.WorldSize = e.worldRank, e.worldSize
 		info.MallocTuned, info.TCPTuned, info.TCPFlags, info.TCPEagerLimit = e.mallocTuned, e.tcpTuned, e.tcpFlags, e.tcpEager
 		info.Hosts, info.LargeAllReduce = e.lastHosts, e.lastLarge
+		info.SharedMemory, info.SharedMemoryFailure = e.lastShared, e.shmFailure
+		if e.lastShared {
+			info.SharedMemoryMin = sharedMin
+		}
 	}
 	return info
 }

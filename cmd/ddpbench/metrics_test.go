@@ -16,7 +16,7 @@ import (
 )
 
 func TestServeMetrics(t *testing.T) {
-	pools, err := newPools(2, 0)
+	pools, err := newPools(2, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +69,7 @@ func TestServeMetrics(t *testing.T) {
 }
 
 func TestMetricsAddrInUse(t *testing.T) {
-	pools, err := newPools(1, 0)
+	pools, err := newPools(1, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +81,7 @@ func TestMetricsAddrInUse(t *testing.T) {
 	}
 	defer stop()
 	addr := strings.TrimSuffix(strings.TrimPrefix(regexp.MustCompile(`http://\S+/metrics`).FindString(log.String()), "http://"), "/metrics")
-	pools2, _ := newPools(1, 0)
+	pools2, _ := newPools(1, 0, nil)
 	defer closePools(pools2)
 	if _, _, err := serveMetrics(addr, pools2, 0, io.Discard); err == nil || !strings.Contains(err.Error(), "--metrics-addr") {
 		t.Errorf("second server on %s: %v", addr, err)
@@ -93,7 +93,7 @@ func TestMetricsAddrInUse(t *testing.T) {
 // pools a Reducer makes for itself do.
 func TestPoolsFitLargeModels(t *testing.T) {
 	const grads = 1600 << 20 // 1.56 GiB of gradients: one bucket of it
-	pools, err := newPools(1, grads)
+	pools, err := newPools(1, grads, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

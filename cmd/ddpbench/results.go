@@ -213,6 +213,12 @@ func mpiTuning(i mpi.Info) string {
 	if i.LargeAllReduce != "" {
 		s += ", all-reduces from 1 MiB on the " + i.LargeAllReduce
 	}
+	if i.SharedMemory {
+		s += fmt.Sprintf(", all-reduces from %s in shared memory", fmtBytes(int64(i.SharedMemoryMin)))
+	}
+	if i.SharedMemoryFailure != "" {
+		s += " (some left to MPI: " + i.SharedMemoryFailure + ")"
+	}
 	if i.TCPTuned && i.TCPFlags >= 0 && i.TCPEagerLimit >= 0 {
 		put := "on"
 		if i.TCPFlags&mpi.TCPFlagPut == 0 {

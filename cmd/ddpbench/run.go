@@ -287,7 +287,7 @@ func runAction(c *cli.Context) error {
 	if o.metricsAddr != "" {
 		pools := cfg.Pools
 		if pools == nil {
-			if pools, err = newPools(len(g.comms), 4*o.model.Numel()); err != nil {
+			if pools, err = newPools(len(g.comms), 4*o.model.Numel(), comm.HostSourceOf(g.comms[0])); err != nil {
 				return err
 			}
 			defer closePools(pools)
@@ -395,12 +395,14 @@ func chainOnStep(a, b func(int, bool, *ddp.StepStats)) func(int, bool, *ddp.Step
 
 // newPools makes one CommPool per rank for gradBytes of float32
 // gradients, with the limit a Reducer gives the pool it makes itself:
-// room for the buckets, a rebuilt layout and a hook's scratch.
-func newPools(n int, gradBytes int64) ([]*allocator.Pool, error) {
+// room for the buckets, a rebuilt layout and a hook's scratch. src is the
+// communicator's own host memory (comm.HostSourceOf), as a Reducer would
+// take it; nil means HostSource.
+func newPools(n int, gradBytes int64, src allocator.Source) ([]*allocator.Pool, error) {
 	pools := make([]*allocator.Pool, n)
 	limit := poolLimit(gradBytes)
 	for r := range pools {
-		p, err := allocator.New(allocator.Options{Limit: limit})
+		p, err := allocator.New(allocator.Options{Source: src, Limit: limit})
 		if err != nil {
 			closePools(pools)
 			return nil, fmt.Errorf("rank %d CommPool: %w", r, err)

@@ -1,0 +1,338 @@
+//go:build mpi
+
+// The all-reduce over memory the ranks of one machine share (see "Shared
+// memory" in the package documentation). MPI carries every message: the
+// descriptors, the agreement and the final barrier. Only the reduction
+// itself reads and writes the peers' buffers directly.
+
+#define _GNU_SOURCE
+#include "ddpmpi.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+// ---- this process's slabs ----------------------------------------------
+//
+// Each slab is a memfd mapped shared; the peers open it through
+// /proc/<pid>/fd/<fd> and map it too. A slab has an id never reused in
+// this process, so a peer's cached mapping can never be taken for a later
+// slab at the same address.
+
+struct slab {
+	uintptr_t base;
+	size_t size;
+	int fd;
+	uint64_t id;
+	uint64_t ino;
+};
+
+static pthread_mutex_t slab_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct slab *slabs;
+static int nslabs, capslabs;
+static uint64_t next_id = 1;
+
+void *ddp_shm_alloc(size_t size, int *err) {
+	*err = 0;
+	int fd = memfd_create("ddpgo-commpool", MFD_CLOEXEC);
+	if (fd < 0) {
+		*err = errno;
+		return NULL;
+	}
+	if (ftruncate(fd, (off_t)size) != 0) {
+		*err = errno;
+		close(fd);
+		return NULL;
+	}
+	struct stat st;
+	if (fstat(fd, &st) != 0) {
+		*err = errno;
+		close(fd);
+		return NULL;
+	}
+	void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED) {
+		*err = errno;
+		close(fd);
+		return NULL;
+	}
+	pthread_mutex_lock(&slab_mu);
+	if (nslabs == capslabs) {
+		int n = capslabs ? 2 * capslabs : 16;
+		struct slab *s = realloc(slabs, n * sizeof *s);
+		if (s == NULL) {
+			pthread_mutex_unlock(&slab_mu);
+			munmap(p, size);
+			close(fd);
+			*err = ENOMEM;
+			return NULL;
+		}
+		slabs = s;
+		capslabs = n;
+	}
+	slabs[nslabs++] = (struct slab){(uintptr_t)p, size, fd, next_id++, (uint64_t)st.st_ino};
+	pthread_mutex_unlock(&slab_mu);
+	return p;
+}
+
+int ddp_shm_free(void *p, size_t size, int *err) {
+	uintptr_t addr = (uintptr_t)p;
+	*err = 0;
+	pthread_mutex_lock(&slab_mu);
+	int i = 0;
+	while (i < nslabs && slabs[i].base != addr)
+		i++;
+	if (i == nslabs || slabs[i].size != size) {
+		pthread_mutex_unlock(&slab_mu);
+		*err = EINVAL;
+		return -1;
+	}
+	int fd = slabs[i].fd;
+	slabs[i] = slabs[--nslabs];
+	pthread_mutex_unlock(&slab_mu);
+	// A peer's mapping of the slab keeps its pages until the peer drops
+	// it; nothing of this process refers to them any more.
+	int rc = munmap((void *)addr, size);
+	if (rc != 0)
+		*err = errno;
+	close(fd);
+	return rc;
+}
+
+int ddp_shm_slabs(void) {
+	pthread_mutex_lock(&slab_mu);
+	int n = nslabs;
+	pthread_mutex_unlock(&slab_mu);
+	return n;
+}
+
+// A descriptor is what a rank tells its peers about one call's buffers.
+struct desc {
+	int32_t ok; // 1: both buffers lie in this process's slabs
+	int32_t pid;
+	uint64_t boot;
+	struct part {
+		int32_t fd;
+		int32_t pad;
+		uint64_t id, ino, base, size, off;
+	} send, recv;
+};
+
+// find fills part with the slab holding [p, p+bytes); 0 if none does.
+static int find(uintptr_t p, size_t bytes, struct part *part) {
+	int ok = 0;
+	pthread_mutex_lock(&slab_mu);
+	for (int i = 0; i < nslabs; i++) {
+		struct slab *s = &slabs[i];
+		if (p >= s->base && p - s->base <= s->size && bytes <= s->size - (p - s->base)) {
+			*part = (struct part){s->fd, 0, s->id, s->ino, s->base, s->size, p - s->base};
+			ok = 1;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&slab_mu);
+	return ok;
+}
+
+// ---- the peers' slabs, as mapped here (owner thread only) ---------------
+
+struct peermap {
+	int32_t pid;
+	uint64_t id, base, size; // base: the address in the peer's process
+	void *here;
+	uint64_t used; // the call that used it last
+};
+
+#define MAXMAPS 256
+
+static struct peermap maps[MAXMAPS];
+static int nmaps;
+static uint64_t calls;
+
+static void unmap_at(int i) {
+	munmap(maps[i].here, maps[i].size);
+	maps[i] = maps[--nmaps];
+}
+
+// attach returns part's slab of process pid mapped here, or NULL.
+static void *attach(int32_t pid, const struct part *part) {
+	for (int i = 0; i < nmaps; i++)
+		if (maps[i].pid == pid && maps[i].id == part->id) {
+			maps[i].used = calls;
+			return maps[i].here;
+		}
+	// A slab of pid that overlaps this one in pid's address space has been
+	// freed there: drop its mapping.
+	for (int i = 0; i < nmaps;)
+		if (maps[i].pid == pid && maps[i].base < part->base + part->size && part->base < maps[i].base + maps[i].size)
+			unmap_at(i);
+		else
+			i++;
+	if (nmaps == MAXMAPS) { // drop the least recently used, not one of this call
+		int lru = -1;
+		for (int i = 0; i < nmaps; i++)
+			if (maps[i].used != calls && (lru < 0 || maps[i].used < maps[lru].used))
+				lru = i;
+		if (lru < 0)
+			return NULL;
+		unmap_at(lru);
+	}
+	char path[64];
+	snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)pid, (int)part->fd);
+	int fd = open(path, O_RDWR | O_CLOEXEC);
+	if (fd < 0)
+		return NULL;
+	struct stat st;
+	if (fstat(fd, &st) != 0 || (uint64_t)st.st_ino != part->ino || (uint64_t)st.st_size < part->size) {
+		if (errno == 0 || (uint64_t)st.st_ino != part->ino)
+			errno = ESTALE; // not the file the peer described
+		close(fd);
+		return NULL;
+	}
+	void *p = mmap(NULL, part->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+	close(fd);
+	if (p == MAP_FAILED)
+		return NULL;
+	maps[nmaps++] = (struct peermap){pid, part->id, part->base, part->size, p, calls};
+	return p;
+}
+
+void ddp_shm_detach_all(void) {
+	while (nmaps > 0)
+		unmap_at(nmaps - 1);
+}
+
+int ddp_shm_mapped(void) { return nmaps; }
+
+// ---- the all-reduce ----------------------------------------------------
+
+// The reduction goes through a chunk small enough to stay in cache: each
+// rank's slice of the buffer is read once from every rank and written
+// once to every rank.
+#define CHUNK (64 << 10)
+
+static _Alignas(64) unsigned char chunk[CHUNK];
+static struct desc *descs;
+static void **srcs, **dsts;
+static int ndescs;
+static char failure[256];
+
+const char *ddp_shm_failure(void) { return failure; }
+
+int ddp_shm_taken;
+
+// boot_id tells machines apart, in case the ranks were told they share one
+// (DDPGO_MPI_HOST) when they do not.
+static uint64_t boot_id(void) {
+	static uint64_t id;
+	if (id == 0) {
+		char buf[64] = {0};
+		FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+		if (f != NULL) {
+			if (fgets(buf, sizeof buf, f) == NULL)
+				buf[0] = 0;
+			fclose(f);
+		}
+		uint64_t h = 1469598103934665603ull; // FNV-1a
+		for (char *p = buf; *p; p++)
+			h = (h ^ (unsigned char)*p) * 1099511628211ull;
+		id = h | 1;
+	}
+	return id;
+}
+
+int ddp_shm_allreduce(MPI_Comm c, int rank, int size, int op, int dt, int esize, int count,
+                      uintptr_t send, uintptr_t recv) {
+	ddp_shm_taken = 0;
+	calls++;
+	if (ndescs < size) {
+		struct desc *d = realloc(descs, size * sizeof *d);
+		if (d != NULL)
+			descs = d;
+		void **s = realloc(srcs, size * sizeof *s);
+		if (s != NULL)
+			srcs = s;
+		void **t = realloc(dsts, size * sizeof *t);
+		if (t != NULL)
+			dsts = t;
+		if (d == NULL || s == NULL || t == NULL)
+			return MPI_ERR_NO_MEM;
+		ndescs = size;
+	}
+	size_t bytes = (size_t)count * esize;
+	struct desc mine = {0};
+	mine.pid = getpid();
+	mine.boot = boot_id();
+	mine.ok = find(send, bytes, &mine.send) && find(recv, bytes, &mine.recv);
+	// The all-gather is also where every rank's input becomes final: a
+	// rank enters it only once its buffer holds its contribution.
+	int rc = MPI_Allgather(&mine, sizeof mine, MPI_BYTE, descs, sizeof mine, MPI_BYTE, c);
+	if (rc != MPI_SUCCESS)
+		return rc;
+	// Every rank sees the same descriptors: if one rank's buffers are not
+	// all shared (or the ranks are not on one machine), all leave the
+	// call to MPI at once.
+	for (int k = 0; k < size; k++)
+		if (!descs[k].ok || descs[k].boot != mine.boot)
+			return MPI_SUCCESS;
+	int ok = 1;
+	for (int k = 0; k < size; k++) {
+		if (k == rank) {
+			srcs[k] = (void *)send;
+			dsts[k] = (void *)recv;
+			continue;
+		}
+		unsigned char *s = attach(descs[k].pid, &descs[k].send);
+		unsigned char *d = s ? attach(descs[k].pid, &descs[k].recv) : NULL;
+		if (s == NULL || d == NULL) {
+			if (failure[0] == 0)
+				snprintf(failure, sizeof failure, "rank %d could not map rank %d's memory (/proc/%d/fd/%d): %s",
+				         rank, k, (int)descs[k].pid, (int)(s ? descs[k].recv.fd : descs[k].send.fd), strerror(errno));
+			ok = 0;
+			break;
+		}
+		srcs[k] = s + descs[k].send.off;
+		dsts[k] = d + descs[k].recv.off;
+	}
+	// Whether a mapping worked is each rank's own news: the ranks agree,
+	// so that all map every peer or all leave the call to MPI.
+	rc = MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, c);
+	if (rc != MPI_SUCCESS || !ok)
+		return rc;
+	ddp_shm_taken = 1;
+	MPI_Datatype t = ddp_type(dt);
+	MPI_Op o = ddp_op(op, dt);
+	// Rank r reduces elements [lo, hi), slices cut at 64-byte multiples
+	// so that no two ranks write one cache line.
+	long per = 64 / esize;
+	long lo = (long)((int64_t)count * rank / size) / per * per;
+	long hi = rank == size - 1 ? count : (long)((int64_t)count * (rank + 1) / size) / per * per;
+	long step = CHUNK / esize;
+	int red = MPI_SUCCESS;
+	for (long i = lo; i < hi && red == MPI_SUCCESS; i += step) {
+		long n = hi - i < step ? hi - i : step;
+		size_t off = (size_t)i * esize, nb = (size_t)n * esize;
+		memcpy(chunk, (unsigned char *)srcs[0] + off, nb);
+		for (int k = 1; k < size; k++) {
+			// MPI_Reduce_local(in, inout): inout = in op inout, so the
+			// chunk holds x_k op (... op x_0): the ranks' contributions
+			// are combined in rank order.
+			if ((red = MPI_Reduce_local((unsigned char *)srcs[k] + off, chunk, (int)n, t, o)) != MPI_SUCCESS)
+				break;
+		}
+		if (red == MPI_SUCCESS)
+			for (int k = 0; k < size; k++)
+				memcpy((unsigned char *)dsts[k] + off, chunk, nb);
+	}
+	// Past the barrier every slice is in every buffer, and no rank reads
+	// or writes another's buffer any more. A rank whose reduction failed
+	// still joins it, so that the others do not wait for it in vain.
+	rc = MPI_Barrier(c);
+	return red != MPI_SUCCESS ? red : rc;
+}
