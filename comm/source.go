@@ -6,8 +6,9 @@ import "github.com/ddpgo/ddpgo/allocator"
 // host memory from a source of its own than on other host memory: package
 // mpi's memory that the ranks on one machine map into each other, which
 // its all-reduce reads and writes in place. HostSource returns nil where
-// the backend gains nothing from it (ranks on several machines). Other
-// host memory still works everywhere.
+// the backend gains nothing from it (package mpi: one rank, ranks on
+// several machines, non-blocking mode, or DDPGO_MPI_SHM=0). Other host
+// memory still works everywhere.
 type HostSourcer interface {
 	HostSource() allocator.Source
 }

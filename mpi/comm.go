@@ -74,6 +74,7 @@ type communicator struct {
 	// shm: blocking, and every rank on one machine: all-reduces of
 	// buffers from HostSource run in shared memory (ddpshm.c).
 	shm    bool
+	shmOff bool          // owner-only: a rank could not map a peer's memory; MPI runs every all-reduce
 	shmOps atomic.Uint64 // all-reduces run in shared memory, for tests
 	opts   Options
 
@@ -193,7 +194,7 @@ func Open(o Options) (comm.Communicator, error) {
 			// Every rank must take the same path at every all-reduce:
 			// one that opted out opts every rank out.
 			want := C.int(1)
-			if os.Getenv("DDPGO_MPI_SHM") == "0" {
+			if os.Getenv("DDPGO_MPI_SHM") == "0" || C.ddp_shm_prepare(n) != 0 {
 				want = 0
 			}
 			if rc := C.ddp_allreduce_int(c.h, &want, 1, 0); rc != C.MPI_SUCCESS {

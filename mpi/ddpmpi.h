@@ -93,21 +93,34 @@ void *ddp_shm_alloc(size_t size, int *err);
 int ddp_shm_free(void *p, size_t size, int *err);
 int ddp_shm_slabs(void);
 
+// ddp_shm_prepare readies the all-reduce below for communicators of up to
+// size ranks (-1: no memory); on the owner thread.
+int ddp_shm_prepare(int size);
+
 // ddp_shm_allreduce all-reduces count elements (esize bytes each) of send
 // into recv over c, whose ranks all run on this machine, by reading and
 // writing the ranks' buffers directly, where every rank's buffers lie in
 // slabs of ddp_shm_alloc and every rank could map its peers'.
 // ddp_shm_taken says whether it did; if not, the ranks all leave the call
-// to MPI. Collective over c; on the owner thread.
+// to MPI, and ddp_shm_broken says that a rank could not map a peer's
+// memory, so that they all leave every later call to MPI too. It returns
+// DDP_ERR_MISMATCH on every rank where the ranks' counts, dtypes or ops
+// differ (ddp_shm_mismatch says how). Collective over c; on the owner
+// thread.
 int ddp_shm_allreduce(MPI_Comm c, int rank, int size, int op, int dt, int esize, int count,
                       uintptr_t send, uintptr_t recv);
-extern int ddp_shm_taken;
+extern int ddp_shm_taken, ddp_shm_broken;
+#define DDP_ERR_MISMATCH (-1000)
+const char *ddp_shm_mismatch(void);
 // ddp_shm_failure is why the first call that could not map a peer's
 // memory fell back to MPI ("" if none did); ddp_shm_mapped counts the
 // peers' slabs mapped here, and ddp_shm_detach_all unmaps them.
 const char *ddp_shm_failure(void);
 int ddp_shm_mapped(void);
 void ddp_shm_detach_all(void);
+// ddp_shm_test_fail makes every later mapping of a peer's slab fail (on
+// != 0), for tests.
+void ddp_shm_test_fail(int on);
 
 // ddp_scale divides count elements of dt at buf by n (Avg after Sum).
 void ddp_scale(int dt, uintptr_t buf, int count, int n);

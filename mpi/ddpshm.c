@@ -37,6 +37,7 @@ static pthread_mutex_t slab_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct slab *slabs;
 static int nslabs, capslabs;
 static uint64_t next_id = 1;
+static uint64_t frees; // slabs freed so far, which tells the peers to drop stale mappings
 
 void *ddp_shm_alloc(size_t size, int *err) {
 	*err = 0;
@@ -95,9 +96,11 @@ int ddp_shm_free(void *p, size_t size, int *err) {
 	}
 	int fd = slabs[i].fd;
 	slabs[i] = slabs[--nslabs];
+	frees++;
 	pthread_mutex_unlock(&slab_mu);
 	// A peer's mapping of the slab keeps its pages until the peer drops
-	// it; nothing of this process refers to them any more.
+	// it (at its next all-reduce with this process, which carries the new
+	// count of frees); nothing of this process refers to them any more.
 	int rc = munmap((void *)addr, size);
 	if (rc != 0)
 		*err = errno;
@@ -112,11 +115,14 @@ int ddp_shm_slabs(void) {
 	return n;
 }
 
-// A descriptor is what a rank tells its peers about one call's buffers.
+// A descriptor is what a rank tells its peers about one call: its
+// buffers, and the call itself, which must be the same on every rank.
 struct desc {
 	int32_t ok; // 1: both buffers lie in this process's slabs
 	int32_t pid;
-	uint64_t boot;
+	uint64_t boot;  // the machine (boot_id), 0 if unknown
+	uint64_t frees; // this process's slabs freed so far
+	int32_t count, dt, op, esize;
 	struct part {
 		int32_t fd;
 		int32_t pad;
@@ -160,8 +166,21 @@ static void unmap_at(int i) {
 	maps[i] = maps[--nmaps];
 }
 
-// attach returns part's slab of process pid mapped here, or NULL.
-static void *attach(int32_t pid, const struct part *part) {
+static int fail_attach; // tests: attach fails
+
+void ddp_shm_test_fail(int on) { fail_attach = on; }
+
+// attach returns part's slab of process pid mapped here, or NULL with
+// errno set; bytes from part's offset must lie in the slab.
+static void *attach(int32_t pid, const struct part *part, size_t bytes) {
+	if (part->off > part->size || bytes > part->size - part->off) {
+		errno = EINVAL;
+		return NULL;
+	}
+	if (fail_attach) {
+		errno = EPERM;
+		return NULL;
+	}
 	for (int i = 0; i < nmaps; i++)
 		if (maps[i].pid == pid && maps[i].id == part->id) {
 			maps[i].used = calls;
@@ -179,8 +198,10 @@ static void *attach(int32_t pid, const struct part *part) {
 		for (int i = 0; i < nmaps; i++)
 			if (maps[i].used != calls && (lru < 0 || maps[i].used < maps[lru].used))
 				lru = i;
-		if (lru < 0)
+		if (lru < 0) {
+			errno = EMFILE; // this call alone needs more mappings than are kept
 			return NULL;
+		}
 		unmap_at(lru);
 	}
 	char path[64];
@@ -189,18 +210,38 @@ static void *attach(int32_t pid, const struct part *part) {
 	if (fd < 0)
 		return NULL;
 	struct stat st;
-	if (fstat(fd, &st) != 0 || (uint64_t)st.st_ino != part->ino || (uint64_t)st.st_size < part->size) {
-		if (errno == 0 || (uint64_t)st.st_ino != part->ino)
-			errno = ESTALE; // not the file the peer described
+	if (fstat(fd, &st) != 0) {
+		int e = errno;
 		close(fd);
+		errno = e;
 		return NULL;
 	}
-	void *p = mmap(NULL, part->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-	close(fd);
-	if (p == MAP_FAILED)
+	if ((uint64_t)st.st_ino != part->ino || (uint64_t)st.st_size < part->size) {
+		close(fd);
+		errno = ESTALE; // not the file the peer described
 		return NULL;
+	}
+	// Not MAP_POPULATE: that would allocate every page of the slab, used
+	// or not; the pages this process touches fault in once.
+	void *p = mmap(NULL, part->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	int e = errno;
+	close(fd);
+	if (p == MAP_FAILED) {
+		errno = e;
+		return NULL;
+	}
 	maps[nmaps++] = (struct peermap){pid, part->id, part->base, part->size, p, calls};
 	return p;
+}
+
+// drop_stale unmaps pid's slabs that the current call does not use: pid
+// has freed a slab since its last call, which may be one of them.
+static void drop_stale(int32_t pid) {
+	for (int i = 0; i < nmaps;)
+		if (maps[i].pid == pid && maps[i].used != calls)
+			unmap_at(i);
+		else
+			i++;
 }
 
 void ddp_shm_detach_all(void) {
@@ -220,25 +261,55 @@ int ddp_shm_mapped(void) { return nmaps; }
 static _Alignas(64) unsigned char chunk[CHUNK];
 static struct desc *descs;
 static void **srcs, **dsts;
+static uint64_t *seen_frees; // each rank's frees at its last call
 static int ndescs;
 static char failure[256];
+static char mismatch[256];
 
 const char *ddp_shm_failure(void) { return failure; }
+const char *ddp_shm_mismatch(void) { return mismatch; }
 
-int ddp_shm_taken;
+int ddp_shm_taken, ddp_shm_broken;
+
+int ddp_shm_prepare(int size) {
+	if (size <= ndescs)
+		return 0;
+	struct desc *d = realloc(descs, size * sizeof *d);
+	if (d != NULL)
+		descs = d;
+	void **s = realloc(srcs, size * sizeof *s);
+	if (s != NULL)
+		srcs = s;
+	void **t = realloc(dsts, size * sizeof *t);
+	if (t != NULL)
+		dsts = t;
+	uint64_t *f = realloc(seen_frees, size * sizeof *f);
+	if (f != NULL)
+		seen_frees = f;
+	if (d == NULL || s == NULL || t == NULL || f == NULL)
+		return -1;
+	for (int k = ndescs; k < size; k++)
+		seen_frees[k] = UINT64_MAX;
+	ndescs = size;
+	return 0;
+}
 
 // boot_id tells machines apart, in case the ranks were told they share one
-// (DDPGO_MPI_HOST) when they do not.
+// (DDPGO_MPI_HOST) when they do not; 0 where it cannot be read.
 static uint64_t boot_id(void) {
 	static uint64_t id;
-	if (id == 0) {
+	static int done;
+	if (!done) {
+		done = 1;
 		char buf[64] = {0};
 		FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
-		if (f != NULL) {
-			if (fgets(buf, sizeof buf, f) == NULL)
-				buf[0] = 0;
-			fclose(f);
-		}
+		if (f == NULL)
+			return 0;
+		if (fgets(buf, sizeof buf, f) == NULL)
+			buf[0] = 0;
+		fclose(f);
+		if (buf[0] == 0)
+			return 0;
 		uint64_t h = 1469598103934665603ull; // FNV-1a
 		for (char *p = buf; *p; p++)
 			h = (h ^ (unsigned char)*p) * 1099511628211ull;
@@ -250,34 +321,37 @@ static uint64_t boot_id(void) {
 int ddp_shm_allreduce(MPI_Comm c, int rank, int size, int op, int dt, int esize, int count,
                       uintptr_t send, uintptr_t recv) {
 	ddp_shm_taken = 0;
+	ddp_shm_broken = 0;
 	calls++;
-	if (ndescs < size) {
-		struct desc *d = realloc(descs, size * sizeof *d);
-		if (d != NULL)
-			descs = d;
-		void **s = realloc(srcs, size * sizeof *s);
-		if (s != NULL)
-			srcs = s;
-		void **t = realloc(dsts, size * sizeof *t);
-		if (t != NULL)
-			dsts = t;
-		if (d == NULL || s == NULL || t == NULL)
-			return MPI_ERR_NO_MEM;
-		ndescs = size;
-	}
+	if (size > ndescs)
+		return MPI_ERR_INTERN; // Open prepares for the communicator's size
 	size_t bytes = (size_t)count * esize;
 	struct desc mine = {0};
 	mine.pid = getpid();
 	mine.boot = boot_id();
-	mine.ok = find(send, bytes, &mine.send) && find(recv, bytes, &mine.recv);
+	pthread_mutex_lock(&slab_mu);
+	mine.frees = frees;
+	pthread_mutex_unlock(&slab_mu);
+	mine.count = count;
+	mine.dt = dt;
+	mine.op = op;
+	mine.esize = esize;
+	mine.ok = mine.boot != 0 && find(send, bytes, &mine.send) && find(recv, bytes, &mine.recv);
 	// The all-gather is also where every rank's input becomes final: a
 	// rank enters it only once its buffer holds its contribution.
 	int rc = MPI_Allgather(&mine, sizeof mine, MPI_BYTE, descs, sizeof mine, MPI_BYTE, c);
 	if (rc != MPI_SUCCESS)
 		return rc;
-	// Every rank sees the same descriptors: if one rank's buffers are not
-	// all shared (or the ranks are not on one machine), all leave the
-	// call to MPI at once.
+	// Every rank sees the same descriptors, so every rank makes the same
+	// decisions from them: all fail a call the ranks disagree on, and all
+	// leave the call to MPI if one rank's buffers are not all shared (or
+	// the ranks are not on one machine).
+	for (int k = 0; k < size; k++)
+		if (descs[k].count != count || descs[k].dt != dt || descs[k].op != op || descs[k].esize != esize) {
+			snprintf(mismatch, sizeof mismatch, "rank %d all-reduces %d elements (dtype %d, op %d), rank %d %d (dtype %d, op %d)",
+			         rank, count, dt, op, k, (int)descs[k].count, (int)descs[k].dt, (int)descs[k].op);
+			return DDP_ERR_MISMATCH;
+		}
 	for (int k = 0; k < size; k++)
 		if (!descs[k].ok || descs[k].boot != mine.boot)
 			return MPI_SUCCESS;
@@ -288,8 +362,8 @@ int ddp_shm_allreduce(MPI_Comm c, int rank, int size, int op, int dt, int esize,
 			dsts[k] = (void *)recv;
 			continue;
 		}
-		unsigned char *s = attach(descs[k].pid, &descs[k].send);
-		unsigned char *d = s ? attach(descs[k].pid, &descs[k].recv) : NULL;
+		unsigned char *s = attach(descs[k].pid, &descs[k].send, bytes);
+		unsigned char *d = s ? attach(descs[k].pid, &descs[k].recv, bytes) : NULL;
 		if (s == NULL || d == NULL) {
 			if (failure[0] == 0)
 				snprintf(failure, sizeof failure, "rank %d could not map rank %d's memory (/proc/%d/fd/%d): %s",
@@ -299,17 +373,28 @@ int ddp_shm_allreduce(MPI_Comm c, int rank, int size, int op, int dt, int esize,
 		}
 		srcs[k] = s + descs[k].send.off;
 		dsts[k] = d + descs[k].recv.off;
+		if (descs[k].frees != seen_frees[k]) {
+			drop_stale(descs[k].pid);
+			seen_frees[k] = descs[k].frees;
+		}
 	}
 	// Whether a mapping worked is each rank's own news: the ranks agree,
-	// so that all map every peer or all leave the call to MPI.
+	// so that all map every peer or all leave the call to MPI. A failure
+	// is not passing: they then leave every later call to MPI too
+	// (ddp_shm_broken), without trying again.
 	rc = MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, c);
-	if (rc != MPI_SUCCESS || !ok)
+	if (rc != MPI_SUCCESS)
 		return rc;
+	if (!ok) {
+		ddp_shm_broken = 1;
+		return MPI_SUCCESS;
+	}
 	ddp_shm_taken = 1;
 	MPI_Datatype t = ddp_type(dt);
 	MPI_Op o = ddp_op(op, dt);
-	// Rank r reduces elements [lo, hi), slices cut at 64-byte multiples
-	// so that no two ranks write one cache line.
+	// Rank r reduces elements [lo, hi), slices cut at 64-byte multiples of
+	// the buffers (so that no two ranks write one cache line where the
+	// buffers are 64-byte aligned, as pool blocks are).
 	long per = 64 / esize;
 	long lo = (long)((int64_t)count * rank / size) / per * per;
 	long hi = rank == size - 1 ? count : (long)((int64_t)count * (rank + 1) / size) / per * per;
@@ -330,9 +415,15 @@ int ddp_shm_allreduce(MPI_Comm c, int rank, int size, int op, int dt, int esize,
 			for (int k = 0; k < size; k++)
 				memcpy((unsigned char *)dsts[k] + off, chunk, nb);
 	}
-	// Past the barrier every slice is in every buffer, and no rank reads
-	// or writes another's buffer any more. A rank whose reduction failed
-	// still joins it, so that the others do not wait for it in vain.
-	rc = MPI_Barrier(c);
-	return red != MPI_SUCCESS ? red : rc;
+	// The closing all-reduce is a barrier: past it every slice is in every
+	// buffer, and no rank reads or writes another's buffer any more. It
+	// also tells every rank whether some rank's reduction failed (a rank
+	// whose slice is not in the buffers), so that all fail the call.
+	int bad = red != MPI_SUCCESS;
+	rc = MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, c);
+	if (red != MPI_SUCCESS)
+		return red;
+	if (rc != MPI_SUCCESS)
+		return rc;
+	return bad ? MPI_ERR_OTHER : MPI_SUCCESS;
 }

@@ -119,7 +119,9 @@
 // with comm.ErrAborted wrapping that first error. MPI cannot tell which
 // collective ranks disagree on, so Caps.MismatchDetection is false;
 // mismatched calls hang, or fail in MPI (MPI_ERR_TRUNCATE), or, for a
-// message shorter than its receive, fail with comm.ErrMismatch.
+// message shorter than its receive, fail with comm.ErrMismatch, as do
+// all-reduces in shared memory (below) whose counts, dtypes or ops
+// differ.
 //
 // When a process dies, Open MPI 4.1's runtime (mpirun and its daemons)
 // sees it and kills every other process of the job; they see no error of
@@ -189,14 +191,21 @@
 // rank, lie in those slabs then runs in three steps, each rank on its own
 // slice of the elements:
 //
-//  1. MPI_Allgather of each rank's buffer descriptor (process id, the
-//     memfd's descriptor number and inode, offsets). A rank enters it only
-//     once its input is in place, so after it every input is final. Each
-//     rank maps the slabs it has not met before (through
-//     /proc/<pid>/fd/<fd>, checked against the inode) and keeps them
-//     mapped; an MPI_Allreduce of whether that worked lets every rank
-//     take the same path: if one rank could not, or one rank's buffers are
-//     not all shared, every rank leaves the call to MPI_Allreduce.
+//  1. MPI_Allgather of each rank's descriptor of the call (count, dtype,
+//     op) and of its buffers (process id, the memfd's descriptor number
+//     and inode, offsets, boot id). A rank enters it only once its input
+//     is in place, so after it every input is final. Every rank sees the
+//     same descriptors and decides alike: ranks that disagree on the
+//     count, dtype or op all fail the call with comm.ErrMismatch (the
+//     communicator stays usable); if one rank's buffers are not all
+//     shared, or the boot ids differ, all leave the call to
+//     MPI_Allreduce. Otherwise each rank maps the peers' slabs it has not
+//     met before (through /proc/<pid>/fd/<fd>, checked against the inode
+//     and size) and keeps them mapped, and an MPI_Allreduce of whether
+//     that worked lets every rank take the same path: if one rank could
+//     not map, all leave this call and every later one of the
+//     communicator to MPI (Info.SharedMemoryFailure says why, on that
+//     rank).
 //  2. Each rank reduces its slice (cut at 64-byte multiples) from every
 //     rank's buffer, 64 KiB at a time through a chunk that stays in cache,
 //     with MPI_Reduce_local and the backend's operations (the 16-bit sums,
@@ -204,27 +213,37 @@
 //     order, and writes the result into every rank's buffer: the slice is
 //     read once from each rank and written once to each. Every element is
 //     computed once, so every rank gets the same bits.
-//  3. MPI_Barrier: past it every slice is in every buffer, and no rank
-//     reads or writes another's buffer any more, so the operation
-//     completes and the caller may reuse the memory.
+//  3. An MPI_Allreduce of whether any rank's reduction failed, which is
+//     also the barrier: past it every slice is in every buffer, no rank
+//     reads or writes another's buffer any more, and every rank fails the
+//     call if one rank could not reduce its slice.
 //
 // MPI carries every message; only the reduction touches the peers'
 // memory. A peer writes into a rank's buffer only between that rank's
 // entry into step 1 and its exit from step 3, so no memory is written
-// after its operation completes. A slab this process frees (the pool
-// trims it, or closes) is unmapped here, and its pages live on only in
-// the mappings of peers, which no operation uses any more: a peer drops
-// the mapping when a later slab of this process overlaps its address
-// range, when it holds 256 of them, or when its communicator is released.
-// Only blocking mode takes this path (the agreement is blocking MPI
-// calls). Between machines it is off: the descriptors carry the boot id,
-// so ranks wrongly named one host (DDPGO_MPI_HOST) fall back to MPI.
-// DDPGO_MPI_SHM=0 on any rank turns it off for all; Info.SharedMemory says
-// whether the last communicator opened has it, and
-// Info.SharedMemoryFailure why an all-reduce could not map a peer's
-// memory (a process of another user, a container without the peer's
-// /proc), where one could not.
+// after a successful operation completes. After an MPI error the
+// communicator is unusable, as always (see Errors and failures): a peer
+// may then still be in step 2. A slab this process frees (its pool trims
+// or closes) is unmapped here, and its pages live on only in the peers'
+// mappings, which no operation uses any more. Each descriptor carries the
+// count of slabs its process has freed; when it changes, the peers drop
+// their mappings of that process's slabs that the call does not use (and
+// map again later any still alive). A peer also drops a mapping when a
+// later slab of the process overlaps its address range, when it holds
+// 256, and when its communicator is released. Pages a process never
+// touched are not allocated by the peers' mappings (no MAP_POPULATE).
+// Each slab holds a file descriptor while it is mapped.
 //
+// Only blocking mode takes this path (the agreement is blocking MPI
+// calls). Between machines it is off: the host count (below) is more than
+// 1, and the boot ids in the descriptors keep ranks wrongly named one host
+// (DDPGO_MPI_HOST) apart. DDPGO_MPI_SHM=0 on any rank turns it off for
+// all; Info.SharedMemory says whether the last communicator opened has
+// it. An all-reduce of 16 KiB or more on memory of another source pays for
+// the all-gather before it goes to MPI (a few microseconds). The direct
+// stores are made visible to the peers by the MPI call after them (x86
+// orders stores; a weakly ordered CPU relies on MPI's own barriers).
+
 // Measured on a 2-core VM, 2 ranks, ResNet-50's step (102 MB of float32
 // gradients in 5 buckets, averaged; ddpbench run --compute none, pairs of
 // runs interleaved): 10.2 and 10.4 ms against 28.6 and 27.8 ms through

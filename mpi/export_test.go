@@ -23,3 +23,6 @@ func SetSharedMin(n int) int { old := sharedMin; sharedMin = n; return old }
 
 // SharedMapped is the number of peers' slabs this process has mapped.
 var SharedMapped = sharedMapped
+
+// FailMapping exposes failMapping.
+var FailMapping = failMapping

@@ -65,8 +65,6 @@ type engine struct {
 	hi      int // slots [hi, DDP_MAXREQ) are free
 	nactive int
 	polls   uint64
-	// owner-only: whether shmFailure is set
-	shmNoted bool
 	// owner-only: open communicators in blocking mode (at most one)
 	blockingComms int
 
@@ -270,24 +268,32 @@ func (e *engine) start(c *communicator, seq uint64) {
 	if pairAvg(c, d) {
 		op = C.DDP_AVG2
 	}
-	if c.shm && blocking && d.kind == kindAllReduce && d.count*dtypeSize(d.dt) >= sharedMin {
+	if c.shm && !c.shmOff && blocking && d.kind == kindAllReduce && d.count*dtypeSize(d.dt) >= sharedMin {
 		if d.inplace {
 			send = recv
 		}
 		rc := C.ddp_shm_allreduce(c.h, C.int(c.rank), C.int(c.size), op, C.int(d.dt), C.int(dtypeSize(d.dt)),
 			C.int(d.count), C.uintptr_t(uintptr(send)), C.uintptr_t(uintptr(recv)))
-		if rc != C.MPI_SUCCESS || C.ddp_shm_taken != 0 {
+		switch {
+		case rc == C.DDP_ERR_MISMATCH:
+			// Every rank saw the same descriptors and fails the call; the
+			// communicator stays usable.
+			c.posted--
+			c.complete(seq, c.opErr(d, fmt.Errorf("%w: %s", errMismatch(), C.GoString(C.ddp_shm_mismatch()))))
+			return
+		case rc != C.MPI_SUCCESS || C.ddp_shm_taken != 0:
 			if C.ddp_shm_taken != 0 {
 				c.shmOps.Add(1)
 			}
 			e.finish(c, seq, int(rc), -1)
 			return
-		}
-		if !e.shmNoted && *C.ddp_shm_failure() != 0 {
-			e.shmNoted = true
+		case C.ddp_shm_broken != 0:
+			c.shmOff = true
 			f := C.GoString(C.ddp_shm_failure())
 			rtMu.Lock()
-			e.shmFailure = f
+			if e.shmFailure == "" {
+				e.shmFailure = f
+			}
 			rtMu.Unlock()
 		}
 	}

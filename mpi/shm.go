@@ -67,3 +67,13 @@ func sharedMapped() (n int) {
 	e.call(func() error { n = int(C.ddp_shm_mapped()); return nil })
 	return n
 }
+
+// failMapping makes this process's mappings of peers' memory fail (or
+// work again), for tests.
+func failMapping(on bool) {
+	e, err := start()
+	if err != nil {
+		return
+	}
+	e.call(func() error { C.ddp_shm_test_fail(C.int(boolInt(on))); return nil })
+}

@@ -4,6 +4,8 @@ package mpi_test
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -106,8 +108,57 @@ func TestSharedMemory(t *testing.T) {
 		}
 		p.Trim()
 	}
-	if m := mpi.SharedMapped(); m > 64 {
+	// Each peer freed its slabs: of theirs, only those the last call used
+	// (or that it mapped since) are still mapped here.
+	if m := mpi.SharedMapped(); m > 2*(c.Size()-1) {
 		t.Fatalf("rank %d: %d of the peers' slabs are still mapped", c.Rank(), m)
+	}
+
+	// Ranks that disagree on the count all fail with ErrMismatch, and the
+	// communicator goes on.
+	n := 1<<14 + 16*c.Rank()
+	b := shared(t, n, comm.Float32)
+	err := c.AllReduce(b, b, comm.Sum).Wait(context.Background())
+	if !errors.Is(err, comm.ErrMismatch) || !strings.Contains(err.Error(), "elements") {
+		t.Fatalf("rank %d: all-reduces of different counts: %v; want ErrMismatch", c.Rank(), err)
+	}
+	b = shared(t, 1<<14, comm.Float32)
+	fillBuf(b, func(j int) float64 { return value(comm.Float32, c.Rank(), j) })
+	waitAll(t, c.AllReduce(b, b, comm.Sum))
+	checkBuf(t, "all_reduce after a mismatch", b, func(j int) float64 {
+		return reduceValues(comm.Float32, comm.Sum, c.Size(), j, func(q int) float64 { return value(comm.Float32, q, j) })
+	})
+}
+
+// TestSharedMemoryUnmappable: when one rank cannot map a peer's memory,
+// every rank leaves that all-reduce, and every later one, to MPI, with the
+// same results, and Info says why on that rank.
+func TestSharedMemoryUnmappable(t *testing.T) {
+	c := open(t, mpi.Options{Blocking: true})
+	src := comm.HostSourceOf(c)
+	if src == nil {
+		t.Skip("no shared memory (one rank)")
+	}
+	shared := allocFrom(newPool(t, src))
+	if c.Rank() == c.Size()-1 {
+		mpi.FailMapping(true)
+		defer mpi.FailMapping(false)
+	}
+	for i := range 3 {
+		const n = 1<<18 + 3
+		b := shared(t, n, comm.Float32)
+		fillBuf(b, func(j int) float64 { return value(comm.Float32, c.Rank(), j+i) })
+		waitAll(t, c.AllReduce(b, b, comm.Sum))
+		checkBuf(t, "all_reduce left to MPI", b, func(j int) float64 {
+			return reduceValues(comm.Float32, comm.Sum, c.Size(), j, func(q int) float64 { return value(comm.Float32, q, j+i) })
+		})
+	}
+	if got := mpi.SharedOps(c); got != 0 {
+		t.Fatalf("rank %d: %d all-reduces ran in shared memory, want 0", c.Rank(), got)
+	}
+	f := mpi.LibraryInfo().SharedMemoryFailure
+	if c.Rank() == c.Size()-1 && !strings.Contains(f, "could not map rank") {
+		t.Fatalf("rank %d: Info.SharedMemoryFailure %q does not say why", c.Rank(), f)
 	}
 }
 
