@@ -18,7 +18,7 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 # The files the rounds append to start empty: a reused directory would
 # otherwise hold an earlier run's rows, which the summary would read first.
-rm -f "$out/mpi_sweep.csv" "$out/mpi_sweep.txt" "$out/mpi_interleaved.csv" "$out/mpi_interleaved.txt"
+rm -f "$out/mpi_sweep.csv" "$out/mpi_sweep.txt" "$out/mpi_interleaved.csv" "$out/mpi_interleaved.txt" "$out"/mpi_resnet50_r*.json "$out"/ddp_step_f_r*.csv
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cp -r "$peers"/. "$work"/   # the peers write beside themselves; keep the original read-only
@@ -67,8 +67,15 @@ if pkg-config --exists ompi-c 2>/dev/null && command -v mpirun >/dev/null; then
 	go build -tags mpi -o "$work/ddpbench-mpi" ./cmd/ddpbench
 	mr=(mpirun --oversubscribe -np 2 --mca btl self,vader --mca oob_tcp_if_include lo -x MALLOC_ARENA_MAX=1)
 	if [ "$(id -u)" = 0 ]; then mr+=(--allow-run-as-root); fi
-	step "ddpbench over MPI, ResNet-50 step, 2 processes" "${mr[*]} ddpbench run --backend mpi --steps 40 --compute none --format json"
-	"${mr[@]}" "$work/ddpbench-mpi" run --backend mpi --steps 40 --compute none --format json > "$out/mpi_resnet50.json"
+	# The step against gloo's flat all-reduce (row f), launch for launch:
+	# three rounds, each a ddpbench launch and a ddp_step.py launch of row f
+	# alone; each side is quoted at its median over the rounds.
+	step "ddpbench over MPI, ResNet-50 step, 2 processes, against gloo's row f, 3 interleaved rounds" "${mr[*]} ddpbench run --backend mpi --steps 40 --compute none --format json; python3 ddp_step.py --only f"
+	for round in 1 2 3; do
+		"${mr[@]}" "$work/ddpbench-mpi" run --backend mpi --steps 40 --compute none --format json > "$out/mpi_resnet50_r$round.json"
+		$py "$work/ddp_step.py" --only f --out "$out/ddp_step_f_r$round.csv" > "$out/ddp_step_f_r$round.txt" 2>&1
+	done
+	cp "$out/mpi_resnet50_r1.json" "$out/mpi_resnet50.json"
 	step "ddpbench over MPI, fp16" "... --compression fp16"
 	"${mr[@]}" "$work/ddpbench-mpi" run --backend mpi --steps 40 --compute none --compression fp16 --format json > "$out/mpi_resnet50_fp16.json"
 	step "ddpbench over MPI, compute sleep 30ms" "... --compute sleep --compute-time 30ms"
@@ -82,7 +89,10 @@ if pkg-config --exists ompi-c 2>/dev/null && command -v mpirun >/dev/null; then
 	# timed, the median over calls of the slowest rank), in three
 	# interleaved rounds: on a shared VM the speed of two processes moves
 	# by 2x within minutes, so figures taken minutes apart do not compare.
-	step "ddpgo over MPI against Open MPI's C loop, interleaved, 3 rounds" "go test -c -tags mpi ./mpi/; ${mr[*]} mpi.test -test.run TestSweep -mpi.sweep=blocking -mpi.budget=1s -mpi.bytes=$bytes; mpirun ... mpi_allreduce (vader, vader_tuned)"
+	# ddpgo's rows are the backend as ddp and ddpbench use it: buffers from
+	# its shared memory (-mpi.sweep=shared); one launch a round also runs
+	# it on other memory, through MPI_Allreduce (DDPGO_MPI_SHM=0).
+	step "ddpgo over MPI against Open MPI's C loop, interleaved, 3 rounds" "go test -c -tags mpi ./mpi/; ${mr[*]} mpi.test -test.run TestSweep -mpi.sweep=shared -mpi.budget=1s -mpi.bytes=$bytes; ... -x DDPGO_MPI_SHM=0 ... -mpi.sweep=blocking; mpirun ... mpi_allreduce (vader, vader_tuned)"
 	go test -c -tags mpi -o "$work/mpi.test" ./mpi/
 	mpicc -O2 -o "$work/mpi_allreduce" "$work/mpi_allreduce.c"
 	cmr=(mpirun --oversubscribe -np 2 --mca btl self,vader --mca oob_tcp_if_include lo --mca btl_tcp_if_include lo -x BENCH_BUDGET_S=0.3)
@@ -93,10 +103,12 @@ if pkg-config --exists ompi-c 2>/dev/null && command -v mpirun >/dev/null; then
 	# either side, and each side's figure for the round is its better one.
 	tuned=(-x MALLOC_MMAP_THRESHOLD_=4294967296 -x MALLOC_TRIM_THRESHOLD_=4294967296)
 	for round in 1 2 3; do
-		"${mr[@]}" "$work/mpi.test" -test.run TestSweep -mpi.sweep=blocking -mpi.budget=1s -mpi.bytes=$bytes \
+		"${mr[@]}" "$work/mpi.test" -test.run TestSweep -mpi.sweep=shared -mpi.budget=1s -mpi.bytes=$bytes \
 			-mpi.label="_r$round" -mpi.csv="$out/mpi_sweep.csv" >> "$out/mpi_sweep.txt"
-		"${mr[@]}" "${tuned[@]}" "$work/mpi.test" -test.run TestSweep -mpi.sweep=blocking -mpi.budget=1s -mpi.bytes=$bytes \
+		"${mr[@]}" "${tuned[@]}" "$work/mpi.test" -test.run TestSweep -mpi.sweep=shared -mpi.budget=1s -mpi.bytes=$bytes \
 			-mpi.label="_tuned_r$round" -mpi.csv="$out/mpi_sweep.csv" >> "$out/mpi_sweep.txt"
+		"${mr[@]}" -x DDPGO_MPI_SHM=0 "$work/mpi.test" -test.run TestSweep -mpi.sweep=blocking -mpi.budget=1s -mpi.bytes=$bytes \
+			-mpi.label="_r$round" -mpi.csv="$out/mpi_sweep.csv" >> "$out/mpi_sweep.txt"
 		"${cmr[@]}" "$work/mpi_allreduce" "$out/mpi_interleaved.csv" "vader_r$round" >> "$out/mpi_interleaved.txt"
 		"${cmr[@]}" -x MALLOC_MMAP_THRESHOLD_=4294967296 -x MALLOC_TRIM_THRESHOLD_=4294967296 \
 			"$work/mpi_allreduce" "$out/mpi_interleaved.csv" "vader_tuned_r$round" >> "$out/mpi_interleaved.txt"
@@ -105,9 +117,9 @@ if pkg-config --exists ompi-c 2>/dev/null && command -v mpirun >/dev/null; then
 	# interleaved round each.
 	for np in 3 4; do
 		step "ddpgo over MPI against Open MPI's C loop, $np processes" "same, with -np $np"
-		"${mr[@]}" -np $np "$work/mpi.test" -test.run TestSweep -mpi.sweep=blocking -mpi.budget=1s -mpi.bytes=$bytes \
+		"${mr[@]}" -np $np "$work/mpi.test" -test.run TestSweep -mpi.sweep=shared -mpi.budget=1s -mpi.bytes=$bytes \
 			-mpi.label="_np$np" -mpi.csv="$out/mpi_sweep.csv" >> "$out/mpi_sweep.txt"
-		"${mr[@]}" -np $np "${tuned[@]}" "$work/mpi.test" -test.run TestSweep -mpi.sweep=blocking -mpi.budget=1s -mpi.bytes=$bytes \
+		"${mr[@]}" -np $np "${tuned[@]}" "$work/mpi.test" -test.run TestSweep -mpi.sweep=shared -mpi.budget=1s -mpi.bytes=$bytes \
 			-mpi.label="_tuned_np$np" -mpi.csv="$out/mpi_sweep.csv" >> "$out/mpi_sweep.txt"
 		"${cmr[@]}" -np $np "$work/mpi_allreduce" "$out/mpi_interleaved.csv" "vader_np$np" >> "$out/mpi_interleaved.txt"
 		"${cmr[@]}" -np $np -x MALLOC_MMAP_THRESHOLD_=4294967296 -x MALLOC_TRIM_THRESHOLD_=4294967296 \
