@@ -211,8 +211,10 @@
 //     with MPI_Reduce_local and the backend's operations (the 16-bit sums,
 //     the pair averages), combining the ranks' contributions in rank
 //     order, and writes the result into every rank's buffer: the slice is
-//     read once from each rank and written once to each. Every element is
-//     computed once, so every rank gets the same bits.
+//     read once from each rank and written once to each. Two ranks' float32
+//     sums and averages (ddp's gradients) skip the chunk: one pass reads
+//     both inputs and writes both outputs, with the same arithmetic. Every
+//     element is computed once, so every rank gets the same bits.
 //  3. An MPI_Allreduce of whether any rank's reduction failed, which is
 //     also the barrier: past it every slice is in every buffer, no rank
 //     reads or writes another's buffer any more, and every rank fails the
