@@ -261,22 +261,42 @@ int ddp_shm_mapped(void) { return nmaps; }
 static _Alignas(64) unsigned char chunk[CHUNK];
 
 // fused2_f32 writes x0 + x1 (or x0*0.5 + x1*0.5, rounded once: the pair
-// average of ddpmpi.c) into d0 and d1.
-__attribute__((optimize("O3", "fp-contract=off"))) static void fused2_f32(const float *x0, const float *x1, float *d0, float *d1, long n, int avg) {
+// average of ddpmpi.c) into d0, then copies it to d1 while it is in cache.
+// In place, d0 is x0 and d1 is x1; otherwise the four do not overlap (the
+// contract: send and recv of a rank are disjoint, and ranks' buffers are
+// different memory). Writing both outputs in one loop instead measured
+// up to 4x slower on large buffers (a 256 MiB all-reduce: 100 against 23
+// ms, 2 ranks), for a reason not found.
+__attribute__((optimize("O3", "fp-contract=off"))) static void fused2_inplace(float *restrict a, float *restrict b, long n, int avg) {
 	if (avg) {
-		for (long i = 0; i < n; i++) {
-			float r = x1[i] * 0.5f + x0[i] * 0.5f;
-			d0[i] = r;
-			d1[i] = r;
-		}
-		return;
+		for (long i = 0; i < n; i++)
+			a[i] = b[i] * 0.5f + a[i] * 0.5f;
+	} else {
+		for (long i = 0; i < n; i++)
+			a[i] = b[i] + a[i];
 	}
-	for (long i = 0; i < n; i++) {
-		float r = x1[i] + x0[i];
-		d0[i] = r;
-		d1[i] = r;
-	}
+	memcpy(b, a, n * sizeof *a);
 }
+
+__attribute__((optimize("O3", "fp-contract=off"))) static void fused2_copy(const float *restrict x0, const float *restrict x1,
+                                                                           float *restrict d0, float *restrict d1, long n, int avg) {
+	if (avg) {
+		for (long i = 0; i < n; i++)
+			d0[i] = x1[i] * 0.5f + x0[i] * 0.5f;
+	} else {
+		for (long i = 0; i < n; i++)
+			d0[i] = x1[i] + x0[i];
+	}
+	memcpy(d1, d0, n * sizeof *d0);
+}
+
+static void fused2_f32(const float *x0, const float *x1, float *d0, float *d1, long n, int avg) {
+	if (d0 == x0 && d1 == x1)
+		fused2_inplace(d0, d1, n, avg);
+	else
+		fused2_copy(x0, x1, d0, d1, n, avg);
+}
+
 static struct desc *descs;
 static void **srcs, **dsts;
 static uint64_t *seen_frees; // each rank's frees at its last call
@@ -422,8 +442,11 @@ int ddp_shm_allreduce(MPI_Comm c, int rank, int size, int op, int dt, int esize,
 		// The common case, in one pass without the chunk: the same
 		// arithmetic as MPI_SUM and the pair average (both commutative, so
 		// the same bits as x1 op x0).
-		fused2_f32((const float *)srcs[0] + lo, (const float *)srcs[1] + lo, (float *)dsts[0] + lo, (float *)dsts[1] + lo,
-		           hi - lo, op == DDP_AVG2);
+		for (long i = lo; i < hi; i += step) {
+			long n = hi - i < step ? hi - i : step;
+			fused2_f32((const float *)srcs[0] + i, (const float *)srcs[1] + i, (float *)dsts[0] + i, (float *)dsts[1] + i,
+			           n, op == DDP_AVG2);
+		}
 		lo = hi;
 	}
 	for (long i = lo; i < hi && red == MPI_SUCCESS; i += step) {
