@@ -246,12 +246,14 @@
 // stores are made visible to the peers by the MPI call after them (x86
 // orders stores; a weakly ordered CPU relies on MPI's own barriers).
 
-// Measured on a 2-core VM, 2 ranks, ResNet-50's step (102 MB of float32
-// gradients in 5 buckets, averaged; ddpbench run --compute none, pairs of
-// runs interleaved): 10.2 and 10.4 ms against 28.6 and 27.8 ms through
-// MPI_Allreduce. Per all-reduce (the mpi tests' sweep, -mpi.sweep=shared
-// against blocking, one run): 64 KiB in 5.1 us against 25 us, 4 MiB in
-// 196 us against 681 us, 64 MiB in 8.9 ms against 19 ms. Below 16 KiB the
+// Measured on a 2-core VM, 2 ranks (scripts/compare.sh; the README has
+// the tables): ResNet-50's step (102 MB of float32 gradients in 5 buckets,
+// averaged; ddpbench run --compute none, median of 3 interleaved launches)
+// took 6.7 ms, against 22.9 ms through MPI_Allreduce in the run before
+// and 64.5 ms for gloo's one flat all-reduce of the same gradients. Per
+// all-reduce, in place, against Open MPI's own loop in the same rounds:
+// 64 KiB at 12.6 against 4.1 GB/s busbw, 1 MiB at 30.9 against 9.8, 64
+// MiB at 23.1 against 4.9, 256 MiB at 12.9 against 4.4. Below 16 KiB the
 // three MPI calls cost more than the copies they save.
 //
 // # Between hosts
