@@ -10,6 +10,8 @@
 # libopenmpi-dev gcc; `make peers-deps` installs them.
 #
 # Usage: scripts/compare.sh [PEERS_DIR]      (default ../shared/peers)
+# ROUNDS (default 5) is the number of interleaved rounds of the
+# process-against-process rows.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 peers=$(cd "${1:-../shared/peers}" && pwd)
@@ -23,6 +25,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cp -r "$peers"/. "$work"/   # the peers write beside themselves; keep the original read-only
 py=/usr/bin/python3
+rounds=${ROUNDS:-5}
 
 step() { printf '\n== %s\n$ %s\n' "$1" "$2" >&2; }
 
@@ -68,10 +71,10 @@ if pkg-config --exists ompi-c 2>/dev/null && command -v mpirun >/dev/null; then
 	mr=(mpirun --oversubscribe -np 2 --mca btl self,vader --mca oob_tcp_if_include lo -x MALLOC_ARENA_MAX=1)
 	if [ "$(id -u)" = 0 ]; then mr+=(--allow-run-as-root); fi
 	# The step against gloo's flat all-reduce (row f), launch for launch:
-	# three rounds, each a ddpbench launch and a ddp_step.py launch of row f
-	# alone; each side is quoted at its median over the rounds.
-	step "ddpbench over MPI, ResNet-50 step, 2 processes, against gloo's row f, 3 interleaved rounds" "${mr[*]} ddpbench run --backend mpi --steps 40 --compute none --format json; python3 ddp_step.py --only f"
-	for round in 1 2 3; do
+	# rounds of a ddpbench launch and a ddp_step.py launch of row f alone;
+	# each side is quoted at its median over the rounds.
+	step "ddpbench over MPI, ResNet-50 step, 2 processes, against gloo's row f, $rounds interleaved rounds" "${mr[*]} ddpbench run --backend mpi --steps 40 --compute none --format json; python3 ddp_step.py --only f"
+	for round in $(seq "$rounds"); do
 		"${mr[@]}" "$work/ddpbench-mpi" run --backend mpi --steps 40 --compute none --format json > "$out/mpi_resnet50_r$round.json"
 		$py "$work/ddp_step.py" --only f --out "$out/ddp_step_f_r$round.csv" > "$out/ddp_step_f_r$round.txt" 2>&1
 	done
@@ -92,7 +95,7 @@ if pkg-config --exists ompi-c 2>/dev/null && command -v mpirun >/dev/null; then
 	# ddpgo's rows are the backend as ddp and ddpbench use it: buffers from
 	# its shared memory (-mpi.sweep=shared); one launch a round also runs
 	# it on other memory, through MPI_Allreduce (DDPGO_MPI_SHM=0).
-	step "ddpgo over MPI against Open MPI's C loop, interleaved, 3 rounds" "go test -c -tags mpi ./mpi/; ${mr[*]} mpi.test -test.run TestSweep -mpi.sweep=shared -mpi.budget=1s -mpi.bytes=$bytes; ... -x DDPGO_MPI_SHM=0 ... -mpi.sweep=blocking; mpirun ... mpi_allreduce (vader, vader_tuned)"
+	step "ddpgo over MPI against Open MPI's C loop, interleaved, $rounds rounds" "go test -c -tags mpi ./mpi/; ${mr[*]} mpi.test -test.run TestSweep -mpi.sweep=shared -mpi.budget=1s -mpi.bytes=$bytes; ... -x DDPGO_MPI_SHM=0 ... -mpi.sweep=blocking; mpirun ... mpi_allreduce (vader, vader_tuned)"
 	go test -c -tags mpi -o "$work/mpi.test" ./mpi/
 	mpicc -O2 -o "$work/mpi_allreduce" "$work/mpi_allreduce.c"
 	cmr=(mpirun --oversubscribe -np 2 --mca btl self,vader --mca oob_tcp_if_include lo --mca btl_tcp_if_include lo -x BENCH_BUDGET_S=0.3)
@@ -102,7 +105,7 @@ if pkg-config --exists ompi-c 2>/dev/null && command -v mpirun >/dev/null; then
 	# VM sometimes runs at a fraction of the usual speed throughout, on
 	# either side, and each side's figure for the round is its better one.
 	tuned=(-x MALLOC_MMAP_THRESHOLD_=4294967296 -x MALLOC_TRIM_THRESHOLD_=4294967296)
-	for round in 1 2 3; do
+	for round in $(seq "$rounds"); do
 		"${mr[@]}" "$work/mpi.test" -test.run TestSweep -mpi.sweep=shared -mpi.budget=1s -mpi.bytes=$bytes \
 			-mpi.label="_r$round" -mpi.csv="$out/mpi_sweep.csv" >> "$out/mpi_sweep.txt"
 		"${mr[@]}" "${tuned[@]}" "$work/mpi.test" -test.run TestSweep -mpi.sweep=shared -mpi.budget=1s -mpi.bytes=$bytes \
