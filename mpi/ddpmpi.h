@@ -105,13 +105,14 @@ int ddp_shm_prepare(int size);
 // to MPI, and ddp_shm_broken says that a rank could not map a peer's
 // memory, so that they all leave every later call to MPI too. It returns
 // DDP_ERR_MISMATCH on every rank where the ranks' counts, dtypes or ops
-// differ (ddp_shm_mismatch says how). Collective over c; on the owner
+// differ; ddp_shm_peer then holds the first rank that differs from this
+// one, and its count, dtype and op. Collective over c; on the owner
 // thread.
 int ddp_shm_allreduce(MPI_Comm c, int rank, int size, int op, int dt, int esize, int count,
                       uintptr_t send, uintptr_t recv);
 extern int ddp_shm_taken, ddp_shm_broken;
 #define DDP_ERR_MISMATCH (-1000)
-const char *ddp_shm_mismatch(void);
+extern int ddp_shm_peer[4];
 // ddp_shm_failure is why the first call that could not map a peer's
 // memory fell back to MPI ("" if none did); ddp_shm_mapped counts the
 // peers' slabs mapped here, and ddp_shm_detach_all unmaps them.

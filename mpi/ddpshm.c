@@ -302,10 +302,10 @@ static void **srcs, **dsts;
 static uint64_t *seen_frees; // each rank's frees at its last call
 static int ndescs;
 static char failure[256];
-static char mismatch[256];
 
 const char *ddp_shm_failure(void) { return failure; }
-const char *ddp_shm_mismatch(void) { return mismatch; }
+
+int ddp_shm_peer[4];
 
 int ddp_shm_taken, ddp_shm_broken;
 
@@ -386,8 +386,10 @@ int ddp_shm_allreduce(MPI_Comm c, int rank, int size, int op, int dt, int esize,
 	// the ranks are not on one machine).
 	for (int k = 0; k < size; k++)
 		if (descs[k].count != count || descs[k].dt != dt || descs[k].op != op || descs[k].esize != esize) {
-			snprintf(mismatch, sizeof mismatch, "rank %d all-reduces %d elements (dtype %d, op %d), rank %d %d (dtype %d, op %d)",
-			         rank, count, dt, op, k, (int)descs[k].count, (int)descs[k].dt, (int)descs[k].op);
+			ddp_shm_peer[0] = k;
+			ddp_shm_peer[1] = descs[k].count;
+			ddp_shm_peer[2] = descs[k].dt;
+			ddp_shm_peer[3] = descs[k].op;
 			return DDP_ERR_MISMATCH;
 		}
 	for (int k = 0; k < size; k++)

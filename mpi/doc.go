@@ -246,15 +246,15 @@
 // stores are made visible to the peers by the MPI call after them (x86
 // orders stores; a weakly ordered CPU relies on MPI's own barriers).
 
-// Measured on a 2-core VM, 2 ranks (scripts/compare.sh; the README has
-// the tables): ResNet-50's step (102 MB of float32 gradients in 5 buckets,
-// averaged; ddpbench run --compute none, median of 3 interleaved launches)
-// took 6.7 ms, against 22.9 ms through MPI_Allreduce in the run before
-// and 64.5 ms for gloo's one flat all-reduce of the same gradients. Per
-// all-reduce, in place, against Open MPI's own loop in the same rounds:
-// 64 KiB at 12.6 against 4.1 GB/s busbw, 1 MiB at 30.9 against 9.8, 64
-// MiB at 23.1 against 4.9, 256 MiB at 12.9 against 4.4. Below 16 KiB the
-// three MPI calls cost more than the copies they save.
+// Measured on a 2-core VM, 2 ranks (scripts/compare.sh, 5 interleaved
+// rounds; the README has the tables): ResNet-50's step (102 MB of float32
+// gradients in 5 buckets, averaged; ddpbench run --compute none) took 7.6
+// ms, against 22.9 ms through MPI_Allreduce in the run before and 65.2 ms
+// for gloo's one flat all-reduce of the same gradients. Per all-reduce, in
+// place, against Open MPI's own loop in the same rounds: 64 KiB at 17.4
+// against 4.1 GB/s busbw, 1 MiB at 33.8 against 10.1, 64 MiB at 14.8
+// against 4.4, 256 MiB at 11.4 against 3.9. Below 16 KiB the three MPI
+// calls cost more than the copies they save.
 //
 // # Between hosts
 //

@@ -278,8 +278,10 @@ func (e *engine) start(c *communicator, seq uint64) {
 		case rc == C.DDP_ERR_MISMATCH:
 			// Every rank saw the same descriptors and fails the call; the
 			// communicator stays usable.
+			p := C.ddp_shm_peer
 			c.posted--
-			c.complete(seq, c.opErr(d, fmt.Errorf("%w: %s", errMismatch(), C.GoString(C.ddp_shm_mismatch()))))
+			c.complete(seq, c.opErr(d, fmt.Errorf("%w: rank %d all-reduces %d elements of %s (%s), rank %d %d of %s (%s)",
+				errMismatch(), c.rank, d.count, d.dt, opName(op), int(p[0]), int(p[1]), comm.DType(p[2]), opName(C.int(p[3])))))
 			return
 		case rc != C.MPI_SUCCESS || C.ddp_shm_taken != 0:
 			if C.ddp_shm_taken != 0 {
@@ -395,6 +397,14 @@ func (e *engine) after(c *communicator, d *desc) {
 	if d.op == opAvg && c.size > 1 && d.count > 0 && !pairAvg(c, d) {
 		C.ddp_scale(C.int(d.dt), C.uintptr_t(uintptr(out)), C.int(d.count), C.int(c.size))
 	}
+}
+
+// opName names a reduction as the C side numbers it (DDP_AVG2 is Avg).
+func opName(op C.int) comm.Op {
+	if op == C.DDP_AVG2 {
+		return opAvg
+	}
+	return comm.Op(op)
 }
 
 // pairAvg reports whether d is an average of floating-point values over
