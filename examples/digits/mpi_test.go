@@ -19,8 +19,8 @@ import (
 // under mpirun with 2 and 4 processes: rank 0 alone prints, its epoch
 // lines (losses and accuracies) are those of the in-process run with the
 // same rank count, and its final weights are within 1e-6 of that run's
-// (bit for bit with 2 ranks, where MPI averages as inproc does; with 4, MPI
-// sums in its own order before dividing). Both runs shard the data by rank
+// (bit for bit with 2 ranks, where the backend averages as inproc does;
+// with 4 it sums in its own order before dividing). Both runs shard the data by rank
 // with the same sampler, so they are the same computation.
 func TestMPIMatchesInproc(t *testing.T) {
 	mpirun := mpitest.Mpirun(t)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/ddpgo/ddpgo/allocator"
@@ -19,9 +20,10 @@ const readyTimeout = 2 * time.Minute
 // flag. Without it, a rank that cannot create its -trace or -save file
 // would return while its peers wait for it in the Reducer's first
 // collective, and then itself wait for them in MPI_Finalize: the job would
-// hang until the backend's timeout. ready returns setup, or, on a rank
-// whose own setup succeeded, an error naming the highest failed rank (a
-// maximum names no more), whose own error that rank prints.
+// hang until the backend's timeout. A rank whose setup failed writes its
+// error to standard error before the all-reduce and returns an error
+// saying so; a rank whose own setup succeeded returns an error naming the
+// highest failed rank (a maximum names no more).
 func (g *group) ready(ctx context.Context, setup error) error {
 	if !g.mpi || g.comms[0].Size() == 1 {
 		return setup
@@ -40,6 +42,10 @@ func (g *group) ready(ctx context.Context, setup error) error {
 	flag.AsInt64()[0] = 0
 	if setup != nil {
 		flag.AsInt64()[0] = int64(c.Rank()) + 1
+		// Said now, before the all-reduce: once it completes, a peer may
+		// exit, and mpirun then ends this process before it could say it.
+		fmt.Fprintln(os.Stderr, "digits:", setup)
+		setup = fmt.Errorf("rank %d of %d failed before training (its error is above)", c.Rank(), c.Size())
 	}
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
