@@ -7,8 +7,9 @@ import "github.com/ddpgo/ddpgo/allocator"
 // mpi's memory that the ranks on one machine map into each other, which
 // its all-reduce reads and writes in place. HostSource returns nil where
 // the backend gains nothing from it (package mpi: one rank, ranks on
-// several machines, non-blocking mode, or DDPGO_MPI_SHM=0). Other host
-// memory still works everywhere.
+// several machines, non-blocking mode, or DDPGO_MPI_SHM=0; after a rank
+// could not map its peers' memory it still returns the source, and the
+// all-reduces go to MPI). Other host memory still works everywhere.
 type HostSourcer interface {
 	HostSource() allocator.Source
 }

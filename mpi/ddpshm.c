@@ -260,41 +260,47 @@ int ddp_shm_mapped(void) { return nmaps; }
 
 static _Alignas(64) unsigned char chunk[CHUNK];
 
-// fused2_f32 writes x0 + x1 (or x0*0.5 + x1*0.5, rounded once: the pair
-// average of ddpmpi.c) into d0, then copies it to d1 while it is in cache.
-// In place, d0 is x0 and d1 is x1; otherwise the four do not overlap (the
-// contract: send and recv of a rank are disjoint, and ranks' buffers are
-// different memory). Writing both outputs in one loop instead measured
-// up to 4x slower on large buffers (a 256 MiB all-reduce: 100 against 23
-// ms, 2 ranks), for a reason not found.
-__attribute__((optimize("O3", "fp-contract=off"))) static void fused2_inplace(float *restrict a, float *restrict b, long n, int avg) {
+// fused2_f32 writes x1 + x0 (or x1*0.5 + x0*0.5, rounded once: the pair
+// average of ddpmpi.c; both commutative, bit for bit) into d0 and d1, one
+// buffer by a reducing pass, the other by copying the block while it is in
+// cache. Each rank's call may be in place or not, so d0 may be x0 and d1
+// may be x1; the two ranks' buffers are different memory, and a rank's
+// send and recv do not overlap otherwise (the contract). Writing both
+// outputs in one loop instead measured up to 4x slower on large buffers
+// (a 256 MiB all-reduce: 100 against 21-23 ms, 2 ranks), for a reason not
+// found.
+__attribute__((optimize("O3", "fp-contract=off"))) static void acc2_f32(float *restrict d, const float *restrict x, long n, int avg) {
 	if (avg) {
 		for (long i = 0; i < n; i++)
-			a[i] = b[i] * 0.5f + a[i] * 0.5f;
-	} else {
-		for (long i = 0; i < n; i++)
-			a[i] = b[i] + a[i];
+			d[i] = x[i] * 0.5f + d[i] * 0.5f;
+		return;
 	}
-	memcpy(b, a, n * sizeof *a);
+	for (long i = 0; i < n; i++)
+		d[i] = x[i] + d[i];
 }
 
-__attribute__((optimize("O3", "fp-contract=off"))) static void fused2_copy(const float *restrict x0, const float *restrict x1,
-                                                                           float *restrict d0, float *restrict d1, long n, int avg) {
+__attribute__((optimize("O3", "fp-contract=off"))) static void sum2_f32(float *restrict d, const float *restrict a, const float *restrict b,
+                                                                        long n, int avg) {
 	if (avg) {
 		for (long i = 0; i < n; i++)
-			d0[i] = x1[i] * 0.5f + x0[i] * 0.5f;
-	} else {
-		for (long i = 0; i < n; i++)
-			d0[i] = x1[i] + x0[i];
+			d[i] = b[i] * 0.5f + a[i] * 0.5f;
+		return;
 	}
-	memcpy(d1, d0, n * sizeof *d0);
+	for (long i = 0; i < n; i++)
+		d[i] = b[i] + a[i];
 }
 
 static void fused2_f32(const float *x0, const float *x1, float *d0, float *d1, long n, int avg) {
-	if (d0 == x0 && d1 == x1)
-		fused2_inplace(d0, d1, n, avg);
-	else
-		fused2_copy(x0, x1, d0, d1, n, avg);
+	if (d0 == x0) {
+		acc2_f32(d0, x1, n, avg);
+		memcpy(d1, d0, n * sizeof *d0);
+	} else if (d1 == x1) {
+		acc2_f32(d1, x0, n, avg);
+		memcpy(d0, d1, n * sizeof *d0);
+	} else {
+		sum2_f32(d0, x0, x1, n, avg);
+		memcpy(d1, d0, n * sizeof *d0);
+	}
 }
 
 static struct desc *descs;

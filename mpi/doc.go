@@ -121,7 +121,9 @@
 // mismatched calls hang, or fail in MPI (MPI_ERR_TRUNCATE), or, for a
 // message shorter than its receive, fail with comm.ErrMismatch, as do
 // all-reduces in shared memory (below) whose counts, dtypes or ops
-// differ.
+// differ, where every rank's call is of 16 KiB or more (one below that
+// goes to MPI_Allreduce while the others wait in the all-gather: a hang
+// until the deadline).
 //
 // When a process dies, Open MPI 4.1's runtime (mpirun and its daemons)
 // sees it and kills every other process of the job; they see no error of
@@ -212,9 +214,10 @@
 //     the pair averages), combining the ranks' contributions in rank
 //     order, and writes the result into every rank's buffer: the slice is
 //     read once from each rank and written once to each. Two ranks' float32
-//     sums and averages (ddp's gradients) skip the chunk: one pass reads
-//     both inputs and writes both outputs, with the same arithmetic. Every
-//     element is computed once, so every rank gets the same bits.
+//     sums and averages (ddp's gradients) skip MPI_Reduce_local: each
+//     64 KiB block is reduced into one rank's buffer and copied to the
+//     other's while in cache, with the same arithmetic. Every element is
+//     computed once, so every rank gets the same bits.
 //  3. An MPI_Allreduce of whether any rank's reduction failed, which is
 //     also the barrier: past it every slice is in every buffer, no rank
 //     reads or writes another's buffer any more, and every rank fails the
