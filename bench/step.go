@@ -277,6 +277,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			return nil, err
 		}
 		defer ex.close()
+		// Between steps the ranks wait for each other here, outside the
+		// reducer: with its stall reports and deadline.
+		ex.watch(comm.Watchdog{StallInterval: cfg.StallInterval, Timeout: cfg.Timeout, OnStall: cfg.OnStall},
+			"gathering the step's statistics from every rank, between steps")
 	}
 
 	// Two phases separated by a process-local rendezvous, so that the

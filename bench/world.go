@@ -42,6 +42,12 @@ type exchange struct {
 	recvB      allocator.Block
 	send, recv []float64
 	leaked     bool // an AllGather may still write recv: never return it
+	// dog, where watched, reports a gather that waits past its stall
+	// interval and ends it at its timeout, as the reducer does its
+	// collectives: a peer that stops between steps is reported too.
+	dog     comm.Watchdog
+	watched bool
+	detail  string
 }
 
 func newExchange(c comm.Communicator, k int) (*exchange, error) {
@@ -63,12 +69,24 @@ func newExchange(c comm.Communicator, k int) (*exchange, error) {
 	return e, nil
 }
 
+// watch has gather report its stalls and end at the timeout of d (with
+// its defaults filled in), saying detail of what it gathers.
+func (e *exchange) watch(d comm.Watchdog, detail string) {
+	e.dog, e.watched, e.detail = d.WithDefaults(), true, detail
+}
+
 // gather sends vals (k of them) and returns every rank's, rank r's at
 // [r*k, (r+1)*k). The result is valid until the next gather.
 func (e *exchange) gather(ctx context.Context, vals ...float64) ([]float64, error) {
 	copy(e.send, vals)
 	w := e.c.AllGather(comm.HostBuffer(e.sendB.Addr(), e.k, comm.Float64), comm.HostBuffer(e.recvB.Addr(), e.k*e.n, comm.Float64))
-	if err := w.Wait(ctx); err != nil {
+	var err error
+	if e.watched {
+		err = e.dog.Wait(ctx, e.c, w, comm.Stall{Rank: e.c.Rank(), Seq: w.ID(), Kind: comm.KindAllGather, Detail: e.detail})
+	} else {
+		err = w.Wait(ctx)
+	}
+	if err != nil {
 		if done, _ := w.Test(); !done {
 			e.leaked = true
 		}

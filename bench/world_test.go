@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -115,4 +116,38 @@ func tinyNumel() int64 {
 		n += int64(p.Numel())
 	}
 	return n
+}
+
+// TestGatherStalls: a rank that waits between steps for a peer that never
+// comes (stopped, its link cut) reports the stall, saying what it waits
+// for, and fails at the deadline, as the reducer's own waits do.
+func TestGatherStalls(t *testing.T) {
+	g := group(t, 2)
+	ex, err := newExchange(g[0], 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var stalls []comm.Stall
+	ex.watch(comm.Watchdog{StallInterval: 20 * time.Millisecond, Timeout: 150 * time.Millisecond, OnStall: func(s comm.Stall) {
+		mu.Lock()
+		stalls = append(stalls, s)
+		mu.Unlock()
+	}}, "gathering the step's statistics")
+	_, err = ex.gather(context.Background(), 1, 2) // rank 1 never gathers
+	if !errors.Is(err, comm.ErrTimeout) {
+		t.Fatalf("gather without the peer: %v, want ErrTimeout", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(stalls) < 2 || stalls[0].Kind != comm.KindAllGather || stalls[0].Detail != "gathering the step's statistics" || stalls[0].Rank != 0 {
+		t.Fatalf("stall reports %+v; want at least 2 for rank 0's all-gather, with the detail", stalls)
+	}
+	// The all-gather may still write the buffers: they are never returned.
+	g[0].Abort(err)
+	g[1].Abort(err)
+	ex.close()
+	if !ex.leaked {
+		t.Fatal("the buffers of a gather that timed out were returned to the pool")
+	}
 }
