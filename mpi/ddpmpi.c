@@ -302,12 +302,17 @@ static int ddp_tune_tcp(void) {
 	return set;
 }
 
-// cvar_open finds Open MPI's control variable name through MPI's tool
-// interface (initialised by the caller).
+// cvar_open_n finds Open MPI's control variable name through MPI's tool
+// interface (initialised by the caller), and its element count.
+static int cvar_open_n(const char *name, MPI_T_cvar_handle *h, int *count) {
+	int idx;
+	return MPI_T_cvar_get_index(name, &idx) == MPI_SUCCESS && MPI_T_cvar_handle_alloc(idx, NULL, h, count) == MPI_SUCCESS;
+}
+
+// cvar_open is cvar_open_n for a variable of one element.
 static int cvar_open(const char *name, MPI_T_cvar_handle *h) {
-	int idx, count;
-	if (MPI_T_cvar_get_index(name, &idx) != MPI_SUCCESS ||
-	    MPI_T_cvar_handle_alloc(idx, NULL, h, &count) != MPI_SUCCESS)
+	int count;
+	if (!cvar_open_n(name, h, &count))
 		return 0;
 	if (count != 1) {
 		MPI_T_cvar_handle_free(h);
@@ -411,46 +416,54 @@ int ddp_free(MPI_Comm *c) { return MPI_Comm_free(c); }
 
 // ---- the all-reduce algorithm between hosts -----------------------------
 
+#define FNV_OFFSET 1469598103934665603ULL
+
+// fnv1a continues the FNV-1a hash h over n bytes at p.
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ ((const unsigned char *)p)[i]) * 1099511628211ULL;
+	return h;
+}
+
+uint64_t ddp_boot_id(void) {
+	static uint64_t id;
+	static int done;
+	if (!done) {
+		done = 1;
+		char buf[64] = {0};
+		FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+		if (f != NULL) {
+			if (fgets(buf, sizeof buf, f) != NULL && buf[0] != 0)
+				id = fnv1a(FNV_OFFSET, buf, strlen(buf)) | 1;
+			fclose(f);
+		}
+	}
+	return id;
+}
+
 // host_key names this process's host, hashed (FNV-1a): DDPGO_MPI_HOST
 // where set, else the host's name, boot id (machines may share a name)
 // and network namespace (the test hosts of scripts/netlab.sh share a
 // machine).
 static uint64_t host_key(void) {
-	char buf[512];
-	size_t n;
-	memset(buf, 0, sizeof buf);
 	const char *env = getenv("DDPGO_MPI_HOST");
-	if (env != NULL && *env != 0) {
-		strncpy(buf, env, sizeof buf - 1);
-		n = strlen(buf);
-	} else {
-		gethostname(buf, 255);
-		n = strlen(buf);
-		buf[n++] = '|';
-		FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
-		if (f != NULL) {
-			if (fgets(buf + n, 64, f) != NULL)
-				n = strlen(buf);
-			fclose(f);
-		}
-		buf[n++] = '|';
-		ssize_t m = readlink("/proc/self/ns/net", buf + n, sizeof buf - n - 1);
-		if (m > 0)
-			n += (size_t)m;
-	}
-	uint64_t h = 1469598103934665603ULL;
-	for (size_t i = 0; i < n; i++)
-		h = (h ^ (unsigned char)buf[i]) * 1099511628211ULL;
-	return h;
+	if (env != NULL && *env != 0)
+		return fnv1a(FNV_OFFSET, env, strlen(env));
+	char buf[256];
+	memset(buf, 0, sizeof buf);
+	gethostname(buf, sizeof buf - 1);
+	uint64_t h = fnv1a(FNV_OFFSET, buf, strlen(buf) + 1), boot = ddp_boot_id();
+	h = fnv1a(h, &boot, sizeof boot);
+	ssize_t m = readlink("/proc/self/ns/net", buf, sizeof buf);
+	return m > 0 ? fnv1a(h, buf, (size_t)m) : h;
 }
 
 // rules_file reports whether Open MPI was given a file of dynamic rules
 // for its collectives (coll_tuned_dynamic_rules_filename).
 static int rules_file(void) {
-	int idx, count, set = 0;
+	int count, set = 0;
 	MPI_T_cvar_handle h;
-	if (MPI_T_cvar_get_index("coll_tuned_dynamic_rules_filename", &idx) != MPI_SUCCESS ||
-	    MPI_T_cvar_handle_alloc(idx, NULL, &h, &count) != MPI_SUCCESS)
+	if (!cvar_open_n("coll_tuned_dynamic_rules_filename", &h, &count))
 		return 0;
 	char *buf = calloc((size_t)count + 2, 1);
 	if (buf != NULL && MPI_T_cvar_read(h, buf) == MPI_SUCCESS)

@@ -42,11 +42,15 @@ enum {
 int ddp_init(int *provided, int *ours, int *tuned, int *tcp, int *tcp_flags, long long *tcp_eager, int *world_rank, int *world_size);
 int ddp_finalize(int ours);
 
+// ddp_boot_id is a hash of the machine's boot id (0 where it cannot be
+// read): it tells machines apart. Not thread-safe on its first call.
+uint64_t ddp_boot_id(void);
+
 int ddp_dup(MPI_Comm *out, int *rank, int *size);
 int ddp_free(MPI_Comm *c);
 
-// ddp_hosts counts the hosts c's ranks run on (a host: a name and a
-// network namespace) and whether every rank can choose Open MPI's
+// ddp_hosts counts the hosts c's ranks run on (a host: a name, a boot id
+// and a network namespace, or DDPGO_MPI_HOST) and whether every rank can choose Open MPI's
 // all-reduce algorithm (*can); collective over c.
 int ddp_hosts(MPI_Comm c, int size, int *hosts, int *can);
 
@@ -91,7 +95,6 @@ MPI_Op ddp_op(int op, int dt);
 // thread.
 void *ddp_shm_alloc(size_t size, int *err);
 int ddp_shm_free(void *p, size_t size, int *err);
-int ddp_shm_slabs(void);
 
 // ddp_shm_prepare readies the all-reduce below for communicators of up to
 // size ranks (-1: no memory); on the owner thread.

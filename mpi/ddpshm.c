@@ -108,13 +108,6 @@ int ddp_shm_free(void *p, size_t size, int *err) {
 	return rc;
 }
 
-int ddp_shm_slabs(void) {
-	pthread_mutex_lock(&slab_mu);
-	int n = nslabs;
-	pthread_mutex_unlock(&slab_mu);
-	return n;
-}
-
 // A descriptor is what a rank tells its peers about one call: its
 // buffers, and the call itself, which must be the same on every rank.
 struct desc {
@@ -131,19 +124,16 @@ struct desc {
 };
 
 // find fills part with the slab holding [p, p+bytes); 0 if none does.
+// slab_mu is held.
 static int find(uintptr_t p, size_t bytes, struct part *part) {
-	int ok = 0;
-	pthread_mutex_lock(&slab_mu);
 	for (int i = 0; i < nslabs; i++) {
 		struct slab *s = &slabs[i];
 		if (p >= s->base && p - s->base <= s->size && bytes <= s->size - (p - s->base)) {
 			*part = (struct part){s->fd, 0, s->id, s->ino, s->base, s->size, p - s->base};
-			ok = 1;
-			break;
+			return 1;
 		}
 	}
-	pthread_mutex_unlock(&slab_mu);
-	return ok;
+	return 0;
 }
 
 // ---- the peers' slabs, as mapped here (owner thread only) ---------------
@@ -307,6 +297,7 @@ static struct desc *descs;
 static void **srcs, **dsts;
 static uint64_t *seen_frees; // each rank's frees at its last call
 static int ndescs;
+static int32_t pid; // this process's, taken once (getpid is a system call)
 static char failure[256];
 
 const char *ddp_shm_failure(void) { return failure; }
@@ -316,6 +307,8 @@ int ddp_shm_peer[4];
 int ddp_shm_taken, ddp_shm_broken;
 
 int ddp_shm_prepare(int size) {
+	pid = getpid();
+	ddp_boot_id(); // read once here, on the owner thread
 	if (size <= ndescs)
 		return 0;
 	struct desc *d = realloc(descs, size * sizeof *d);
@@ -338,30 +331,6 @@ int ddp_shm_prepare(int size) {
 	return 0;
 }
 
-// boot_id tells machines apart, in case the ranks were told they share one
-// (DDPGO_MPI_HOST) when they do not; 0 where it cannot be read.
-static uint64_t boot_id(void) {
-	static uint64_t id;
-	static int done;
-	if (!done) {
-		done = 1;
-		char buf[64] = {0};
-		FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
-		if (f == NULL)
-			return 0;
-		if (fgets(buf, sizeof buf, f) == NULL)
-			buf[0] = 0;
-		fclose(f);
-		if (buf[0] == 0)
-			return 0;
-		uint64_t h = 1469598103934665603ull; // FNV-1a
-		for (char *p = buf; *p; p++)
-			h = (h ^ (unsigned char)*p) * 1099511628211ull;
-		id = h | 1;
-	}
-	return id;
-}
-
 int ddp_shm_allreduce(MPI_Comm c, int rank, int size, int op, int dt, int esize, int count,
                       uintptr_t send, uintptr_t recv) {
 	ddp_shm_taken = 0;
@@ -371,16 +340,16 @@ int ddp_shm_allreduce(MPI_Comm c, int rank, int size, int op, int dt, int esize,
 		return MPI_ERR_INTERN; // Open prepares for the communicator's size
 	size_t bytes = (size_t)count * esize;
 	struct desc mine = {0};
-	mine.pid = getpid();
-	mine.boot = boot_id();
-	pthread_mutex_lock(&slab_mu);
-	mine.frees = frees;
-	pthread_mutex_unlock(&slab_mu);
+	mine.pid = pid;
+	mine.boot = ddp_boot_id();
 	mine.count = count;
 	mine.dt = dt;
 	mine.op = op;
 	mine.esize = esize;
+	pthread_mutex_lock(&slab_mu);
+	mine.frees = frees;
 	mine.ok = mine.boot != 0 && find(send, bytes, &mine.send) && find(recv, bytes, &mine.recv);
+	pthread_mutex_unlock(&slab_mu);
 	// The all-gather is also where every rank's input becomes final: a
 	// rank enters it only once its buffer holds its contribution.
 	int rc = MPI_Allgather(&mine, sizeof mine, MPI_BYTE, descs, sizeof mine, MPI_BYTE, c);
