@@ -12,7 +12,7 @@
 GO ?= go
 HAVE_MPI := $(shell pkg-config --exists ompi-c 2>/dev/null && command -v mpirun >/dev/null && echo yes)
 
-.PHONY: test test-mpi test-net lint lint-mpi mpi-deps peers-deps compare fuzz soak
+.PHONY: test test-mpi test-net lint lint-mpi mpi-deps peers-deps compare fuzz soak gpu-check-bin
 
 test: lint
 	$(GO) test -race -tags invariants ./...
@@ -92,3 +92,11 @@ fuzz:
 SOAK_STEPS ?= 10000
 soak:
 	DDPGO_SOAK_STEPS=$(SOAK_STEPS) $(GO) test -run '^TestSoak$$' -count=1 -timeout 60m -v ./ddp/
+
+# The binaries scripts/gpu-check.sh runs on a GPU machine that has no Go:
+# the nccl package's test binary and ddpbench, in BIN.
+BIN ?= bin/gpu-check
+gpu-check-bin:
+	mkdir -p $(BIN)
+	CGO_ENABLED=1 $(GO) test -c -ldflags=-s -o $(BIN)/nccl.test ./nccl
+	CGO_ENABLED=1 $(GO) build -ldflags=-s -o $(BIN)/ddpbench ./cmd/ddpbench

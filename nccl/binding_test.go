@@ -18,6 +18,7 @@ func TestConfigLayout(t *testing.T) {
 }
 
 func TestOpenMissingLibrary(t *testing.T) {
+	standInOnly(t)
 	_, err := Open(Libraries{NCCL: "/nonexistent/libnccl.so.2", CUDA: si.CUDA})
 	var le *LoadError
 	if !errors.As(err, &le) || !errors.Is(err, ErrNotFound) {
@@ -39,6 +40,7 @@ func TestOpenMissingLibrary(t *testing.T) {
 }
 
 func TestOpenMissingSymbol(t *testing.T) {
+	standInOnly(t)
 	for _, c := range []struct {
 		sym, want string
 	}{
@@ -65,6 +67,7 @@ func TestOpenMissingSymbol(t *testing.T) {
 }
 
 func TestInfo(t *testing.T) {
+	standInOnly(t)
 	info := lib.Info()
 	if info.Err != nil {
 		t.Fatal(info.Err)
@@ -93,6 +96,7 @@ func TestInfo(t *testing.T) {
 // and DDPGO_CUDA_LIBRARY, and a path there that does not load is an error
 // that names it and says what to install.
 func TestLibrariesFromEnv(t *testing.T) {
+	standInOnly(t)
 	t.Setenv(EnvNCCL, si.NCCL)
 	t.Setenv(EnvCUDA, si.CUDA)
 	l, err := Open(Libraries{})

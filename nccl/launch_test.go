@@ -56,6 +56,7 @@ func allReduceRanks(t *testing.T, cs []comm.Communicator) {
 // TestLaunchInProcess: without a launcher, launch.Open("nccl") makes
 // Options.Ranks communicators in this process, rank r on device r.
 func TestLaunchInProcess(t *testing.T) {
+	standInOnly(t)
 	noLauncher(t)
 	cs, err := launch.Open(context.Background(), "nccl", launch.Options{Ranks: 3, Config: jobOptions()})
 	if err != nil {
@@ -95,6 +96,7 @@ func TestLaunchInProcess(t *testing.T) {
 // MASTER_PORT), meet at a rendezvous store on loopback that rank 0 serves,
 // and make one communicator each on the device of their local rank.
 func TestLaunchTorchrun(t *testing.T) {
+	standInOnly(t)
 	noLeak(t)
 	port := freePort(t)
 	const n = 2
@@ -138,6 +140,7 @@ func TestLaunchTorchrun(t *testing.T) {
 
 // TestLaunchErrors: what goes wrong says what to do.
 func TestLaunchErrors(t *testing.T) {
+	standInOnly(t)
 	noLauncher(t)
 	ctx := context.Background()
 

@@ -17,14 +17,46 @@ import (
 	"github.com/ddpgo/ddpgo/internal/standin"
 )
 
-// Every test runs over the stand-in (testdata/standin), built once per
-// test binary: not NCCL, not a GPU.
+// By default every test runs over the stand-in (testdata/standin), built
+// once per test binary: not NCCL, not a GPU. With DDPGO_NCCL_DEVICE=1 the
+// tests run over the real libraries instead (DDPGO_NCCL_LIBRARY and
+// DDPGO_CUDA_LIBRARY, else the loader's path), on this machine's GPUs, as
+// scripts/gpu-check.sh runs them: si is then nil, tests that need the
+// stand-in's controls skip (standInOnly), and groups larger than the
+// machine's device count skip (newGroup) or shrink (groupSize).
 var (
-	si  *standin.Lib
-	lib *Library
+	si      *standin.Lib
+	lib     *Library
+	devices int // CUDA devices of this machine, in device mode
 )
 
+// envDevice turns device mode on: "1" over real libraries, "standin"
+// over the stand-in given by the same variables, as scripts/gpu-check.sh
+// --standin checks itself without a GPU (TestLoaded then wants the
+// stand-in).
+const envDevice = "DDPGO_NCCL_DEVICE"
+
+func deviceMode() bool {
+	v := os.Getenv(envDevice)
+	return v == "1" || v == "standin"
+}
+
 func TestMain(m *testing.M) {
+	if deviceMode() {
+		var err error
+		if lib, err = Open(Libraries{}); err == nil {
+			err = lib.init()
+		}
+		if err == nil {
+			devices, err = lib.d.deviceCount()
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "%s=1: %v\n", envDevice, err)
+			os.Exit(1)
+		}
+		fmt.Fprintln(os.Stderr, lib.Info())
+		os.Exit(m.Run())
+	}
 	dir, err := os.MkdirTemp("", "nccl-standin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -54,6 +86,9 @@ func testConfig(rank, size int, id UniqueID) Config {
 // separate processes would, closed when the test ends.
 func newGroup(t testing.TB, n int, adjust func(*Config)) []*Comm {
 	t.Helper()
+	if si == nil && n > devices {
+		t.Skipf("a group of %d ranks needs %d devices; this machine has %d (NCCL refuses two ranks on one device)", n, n, devices)
+	}
 	id, err := lib.NewUniqueID()
 	if err != nil {
 		t.Fatal(err)
@@ -86,6 +121,24 @@ func newGroup(t testing.TB, n int, adjust func(*Config)) []*Comm {
 		}
 	})
 	return cs
+}
+
+// groupSize is want over the stand-in, and at most the device count on
+// a machine's GPUs.
+func groupSize(want int) int {
+	if si == nil {
+		return min(want, devices)
+	}
+	return want
+}
+
+// standInOnly skips a test that needs the stand-in's controls (injected
+// results, stalls, gates, counters) when it runs over real libraries.
+func standInOnly(t testing.TB) {
+	t.Helper()
+	if si == nil {
+		t.Skip("needs the stand-in's controls, which device mode does not load")
+	}
 }
 
 // wait waits for ws with a bound, failing the test on a timeout.

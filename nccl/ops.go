@@ -47,6 +47,18 @@ func ncclOp(op comm.Op) int {
 	return -1
 }
 
+// redop is op as NCCL gets it. Over one rank every op is the identity,
+// and NCCL (2.19 on) carries ncclSum, ncclMax and ncclMin as a copy but
+// ncclAvg as a one-rank pre-multiplying kernel, which on NCCL 2.28.9 got
+// the last of 4099 float64 elements wrong (docs/nccl-gpu.md): ask for the
+// copy.
+func (c *Comm) redop(op comm.Op) int {
+	if c.size == 1 && ncclOp(op) >= 0 {
+		return ncclOp(comm.Sum)
+	}
+	return ncclOp(op)
+}
+
 // checkBuf reports why b cannot be used by this communicator, or "".
 func (c *Comm) checkBuf(name string, b comm.Buffer) string {
 	switch {
@@ -79,7 +91,7 @@ func (c *Comm) AllReduce(send, recv comm.Buffer, op comm.Op) comm.Work {
 	if comm.Overlap(send, recv) {
 		return c.invalid(k, send, "send and recv overlap without being the same buffer")
 	}
-	return c.issue(k, send, recv, copAllReduce, ncclOp(op), 0, send.Count, true, true)
+	return c.issue(k, send, recv, copAllReduce, c.redop(op), 0, send.Count, true, true)
 }
 
 // Broadcast copies root's buf to every rank (ncclBroadcast, in place).
@@ -108,7 +120,7 @@ func (c *Comm) Reduce(send, recv comm.Buffer, op comm.Op, root int) comm.Work {
 	}
 	if c.rank != root {
 		// recv is ignored off the root; NCCL wants no buffer there.
-		return c.issue(k, send, comm.Buffer{DType: send.DType, Loc: send.Loc, Device: send.Device}, copReduce, ncclOp(op), root, send.Count, true, false)
+		return c.issue(k, send, comm.Buffer{DType: send.DType, Loc: send.Loc, Device: send.Device}, copReduce, c.redop(op), root, send.Count, true, false)
 	}
 	if m := c.checkBuf("recv", recv); m != "" {
 		return c.invalid(k, send, "%s", m)
@@ -119,7 +131,7 @@ func (c *Comm) Reduce(send, recv comm.Buffer, op comm.Op, root int) comm.Work {
 	if comm.Overlap(send, recv) {
 		return c.invalid(k, send, "send and recv overlap without being the same buffer")
 	}
-	return c.issue(k, send, recv, copReduce, ncclOp(op), root, send.Count, true, true)
+	return c.issue(k, send, recv, copReduce, c.redop(op), root, send.Count, true, true)
 }
 
 // AllGather gathers every rank's send into recv, in rank order
@@ -154,7 +166,7 @@ func (c *Comm) ReduceScatter(send, recv comm.Buffer, op comm.Op) comm.Work {
 	if comm.Overlap(recv, send) && !c.ownBlock(recv, send) || comm.InPlace(send, recv) && c.rank != 0 && recv.Count > 0 {
 		return c.invalid(k, send, "recv overlaps send other than as rank %d's own block", c.rank)
 	}
-	return c.issue(k, send, recv, copReduceScatter, ncclOp(op), 0, recv.Count, true, true)
+	return c.issue(k, send, recv, copReduceScatter, c.redop(op), 0, recv.Count, true, true)
 }
 
 // ownBlock reports whether part is exactly this rank's block of whole.

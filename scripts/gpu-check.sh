@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# gpu-check.sh: the NCCL backend's checks on a machine with NVIDIA GPUs.
+#
+#   make gpu-check-bin                 # here, with Go: builds bin/gpu-check/
+#   scripts/gpu-check.sh               # there, from the repository root
+#   scripts/gpu-check.sh --standin     # anywhere with gcc: the same checks
+#                                      # over ddpgo's stand-in (no GPU)
+#
+# The GPU machine needs no Go: it runs the binaries built here (the nccl
+# package's test binary and ddpbench), the CUDA driver's libcuda.so.1 and
+# NCCL's libnccl.so.2 (DDPGO_NCCL_LIBRARY, else pip's nvidia-nccl package
+# found through python3, else the loader's path). It prints one line per
+# check (PASS, FAIL or SKIP and what was checked) and a count of failures,
+# and exits 1 if any check failed. BIN (default bin/gpu-check) holds the
+# binaries; OUT, when set, receives the logs. Under five minutes on one
+# H100.
+#
+# The checks:
+#   loaded      nothing loaded is the stand-in (with --standin: everything
+#               is, and the output says so)
+#   ptxas       kernels.ptx assembles for the device's architecture with
+#               warnings as errors, where ptxas is installed
+#   nccl/...    the nccl package's tests in device mode (DDPGO_NCCL_DEVICE):
+#               the PTX kernels bit for bit against package fp16, every
+#               collective, dtype and op on device and host memory with
+#               every element checked, the conformance suite, issue order
+#               on the stream after a collective, Abort and Close, the
+#               Reducer on device memory; groups larger than the device
+#               count skip, as do tests that need the stand-in's controls
+#   collective  ddpbench collective --backend nccl for every operation,
+#               every element checked
+#   run         ddpbench run --backend nccl without compression, with fp16
+#               and with bf16: the averaged gradients checked at the first
+#               measured step
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+standin=0
+[ "${1:-}" = --standin ] && standin=1
+BIN=${BIN:-bin/gpu-check}
+OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
+fails=0
+checks=0
+
+result() { # result PASS|FAIL|SKIP name detail
+	checks=$((checks + 1))
+	[ "$1" = FAIL ] && fails=$((fails + 1))
+	printf '%-4s  %-44s %s\n' "$1" "$2" "$3"
+}
+
+if [ ! -x "$BIN/nccl.test" ] || [ ! -x "$BIN/ddpbench" ]; then
+	if command -v go >/dev/null; then
+		make --no-print-directory gpu-check-bin BIN="$BIN" >"$OUT/build.log" 2>&1 || { cat "$OUT/build.log"; exit 1; }
+	else
+		echo "gpu-check: $BIN/nccl.test and $BIN/ddpbench are missing and there is no Go here: run make gpu-check-bin where Go is, and bring $BIN" >&2
+		exit 2
+	fi
+fi
+BIN=$(cd "$BIN" && pwd)
+
+if [ "$standin" = 1 ]; then
+	si=$(mktemp -d)
+	trap 'rm -rf "$si"' EXIT
+	"${CC:-gcc}" -O1 -fvisibility=hidden -shared -fPIC -o "$si/libstandin.so" nccl/testdata/standin/standin.c -lpthread || exit 1
+	ln -s libstandin.so "$si/libnccl.so.2"
+	ln -s libstandin.so "$si/libcuda.so.1"
+	export DDPGO_NCCL_LIBRARY=$si/libnccl.so.2 DDPGO_CUDA_LIBRARY=$si/libcuda.so.1 DDPGO_NCCL_DEVICE=standin
+else
+	if [ -z "${DDPGO_NCCL_LIBRARY:-}" ]; then
+		d=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+		[ -n "$d" ] && [ -e "$d/libnccl.so.2" ] && export DDPGO_NCCL_LIBRARY=$d/libnccl.so.2
+	fi
+	export DDPGO_NCCL_DEVICE=1
+fi
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+[ -d /usr/local/cuda/bin ] && PATH=$PATH:/usr/local/cuda/bin
+
+echo "# ddpgo GPU check, $(date -u '+%Y-%m-%d %H:%M UTC')"
+[ "$standin" = 1 ] && echo "# STAND-IN: ddpgo's test stand-in for libnccl.so.2 and libcuda.so.1 (--standin); nothing here runs on a GPU"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader | sed 's/^/# GPU /'
+"$BIN/ddpbench" info >"$OUT/info.txt" 2>&1
+sed -n '/^  nccl/,/^GPUs/p' "$OUT/info.txt" | sed 's/^/# /'
+
+# loaded: ddpbench's view of the library (the test binary checks its own).
+if [ "$standin" = 1 ]; then
+	grep -q 'STAND-IN' "$OUT/info.txt" && result PASS loaded "the stand-in, as --standin asks" || result FAIL loaded "--standin, but ddpbench info does not name the stand-in"
+elif grep -q 'STAND-IN' "$OUT/info.txt"; then
+	result FAIL loaded "ddpbench info reports the stand-in ($DDPGO_NCCL_LIBRARY)"
+elif grep -q 'nccl     built' "$OUT/info.txt" && grep -A1 '^  nccl' "$OUT/info.txt" | grep -q 'usable'; then
+	result PASS loaded "$(grep -A1 '^  nccl' "$OUT/info.txt" | tail -1 | sed 's/^ *usable: *//' | cut -c1-90)"
+else
+	result FAIL loaded "ddpbench info: $(grep -A1 '^  nccl' "$OUT/info.txt" | tail -1 | cut -c1-120)"
+fi
+
+# ptxas: the architecture of device 0, else sm_90.
+arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d .)
+arch=sm_${arch:-90}
+if command -v ptxas >/dev/null; then
+	if ptxas --warning-as-error -arch="$arch" -o "$OUT/kernels.cubin" nccl/kernels.ptx >"$OUT/ptxas.log" 2>&1; then
+		result PASS "ptxas $arch" "$(ptxas --version | tail -1)"
+	else
+		result FAIL "ptxas $arch" "$(head -3 "$OUT/ptxas.log" | tr '\n' ' ')"
+	fi
+else
+	result SKIP "ptxas $arch" "ptxas not installed"
+fi
+
+# The nccl package's tests in device mode, from the package directory
+# (they read testdata/ there).
+(cd nccl && timeout 240 "$BIN/nccl.test" -test.v -test.count=1 -test.timeout 230s) >"$OUT/nccl-test.log" 2>&1
+rc=$?
+# One line per test and per first-level subtest (a failure deeper down
+# fails its parents too).
+while read -r verdict name secs; do
+	case $verdict in PASS:) v=PASS ;; FAIL:) v=FAIL ;; SKIP:) v=SKIP ;; *) continue ;; esac
+	case $name in */*/*) continue ;; esac
+	why=$secs
+	[ "$v" = SKIP ] && why=$(grep -B1 -- "--- SKIP: $name " "$OUT/nccl-test.log" | head -1 | sed 's/^ *[a-z_]*\.go:[0-9]*: //' | cut -c1-90)
+	result "$v" "nccl/$name" "$why"
+done < <(grep -E -- '^ *--- (PASS|FAIL|SKIP): ' "$OUT/nccl-test.log" | sed 's/^ *--- //')
+if [ "$rc" != 0 ] && ! grep -qE -- '--- FAIL' "$OUT/nccl-test.log"; then
+	result FAIL nccl.test "exit status $rc without a failed test: $(grep -E 'panic|timed out|SIGSEGV' "$OUT/nccl-test.log" | head -2 | tr '\n' ' ')"
+fi
+
+ranks=$(nvidia-smi -L 2>/dev/null | wc -l)
+maxbytes=256M
+steps=20
+[ "$standin" = 1 ] && ranks=2 maxbytes=1M steps=3
+[ "${ranks:-0}" -ge 1 ] || ranks=1
+
+# ddpbench collective: every operation, every element checked.
+for spec in allreduce:float allreduce:half allreduce:bfloat16 allgather:float reducescatter:bfloat16 broadcast:float reduce:float; do
+	op=${spec%%:*} dt=${spec#*:}
+	{
+		name="collective $op $dt"
+		if timeout 120 "$BIN/ddpbench" collective --backend nccl --ranks "$ranks" --op "$op" -d "$dt" -b 8 -e "$maxbytes" -f 8 -n 5 -w 2 --check 1 \
+			--format json >"$OUT/coll-$op-$dt.json" 2>"$OUT/coll-$op-$dt.err"; then
+			wrong=$(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(j["wrong"], round(max(r["out_of_place"]["algbw_gbs"] for r in j["rows"]), 1))' "$OUT/coll-$op-$dt.json" 2>/dev/null)
+			set -- $wrong
+			if [ "${1:-x}" = 0 ]; then
+				result PASS "$name" "$ranks rank(s), 8 B-$maxbytes, 0 wrong; peak algbw ${2:-?} GB/s"
+			else
+				result FAIL "$name" "wrong elements: ${1:-unreadable output}"
+			fi
+		else
+			result FAIL "$name" "exit $?: $(tail -2 "$OUT/coll-$op-$dt.err" | tr '\n' ' ' | cut -c1-120)"
+		fi
+	}
+done
+
+# ddpbench run: ResNet-50's gradients, averages checked.
+for comp in none fp16 bf16; do
+	name="run resnet50 --compression $comp"
+	if timeout 120 "$BIN/ddpbench" run --backend nccl --ranks "$ranks" --compression "$comp" --steps "$steps" --warmup 5 \
+		--format json >"$OUT/run-$comp.json" 2>"$OUT/run-$comp.err"; then
+		step=$(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(round(j["step_ms"]["median"],2), round(j["comm_ms"]["median"],3))' "$OUT/run-$comp.json" 2>/dev/null)
+		set -- $step
+		result PASS "$name" "$ranks rank(s): averages right; step ${1:-?} ms, communication ${2:-?} ms (medians of $steps)"
+	else
+		result FAIL "$name" "exit $?: $(tail -2 "$OUT/run-$comp.err" | tr '\n' ' ' | cut -c1-120)"
+	fi
+done
+
+echo "# $checks checks, $fails failed (logs in $OUT)"
+[ "$fails" = 0 ]
