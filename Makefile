@@ -1,7 +1,9 @@
 # The test command of the README. Each line is one package set under the
 # flags it needs: the race detector on everything, the invariants build tag
-# (pebble-style expensive assertions) on everything, and the pure-Go kernels
-# forced with the purego tag so both implementations are checked.
+# (pebble-style expensive assertions) on everything, the NCCL backend over
+# its stand-in in both of its modes (NCCL 2.22-2.26's non-blocking enqueue,
+# the default, and 2.21's immediate one), and the pure-Go kernels forced
+# with the purego tag so both implementations are checked.
 #
 # The MPI backend (package mpi, build tag mpi, cgo) is tested where Open
 # MPI's development files are installed (make mpi-deps): alone as a 1-rank
@@ -16,6 +18,8 @@ HAVE_MPI := $(shell pkg-config --exists ompi-c 2>/dev/null && command -v mpirun 
 
 test: lint
 	$(GO) test -race -tags invariants ./...
+	DDPGO_STANDIN_NCCL=2.21 $(GO) test -race -tags invariants ./nccl/
+	DDPGO_STANDIN_NCCL=2.21 $(GO) test -run NCCL ./cmd/ddpbench/
 	$(GO) test -tags purego ./fp16/ ./internal/... ./inproc/ ./hooks/
 	$(GO) test -run Exhaustive -count=1 ./fp16/
 	@$(MAKE) --no-print-directory test-mpi

@@ -3,6 +3,7 @@ package nccl
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -162,6 +163,11 @@ func (l *Library) NewComms(ctx context.Context, cfgs []Config) ([]*Comm, error) 
 		ctx, cancel = context.WithTimeout(ctx, cfgs[0].Timeout)
 		defer cancel()
 	}
+	// The initialising group's job is NCCL's per-thread state until
+	// ncclCommGetAsyncError completes it (2.14-2.26): keep this goroutine
+	// on one OS thread, and no other goroutine on it, until then.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	handles, res, failed, err := l.d.commInit(ctxs, cfgs[0].Size, cfgs[0].ID, ranks, cfgs[0].Blocking)
 	abortAll := func() {
 		for i, h := range handles {
@@ -193,8 +199,10 @@ func (l *Library) NewComms(ctx context.Context, cfgs []Config) ([]*Comm, error) 
 			for _, made := range cs[:i] {
 				made.Close()
 			}
-			for _, h := range handles[i:] {
-				l.d.abort(devs[i].ctx, h)
+			// newComm aborted its own; the rest are aborted here, each
+			// with its device's context.
+			for j := i + 1; j < len(handles); j++ {
+				l.d.abort(devs[j].ctx, handles[j])
 			}
 			return nil, err
 		}
@@ -232,7 +240,8 @@ func (l *Library) awaitReady(ctx context.Context, h uintptr) error {
 
 // Comm is one rank's NCCL communicator; it implements comm.Communicator,
 // comm.Capable, comm.Grouper, comm.KernelSource and comm.DeviceOwner. See
-// the package documentation for its model.
+// the package documentation for its model, and calls.go for how it calls
+// NCCL.
 type Comm struct {
 	lib    *Library
 	d      driver
@@ -240,21 +249,28 @@ type Comm struct {
 	ctx    uintptr
 	handle uintptr
 	stream uintptr
-	copies uintptr // stream of the host copies that finish staged operations
 	cfg    Config
 	rank   int
 	size   int
 
-	// launchMu serialises the calls that enqueue on the communicator:
-	// NCCL does not allow two threads to enqueue on one communicator at
-	// once, and a non-blocking one accepts nothing while it reports
-	// ncclInProgress.
-	launchMu  sync.Mutex
-	enqueuing atomic.Bool // a launch answered ncclInProgress and has not finished
-	held      []pending   // launched, copies back and events not issued yet (enqueuing)
-	backlog   []pending   // issued while enqueuing, not launched yet
-	depth     int         // GroupStart nesting
-	grouped   []pending   // issued inside the group, launched by GroupEnd
+	// issueMu orders the issuing of operations: one caller at a time takes
+	// a sequence number, stages and launches, so that sequence order is
+	// launch order. It also guards the group state.
+	issueMu sync.Mutex
+	depth   int       // GroupStart nesting
+	grouped []pending // issued inside the group, launched by GroupEnd
+
+	// callMu is held for every call into NCCL for this communicator and
+	// every call that puts work on its stream (calls.go). Fields below it
+	// up to mu belong to its holder.
+	callMu  sync.Mutex
+	torn    bool // ncclCommAbort or ncclCommDestroy has been called
+	orderEv uintptr
+	one     [1]pending
+	opsBuf  []cop
+	postBuf []cop
+	evBuf   []uintptr
+	liveBuf []pending
 
 	mu       sync.Mutex
 	seq      uint64 // the last operation issued (1-based)
@@ -262,25 +278,27 @@ type Comm struct {
 	slots    []*slot
 	errs     map[uint64]error // failed operations' errors, by sequence number
 	stopping error            // set by Abort or Close: every later operation fails with it
+	abortReq error            // an Abort waiting for the call lock
 	closed   bool
 	leaked   int64 // staging bytes never reused because the stream did not drain
-	orderEv  uintptr
 	kernEv   uintptr
 	scratch  unsafe.Pointer // device: the barrier's element and the overflow counter
 	host     allocator.Region
 	staging  *allocator.Pool // device memory for host buffers' data
 	pinned   *allocator.Pool // pinned host memory for the copies
 
-	kernErr error
-	kmu     sync.Mutex // the kernels' host scratch and kernErr
-
-	abortMu  sync.Mutex
-	abortReq error // an abort for the watchdog to carry out
+	kmu     sync.Mutex // the synchronous kernels, one at a time: they share kernEv and the host scratch
+	kerrMu  sync.Mutex
+	kernErr error // the first error of stream work, for Kernels().Sync
 
 	regMu   sync.Mutex
 	regs    map[uintptr]uintptr // registered slab address -> ncclCommRegister handle
 	slabs   map[uintptr]slab    // Source's slabs by address
 	regDone bool                // the communicator is gone: no more registrations
+
+	// deferred counts the launches that answered ncclInProgress (NCCL
+	// enqueued them from its own thread), for tests and diagnostics.
+	deferred atomic.Uint64
 
 	stop     chan struct{}
 	wg       sync.WaitGroup
@@ -337,9 +355,6 @@ func (c *Comm) alloc() error {
 	if c.stream, err = c.d.streamCreate(c.ctx); err != nil {
 		return err
 	}
-	if c.copies, err = c.d.streamCreate(c.ctx); err != nil {
-		return err
-	}
 	if c.orderEv, err = c.d.eventCreate(c.ctx); err != nil {
 		return err
 	}
@@ -392,10 +407,8 @@ func (c *Comm) release() {
 			c.d.eventDestroy(c.ctx, e)
 		}
 	}
-	for _, s := range []uintptr{c.stream, c.copies} {
-		if s != 0 {
-			c.d.streamDestroy(c.ctx, s)
-		}
+	if c.stream != 0 {
+		c.d.streamDestroy(c.ctx, c.stream)
 	}
 }
 
@@ -421,7 +434,9 @@ func (c *Comm) Capabilities() comm.Caps {
 type Stream uintptr
 
 // Stream returns the communicator's stream, on which its collectives and
-// kernels run in issue order.
+// kernels run in issue order. Put no work on it yourself (NCCL forbids it
+// while it enqueues, which only the communicator knows): order your
+// stream against it with WaitStream, WaitEvent and StreamWait.
 func (c *Comm) Stream() Stream { return Stream(c.stream) }
 
 // WaitStream makes the communicator's stream wait, without blocking the
@@ -429,10 +444,10 @@ func (c *Comm) Stream() Stream { return Stream(c.stream) }
 // run only once, say, the kernel that wrote a gradient on s has (as
 // PyTorch's reducer orders its NCCL stream after the autograd stream).
 func (c *Comm) WaitStream(s Stream) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.stopping != nil {
-		return fmt.Errorf("nccl: rank %d: WaitStream: %w", c.rank, c.stopping)
+	c.lockCalls()
+	defer c.unlockCalls()
+	if err := c.stoppingErr(); err != nil {
+		return fmt.Errorf("nccl: rank %d: WaitStream: %w", c.rank, err)
 	}
 	if err := c.d.waitOther(c.ctx, c.stream, uintptr(s), c.orderEv); err != nil {
 		return fmt.Errorf("nccl: rank %d: WaitStream: %w", c.rank, err)
@@ -448,10 +463,10 @@ type Event uintptr
 // the form for a caller that records its own event after the kernel that
 // wrote a bucket, as PyTorch's reducer does.
 func (c *Comm) WaitEvent(e Event) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.stopping != nil {
-		return fmt.Errorf("nccl: rank %d: WaitEvent: %w", c.rank, c.stopping)
+	c.lockCalls()
+	defer c.unlockCalls()
+	if err := c.stoppingErr(); err != nil {
+		return fmt.Errorf("nccl: rank %d: WaitEvent: %w", c.rank, err)
 	}
 	if err := c.d.streamWaitEvent(c.ctx, c.stream, uintptr(e)); err != nil {
 		return fmt.Errorf("nccl: rank %d: WaitEvent: %w", c.rank, err)
@@ -467,47 +482,28 @@ func (c *Comm) WaitEvent(e Event) error {
 // for w instead.
 func (c *Comm) StreamWait(s Stream, w comm.Work) error {
 	id := w.ID()
-	deadline := time.Now().Add(c.cfg.Timeout)
-	for delay := time.Microsecond; ; delay = min(2*delay, time.Millisecond) {
-		c.mu.Lock()
-		if id > c.seq || id == 0 {
-			c.mu.Unlock()
-			return fmt.Errorf("%w: nccl: rank %d: StreamWait for operation %d, which this communicator has not issued (last %d)", comm.ErrInvalid, c.rank, id, c.seq)
-		}
-		if id <= c.done {
-			err := c.errs[id]
-			c.mu.Unlock()
-			return err
-		}
-		if c.stopping != nil {
-			err := c.stopping
-			c.mu.Unlock()
-			return fmt.Errorf("nccl: rank %d: StreamWait: %w", c.rank, err)
-		}
-		sl := c.slot(id)
-		if sl.recorded {
-			err := c.d.streamWaitEvent(c.ctx, uintptr(s), sl.event)
-			c.mu.Unlock()
-			if err != nil {
-				return fmt.Errorf("nccl: rank %d: StreamWait: %w", c.rank, err)
-			}
-			return nil
-		}
-		c.mu.Unlock()
-		// Not enqueued yet (ncclInProgress, or inside a group): the event
-		// that marks its end is not on the stream, so wait for it to be.
-		c.launchMu.Lock()
-		inGroup := c.depth > 0
-		c.launchMu.Unlock()
-		if inGroup {
-			return fmt.Errorf("%w: nccl: rank %d: StreamWait for operation %d inside a group, before GroupEnd", comm.ErrInvalid, c.rank, id)
-		}
-		c.resolve()
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%w: nccl: rank %d: operation %d not enqueued within %v", comm.ErrTimeout, c.rank, id, c.cfg.Timeout)
-		}
-		time.Sleep(delay)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case id > c.seq || id == 0:
+		return fmt.Errorf("%w: nccl: rank %d: StreamWait for operation %d, which this communicator has not issued (last %d)", comm.ErrInvalid, c.rank, id, c.seq)
+	case id <= c.done:
+		return c.errs[id]
+	case c.stopping != nil:
+		return fmt.Errorf("nccl: rank %d: StreamWait: %w", c.rank, c.stopping)
 	}
+	sl := c.slot(id)
+	if !sl.recorded {
+		// Launched operations are on the stream when their launch returns;
+		// only a group not yet ended is not.
+		return fmt.Errorf("%w: nccl: rank %d: StreamWait for operation %d inside a group, before GroupEnd", comm.ErrInvalid, c.rank, id)
+	}
+	// A wait on the caller's stream, not the communicator's: it may go at
+	// any time.
+	if err := c.d.streamWaitEvent(c.ctx, uintptr(s), sl.event); err != nil {
+		return fmt.Errorf("nccl: rank %d: StreamWait: %w", c.rank, err)
+	}
+	return nil
 }
 
 // slot returns the slot of operation seq; the caller holds c.mu.

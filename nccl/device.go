@@ -16,6 +16,11 @@ type device struct {
 	modOnce sync.Once
 	mod     *module
 	modErr  error
+
+	// ncclMu serialises the calls into NCCL of the communicators on this
+	// device: NCCL does not allow calls to independent communicators of
+	// one device from several threads at once.
+	ncclMu sync.Mutex
 }
 
 // device returns the device of the given ordinal, retaining its primary

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -61,47 +62,55 @@ func TestLoaded(t *testing.T) {
 // works on its result. One rank suffices: an out-of-place all-reduce
 // writes recv, which was zero before it.
 func TestIssueOrder(t *testing.T) {
-	c := newGroup(t, 1, nil)[0]
-	dev, err := allocator.New(allocator.Options{Source: c.Source(), Limit: 256 << 20, SlabSize: 32 << 20})
-	if err != nil {
-		t.Fatal(err)
+	n := groupSize(2)
+	cs := newGroup(t, n, nil)
+	count := 4 << 20 // 16 MiB: long enough on a GPU to be overtaken
+	if si != nil {
+		count = 1 << 16
 	}
-	defer dev.Close()
-	const count = 4 << 20 // 16 MiB: long enough on a GPU to be overtaken
-	send, recv := newMem(t, c, dev, count, comm.Float32), newMem(t, c, dev, count, comm.Float32)
-	vals := make([]float32, count)
-	for i := range vals {
-		vals[i] = float32(i%1000) + 1
-	}
-	k := c.Kernels()
-	inProgress := 0
-	defer func() { t.Logf("%d of 20 all-reduces answered ncclInProgress", inProgress) }()
-	for round := range 20 {
-		send.set(f32Bytes(vals))
-		recv.set(make([]byte, 4*count))
-		w := c.AllReduce(send.buf, recv.buf, comm.Sum)
-		if c.enqueuing.Load() {
-			inProgress++
+	runRanks(t, cs, func(r int, c *Comm) error {
+		dev, err := allocator.New(allocator.Options{Source: c.Source(), Limit: 256 << 20, SlabSize: 32 << 20})
+		if err != nil {
+			return err
 		}
-		got := recv.get()
-		if i := firstDiff(got, f32Bytes(vals), 4); i >= 0 {
-			t.Fatalf("round %d: a Download right after the all-reduce read element %d = % x before it was written", round, i, got[4*i:4*i+4])
+		defer dev.Close()
+		send, recv := newMem(t, c, dev, count, comm.Float32), newMem(t, c, dev, count, comm.Float32)
+		vals := make([]float32, count)
+		for i := range vals {
+			vals[i] = float32(i%1000) + 1
 		}
-		w2 := c.AllReduce(send.buf, recv.buf, comm.Sum)
-		k.Scale(recv.buf, 2)
-		got = recv.get()
-		want := make([]float32, count)
+		sum := make([]float32, count)
 		for i, v := range vals {
-			want[i] = 2 * v
+			sum[i] = float32(n) * v
 		}
-		if i := firstDiff(got, f32Bytes(want), 4); i >= 0 {
-			t.Fatalf("round %d: a Scale right after the all-reduce ran before it (element %d = % x)", round, i, got[4*i:4*i+4])
+		k := c.Kernels()
+		defer func() { t.Logf("rank %d: %d of 40 launches answered ncclInProgress", r, c.deferred.Load()) }()
+		for round := range 20 {
+			send.set(f32Bytes(vals))
+			recv.set(make([]byte, 4*count))
+			w := c.AllReduce(send.buf, recv.buf, comm.Sum)
+			got := recv.get()
+			if i := firstDiff(got, f32Bytes(sum), 4); i >= 0 {
+				return fmt.Errorf("round %d: a Download right after the all-reduce read element %d = % x before it was written", round, i, got[4*i:4*i+4])
+			}
+			w2 := c.AllReduce(send.buf, recv.buf, comm.Sum)
+			k.Scale(recv.buf, 2)
+			got = recv.get()
+			want := make([]float32, count)
+			for i, v := range sum {
+				want[i] = 2 * v
+			}
+			if i := firstDiff(got, f32Bytes(want), 4); i >= 0 {
+				return fmt.Errorf("round %d: a Scale right after the all-reduce ran before it (element %d = % x)", round, i, got[4*i:4*i+4])
+			}
+			for _, w := range []comm.Work{w, w2} {
+				if err := w.Wait(t.Context()); err != nil {
+					return err
+				}
+			}
 		}
-		waitOK(t, w, w2)
-	}
-	if err := k.Sync(); err != nil {
-		t.Fatal(err)
-	}
+		return k.Sync()
+	})
 }
 
 // TestAbortAndClose: Close with nothing pending destroys cleanly and is
@@ -140,9 +149,13 @@ func TestAbortAndClose(t *testing.T) {
 		defer p.Close()
 		pools[r] = p
 	}
+	count := 16 << 20 // 64 MiB: long enough on a GPU to be pending at Abort
+	if si != nil {
+		count = 1 << 14
+	}
 	ws := make([][]comm.Work, n)
 	for r, c := range cs {
-		m := newMem(t, c, pools[r], 16<<20, comm.Float32)
+		m := newMem(t, c, pools[r], count, comm.Float32)
 		for range 32 {
 			ws[r] = append(ws[r], c.AllReduce(m.buf, m.buf, comm.Sum))
 		}

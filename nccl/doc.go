@@ -27,30 +27,41 @@
 // a Store (Connect; package rendezvous serves one at MASTER_ADDR:
 // MASTER_PORT) or otherwise (NewComm takes the id in Config). NewComms
 // initialises several ranks' communicators from one goroutine, one device
-// each, inside one ncclGroupStart/End. Communicators are non-blocking
-// (ncclConfig_t.blocking = 0) unless Config.Blocking: initialisation and
-// every enqueue that answers ncclInProgress are polled with
-// ncclCommGetAsyncError, and operations issued meanwhile wait in order
-// until NCCL has taken the earlier ones.
+// each, inside one ncclGroupStart/End, on one locked OS thread until NCCL
+// has finished. Communicators are non-blocking (ncclConfig_t.blocking =
+// 0) unless Config.Blocking.
+//
+// Every call into NCCL for a communicator, and every call that puts work
+// on its stream, holds the communicator's call lock on an OS thread
+// locked for the call (the calls of communicators on one device also take
+// turns): NCCL forbids overlapping calls. When a launch answers
+// ncclInProgress (on NCCL 2.22 and newer every launch of a communicator
+// of several ranks does: NCCL's group job enqueues it from another
+// thread) the launching call polls ncclCommGetAsyncError until it reports
+// success, as PyTorch's ProcessGroupNCCL does, before it lets go: nothing
+// reaches NCCL or the stream meanwhile, so a Download or a kernel issued
+// after a collective runs after it, a group is launched as one group, and
+// no group job outlives the thread that launched it (NCCL 2.14 to 2.26
+// keep it in thread-local storage). The wait is for NCCL's enqueue, not
+// for the collective, and it ends at Abort or Config.Timeout.
 //
 // Each Comm owns a CUDA stream (non-blocking with respect to the legacy
 // default stream) on which its collectives and kernels run in issue order.
 // A Work is a CUDA event recorded after its operation: Test queries it,
-// Wait polls it (spinning briefly, then sleeping up to a millisecond)
-// until it completes or the context ends. Issuing allocates nothing in
-// steady state (events live in a ring of slots that only grows). Before
-// an operation is called successful, ncclCommGetAsyncError is asked: NCCL's
-// kernels exit early on an error, and their events then complete over
-// wrong data.
+// Wait polls it (spinning briefly, then sleeping up to 200 µs) until it
+// completes or the context ends. An operation is called successful only
+// after an ncclCommGetAsyncError check made once its event completed:
+// NCCL's kernels exit early on an error, and their events then complete
+// over wrong data. Issuing allocates nothing in steady state (events live
+// in a ring of slots that only grows).
 //
 // WaitStream makes the communicator's stream wait for the work issued so
 // far on a stream of the caller's (a gradient is ready only once the
-// kernel that wrote it has run), and StreamWait makes a caller's stream
-// wait for a Work; neither blocks the host. GroupStart and GroupEnd
-// (comm.Grouper) launch several operations in one ncclGroupStart/End; since
-// NCCL's group state belongs to the calling thread, a group is launched in
-// one cgo call, and each cgo call makes the device's primary context
-// current on its thread first.
+// kernel that wrote it has run), WaitEvent for an event of the caller's,
+// and StreamWait makes a caller's stream wait for a Work; none blocks the
+// host. GroupStart and GroupEnd (comm.Grouper) launch several operations
+// in one ncclGroupStart/End; each cgo call makes the device's primary
+// context current on its thread first.
 //
 // # Launching
 //
@@ -68,19 +79,23 @@
 //
 // # Failure
 //
-// A watchdog goroutine per communicator polls ncclCommGetAsyncError and the
-// deadline of the oldest pending operation every Config.PollInterval. A
-// stall (Config.StallInterval) is reported to Config.OnStall as a
-// comm.Stall, on comm.Watchdog's schedule like every wait in ddpgo (NCCL
-// cannot say which ranks are missing, so its Missing is nil); an
-// asynchronous error, or an operation pending past Config.Timeout, aborts
-// the communicator: ncclCommAbort, then up to AbortDrain for the stream to
-// drain, then every pending Work fails with a *comm.OpError naming the
-// rank, the operation and its sequence number, wrapping comm.ErrAborted
-// and NCCL's result and ncclGetLastError text (or comm.ErrTimeout). Abort
-// does the same on demand; it is local, as ncclCommAbort is. Close
-// destroys the communicator (ncclCommDestroy), or aborts it when work is
-// pending (which then fails with comm.ErrClosed); it is idempotent.
+// A watchdog goroutine per communicator polls ncclCommGetAsyncError (when
+// no other call holds the lock) and the deadline of the oldest pending
+// operation every Config.PollInterval. A stall (Config.StallInterval) is
+// reported to Config.OnStall as a comm.Stall, on comm.Watchdog's schedule
+// like every wait in ddpgo (NCCL cannot say which ranks are missing, so
+// its Missing is nil); an asynchronous error, or an operation pending past
+// Config.Timeout, aborts the communicator: ncclCommAbort, then up to
+// AbortDrain for the stream to drain, then every pending Work fails with a
+// *comm.OpError naming the rank, the operation and its sequence number,
+// wrapping comm.ErrAborted and NCCL's result and ncclGetLastError text (or
+// comm.ErrTimeout). Abort does the same on demand; it is local, as
+// ncclCommAbort is, and asks nothing else of a communicator that may have
+// failed (ncclCommAbort releases its registrations). Close destroys the
+// communicator (ncclCommDestroy, after deregistering what Source
+// registered), or aborts it when work is pending (which then fails with
+// comm.ErrClosed); it is idempotent. Nothing calls into a communicator
+// after ncclCommDestroy or ncclCommAbort.
 //
 // # Memory
 //
@@ -111,11 +126,25 @@
 // directory once per test binary) and load it by path. It is not NCCL and
 // not CUDA: device memory is host memory, streams are threads running
 // queues in order, collectives run across the communicators of the test
-// process, and it can answer ncclInProgress, raise an asynchronous error,
-// stall a rank and count allocations and registrations. It cannot run
-// PTX: a kernel launched through it runs a C emulation chosen by its name,
-// which checks the launch's marshalling, not the PTX. Nothing measured
-// over it says anything about a GPU. It exports ddpgo_standin, which no
-// real library has: Library.StandIn and Info.StandIn report it, and
-// ddpbench prints it beside every figure measured over it.
+// process. By default it behaves as NCCL 2.22-2.26 does on a
+// non-blocking communicator (every launch answers ncclInProgress and a
+// job thread enqueues it later; ncclCommGetAsyncError completes the job;
+// the job is per thread); DDPGO_STANDIN_NCCL=2.21 makes it enqueue at
+// once, and make test runs the package in both modes. It records what real
+// NCCL would not survive (overlapping calls into one communicator, a call
+// after destroy, work on a communicator's stream while it is in progress,
+// a thread's group job overwritten), and the tests fail on any. It can
+// also inject ncclInProgress, an asynchronous error and a stalled rank,
+// and count allocations, registrations and launches. It cannot run PTX: a
+// kernel launched through it runs a C emulation chosen by its name, which
+// checks the launch's marshalling, not the PTX. Nothing measured over it
+// says anything about a GPU. It exports ddpgo_standin, which no real
+// library has: Library.StandIn and Info.StandIn report it, and ddpbench
+// prints it beside every figure measured over it.
+//
+// With DDPGO_NCCL_DEVICE=1 the same tests run over the real libraries on
+// the machine's GPUs, skipping those that need the stand-in's controls
+// and groups larger than the device count; scripts/gpu-check.sh runs them
+// with ddpbench's checks from binaries built elsewhere (make
+// gpu-check-bin). docs/nccl-gpu.md says what ran on which GPU.
 package nccl

@@ -92,15 +92,20 @@ func (k deviceKernels) dev(op string, b comm.Buffer) uintptr {
 	return uintptr(b.Addr)
 }
 
-func (k deviceKernels) note(err error) {
-	if err == nil {
-		return
+// onStream runs f, which puts work on the communicator's stream, holding
+// the call lock (calls.go): never while NCCL enqueues. After Abort or
+// Close the work is not done, and Sync reports why.
+func (c *Comm) onStream(f func() error) error {
+	c.callMu.Lock()
+	defer c.callMu.Unlock()
+	if c.torn {
+		err := c.stoppingErr()
+		c.noteKernErr(err)
+		return err
 	}
-	k.c.kmu.Lock()
-	if k.c.kernErr == nil {
-		k.c.kernErr = err
-	}
-	k.c.kmu.Unlock()
+	err := f()
+	c.noteKernErr(err)
+	return err
 }
 
 func (k deviceKernels) launch(name string, a0, a1, a2 uintptr, n int, s float32) {
@@ -109,11 +114,14 @@ func (k deviceKernels) launch(name string, a0, a1, a2 uintptr, n int, s float32)
 	}
 	mod, err := k.c.dev.module(k.c.lib)
 	if err != nil {
-		k.note(err)
+		k.c.noteKernErr(err)
 		return
 	}
 	grid := min((n+threadsPerBlock-1)/threadsPerBlock, 4096)
-	k.note(k.c.d.launchKernel(k.c.ctx, mod.fns[name], grid, threadsPerBlock, k.c.stream, a0, a1, a2, n, s))
+	c := k.c
+	c.onStream(func() error {
+		return c.d.launchKernel(c.ctx, mod.fns[name], grid, threadsPerBlock, c.stream, a0, a1, a2, n, s)
+	})
 }
 
 func same(op string, a, b comm.Buffer) {
@@ -130,16 +138,18 @@ func halfPair(op string, half, f32 comm.Buffer) {
 
 func (k deviceKernels) Zero(b comm.Buffer) {
 	p := k.dev("Zero", b)
-	if b.Bytes() > 0 {
-		k.note(k.c.d.memset(k.c.ctx, p, 0, b.Bytes(), k.c.stream))
+	if n := b.Bytes(); n > 0 {
+		c := k.c
+		c.onStream(func() error { return c.d.memset(c.ctx, p, 0, n, c.stream) })
 	}
 }
 
 func (k deviceKernels) Copy(dst, src comm.Buffer) {
 	same("Copy", dst, src)
 	d, s := k.dev("Copy", dst), k.dev("Copy", src)
-	if dst.Bytes() > 0 {
-		k.note(k.c.d.dtod(k.c.ctx, d, s, dst.Bytes(), k.c.stream))
+	if n := dst.Bytes(); n > 0 {
+		c := k.c
+		c.onStream(func() error { return c.d.dtod(c.ctx, d, s, n, c.stream) })
 	}
 }
 
@@ -177,7 +187,8 @@ func (k deviceKernels) Decompress(dst, src comm.Buffer) {
 }
 
 // Overflows counts on the device into the communicator's scratch counter
-// and reads it back; it waits for the stream.
+// and reads it back; it waits for the stream. Concurrent calls take turns:
+// they share the counter.
 func (k deviceKernels) Overflows(wire, in comm.Buffer) int64 {
 	halfPair("Overflows", wire, in)
 	w, i := k.dev("Overflows", wire), k.dev("Overflows", in)
@@ -185,36 +196,40 @@ func (k deviceKernels) Overflows(wire, in comm.Buffer) int64 {
 		return 0
 	}
 	c := k.c
-	c.kmu.Lock()
-	defer c.kmu.Unlock()
-	counter := uintptr(c.scratch) + 256
+	mod, err := c.dev.module(c.lib)
+	if err != nil {
+		c.noteKernErr(err)
+		return 0
+	}
 	name := kOverflowsF16
 	if wire.DType == comm.BFloat16 {
 		name = kOverflowsBF16
 	}
-	if err := c.d.memset(c.ctx, counter, 0, 8, c.stream); err != nil {
-		c.kernErrLocked(err)
-		return 0
-	}
-	c.kmu.Unlock()
-	k.launch(name, counter, w, i, wire.Count, 0)
 	c.kmu.Lock()
+	defer c.kmu.Unlock()
+	counter := uintptr(c.scratch) + 256
+	grid := min((wire.Count+threadsPerBlock-1)/threadsPerBlock, 4096)
 	out := c.host.Addr
-	if err := c.d.dtoh(c.ctx, out, counter, 8, c.stream); err != nil {
-		c.kernErrLocked(err)
-		return 0
+	err = c.onStream(func() error {
+		if err := c.d.memset(c.ctx, counter, 0, 8, c.stream); err != nil {
+			return err
+		}
+		if err := c.d.launchKernel(c.ctx, mod.fns[name], grid, threadsPerBlock, c.stream, counter, w, i, wire.Count, 0); err != nil {
+			return err
+		}
+		if err := c.d.dtoh(c.ctx, out, counter, 8, c.stream); err != nil {
+			return err
+		}
+		return c.d.eventRecord(c.ctx, c.kernEv, c.stream)
+	})
+	if err == nil {
+		err = c.waitKernEv()
 	}
-	if err := c.waitStream(); err != nil {
-		c.kernErrLocked(err)
+	if err != nil {
+		c.noteKernErr(err)
 		return 0
 	}
 	return int64(*(*uint64)(out))
-}
-
-func (c *Comm) kernErrLocked(err error) {
-	if c.kernErr == nil {
-		c.kernErr = err
-	}
 }
 
 func (k deviceKernels) Upload(dst comm.Buffer, src []byte) {
@@ -227,8 +242,18 @@ func (k deviceKernels) Upload(dst comm.Buffer, src []byte) {
 	}
 	// The copy reads src until the stream has passed it: wait, and keep
 	// src alive until then.
-	k.note(k.c.d.htod(k.c.ctx, d, unsafe.Pointer(unsafe.SliceData(src)), len(src), k.c.stream))
-	k.note(k.c.waitStream())
+	c := k.c
+	c.kmu.Lock()
+	defer c.kmu.Unlock()
+	err := c.onStream(func() error {
+		if err := c.d.htod(c.ctx, d, unsafe.Pointer(unsafe.SliceData(src)), len(src), c.stream); err != nil {
+			return err
+		}
+		return c.d.eventRecord(c.ctx, c.kernEv, c.stream)
+	})
+	if err == nil {
+		c.noteKernErr(c.waitKernEv())
+	}
 	runtime.KeepAlive(src)
 }
 
@@ -240,31 +265,41 @@ func (k deviceKernels) Download(dst []byte, src comm.Buffer) {
 	if len(dst) == 0 {
 		return
 	}
-	k.note(k.c.d.dtoh(k.c.ctx, unsafe.Pointer(unsafe.SliceData(dst)), s, len(dst), k.c.stream))
-	k.note(k.c.waitStream())
+	c := k.c
+	c.kmu.Lock()
+	defer c.kmu.Unlock()
+	err := c.onStream(func() error {
+		if err := c.d.dtoh(c.ctx, unsafe.Pointer(unsafe.SliceData(dst)), s, len(dst), c.stream); err != nil {
+			return err
+		}
+		return c.d.eventRecord(c.ctx, c.kernEv, c.stream)
+	})
+	if err == nil {
+		c.noteKernErr(c.waitKernEv())
+	}
 	runtime.KeepAlive(dst)
 }
 
 // Sync waits for the stream and returns the first error a kernel met.
 func (k deviceKernels) Sync() error {
-	err := k.c.waitStream()
-	k.c.kmu.Lock()
-	defer k.c.kmu.Unlock()
-	if k.c.kernErr != nil {
-		return k.c.kernErr
+	c := k.c
+	c.kmu.Lock()
+	err := c.onStream(func() error { return c.d.eventRecord(c.ctx, c.kernEv, c.stream) })
+	if err == nil {
+		err = c.waitKernEv()
+	}
+	c.kmu.Unlock()
+	c.kerrMu.Lock()
+	defer c.kerrMu.Unlock()
+	if c.kernErr != nil {
+		return c.kernErr
 	}
 	return err
 }
 
-// waitStream waits, polling an event recorded now, until the stream has
-// done everything issued before, for at most Config.Timeout.
-func (c *Comm) waitStream() error {
-	c.mu.Lock()
-	err := c.d.eventRecord(c.ctx, c.kernEv, c.stream)
-	c.mu.Unlock()
-	if err != nil {
-		return err
-	}
+// waitKernEv waits, polling, until the stream has reached kernEv's last
+// record, for at most Config.Timeout. The caller holds c.kmu.
+func (c *Comm) waitKernEv() error {
 	deadline := time.Now().Add(c.cfg.Timeout)
 	for i, delay := 0, time.Duration(0); ; i++ {
 		ok, err := c.d.eventQuery(c.ctx, c.kernEv)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -72,7 +73,12 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
-		return m.Run()
+		code := m.Run()
+		if v := si.Violations(); len(v) > 0 {
+			fmt.Fprintf(os.Stderr, "the stand-in recorded %d violation(s) of NCCL's rules:\n  %s\n", len(v), strings.Join(v, "\n  "))
+			code = 1
+		}
+		return code
 	}()
 	os.Exit(code)
 }
@@ -120,7 +126,22 @@ func newGroup(t testing.TB, n int, adjust func(*Config)) []*Comm {
 			}
 		}
 	})
+	noViolations(t)
 	return cs
+}
+
+// noViolations fails t if the stand-in records a violation of NCCL's
+// rules while t runs (TestMain also fails the binary on any).
+func noViolations(t testing.TB) {
+	if si == nil {
+		return
+	}
+	before := len(si.Violations())
+	t.Cleanup(func() {
+		if v := si.Violations(); len(v) > before {
+			t.Errorf("the stand-in recorded violations of NCCL's rules:\n  %s", strings.Join(v[before:], "\n  "))
+		}
+	})
 }
 
 // groupSize is want over the stand-in, and at most the device count on

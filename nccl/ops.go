@@ -217,8 +217,8 @@ func (c *Comm) issue(kind comm.Kind, send, recv comm.Buffer, op, redop, peer, co
 }
 
 func (c *Comm) issueKind(kind comm.Kind, send, recv comm.Buffer, op, redop, peer, count int, in, out bool, desc comm.Buffer) comm.Work {
-	c.launchMu.Lock()
-	defer c.launchMu.Unlock()
+	c.issueMu.Lock()
+	defer c.issueMu.Unlock()
 	c.mu.Lock()
 	if c.stopping != nil {
 		err := c.stopping
@@ -262,14 +262,15 @@ func (c *Comm) issueKind(kind comm.Kind, send, recv comm.Buffer, op, redop, peer
 		}
 	}
 	p.nccl = newCop(op, ncclType(desc.DType), redop, peer, sp, rp, count)
-	switch {
-	case c.depth > 0:
+	if c.depth > 0 {
 		c.grouped = append(c.grouped, p)
-	case c.enqueuing.Load() && !c.resolveLocked():
-		c.backlog = append(c.backlog, p)
-	default:
-		c.launchLocked([]pending{p}, false)
+		return comm.NewWork(c, sl.seq)
 	}
+	c.lockCalls()
+	c.one[0] = p
+	c.launch(c.one[:], false)
+	c.one[0] = pending{}
+	c.unlockCalls()
 	return comm.NewWork(c, sl.seq)
 }
 
@@ -328,6 +329,13 @@ func (c *Comm) pin(sl *slot, n int) (allocator.Block, error) {
 	if err != nil {
 		return blk, fmt.Errorf("nccl: pinned host memory to stage %d bytes: %w", n, err)
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if sl.err != nil {
+		// Abort or Close failed the operation while it was being issued.
+		c.pinned.Put(blk)
+		return blk, sl.err
+	}
 	sl.pins = append(sl.pins, blk)
 	return blk, nil
 }
@@ -339,6 +347,12 @@ func (c *Comm) stage(sl *slot, n int) (allocator.Block, error) {
 	if err != nil {
 		return blk, fmt.Errorf("nccl: staging %d bytes of host memory on device %d: %w", n, c.dev.ordinal, err)
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if sl.err != nil {
+		c.staging.Put(blk)
+		return blk, sl.err
+	}
 	sl.stage = append(sl.stage, blk)
 	return blk, nil
 }
@@ -346,7 +360,9 @@ func (c *Comm) stage(sl *slot, n int) (allocator.Block, error) {
 // failSlot fails an operation that could not be launched.
 func (c *Comm) failSlot(sl *slot, err error) comm.Work {
 	c.mu.Lock()
-	c.failLocked(sl, c.opError(sl, err))
+	if sl.err == nil {
+		c.failLocked(sl, c.opError(sl, err))
+	}
 	c.mu.Unlock()
 	return comm.NewWork(c, sl.seq)
 }
@@ -371,145 +387,22 @@ func (c *Comm) unstage(sl *slot) {
 	sl.stage, sl.pins = sl.stage[:0], sl.pins[:0]
 }
 
-// launchLocked launches ps. A group is one launch: every staging copy
-// in, then the NCCL calls between ncclGroupStart and ncclGroupEnd, then
-// every copy back, as NCCL runs grouped operations together. Otherwise
-// each operation is a launch of its own, in order, so that one reads what
-// the one before it wrote; once one answers ncclInProgress the rest wait
-// in the backlog. The caller holds c.launchMu.
-func (c *Comm) launchLocked(ps []pending, group bool) {
-	if !group {
-		for i, p := range ps {
-			if c.enqueuing.Load() {
-				c.backlog = append(c.backlog, ps[i:]...)
-				return
-			}
-			c.launchOne([]pending{p}, false)
-		}
-		return
-	}
-	c.launchOne(ps, true)
-}
-
-func (c *Comm) launchOne(ps []pending, group bool) {
-	var ops, post []cop
-	var events []uintptr
-	var live []pending
-	for _, p := range ps {
-		if p.s.err == nil {
-			ops = append(ops, p.pre...)
-			live = append(live, p)
-		}
-	}
-	for _, p := range live {
-		ops = append(ops, p.nccl)
-	}
-	for _, p := range live {
-		post = append(post, p.post...)
-		events = append(events, p.s.event)
-	}
-	if len(live) == 0 {
-		return
-	}
-	res, _, err := c.d.launch(c.ctx, c.handle, c.stream, ops, post, events, group || len(live) > 1)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	switch {
-	case err != nil:
-		var ne *Error
-		fatal := !errors.As(err, &ne) || ne.Result != ResultInvalidArgument && ne.Result != ResultInvalidUsage
-		for _, p := range live {
-			c.failLocked(p.s, c.opError(p.s, err))
-		}
-		if fatal {
-			// The communicator's state is unknown: the watchdog aborts it
-			// (Abort takes launchMu, which the caller holds).
-			c.requestAbort(err)
-		}
-	case res == ResultInProgress:
-		c.enqueuing.Store(true)
-		c.held = append(c.held, live...)
-	default:
-		for _, p := range live {
-			p.s.recorded = true
-		}
-	}
-}
-
-// resolve finishes an enqueue that answered ncclInProgress, if NCCL has
-// finished it, and launches what was issued meanwhile.
-func (c *Comm) resolve() {
-	if !c.enqueuing.Load() {
-		return
-	}
-	c.launchMu.Lock()
-	c.resolveLocked()
-	c.launchMu.Unlock()
-}
-
-// resolveLocked reports whether the communicator accepts launches again.
-// The caller holds c.launchMu.
-func (c *Comm) resolveLocked() bool {
-	for c.enqueuing.Load() {
-		st, err := c.d.asyncError(c.handle)
-		if err == nil && st == ResultInProgress {
-			return false
-		}
-		if err == nil && st != ResultSuccess {
-			err = c.asyncErr(st)
-		}
-		held := c.held
-		c.held = nil
-		c.enqueuing.Store(false)
-		if err == nil {
-			var post []cop
-			events := make([]uintptr, len(held))
-			for i, p := range held {
-				post = append(post, p.post...)
-				events[i] = p.s.event
-			}
-			err = c.d.post(c.ctx, c.stream, post, events)
-		}
-		c.mu.Lock()
-		for _, p := range held {
-			if err != nil {
-				c.failLocked(p.s, c.opError(p.s, err))
-			} else {
-				p.s.recorded = true
-			}
-		}
-		c.mu.Unlock()
-		if err != nil {
-			c.requestAbort(err)
-			return true
-		}
-		backlog := c.backlog
-		c.backlog = nil
-		if len(backlog) > 0 {
-			c.launchLocked(backlog, false)
-		}
-	}
-	return true
-}
-
-// asyncErr describes an asynchronous error of the communicator.
-func (c *Comm) asyncErr(st Result) error {
-	return &Error{Call: "ncclCommGetAsyncError", Result: st, Text: st.String(), Last: c.d.lastError(c.handle)}
-}
-
 // GroupStart starts a group: operations issued until the matching
-// GroupEnd are launched together, in one ncclGroupStart/End.
+// GroupEnd are launched together, in one ncclGroupStart/End. Kernels and
+// copies issued inside the group go on the stream before the group's
+// collectives, as with NCCL's own groups.
 func (c *Comm) GroupStart() {
-	c.launchMu.Lock()
+	c.issueMu.Lock()
 	c.depth++
-	c.launchMu.Unlock()
+	c.issueMu.Unlock()
 }
 
-// GroupEnd ends a group; the outermost launches its operations. An error
-// of the launch is also every grouped operation's.
+// GroupEnd ends a group; the outermost launches its operations as one
+// launch. An error of the launch is also every grouped operation's, and
+// their Works report it.
 func (c *Comm) GroupEnd() error {
-	c.launchMu.Lock()
-	defer c.launchMu.Unlock()
+	c.issueMu.Lock()
+	defer c.issueMu.Unlock()
 	if c.depth == 0 {
 		return fmt.Errorf("%w: nccl: rank %d: GroupEnd without GroupStart", comm.ErrInvalid, c.rank)
 	}
@@ -519,11 +412,9 @@ func (c *Comm) GroupEnd() error {
 	}
 	ps := c.grouped
 	c.grouped = nil
-	if c.enqueuing.Load() && !c.resolveLocked() {
-		c.backlog = append(c.backlog, ps...)
-		return nil
-	}
-	c.launchLocked(ps, true)
+	c.lockCalls()
+	c.launch(ps, true)
+	c.unlockCalls()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, p := range ps {
@@ -534,85 +425,32 @@ func (c *Comm) GroupEnd() error {
 	return nil
 }
 
-// advance completes, in order, the operations whose events have
-// completed. Before it calls any of them successful it asks
-// ncclCommGetAsyncError: NCCL's kernels exit early on an error, and their
-// events then complete over wrong data. The caller holds c.mu.
-func (c *Comm) advance() {
-	end := c.done
-	for end < c.seq && c.stopping == nil {
-		sl := c.slot(end + 1)
-		if !sl.recorded {
-			break
-		}
-		if sl.err == nil {
-			ok, err := c.d.eventQuery(c.ctx, sl.event)
-			if err != nil {
-				c.failLocked(sl, c.opError(sl, err))
-				c.requestAbort(err)
-				break
-			}
-			if !ok {
-				break
-			}
-		}
-		end++
-	}
-	if end == c.done {
-		return
-	}
-	st, err := c.d.asyncError(c.handle)
-	if err == nil && st != ResultSuccess && st != ResultInProgress {
-		err = c.asyncErr(st)
-	}
-	for s := c.done + 1; s <= end; s++ {
-		sl := c.slot(s)
-		if sl.err == nil && err != nil {
-			c.failLocked(sl, c.opError(sl, fmt.Errorf("%w: %w", comm.ErrAborted, err)))
-		}
-		c.unstage(sl)
-	}
-	c.done = end
-	if err != nil {
-		c.requestAbort(err)
-	}
-}
-
-// TestOp implements comm.Waiter.
+// TestOp implements comm.Waiter. It completes what has completed, if no
+// other caller holds the communicator's call lock.
 func (c *Comm) TestOp(id uint64) (bool, error) {
-	c.resolve()
+	c.advance(false)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.advance()
-	return c.statusLocked(id)
-}
-
-func (c *Comm) statusLocked(id uint64) (bool, error) {
 	if id <= c.done {
 		return true, c.errs[id]
 	}
 	return false, nil
 }
 
-// requestAbort has the watchdog abort the communicator at its next poll,
-// for a failure found where Abort cannot run (its locks are held).
-func (c *Comm) requestAbort(err error) {
-	c.abortMu.Lock()
-	if c.abortReq == nil {
-		c.abortReq = err
-	}
-	c.abortMu.Unlock()
-}
-
 // WaitOp implements comm.Waiter: it polls the operation's event, spinning
-// briefly and then sleeping up to a millisecond between polls, until it
+// briefly and then sleeping up to 200 µs between polls, until it
 // completes or ctx ends.
 func (c *Comm) WaitOp(ctx context.Context, id uint64) error {
 	delay := time.Duration(0)
 	for i := 0; ; i++ {
-		if done, err := c.TestOp(id); done {
+		c.advance(true)
+		c.mu.Lock()
+		if id <= c.done {
+			err := c.errs[id]
+			c.mu.Unlock()
 			return err
 		}
+		c.mu.Unlock()
 		if err := ctx.Err(); err != nil {
 			c.mu.Lock()
 			sl := c.slot(id)
@@ -627,7 +465,7 @@ func (c *Comm) WaitOp(ctx context.Context, id uint64) error {
 			runtime.Gosched()
 			continue
 		}
-		delay = min(max(2*delay, 10*time.Microsecond), time.Millisecond)
+		delay = min(max(2*delay, 5*time.Microsecond), 200*time.Microsecond)
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
@@ -638,103 +476,36 @@ func (c *Comm) WaitOp(ctx context.Context, id uint64) error {
 }
 
 // Abort fails every pending and later operation of this rank with an
-// error wrapping comm.ErrAborted and err. It calls ncclCommAbort, which
-// makes NCCL's kernels of this communicator exit, and then waits up to
-// AbortDrain for the communicator's stream to drain (the kernels issued on
-// it through Kernels, and copies, finish on their own) before the pending
-// operations fail: Abort returns within that bound plus what
+// error wrapping comm.ErrAborted and err. The owner calls ncclCommAbort,
+// which makes NCCL's kernels of this communicator exit, and then waits up
+// to AbortDrain for the communicator's stream to drain (the kernels issued
+// on it through Kernels, and copies, finish on their own) before the
+// pending operations fail: Abort returns within that bound plus what
 // ncclCommAbort takes, and once an operation has failed nothing writes its
 // buffers. Staging memory of operations whose stream did not drain is
 // never reused. Peers are not told: they fail through their own watchdog.
-// Abort after Abort or Close does nothing.
+// Abort after Abort or Close does nothing. On a blocking communicator
+// (Config.Blocking) Abort waits for a call NCCL blocks in to return.
 func (c *Comm) Abort(err error) {
 	if err == nil {
 		err = errors.New("Abort called")
 	}
-	c.shutdown(fmt.Errorf("%w: %w", comm.ErrAborted, err), true)
-}
-
-// shutdown is Abort and Close: it refuses new operations, tears the
-// communicator down (ncclCommAbort when abort is set or work is pending,
-// else ncclCommDestroy), and then fails what was pending with reason. It
-// returns the teardown's error.
-func (c *Comm) shutdown(reason error, abort bool) error {
+	reason := fmt.Errorf("%w: %w", comm.ErrAborted, err)
 	c.mu.Lock()
-	if c.stopping != nil {
-		c.mu.Unlock()
-		return nil
+	if c.abortReq == nil && c.stopping == nil {
+		// A launch settling meanwhile gives up on seeing it.
+		c.abortReq = reason
 	}
-	// What completed before the failure keeps its success; from here on
-	// nothing is marked successful, since ncclCommAbort makes NCCL's
-	// kernels exit early and their events complete over wrong data.
-	c.advance()
-	c.stopping = reason
 	c.mu.Unlock()
-
-	c.launchMu.Lock()
-	defer c.launchMu.Unlock()
-	c.deregisterAll()
-	c.mu.Lock()
-	pending := c.done < c.seq
-	c.mu.Unlock()
-	var err error
-	if abort || pending {
-		err = c.d.abort(c.ctx, c.handle)
-	} else {
-		err = c.d.destroy(c.ctx, c.handle)
-	}
-	drained := c.drain()
-	c.mu.Lock()
-	c.backlog, c.grouped, c.held = nil, nil, nil
-	c.enqueuing.Store(false)
-	for s := c.done + 1; s <= c.seq; s++ {
-		sl := c.slot(s)
-		if sl.err == nil {
-			sl.err = c.opError(sl, reason)
-		}
-		c.errs[s] = sl.err
-		if drained {
-			c.unstage(sl)
-		} else {
-			for _, b := range sl.stage {
-				c.leaked += int64(b.Size())
-			}
-			for _, b := range sl.pins {
-				c.leaked += int64(b.Size())
-			}
-			sl.stage, sl.pins = nil, nil
-		}
-	}
-	c.done = c.seq
-	leaked := c.leaked
-	c.mu.Unlock()
-	if !drained && err == nil {
-		err = fmt.Errorf("nccl: rank %d: the stream did not drain within %v after ncclCommAbort; %d bytes of staging memory are left unused", c.rank, AbortDrain, leaked)
-	}
-	return err
-}
-
-// drain waits up to AbortDrain for the stream to finish its work.
-func (c *Comm) drain() bool {
-	deadline := time.Now().Add(AbortDrain)
-	for delay := time.Microsecond; ; delay = min(2*delay, 10*time.Millisecond) {
-		ok, err := c.d.streamQuery(c.ctx, c.stream)
-		if ok || err != nil {
-			// An error here is a broken context: nothing runs any more.
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(delay)
-	}
+	c.lockCalls()
+	defer c.unlockCalls()
+	c.teardown(reason, true)
 }
 
 // Close releases the communicator. With operations pending it aborts (they
 // fail with comm.ErrClosed), otherwise it destroys the communicator
-// cleanly (ncclCommDestroy). Device memory registered through Source is
-// deregistered first. Close is idempotent; it returns the first Close's
-// error.
+// cleanly (ncclCommDestroy) after deregistering the device memory Source
+// registered. Close is idempotent; it returns the first Close's error.
 func (c *Comm) Close() error {
 	c.closeMu.Lock()
 	defer c.closeMu.Unlock()
@@ -745,7 +516,11 @@ func (c *Comm) Close() error {
 	}
 	c.closed = true
 	c.mu.Unlock()
-	err := c.shutdown(fmt.Errorf("%w: rank %d", comm.ErrClosed, c.rank), false)
+	// What completed keeps its success.
+	c.advance(true)
+	c.lockCalls()
+	err := c.teardown(fmt.Errorf("%w: rank %d", comm.ErrClosed, c.rank), false)
+	c.unlockCalls()
 	close(c.stop)
 	c.wg.Wait()
 	c.mu.Lock()
@@ -759,71 +534,4 @@ func (c *Comm) Close() error {
 	c.mu.Unlock()
 	c.closeErr = err
 	return err
-}
-
-// watchdog polls ncclCommGetAsyncError and the deadlines until Close.
-func (c *Comm) watchdog() {
-	defer c.wg.Done()
-	t := time.NewTicker(c.cfg.PollInterval)
-	defer t.Stop()
-	dog := comm.Watchdog{StallInterval: c.cfg.StallInterval, Timeout: c.cfg.Timeout, OnStall: c.cfg.OnStall}
-	var watched uint64
-	var w comm.Watch
-	for {
-		select {
-		case <-c.stop:
-			return
-		case <-t.C:
-		}
-		c.abortMu.Lock()
-		req := c.abortReq
-		c.abortMu.Unlock()
-		if req != nil {
-			c.Abort(req)
-			continue
-		}
-		c.resolve()
-		c.mu.Lock()
-		if c.stopping != nil {
-			c.mu.Unlock()
-			continue
-		}
-		c.advance()
-		var oldest *slot
-		if c.done < c.seq {
-			oldest = c.slot(c.done + 1)
-		}
-		var stall *comm.Stall
-		var report bool
-		var timeout error
-		if oldest != nil {
-			if watched != oldest.seq {
-				watched, w = oldest.seq, dog.Start(oldest.issued)
-			}
-			n := time.Now()
-			var expired bool
-			report, expired = w.Check(n)
-			if report || expired {
-				stall = &comm.Stall{Rank: c.rank, Seq: oldest.seq, Kind: oldest.kind, Waited: w.Waited(n),
-					Detail: fmt.Sprintf("%d x %s", oldest.count, oldest.dtype)}
-			}
-			if expired {
-				timeout = fmt.Errorf("nccl: %w (Config.Timeout %v)", stall.TimeoutError(), c.cfg.Timeout)
-			}
-		}
-		c.mu.Unlock()
-		if st, err := c.d.asyncError(c.handle); err != nil {
-			c.Abort(err)
-			continue
-		} else if st != ResultSuccess && st != ResultInProgress {
-			c.Abort(c.asyncErr(st))
-			continue
-		}
-		if report {
-			dog.Report(*stall)
-		}
-		if timeout != nil {
-			c.Abort(timeout)
-		}
-	}
 }

@@ -60,19 +60,36 @@ func (s *deviceSource) Alloc(size int) (allocator.Region, error) {
 		p = unsafe.Add(base, (allocator.Alignment-uintptr(base)%allocator.Alignment)%allocator.Alignment)
 	}
 	c.regMu.Lock()
-	defer c.regMu.Unlock()
 	if c.slabs == nil {
 		c.slabs = map[uintptr]slab{}
 	}
 	c.slabs[uintptr(p)] = slab{base: base, nccl: useNCCL}
-	if c.lib.Has("ncclCommRegister") && c.lib.Has("ncclCommDeregister") && !c.regDone {
-		h, err := c.d.register(c.ctx, c.handle, uintptr(p), size)
-		if err != nil {
+	register := c.lib.Has("ncclCommRegister") && c.lib.Has("ncclCommDeregister") && !c.regDone
+	c.regMu.Unlock()
+	if register {
+		c.lockCalls()
+		var h uintptr
+		err = c.stoppingErr()
+		if !c.torn {
+			c.dev.ncclMu.Lock()
+			h, err = c.d.register(c.ctx, c.handle, uintptr(p), size)
+			c.dev.ncclMu.Unlock()
+		}
+		c.regMu.Lock()
+		if err == nil && !c.regDone {
+			c.regs[uintptr(p)] = h
+		}
+		c.regMu.Unlock()
+		c.unlockCalls()
+		if err != nil && !c.torn {
+			c.regMu.Lock()
 			delete(c.slabs, uintptr(p))
+			c.regMu.Unlock()
 			s.free(slab{base: base, nccl: useNCCL})
 			return allocator.Region{}, fmt.Errorf("nccl: rank %d: registering %d bytes of device %d: %w", c.rank, size, c.dev.ordinal, err)
 		}
-		c.regs[uintptr(p)] = h
+		// A communicator that is gone needs no registration: the slab
+		// still serves the pool.
 	}
 	return allocator.Region{Addr: p, Size: size}, nil
 }
@@ -84,11 +101,19 @@ func (s *deviceSource) Free(r allocator.Region) error {
 	h, registered := c.regs[uintptr(r.Addr)]
 	delete(c.slabs, uintptr(r.Addr))
 	delete(c.regs, uintptr(r.Addr))
-	var err error
-	if registered && !c.regDone {
-		err = c.d.deregister(c.ctx, c.handle, h)
-	}
+	registered = registered && !c.regDone
 	c.regMu.Unlock()
+	var err error
+	if registered {
+		c.lockCalls()
+		// After Abort or Close NCCL has released what was registered.
+		if !c.torn {
+			c.dev.ncclMu.Lock()
+			err = c.d.deregister(c.ctx, c.handle, h)
+			c.dev.ncclMu.Unlock()
+		}
+		c.unlockCalls()
+	}
 	if !ok {
 		return fmt.Errorf("%w: nccl: rank %d: Free of %d bytes at %p, not a slab of this source", allocator.ErrInvalid, c.rank, r.Size, r.Addr)
 	}
@@ -103,18 +128,6 @@ func (s *deviceSource) free(sl slab) error {
 		return s.c.d.ncclMemFree(s.c.ctx, sl.base)
 	}
 	return s.c.d.memFree(s.c.ctx, sl.base)
-}
-
-// deregisterAll deregisters every slab before the communicator goes; the
-// slabs stay the pool's.
-func (c *Comm) deregisterAll() {
-	c.regMu.Lock()
-	defer c.regMu.Unlock()
-	for p, h := range c.regs {
-		c.d.deregister(c.ctx, c.handle, h)
-		delete(c.regs, p)
-	}
-	c.regDone = true
 }
 
 // stagingSource is plain device memory (cuMemAlloc), or pinned host

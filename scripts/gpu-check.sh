@@ -32,6 +32,11 @@
 #   run         ddpbench run --backend nccl without compression, with fp16
 #               and with bf16: the averaged gradients checked at the first
 #               measured step
+#   2 processes ddpbench run (fp16) and collective as two processes launched
+#               torchrun's way; on one GPU they pass for two hosts
+#               (NCCL_HOSTID) and meet over NCCL's socket transport, so the
+#               averages are two ranks' and every enqueue answers
+#               ncclInProgress, as on a cluster
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -49,13 +54,13 @@ result() { # result PASS|FAIL|SKIP name detail
 	printf '%-4s  %-44s %s\n' "$1" "$2" "$3"
 }
 
-if [ ! -x "$BIN/nccl.test" ] || [ ! -x "$BIN/ddpbench" ]; then
-	if command -v go >/dev/null; then
-		make --no-print-directory gpu-check-bin BIN="$BIN" >"$OUT/build.log" 2>&1 || { cat "$OUT/build.log"; exit 1; }
-	else
-		echo "gpu-check: $BIN/nccl.test and $BIN/ddpbench are missing and there is no Go here: run make gpu-check-bin where Go is, and bring $BIN" >&2
-		exit 2
-	fi
+# Where Go is, (re)build the binaries from this tree; elsewhere they must
+# have come with it.
+if command -v go >/dev/null; then
+	make --no-print-directory gpu-check-bin BIN="$BIN" >"$OUT/build.log" 2>&1 || { cat "$OUT/build.log"; exit 1; }
+elif [ ! -x "$BIN/nccl.test" ] || [ ! -x "$BIN/ddpbench" ]; then
+	echo "gpu-check: $BIN/nccl.test and $BIN/ddpbench are missing and there is no Go here: run make gpu-check-bin where Go is, and bring $BIN" >&2
+	exit 2
 fi
 BIN=$(cd "$BIN" && pwd)
 
@@ -161,6 +166,52 @@ for comp in none fp16 bf16; do
 		result FAIL "$name" "exit $?: $(tail -2 "$OUT/run-$comp.err" | tr '\n' ' ' | cut -c1-120)"
 	fi
 done
+
+# Two processes on one GPU: NCCL refuses two ranks of one communicator on
+# one device, unless they seem to be on two hosts (NCCL_HOSTID differs);
+# then they talk over NCCL's socket transport on loopback, and every
+# enqueue goes through NCCL's group job (ncclInProgress), as on a cluster.
+# The averages are then of two ranks' gradients. Where the machine has
+# two GPUs or more, each process gets its own.
+twoproc() { # twoproc NAME ARGS...: runs ddpbench ARGS as ranks 0 and 1
+	local name=$1
+	shift
+	local port=$((29500 + RANDOM % 500)) pids=() r
+	for r in 0 1; do
+		local dev=0
+		[ "$ranks" -ge 2 ] && dev=$r
+		RANK=$r WORLD_SIZE=2 LOCAL_RANK=$dev LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+			NCCL_HOSTID=ddpgo-gpu-check-$r NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 \
+			timeout 90 "$BIN/ddpbench" "$@" --format json >"$OUT/$name-$r.json" 2>"$OUT/$name-$r.err" &
+		pids+=($!)
+	done
+	local rc=0
+	for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+	return $rc
+}
+if [ "$standin" = 1 ]; then
+	result SKIP "2 processes: run resnet50 --compression fp16" "the stand-in's ranks meet only inside one process"
+	result SKIP "2 processes: collective allreduce float" "the stand-in's ranks meet only inside one process"
+else
+	if twoproc run2 run --backend nccl --compression fp16 --steps 10 --warmup 3; then
+		step=$(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(j["ranks"], round(j["step_ms"]["median"],1), round(j["comm_ms"]["median"],1))' "$OUT/run2-0.json" 2>/dev/null)
+		set -- $step
+		result PASS "2 processes: run resnet50 --compression fp16" "${1:-?} ranks: averages of 2 ranks right; step ${2:-?} ms, communication ${3:-?} ms"
+	else
+		result FAIL "2 processes: run resnet50 --compression fp16" "exit $?: $(tail -2 "$OUT/run2-0.err" "$OUT/run2-1.err" | tr '\n' ' ' | cut -c1-200)"
+	fi
+	if twoproc coll2 collective --backend nccl --op allreduce -b 8 -e 64M -f 8 -n 5 -w 2 --check 1; then
+		wrong=$(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(j["wrong"], j["ranks"], round(max(r["out_of_place"]["busbw_gbs"] for r in j["rows"]), 2))' "$OUT/coll2-0.json" 2>/dev/null)
+		set -- $wrong
+		if [ "${1:-x}" = 0 ]; then
+			result PASS "2 processes: collective allreduce float" "${2:-?} ranks, 8 B-64 MiB, 0 wrong; peak busbw ${3:-?} GB/s (socket transport on loopback)"
+		else
+			result FAIL "2 processes: collective allreduce float" "wrong elements: ${1:-unreadable output}"
+		fi
+	else
+		result FAIL "2 processes: collective allreduce float" "exit $?: $(tail -2 "$OUT/coll2-0.err" "$OUT/coll2-1.err" | tr '\n' ' ' | cut -c1-200)"
+	fi
+fi
 
 echo "# $checks checks, $fails failed (logs in $OUT)"
 [ "$fails" = 0 ]

@@ -34,6 +34,15 @@ func standIn(t *testing.T) {
 
 const standInMark = "STAND-IN: ddpgo's test stand-in"
 
+// standInNCCL is the NCCL the stand-in claims to be: 2.26 by default,
+// 2.21 under DDPGO_STANDIN_NCCL=2.21 (see nccl/testdata/standin).
+var standInNCCL = func() string {
+	if os.Getenv("DDPGO_STANDIN_NCCL") == "2.21" {
+		return "NCCL 2.21.5"
+	}
+	return "NCCL 2.26.6"
+}()
+
 // TestNCCLCollective runs `ddpbench collective --backend nccl` over the
 // stand-in, two ranks in this process on devices 0 and 1: every output
 // names the backend, the library and the stand-in, and every checked
@@ -44,7 +53,7 @@ func TestNCCLCollective(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("status %d: %s\n%s", code, stderr, out)
 	}
-	for _, want := range []string{"# Collective test: all_reduce, backend nccl", "# Library: NCCL 2.21.5 (", "libnccl.so.2), CUDA driver API 12.6",
+	for _, want := range []string{"# Collective test: all_reduce, backend nccl", "# Library: " + standInNCCL + " (", "libnccl.so.2), CUDA driver API 12.6",
 		"buffers in device memory", "# " + standInMark, "not NCCL's and not a GPU's", "nRanks 2 ",
 		"#  Rank  1 Group  0 Pid", "device  1 [stand-in device 1 (not a GPU)] nccl", "# Out of bounds values : 0 OK"} {
 		if !strings.Contains(out, want) {
@@ -62,7 +71,7 @@ func TestNCCLCollective(t *testing.T) {
 		if err := json.Unmarshal([]byte(out), &j); code != 0 || err != nil {
 			t.Fatalf("%s json: status %d, %v: %s\n%s", op, code, err, stderr, out)
 		}
-		if j.Backend != "nccl" || !strings.Contains(j.StandIn, "stand-in") || !strings.Contains(j.Library, "NCCL 2.21.5") || !j.DeviceMemory ||
+		if j.Backend != "nccl" || !strings.Contains(j.StandIn, "stand-in") || !strings.Contains(j.Library, standInNCCL) || !j.DeviceMemory ||
 			j.Ranks != 3 || j.Wrong != 0 || len(j.Rows) != 3 || j.Rows[0].OutOfPlace.Wrong == nil {
 			t.Errorf("%s json: %+v", op, j)
 		}
@@ -95,7 +104,7 @@ func TestNCCLRun(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("status %d: %s\n%s", code, stderr, out)
 	}
-	for _, want := range []string{standInMark, "2 ranks, nccl (one GPU per rank", "library: NCCL 2.21.5 (", "gradients in device memory", "3 steps measured"} {
+	for _, want := range []string{standInMark, "2 ranks, nccl (one GPU per rank", "library: " + standInNCCL + " (", "gradients in device memory", "3 steps measured"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("run table lacks %q:\n%s", want, out)
 		}
@@ -110,7 +119,7 @@ func TestNCCLRun(t *testing.T) {
 		if err := json.Unmarshal([]byte(out), &j); code != 0 || err != nil {
 			t.Fatalf("%s json: status %d, %v: %s\n%s", compression, code, err, stderr, out)
 		}
-		if j.Backend != "nccl" || !strings.Contains(j.StandIn, "stand-in") || !strings.Contains(j.Library, "NCCL 2.21.5") || j.Ranks != 2 || j.Steps != 3 {
+		if j.Backend != "nccl" || !strings.Contains(j.StandIn, "stand-in") || !strings.Contains(j.Library, standInNCCL) || j.Ranks != 2 || j.Steps != 3 {
 			t.Errorf("%s json: %+v", compression, j)
 		}
 	}
@@ -124,7 +133,7 @@ func TestNCCLRun(t *testing.T) {
 	// The sweep's table carries the same lines.
 	code, out, stderr = run(t, "sweep", "--backend", "nccl", "--ranks", "2", "--model", model, "--caps", "0.25,0.5", "--first-bucket-mb", "0.1",
 		"--steps", "2", "--warmup", "1", "--compute", "none")
-	if code != 0 || !strings.HasPrefix(out, standInMark) || !strings.Contains(out, "library: NCCL 2.21.5 (") {
+	if code != 0 || !strings.HasPrefix(out, standInMark) || !strings.Contains(out, "library: "+standInNCCL+" (") {
 		t.Errorf("sweep: status %d, %s; want a table opening with the stand-in's line and naming the library:\n%s", code, stderr, out)
 	}
 

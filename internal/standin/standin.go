@@ -20,6 +20,9 @@ static long call_rl_i(void *f, int a) { return ((long (*)(int))f)(a); }
 static long call_rl(void *f) { return ((long (*)(void))f)(); }
 static uintptr_t call_rp_p(void *f, uintptr_t p) { return (uintptr_t)((void *(*)(void *))f)((void *)p); }
 static void call_p(void *f, uintptr_t p) { ((void (*)(void *))f)((void *)p); }
+static int call_ri(void *f) { return ((int (*)(void))f)(); }
+static const char *call_rs_i(void *f, int a) { return ((const char *(*)(int))f)(a); }
+static int call_ri_pbn(void *f, uintptr_t p, int *buf, int n) { return ((int (*)(void *, int *, int))f)((void *)p, buf, n); }
 */
 import "C"
 
@@ -126,3 +129,47 @@ type Gate struct {
 
 // Open lets the stream go on.
 func (g Gate) Open() { C.call_p(g.l.fn("standin_open"), C.uintptr_t(g.g)) }
+
+// AsyncMode reports whether the stand-in behaves as NCCL 2.22-2.26 (every
+// enqueue of a non-blocking communicator of several ranks answers
+// ncclInProgress and is enqueued by a job thread), the default, rather
+// than enqueueing at once (DDPGO_STANDIN_NCCL=2.21).
+func (l *Lib) AsyncMode() bool { return C.call_ri(l.fn("standin_async_mode")) != 0 }
+
+// Violations returns what the stand-in recorded that real NCCL would not
+// survive (overlapping calls into one communicator, CUDA work on a
+// communicator's stream while it is ncclInProgress, ...), in order.
+func (l *Lib) Violations() []string {
+	n := int(C.call_ri(l.fn("standin_violations")))
+	v := make([]string, n)
+	for i := range v {
+		v[i] = C.GoString(C.call_rs_i(l.fn("standin_violation"), C.int(i)))
+	}
+	return v
+}
+
+// FailStreamCreate makes the nth next cuStreamCreate fail (0: none).
+func (l *Lib) FailStreamCreate(nth int) { C.call_i(l.fn("standin_fail_stream_create"), C.int(nth)) }
+
+// CommBlocking reports whether comm was made blocking (ncclConfig_t.blocking).
+func (l *Lib) CommBlocking(comm uintptr) bool {
+	return C.call_ri_p(l.fn("standin_comm_blocking"), C.uintptr_t(comm)) != 0
+}
+
+// StreamFlags returns the flags stream s (a CUstream) was created with.
+func (l *Lib) StreamFlags(s uintptr) int {
+	return int(C.call_ri_p(l.fn("standin_stream_flags"), C.uintptr_t(s)))
+}
+
+// Launches returns how many operations of comm each launch carried, in
+// order: 1 for a collective outside a group, the group's count of comm's
+// operations for a group.
+func (l *Lib) Launches(comm uintptr) []int {
+	buf := make([]C.int, 4096)
+	n := int(C.call_ri_pbn(l.fn("standin_launches"), C.uintptr_t(comm), &buf[0], C.int(len(buf))))
+	out := make([]int, min(n, len(buf)))
+	for i := range out {
+		out[i] = int(buf[i])
+	}
+	return out
+}

@@ -17,12 +17,35 @@
  * runs a C emulation chosen by the kernel's name, which checks how the
  * binding marshals arguments, not the PTX.
  *
+ * It behaves as one of two NCCLs, chosen by DDPGO_STANDIN_NCCL when it is
+ * loaded. "2.26" (the default) is NCCL 2.22 to 2.26 on a non-blocking
+ * communicator of more than one rank: every enqueue (a collective, or a
+ * group's ncclGroupEnd) starts a group job on a thread of its own and
+ * answers ncclInProgress; the job puts the operations on their streams a
+ * little later; ncclCommGetAsyncError completes the job (joining its
+ * thread, as 2.26 does) and only then reports ncclSuccess; and the job
+ * lives in the launching thread's storage (ncclGroupJobMain is __thread
+ * up to 2.26), so a second group launched from the same thread before the
+ * first is complete loses the first. One-rank collectives run at once, as
+ * NCCL 2.19 and newer launch them. "2.21" enqueues at once.
+ *
+ * Where real NCCL would hang, corrupt or fail in ways a test cannot see,
+ * the stand-in records a violation (standin_violations) and prints it:
+ * two threads in one communicator at once, a call after
+ * ncclCommDestroy/Abort, a communicator used or its stream given CUDA work
+ * while its enqueue is still ncclInProgress, a thread's group job
+ * overwritten, a deregistration on a failed communicator, a communicator
+ * aborted with another device's context current. Package nccl's tests
+ * fail on any violation.
+ *
  * Tests steer it through the standin_* functions: ncclInProgress from
- * non-blocking calls, an asynchronous error, a rank that stalls, and
- * counters of live allocations and registrations.
+ * non-blocking calls, an asynchronous error, a rank that stalls, failures
+ * of stream creation, and counters of live allocations, registrations,
+ * launches and their group sizes, communicator and stream flags.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,7 +103,8 @@ typedef struct {
 	const char *netName;
 } ncclConfig_v21700;
 
-#define STANDIN_VERSION 22105 /* claims NCCL 2.21.5 */
+/* The NCCL it claims to be: see async_mode. */
+static int standin_version = 22606; /* 2.26.6 */
 #define STANDIN_DRIVER 12060  /* claims CUDA 12.6 */
 #define MAX_DEV 16
 
@@ -97,6 +121,52 @@ static __thread ctx_t *cur;
 
 static void lock(void) { pthread_mutex_lock(&gmu); }
 static void unlock(void) { pthread_mutex_unlock(&gmu); }
+
+/* async_mode: NCCL 2.22-2.26's non-blocking enqueue (see the top). */
+static int async_mode = 1;
+static int job_delay_us = 100; /* how long a group job takes to enqueue */
+
+__attribute__((constructor)) static void standin_load(void) {
+	const char *v = getenv("DDPGO_STANDIN_NCCL");
+	if (v && strcmp(v, "2.21") == 0) {
+		async_mode = 0;
+		standin_version = 22105;
+	}
+}
+
+/* ---- violations: what real NCCL would not survive ---- */
+#define MAXVIOL 64
+static pthread_mutex_t vmu = PTHREAD_MUTEX_INITIALIZER;
+static char violations[MAXVIOL][320];
+static int nviol;
+
+__attribute__((format(printf, 1, 2))) static void violation(const char *fmt, ...) {
+	char msg[320];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	pthread_mutex_lock(&vmu);
+	if (nviol < MAXVIOL)
+		snprintf(violations[nviol], sizeof violations[nviol], "%s", msg);
+	nviol++;
+	pthread_mutex_unlock(&vmu);
+	fprintf(stderr, "stand-in: VIOLATION: %s\n", msg);
+}
+
+EXPORT int standin_violations(void) {
+	pthread_mutex_lock(&vmu);
+	int n = nviol;
+	pthread_mutex_unlock(&vmu);
+	return n;
+}
+
+EXPORT const char *standin_violation(int i) {
+	pthread_mutex_lock(&vmu);
+	const char *m = i >= 0 && i < nviol && i < MAXVIOL ? violations[i] : "";
+	pthread_mutex_unlock(&vmu);
+	return m;
+}
 
 /* ---- streams ---- */
 struct comm;
@@ -130,6 +200,7 @@ typedef struct stream {
 	op_t *head, *tail;
 	int busy;
 	int dev;
+	unsigned flags; /* cuStreamCreate's */
 } stream_t;
 
 typedef struct event {
@@ -139,6 +210,7 @@ typedef struct event {
 
 static void run_op(stream_t *s, op_t *o);
 static void run_gate(op_t *o);
+static void busy_stream(stream_t *s, const char *fn);
 
 static void *stream_main(void *arg) {
 	stream_t *s = arg;
@@ -308,11 +380,19 @@ EXPORT CUresult cuCtxSetCurrent(void *c) {
 	return CUDA_SUCCESS;
 }
 
+static int fail_stream_create; /* the nth next cuStreamCreate fails */
+
 EXPORT CUresult cuStreamCreate(stream_t **ps, unsigned int flags) {
 	NEED_CTX();
 	if (flags > 1)
 		return CUDA_ERROR_INVALID_VALUE;
+	lock();
+	int fail = fail_stream_create > 0 && --fail_stream_create == 0;
+	unlock();
+	if (fail)
+		return CUDA_ERROR_OUT_OF_MEMORY;
 	stream_t *s = calloc(1, sizeof *s);
+	s->flags = flags;
 	pthread_mutex_init(&s->mu, NULL);
 	pthread_cond_init(&s->cv, NULL);
 	s->dev = cur->dev;
@@ -386,6 +466,7 @@ EXPORT CUresult cuEventRecord(event_t *e, stream_t *s) {
 	NEED_CTX();
 	if (!e || !s)
 		return CUDA_ERROR_INVALID_HANDLE;
+	busy_stream(s, "cuEventRecord");
 	op_t *o = newop(OP_RECORD);
 	o->ev = e;
 	lock();
@@ -411,6 +492,7 @@ EXPORT CUresult cuStreamWaitEvent(stream_t *s, event_t *e, unsigned int flags) {
 		return CUDA_ERROR_INVALID_HANDLE;
 	if (flags != 0)
 		return CUDA_ERROR_INVALID_VALUE;
+	busy_stream(s, "cuStreamWaitEvent");
 	op_t *o = newop(OP_WAIT);
 	o->ev = e;
 	lock();
@@ -451,6 +533,7 @@ static CUresult copy_async(void *dst, const void *src, size_t n, stream_t *s) {
 	NEED_CTX();
 	if (!s)
 		return CUDA_ERROR_INVALID_HANDLE;
+	busy_stream(s, "cuMemcpyAsync");
 	if (n && (!dst || !src))
 		return CUDA_ERROR_INVALID_VALUE;
 	op_t *o = newop(OP_COPY);
@@ -503,6 +586,7 @@ EXPORT CUresult cuLaunchHostFunc(stream_t *s, void (*fn)(void *), void *arg) {
 	NEED_CTX();
 	if (!s || !fn)
 		return CUDA_ERROR_INVALID_VALUE;
+	busy_stream(s, "cuLaunchHostFunc");
 	op_t *o = newop(OP_HOSTFN);
 	o->fn = fn;
 	o->dst = arg;
@@ -514,6 +598,7 @@ EXPORT CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, stre
 	NEED_CTX();
 	if (!s)
 		return CUDA_ERROR_INVALID_HANDLE;
+	busy_stream(s, "cuMemsetD8Async");
 	op_t *o = newop(OP_SET);
 	o->dst = (void *)(uintptr_t)dst;
 	o->byte = v;
@@ -611,6 +696,7 @@ EXPORT CUresult cuLaunchKernel(function_t *f, unsigned gx, unsigned gy, unsigned
 		return CUDA_ERROR_INVALID_HANDLE;
 	if (!params || extra || gx == 0 || gy != 1 || gz != 1 || bx == 0 || bx > 1024 || by != 1 || bz != 1 || shmem != 0)
 		return CUDA_ERROR_INVALID_VALUE;
+	busy_stream(s, "cuLaunchKernel");
 	op_t *o = newop(OP_KERNEL);
 	o->kernel = f->kernel;
 	for (int i = 0; i < 4; i++)
@@ -749,9 +835,44 @@ typedef struct comm {
 	void *result;
 	int regs;
 	int destroyed;
+	int calls;          /* threads inside an NCCL call of this comm */
+	const char *in_fn;  /* the call one of them is in */
+	struct job *job;    /* the group job not yet completed (async mode) */
+	int *launches;      /* the size of each launch: ops of this comm per group */
+	int nlaunch, caplaunch;
 } comm_t;
 
+/* A group job of async mode: the operations of one ncclGroupEnd (or of
+ * one collective outside a group), put on their streams by the job's
+ * thread. refs: the launching thread's slot and each comm not yet
+ * completed. */
+typedef struct job {
+	op_t *ops;
+	comm_t **comms;
+	int ncomms;
+	stream_t **streams;
+	int nstreams;
+	int enqueued, joined, refs;
+	pthread_t th;
+} job_t;
+
+/* The launching thread's group job, as NCCL 2.14-2.26 keep it. */
+static __thread job_t *thread_job;
+
+/* enter and leave bracket every NCCL call that takes a communicator. */
+static void enter(comm_t *c, const char *fn) {
+	int prev = __atomic_fetch_add(&c->calls, 1, __ATOMIC_ACQ_REL);
+	if (prev > 0)
+		violation("%s and %s in the communicator of rank %d at once, from two threads", fn, c->in_fn ? c->in_fn : "?", c->rank);
+	if (c->destroyed)
+		violation("%s on the communicator of rank %d after ncclCommDestroy or ncclCommAbort", fn, c->rank);
+	c->in_fn = fn;
+}
+
+static void leave(comm_t *c) { __atomic_fetch_sub(&c->calls, 1, __ATOMIC_ACQ_REL); }
+
 static group_t *groups;
+static ncclResult_t in_use_violation(comm_t *c, const char *fn);
 static int inject_inprogress; /* the next non-blocking calls answer ncclInProgress this many polls */
 static unsigned long long next_id = 1;
 static __thread int group_depth;
@@ -763,7 +884,7 @@ static char global_lasterr[256];
 EXPORT ncclResult_t ncclGetVersion(int *v) {
 	if (!v)
 		return ncclInvalidArgument;
-	*v = STANDIN_VERSION;
+	*v = standin_version;
 	return ncclSuccess;
 }
 
@@ -897,13 +1018,136 @@ static void comm_failed(comm_t *c, int r, const char *msg) {
 
 static void release_held(comm_t *c);
 
+static void job_unref(job_t *j) {
+	if (--j->refs > 0)
+		return;
+	free(j->comms);
+	free(j->streams);
+	free(j);
+}
+
+/* The job's thread: it enqueues a little after the launch returned, so
+ * that work the binding puts on a stream meanwhile goes first, as it
+ * would on a GPU. */
+static void *job_main(void *arg) {
+	job_t *j = arg;
+	usleep(job_delay_us);
+	lock();
+	for (op_t *o = j->ops, *n; o; o = n) {
+		n = o->next;
+		enqueue((stream_t *)o->ev, o);
+	}
+	j->ops = NULL;
+	j->enqueued = 1;
+	pthread_cond_broadcast(&gcv);
+	unlock();
+	return NULL;
+}
+
+/* log_launch records how many operations of c one launch carried. Called
+ * with gmu held. */
+static void log_launch(comm_t *c, int n) {
+	if (c->nlaunch == c->caplaunch) {
+		c->caplaunch = c->caplaunch ? 2 * c->caplaunch : 16;
+		c->launches = realloc(c->launches, c->caplaunch * sizeof *c->launches);
+	}
+	c->launches[c->nlaunch++] = n;
+}
+
+/* start_job launches ops (a list, o->ev their streams) as one group job
+ * and answers ncclInProgress. Called with gmu held. */
+static ncclResult_t start_job(op_t *ops) {
+	job_t *old = thread_job;
+	if (old && !old->joined) {
+		violation("a thread launched a group while its previous group job (%d communicator(s)) was incomplete: NCCL 2.14-2.26 keep the job in the thread's storage, and the first is lost",
+			  old->ncomms);
+		for (int i = 0; i < old->ncomms; i++)
+			comm_failed(old->comms[i], ncclInternalError, "stand-in: group job overwritten by a later group of the same thread");
+	}
+	job_t *j = calloc(1, sizeof *j);
+	j->ops = ops;
+	for (op_t *o = ops; o; o = o->next) {
+		comm_t *c = o->comm;
+		int seen = 0;
+		for (int i = 0; i < j->ncomms; i++)
+			seen |= j->comms[i] == c;
+		if (!seen) {
+			j->comms = realloc(j->comms, (j->ncomms + 1) * sizeof *j->comms);
+			j->comms[j->ncomms++] = c;
+		}
+		stream_t *st = (stream_t *)o->ev;
+		seen = 0;
+		for (int i = 0; i < j->nstreams; i++)
+			seen |= j->streams[i] == st;
+		if (!seen) {
+			j->streams = realloc(j->streams, (j->nstreams + 1) * sizeof *j->streams);
+			j->streams[j->nstreams++] = st;
+		}
+	}
+	for (int i = 0; i < j->ncomms; i++) {
+		comm_t *c = j->comms[i];
+		c->async = ncclInProgress;
+		c->inprogress = inject_inprogress;
+		c->job = j;
+	}
+	j->refs = j->ncomms + 1;
+	if (old)
+		job_unref(old);
+	thread_job = j;
+	pthread_create(&j->th, NULL, job_main, j);
+	return ncclInProgress;
+}
+
+/* complete_job is ncclGroupJobComplete: it joins the job's thread and
+ * unlinks it from its communicators. Called with gmu held; drops it while
+ * joining. */
+static void complete_job(job_t *j) {
+	if (!j->joined) {
+		j->joined = 1;
+		unlock();
+		usleep(50); /* NCCL joins a thread here: a window another caller may hit */
+		pthread_join(j->th, NULL);
+		lock();
+	}
+	for (int i = 0; i < j->ncomms; i++) {
+		comm_t *c = j->comms[i];
+		if (c->job == j) {
+			c->job = NULL;
+			if (c->async == ncclInProgress && c->inprogress == 0)
+				c->async = ncclSuccess;
+			job_unref(j);
+		}
+	}
+}
+
+/* busy_stream reports CUDA work put on a stream of a communicator whose
+ * enqueue has not reported ncclSuccess yet, which NCCL forbids. */
+static void busy_stream(stream_t *s, const char *fn) {
+	lock();
+	for (group_t *g = groups; g; g = g->next)
+		for (int r = 0; r < g->nranks; r++) {
+			comm_t *c = g->ranks[r];
+			if (!c || !c->job)
+				continue;
+			for (int i = 0; i < c->job->nstreams; i++)
+				if (c->job->streams[i] == s)
+					violation("%s on the stream of rank %d while its enqueue is ncclInProgress", fn, c->rank);
+		}
+	unlock();
+}
+
 EXPORT ncclResult_t ncclCommGetAsyncError(comm_t *c, ncclResult_t *r) {
 	if (!c || !r)
 		return ncclInvalidArgument;
+	enter(c, "ncclCommGetAsyncError");
 	lock();
 	if (c->async == ncclInProgress) {
 		if (c->inprogress > 0) {
 			c->inprogress--;
+		} else if (c->job) {
+			/* 2.26: ncclCommGetAsyncError completes the group job. */
+			if (c->job->enqueued)
+				complete_job(c->job);
 		} else if (all_joined(c)) {
 			c->async = ncclSuccess;
 			release_held(c);
@@ -911,12 +1155,13 @@ EXPORT ncclResult_t ncclCommGetAsyncError(comm_t *c, ncclResult_t *r) {
 	}
 	*r = c->async;
 	unlock();
+	leave(c);
 	return ncclSuccess;
 }
 
-EXPORT ncclResult_t ncclCommCount(comm_t *c, int *n) { if (!c) return ncclInvalidArgument; *n = c->g->nranks; return ncclSuccess; }
-EXPORT ncclResult_t ncclCommUserRank(comm_t *c, int *r) { if (!c) return ncclInvalidArgument; *r = c->rank; return ncclSuccess; }
-EXPORT ncclResult_t ncclCommCuDevice(comm_t *c, int *d) { if (!c) return ncclInvalidArgument; *d = c->dev; return ncclSuccess; }
+EXPORT ncclResult_t ncclCommCount(comm_t *c, int *n) { if (!c) return ncclInvalidArgument; enter(c, "ncclCommCount"); *n = c->g->nranks; leave(c); return ncclSuccess; }
+EXPORT ncclResult_t ncclCommUserRank(comm_t *c, int *r) { if (!c) return ncclInvalidArgument; enter(c, "ncclCommUserRank"); *r = c->rank; leave(c); return ncclSuccess; }
+EXPORT ncclResult_t ncclCommCuDevice(comm_t *c, int *d) { if (!c) return ncclInvalidArgument; enter(c, "ncclCommCuDevice"); *d = c->dev; leave(c); return ncclSuccess; }
 
 static void group_unref(group_t *g) {
 	if (--g->refs > 0)
@@ -943,9 +1188,27 @@ static void group_unref(group_t *g) {
 static ncclResult_t finish(comm_t *c, int abort) {
 	if (!c)
 		return ncclInvalidArgument;
+	enter(c, abort ? "ncclCommAbort" : "ncclCommDestroy");
 	lock();
+	if (c->destroyed) {
+		/* enter recorded it; the group may be gone. */
+		unlock();
+		leave(c);
+		return ncclInvalidUsage;
+	}
+	if (cur && cur->dev != c->dev)
+		violation("%s of rank %d (device %d) with device %d's context current", abort ? "ncclCommAbort" : "ncclCommDestroy", c->rank, c->dev, cur->dev);
+	if (!abort && c->job)
+		violation("ncclCommDestroy of rank %d while its enqueue is ncclInProgress", c->rank);
 	if (abort)
 		c->aborted = 1;
+	/* The group job, if any, is abandoned: wait for its thread. */
+	if (c->job) {
+		job_t *j = c->job;
+		while (!j->enqueued)
+			pthread_cond_wait(&gcv, &gmu);
+		complete_job(j);
+	}
 	pthread_cond_broadcast(&gcv);
 	while (c->running)
 		pthread_cond_wait(&gcv, &gmu);
@@ -955,11 +1218,14 @@ static ncclResult_t finish(comm_t *c, int abort) {
 	}
 	c->held = NULL;
 	c->destroyed = 1;
+	if (abort)
+		c->regs = 0; /* ncclCommAbort releases the registrations */
 	group_t *g = c->g;
-	/* NCCL releases what is still registered; regs keeps the count so
-	 * that tests see what the binding left. */
+	/* NCCL releases what is still registered; regs keeps the count after
+	 * ncclCommDestroy so that tests see what the binding left. */
 	group_unref(g);
 	unlock();
+	leave(c);
 	/* The comm itself is leaked on purpose: ops still queued on a stream
 	 * point to it and find it destroyed. */
 	return ncclSuccess;
@@ -1001,11 +1267,19 @@ typedef struct reg { comm_t *c; void *p; size_t n; } reg_t;
 EXPORT ncclResult_t ncclCommRegister(comm_t *c, void *p, size_t n, void **h) {
 	if (!c || !p || !h || n == 0)
 		return ncclInvalidArgument;
+	enter(c, "ncclCommRegister");
 	lock();
+	if (async_mode && (c->job || c->async == ncclInProgress)) {
+		ncclResult_t r = in_use_violation(c, "ncclCommRegister");
+		unlock();
+		leave(c);
+		return r;
+	}
 	int dead = c->destroyed || c->aborted;
 	if (!dead)
 		c->regs++;
 	unlock();
+	leave(c);
 	if (dead)
 		return ncclInvalidUsage;
 	reg_t *r = malloc(sizeof *r);
@@ -1020,11 +1294,21 @@ EXPORT ncclResult_t ncclCommDeregister(comm_t *c, void *h) {
 	reg_t *r = h;
 	if (!c || !r || r->c != c)
 		return ncclInvalidArgument;
+	enter(c, "ncclCommDeregister");
 	lock();
+	if (async_mode && (c->job || c->async == ncclInProgress)) {
+		ncclResult_t res = in_use_violation(c, "ncclCommDeregister");
+		unlock();
+		leave(c);
+		return res;
+	}
+	if (c->async != ncclSuccess && c->async != ncclInProgress)
+		violation("ncclCommDeregister on the communicator of rank %d, which has failed (%d): abort it instead", c->rank, c->async);
 	int dead = c->destroyed;
 	if (!dead)
 		c->regs--;
 	unlock();
+	leave(c);
 	if (dead)
 		return ncclInvalidUsage;
 	free(r);
@@ -1308,9 +1592,44 @@ static void release_held(comm_t *c) {
 	}
 }
 
+static const char *coll_name(int kind) {
+	switch (kind) {
+	case C_ALLREDUCE: return "ncclAllReduce";
+	case C_BROADCAST: return "ncclBroadcast";
+	case C_REDUCE: return "ncclReduce";
+	case C_ALLGATHER: return "ncclAllGather";
+	case C_REDUCESCATTER: return "ncclReduceScatter";
+	case C_SEND: return "ncclSend";
+	case C_RECV: return "ncclRecv";
+	}
+	return "collective";
+}
+
+/* jobbed reports whether c's enqueues go through a group job: async mode,
+ * non-blocking, more than one rank. */
+static int jobbed(comm_t *c) { return async_mode && !c->blocking && c->g->nranks > 1; }
+
+/* in_use_violation reports a communicator used while its enqueue (or its
+ * initialisation) has not reported ncclSuccess, as NCCL 2.22-2.25 answer
+ * it (ncclInvalidArgument). Called with gmu held. */
+static ncclResult_t in_use_violation(comm_t *c, const char *fn) {
+	violation("%s on the communicator of rank %d before its previous operation reported ncclSuccess", fn, c->rank);
+	snprintf(c->lasterr, sizeof c->lasterr, "Attempt to use communicator before the previous operation returned ncclSuccess");
+	return ncclInvalidArgument;
+}
+
+static ncclResult_t coll_checked(int kind, const void *send, void *recv, size_t count, int dt, int op, int root, comm_t *c, stream_t *s);
+
 static ncclResult_t coll(int kind, const void *send, void *recv, size_t count, int dt, int op, int root, comm_t *c, stream_t *s) {
 	if (!c || !s)
 		return ncclInvalidArgument;
+	enter(c, coll_name(kind));
+	ncclResult_t r = coll_checked(kind, send, recv, count, dt, op, root, c, s);
+	leave(c);
+	return r;
+}
+
+static ncclResult_t coll_checked(int kind, const void *send, void *recv, size_t count, int dt, int op, int root, comm_t *c, stream_t *s) {
 	if (!dsize(dt) || op < 0 || op > ncclAvg) {
 		snprintf(c->lasterr, sizeof c->lasterr, "stand-in: invalid dtype %d or op %d", dt, op);
 		return ncclInvalidArgument;
@@ -1338,7 +1657,7 @@ static ncclResult_t coll(int kind, const void *send, void *recv, size_t count, i
 	o->redop = op;
 	o->root = root;
 	o->comm = c;
-	o->ev = (void *)s; /* the stream, while the op waits in a group or held list */
+	o->ev = (void *)s; /* the stream, while the op waits in a group, a job or the held list */
 	if (group_depth > 0) {
 		o->next = NULL;
 		op_t **q = &group_ops;
@@ -1354,9 +1673,22 @@ static ncclResult_t coll(int kind, const void *send, void *recv, size_t count, i
 		free(o);
 		return r;
 	}
+	if (async_mode && (c->job || r == ncclInProgress)) {
+		r = in_use_violation(c, coll_name(kind));
+		unlock();
+		free(o);
+		return r;
+	}
+	log_launch(c, 1);
+	if (jobbed(c)) {
+		o->next = NULL;
+		r = start_job(o);
+		unlock();
+		return r;
+	}
 	if (!c->blocking && (r == ncclInProgress || inject_inprogress > 0)) {
-		/* NCCL may still be enqueueing: the op reaches its stream when
-		 * ncclCommGetAsyncError next reports success. */
+		/* 2.21 with ncclInProgress injected: the op reaches its stream
+		 * when ncclCommGetAsyncError next reports success. */
 		if (r == ncclSuccess) {
 			c->async = ncclInProgress;
 			c->inprogress = inject_inprogress;
@@ -1416,15 +1748,46 @@ EXPORT ncclResult_t ncclGroupEnd(void) {
 		else { *rt = o; rt = &o->next; }
 	}
 	*st = rest;
+	/* Every communicator of the group is entered for the launch, and
+	 * logs how many of its operations the launch carries. */
+	comm_t *in[64];
+	int nin = 0, count[64] = {0};
+	for (op_t *o = sends; o; o = o->next) {
+		int k = 0;
+		while (k < nin && in[k] != o->comm)
+			k++;
+		if (k == nin && nin < 64) {
+			in[nin++] = o->comm;
+			unlock();
+			enter(o->comm, "ncclGroupEnd");
+			lock();
+		}
+		if (k < 64)
+			count[k]++;
+	}
+	for (int i = 0; i < nin; i++)
+		log_launch(in[i], count[i]);
+	op_t *jobops = NULL, **jt = &jobops;
 	for (op_t *o = sends, *n; o; o = n) {
 		n = o->next;
+		o->next = NULL;
 		comm_t *c = o->comm;
 		if (c->async != ncclSuccess && c->async != ncclInProgress) {
 			res = c->async;
 			free(o);
 			continue;
 		}
-		if (!c->blocking && (c->async == ncclInProgress || inject_inprogress > 0)) {
+		if (async_mode && (c->job || c->async == ncclInProgress)) {
+			res = in_use_violation(c, "ncclGroupEnd");
+			free(o);
+			continue;
+		}
+		if (jobbed(c)) {
+			*jt = o;
+			jt = &o->next;
+			continue;
+		}
+		if (!async_mode && !c->blocking && (c->async == ncclInProgress || inject_inprogress > 0)) {
 			if (c->async == ncclSuccess) {
 				c->async = ncclInProgress;
 				c->inprogress = inject_inprogress;
@@ -1440,7 +1803,16 @@ EXPORT ncclResult_t ncclGroupEnd(void) {
 		}
 		enqueue((stream_t *)o->ev, o);
 	}
+	if (jobops && (res == ncclSuccess || res == ncclInProgress))
+		res = start_job(jobops);
+	else if (jobops)
+		for (op_t *o = jobops, *n; o; o = n) {
+			n = o->next;
+			free(o);
+		}
 	unlock();
+	for (int i = 0; i < nin; i++)
+		leave(in[i]);
 	return res;
 }
 
@@ -1453,6 +1825,20 @@ EXPORT const char *ddpgo_standin(void) {
 }
 
 EXPORT void standin_set_inprogress(int polls) { lock(); inject_inprogress = polls; unlock(); }
+EXPORT int standin_async_mode(void) { return async_mode; }
+EXPORT void standin_fail_stream_create(int nth) { lock(); fail_stream_create = nth; unlock(); }
+EXPORT int standin_comm_blocking(comm_t *c) { lock(); int b = c->blocking; unlock(); return b; }
+EXPORT int standin_stream_flags(stream_t *s) { return (int)s->flags; }
+/* standin_launches copies up to max launch sizes of c into buf and
+ * returns how many launches c has had. */
+EXPORT int standin_launches(comm_t *c, int *buf, int max) {
+	lock();
+	int n = c->nlaunch;
+	for (int i = 0; i < n && i < max; i++)
+		buf[i] = c->launches[i];
+	unlock();
+	return n;
+}
 EXPORT void standin_set_devices(int n) { lock(); ndevices = n; unlock(); }
 EXPORT void standin_async_error(comm_t *c, int r, const char *msg) {
 	lock();
