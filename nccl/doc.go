@@ -7,7 +7,7 @@
 // (Open, Default) and their functions called through a C dispatch table
 // filled by dlsym, so building needs neither CUDA nor NCCL headers, nor a
 // GPU; the few types and enum values used are declared in
-// binding_cgo.go, checked against NCCL's src/nccl.h.in (ncclConfig_t in
+// binding.h, checked against NCCL's src/nccl.h.in (ncclConfig_t in
 // its 2.17 layout: NCCL copies min(size, its own sizeof) and defaults the
 // newer fields) and CUDA 12.6's cuda.h (the _v2 symbols its macros name).
 // Only the driver API is used; no libcudart. Libraries' empty fields

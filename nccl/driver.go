@@ -3,7 +3,7 @@ package nccl
 import "unsafe"
 
 // driver is the binding: the libraries' functions, as the dispatch table
-// of binding_cgo.go calls them. Handles (contexts, streams, events,
+// of binding.c calls them. Handles (contexts, streams, events,
 // modules, functions, communicators) are opaque integers; device
 // addresses are integers too. Without cgo there is no driver, and Open
 // fails with ErrNoCgo.
