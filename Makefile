@@ -14,7 +14,7 @@
 GO ?= go
 HAVE_MPI := $(shell pkg-config --exists ompi-c 2>/dev/null && command -v mpirun >/dev/null && echo yes)
 
-.PHONY: test test-mpi test-net lint lint-mpi mpi-deps peers-deps compare fuzz soak gpu-check-bin
+.PHONY: test test-mpi test-net lint lint-mpi mpi-deps ptxas-deps cuda-dev-deps peers-deps compare fuzz soak gpu-check-bin
 
 test: lint
 	$(GO) test -race -tags invariants ./...
@@ -59,6 +59,24 @@ endif
 mpi-deps:
 	apt-get update
 	DEBIAN_FRONTEND=noninteractive apt-get install -y openmpi-bin libopenmpi-dev pkg-config
+
+# NVIDIA's ptxas (and cuobjdump) from CUDA 11.8, Debian's
+# nvidia-cuda-toolkit in the non-free component, unpacked into
+# .cache/cuda/bin, not installed: nccl's TestPTXAssembles assembles
+# kernels.ptx with it for sm_52, sm_70, sm_80 and sm_90, and skips where
+# no ptxas is found unless DDPGO_REQUIRE_PTXAS=1 (CI). Needs root: it adds
+# contrib and non-free to the Debian sources entry. An 84 MB download.
+CUDA_CACHE := .cache/cuda
+ptxas-deps:
+	scripts/cuda-deps.sh ptxas $(CUDA_CACHE)
+
+# CUDA 11.8's headers (cuda.h, cuda_runtime.h; from nvidia-cuda-dev, a
+# 774 MB download) in .cache/cuda/include, for nccl's
+# TestABIAgainstHeaders, which compiles the binding's function types
+# against cuda.h (and nccl.h, made from NCCL's nccl.h.in when
+# DDPGO_NCCL_H_IN names one). Not in CI: about a minute and a half.
+cuda-dev-deps:
+	scripts/cuda-deps.sh headers $(CUDA_CACHE)
 
 # The peers of ../shared/peers (PyTorch with gloo, Open MPI, numpy) from
 # Debian's packages; scripts/compare.sh runs them beside ddpgo.
