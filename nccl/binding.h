@@ -7,8 +7,8 @@
 // written from NCCL's src/nccl.h.in (v2.17.1-1 for ncclConfig_t; enums
 // unchanged through v2.30.7-1) and CUDA 12.6's cuda.h (the _v2 names are
 // the symbols its macros map to). testdata/abicheck/abicheck.c compiles
-// these declarations against the real cuda.h and nccl.h, where they are
-// installed (TestABIAgainstHeaders).
+// these declarations against the real cuda.h and nccl.h where they are
+// found (TestABIAgainstHeaders; make cuda-dev-deps).
 //
 // The C functions of this package share a binary with package mpi's
 // (ddpbench with the mpi tag links both), so none may take a name that
