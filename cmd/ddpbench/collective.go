@@ -5,6 +5,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -40,6 +41,7 @@ func collectiveCommand() *cli.Command {
 			intFlag("ranks", 2, "number of ranks"),
 			stringFlag("backend", "inproc", backendUsage()),
 			formatFlag("output: table (nccl-tests layout), json or csv"),
+			telemetryFlag(),
 			&cli.DurationFlag{Name: "timeout", Value: 2 * time.Minute, Usage: "deadline of each size's warmup, timed loop and check", EnvVars: envs("timeout")},
 		},
 		Action: collectiveAction,
@@ -48,10 +50,11 @@ func collectiveCommand() *cli.Command {
 
 // collectiveOpts is the parsed command line of collective.
 type collectiveOpts struct {
-	cfg     bench.CollectiveConfig
-	ranks   int
-	backend backend
-	format  string
+	cfg       bench.CollectiveConfig
+	ranks     int
+	backend   backend
+	format    string
+	telemetry time.Duration // --telemetry-interval
 }
 
 func parseCollective(c *cli.Context) (collectiveOpts, error) {
@@ -144,6 +147,9 @@ func parseCollective(c *cli.Context) (collectiveOpts, error) {
 	if o.format, err = parseFormat(c.String("format")); err != nil {
 		return o, err
 	}
+	if o.telemetry, err = parseTelemetryInterval(c); err != nil {
+		return o, err
+	}
 	// Each rank holds a send and a receive buffer of the largest size.
 	if err := checkMemory(2*o.cfg.MaxBytes*int64(o.ranks), fmt.Sprintf("-e/--maxbytes %d with --ranks %d (a send and a receive buffer per rank)",
 		o.cfg.MaxBytes, o.ranks)); err != nil {
@@ -194,13 +200,22 @@ func collectiveAction(c *cli.Context) error {
 	sizes := o.cfg.Sizes()
 	bar := newProgress(errOut, "collective", len(sizes), o.format == "table")
 	defer bar.stop()
+	// The GPUs are sampled over the sweep (each size's warmup and timed
+	// iterations); each row gets the samples taken while its size ran.
+	tel := groupTelemetry(g, o.backend, o.telemetry, errOut)
+	defer tel.stop()
+	tel.start()
 	var werr error
 	rows, err := bench.RunCollective(c.Context, g.comms, o.cfg, func(r bench.CollectiveRow) {
+		seg := tel.cut()
+		w.rowGPU = append(w.rowGPU, seg)
 		bar.add(1)
 		if werr == nil {
 			bar.above(func() { werr = w.row(r) })
 		}
 	})
+	tel.stop()
+	w.sweepGPU = tel.summary()
 	bar.stop()
 	interrupted := err != nil && c.Context.Err() != nil
 	if err != nil && !interrupted {
@@ -236,6 +251,10 @@ type collectiveWriter struct {
 	footer func([]bench.CollectiveRow) error
 	// interrupted marks a sweep cut short: the footer says so.
 	interrupted bool
+	// GPU telemetry, nil where there is none: rowGPU[i] is row i's
+	// (appended before the row is written), sweepGPU the sweep's.
+	rowGPU   []*gpuSummary
+	sweepGPU *gpuSummary
 }
 
 func newCollectiveWriter(out io.Writer, o collectiveOpts) *collectiveWriter {
@@ -390,6 +409,9 @@ func (w *collectiveWriter) tableFooter(rows []bench.CollectiveRow) error {
 	}
 	_, err := fmt.Fprintf(w.out, "# Out of bounds values : %d %s\n# Avg bus bandwidth    : %g %s\n#\n",
 		wrong, status, roundTo(bench.AvgBusBW(rows), 5), check)
+	if err == nil && w.sweepGPU != nil {
+		_, err = fmt.Fprintf(w.out, "%s#\n", w.sweepGPU.table("# ", "over the sweep"))
+	}
 	if err == nil && w.o.backend.standIn != "" {
 		_, err = fmt.Fprintf(w.out, "# %s\n", w.o.backend.standInBanner())
 	}
@@ -404,9 +426,19 @@ func roundTo(v float64, sig int) float64 {
 	return f
 }
 
-var collectiveCSVHeader = []string{"op", "size_bytes", "count", "type", "redop", "root",
+// collectiveCSVHeader names collective's CSV columns; a row's telemetry
+// columns hold the samples taken while its size ran.
+var collectiveCSVHeader = slices.Concat([]string{"op", "size_bytes", "count", "type", "redop", "root",
 	"oop_time_us", "oop_algbw_gbs", "oop_busbw_gbs", "oop_wrong",
-	"ip_time_us", "ip_algbw_gbs", "ip_busbw_gbs", "ip_wrong", "ranks", "backend", "library", "stand_in"}
+	"ip_time_us", "ip_algbw_gbs", "ip_busbw_gbs", "ip_wrong", "ranks", "backend"}, telemetryCSVHeader(), []string{"library", "stand_in"})
+
+// lastRowGPU is the telemetry of the row being written, or nil.
+func (w *collectiveWriter) lastRowGPU() *gpuSummary {
+	if len(w.rowGPU) == 0 {
+		return nil
+	}
+	return w.rowGPU[len(w.rowGPU)-1]
+}
 
 func (w *collectiveWriter) csvHeader() error {
 	return writeCSV(w.out, collectiveCSVHeader)
@@ -425,7 +457,9 @@ func (w *collectiveWriter) csvRow(r bench.CollectiveRow) error {
 		}
 		rec = append(rec, fmtFloat(float64(t.Time)/float64(time.Microsecond)), fmtFloat(t.AlgBW), fmtFloat(t.BusBW), wrong)
 	}
-	rec = append(rec, fmt.Sprint(w.o.ranks), w.o.backend.name, w.o.backend.library, w.o.backend.standIn)
+	rec = append(rec, fmt.Sprint(w.o.ranks), w.o.backend.name)
+	rec = append(rec, w.lastRowGPU().csv()...)
+	rec = append(rec, w.o.backend.library, w.o.backend.standIn)
 	return writeCSV(w.out, rec)
 }
 
@@ -449,6 +483,9 @@ type collectiveJSON struct {
 	Wrong            int64           `json:"wrong"`        // wrong elements, all rows
 	FailedTests      int             `json:"failed_tests"` // placements with wrong elements ("Out of bounds values")
 	Interrupted      bool            `json:"interrupted"`  // the rows stop at the size Ctrl-C cut short
+	// GPUTelemetry is NVML's view of the ranks' GPUs over the sweep (a
+	// device backend with NVML); absent otherwise.
+	GPUTelemetry *telemetryJSON `json:"gpu_telemetry,omitempty"`
 }
 
 type collectiveRow struct {
@@ -457,6 +494,9 @@ type collectiveRow struct {
 	Root       int         `json:"root"`
 	OutOfPlace *timingJSON `json:"out_of_place"`
 	InPlace    *timingJSON `json:"in_place"`
+	// GPUTelemetry holds the samples taken while this size ran, which a
+	// size shorter than --telemetry-interval may have none of.
+	GPUTelemetry *telemetryJSON `json:"gpu_telemetry,omitempty"`
 }
 
 type timingJSON struct {
@@ -484,9 +524,13 @@ func (w *collectiveWriter) jsonFooter(rows []bench.CollectiveRow) error {
 		DeviceMemory: cfg.Device, Ranks: w.o.ranks, DType: cfg.DType.String(),
 		RedOp: cfg.RedOp.String(), Iters: cfg.Iters, Warmup: cfg.Warmup, Check: cfg.Check, Average: cfg.Average.NCCLTests(),
 		OutOfPlaceIsCopy: bench.EmulatedOutOfPlace(cfg.Op), AvgBusBW: bench.AvgBusBW(rows), Wrong: bench.WrongTotal(rows), FailedTests: bench.WrongTests(rows),
-		Interrupted: w.interrupted, Rows: []collectiveRow{}}
-	for _, r := range rows {
-		j.Rows = append(j.Rows, collectiveRow{Bytes: r.Bytes, Count: r.Count, Root: r.Root, OutOfPlace: timingOut(r.OutOfPlace), InPlace: timingOut(r.InPlace)})
+		Interrupted: w.interrupted, Rows: []collectiveRow{}, GPUTelemetry: w.sweepGPU.json()}
+	for i, r := range rows {
+		row := collectiveRow{Bytes: r.Bytes, Count: r.Count, Root: r.Root, OutOfPlace: timingOut(r.OutOfPlace), InPlace: timingOut(r.InPlace)}
+		if i < len(w.rowGPU) {
+			row.GPUTelemetry = w.rowGPU[i].json()
+		}
+		j.Rows = append(j.Rows, row)
 	}
 	return writeJSON(w.out, j)
 }

@@ -14,16 +14,31 @@ import (
 )
 
 // fakeNVML is a stand-in for libnvidia-ml with the signatures of nvml.h:
-// two devices whose names and memory sizes depend on the handle NVML gave
-// out, so that a handle passed wrongly shows in the output.
+// two devices whose names, memory and telemetry depend on the handle NVML
+// gave out, so that a handle passed wrongly shows in the output. The
+// telemetry (see TestTelemetryFake): utilisation alternates 40 and 90
+// percent, plus the device's index; memory used is 1 GiB per index plus
+// one; power 250 W plus 1 W per index; PCIe 1,000,000 KB/s out and twice
+// that in; the NVLink counters grow by 1 KiB per microsecond out and 2 in
+// on device 0, and device 1 has no NVLink (NVML_ERROR_NOT_SUPPORTED).
 const fakeNVML = `
 #include <stdio.h>
+#include <time.h>
 typedef struct { void *handle; } nvmlDevice_t;
 typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
+typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
+typedef struct {
+	unsigned int fieldId, scopeId;
+	long long timestamp, latencyUsec;
+	int valueType, nvmlReturn;
+	unsigned long long value;
+} nvmlFieldValue_t;
 static int devs[2];
+static int calls[2];
+static int index_of(nvmlDevice_t d) { return (int)((int *)d.handle - devs); }
 int nvmlInit_v2(void) { return INIT_RESULT; }
 int nvmlShutdown(void) { return 0; }
-const char *nvmlErrorString(int r) { return r == 12 ? "Fake library not found" : "Fake error"; }
+const char *nvmlErrorString(int r) { return r == 12 ? "Fake library not found" : r == 3 ? "Not Supported" : "Fake error"; }
 int nvmlSystemGetDriverVersion(char *v, unsigned int n) { snprintf(v, n, "555.42.fake"); return 0; }
 int nvmlDeviceGetCount_v2(unsigned int *c) { *c = 3; return 0; }
 int nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t *d) {
@@ -38,7 +53,36 @@ int nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int n) {
 #ifndef NO_MEMORY
 int nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
 	m->total = (80ULL << 30) + (unsigned long long)((int *)d.handle - devs) * (1ULL << 20);
-	m->free = m->used = 0;
+	m->used = (unsigned long long)(index_of(d) + 1) << 30;
+	m->free = m->total - m->used;
+	return 0;
+}
+#endif
+int nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int n) { snprintf(uuid, n, "GPU-fake-%d", index_of(d)); return 0; }
+int nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u) {
+	int i = index_of(d);
+	u->gpu = (calls[i]++ % 2 ? 90 : 40) + i;
+	u->memory = 0;
+	return 0;
+}
+int nvmlDeviceGetPowerUsage(nvmlDevice_t d, unsigned int *mw) { *mw = 250000 + 1000 * index_of(d); return 0; }
+int nvmlDeviceGetPcieThroughput(nvmlDevice_t d, int counter, unsigned int *kbs) { (void)d; *kbs = counter == 0 ? 1000000 : 2000000; return 0; }
+#ifndef NO_FIELD_VALUES
+int nvmlDeviceGetFieldValues(nvmlDevice_t d, int n, nvmlFieldValue_t *v) {
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	long long us = ts.tv_sec * 1000000LL + ts.tv_nsec / 1000;
+	for (int k = 0; k < n; k++) {
+		v[k].timestamp = us;
+		v[k].latencyUsec = 0;
+		if (index_of(d) == 1) {
+			v[k].nvmlReturn = 3;
+			continue;
+		}
+		v[k].nvmlReturn = 0;
+		v[k].valueType = 3;
+		v[k].value = (unsigned long long)us * (v[k].fieldId == 138 ? 1 : 2);
+	}
 	return 0;
 }
 #endif

@@ -12,7 +12,13 @@
 // under mpirun or torchrun, as mpi does; its buffers and gradients are in
 // device memory, and its outputs name the library loaded (set
 // DDPGO_NCCL_LIBRARY and DDPGO_CUDA_LIBRARY to choose it) and say so when
-// it is the test stand-in, whose figures say nothing about a GPU.
+// it is the test stand-in, whose figures say nothing about a GPU. On
+// nccl, run and collective also read each rank's GPU through NVML
+// (libnvidia-ml.so.1, opened at run time) every --telemetry-interval
+// during the timed region, and show the median and peak of its
+// utilisation, memory used, power, and PCIe and NVLink throughput; where
+// NVML cannot be had, they say so once on standard error and print what
+// they print without it. A launched job's rank 0 shows its own GPU's.
 //
 // Every flag can also be set through an environment variable named
 // DDPBENCH_ followed by the flag's name in upper case with dashes as

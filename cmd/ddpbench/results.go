@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	"github.com/ddpgo/ddpgo/bench"
@@ -14,11 +15,12 @@ import (
 type runRecord struct {
 	o   runOpts
 	res *bench.Result
+	gpu *gpuSummary // GPU telemetry over the measured steps, or nil
 }
 
 // runCSVHeader names the CSV columns of run and sweep. Times are in
 // milliseconds, bandwidth in GB/s (1e9 bytes), sizes in bytes.
-var runCSVHeader = []string{
+var runCSVHeader = slices.Concat([]string{
 	"run_id", "model", "ranks", "backend", "bucket_cap_mb", "first_bucket_mb", "compression", "grad_as_bucket_view", "zero_grad",
 	"compute", "compute_target_ms", "steps", "steps_requested", "warmup", "interrupted", "quantile_steps",
 	"step_ms_median", "step_ms_p10", "step_ms_p90",
@@ -27,8 +29,8 @@ var runCSVHeader = []string{
 	"comm_ms_median", "comm_ms_p10", "comm_ms_p90",
 	"overlap_median", "overlap_p10", "overlap_p90",
 	"busbw_gbs_median", "busbw_gbs_p10", "busbw_gbs_p90",
-	"bytes_per_step", "grad_bytes", "buckets", "bucket_bytes", "fp16_overflows", "allocs_per_step", "library", "stand_in",
-}
+	"bytes_per_step", "grad_bytes", "buckets", "bucket_bytes", "fp16_overflows", "allocs_per_step",
+}, telemetryCSVHeader(), []string{"library", "stand_in"})
 
 func (r runRecord) csv() []string {
 	o, res := r.o, r.res
@@ -51,8 +53,10 @@ func (r runRecord) csv() []string {
 	rec = append(rec, ms(res.CommTime)...)
 	rec = append(rec, raw(res.OverlapRatio)...)
 	rec = append(rec, raw(res.BusBW)...)
-	return append(rec, fmt.Sprint(res.WireBytes), fmt.Sprint(res.GradBytes), fmt.Sprint(len(res.Buckets)),
-		strings.Join(sizes, " "), fmt.Sprint(res.Overflows), fmtFloat(res.AllocsPerStep), o.backend.library, o.backend.standIn)
+	rec = append(rec, fmt.Sprint(res.WireBytes), fmt.Sprint(res.GradBytes), fmt.Sprint(len(res.Buckets)),
+		strings.Join(sizes, " "), fmt.Sprint(res.Overflows), fmtFloat(res.AllocsPerStep))
+	rec = append(rec, r.gpu.csv()...)
+	return append(rec, o.backend.library, o.backend.standIn)
 }
 
 // distJSON is a Dist in the JSON output.
@@ -101,6 +105,9 @@ type runJSON struct {
 	Buckets          []int64  `json:"bucket_bytes"`
 	Overflows        int64    `json:"fp16_overflows"`
 	AllocsPerStep    float64  `json:"allocs_per_step"`
+	// GPUTelemetry is NVML's view of the ranks' GPUs over the measured
+	// steps (a device backend with NVML); absent otherwise.
+	GPUTelemetry *telemetryJSON `json:"gpu_telemetry,omitempty"`
 }
 
 func (r runRecord) json() runJSON {
@@ -114,7 +121,7 @@ func (r runRecord) json() runJSON {
 		StepMS: toJSON(res.StepTime, 1e3), IterMS: toJSON(res.IterTime, 1e3), ComputeMS: toJSON(res.ComputeTime, 1e3), CommMS: toJSON(res.CommTime, 1e3),
 		Overlap: toJSON(res.OverlapRatio, 1), BusBW: toJSON(res.BusBW, 1),
 		BytesPerStep: res.WireBytes, GradBytes: res.GradBytes, Buckets: res.Buckets,
-		Overflows: res.Overflows, AllocsPerStep: res.AllocsPerStep,
+		Overflows: res.Overflows, AllocsPerStep: res.AllocsPerStep, GPUTelemetry: r.gpu.json(),
 	}
 }
 
@@ -283,6 +290,9 @@ func (r runRecord) table() string {
 		fmt.Fprintf(b, "%-24s %d\n", o.compression+" overflows", res.Overflows)
 	}
 	fmt.Fprintf(b, "%-24s %.1f\n", "allocations per step", res.AllocsPerStep)
+	if r.gpu != nil {
+		b.WriteString("\n" + r.gpu.table("", "over the measured steps"))
+	}
 	return b.String()
 }
 

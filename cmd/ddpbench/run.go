@@ -43,6 +43,7 @@ func runFlags() []cli.Flag {
 		intFlag("trace-steps", 3, fmt.Sprintf("measured steps to trace (at most %d: each keeps every rank's statistics in memory)", bench.MaxTraceSteps)),
 		stringFlag("metrics-addr", "", "serve Prometheus /metrics on `HOST:PORT` while running (127.0.0.1:9100 keeps them on this machine; "+
 			"an empty host or 0.0.0.0 serves them, unauthenticated, to every network this machine is on)"),
+		telemetryFlag(),
 	)
 }
 
@@ -110,6 +111,7 @@ type runOpts struct {
 	trace       string
 	traceSteps  int
 	metricsAddr string
+	telemetry   time.Duration // --telemetry-interval (run only)
 }
 
 func parseStepFlags(c *cli.Context) (runOpts, error) {
@@ -257,6 +259,9 @@ func parseRun(c *cli.Context) (runOpts, error) {
 			return o, err
 		}
 	}
+	if o.telemetry, err = parseTelemetryInterval(c); err != nil {
+		return o, err
+	}
 	return o, nil
 }
 
@@ -317,7 +322,25 @@ func runAction(c *cli.Context) error {
 			bar.add(1)
 		}
 	})
+	// The GPUs are sampled over the measured steps: from the end of rank
+	// 0's last warmup step to the end of the run.
+	tel := groupTelemetry(g, o.backend, o.telemetry, errOut)
+	defer tel.stop()
+	if tel != nil {
+		warm := 0
+		cfg.OnStep = chainOnStep(cfg.OnStep, func(rank int, measured bool, _ *ddp.StepStats) {
+			if rank == g.rank && !measured {
+				if warm++; warm == o.warmup {
+					tel.start()
+				}
+			}
+		})
+		if o.warmup == 0 {
+			tel.start()
+		}
+	}
 	res, err := bench.Run(c.Context, cfg)
+	tel.stop()
 	bar.stop()
 	if err != nil && (res == nil || !res.Interrupted) {
 		return timeoutHint(err, o.timeout)
@@ -330,7 +353,7 @@ func runAction(c *cli.Context) error {
 			return err
 		}
 	}
-	if err := writeRunResults(out, o.format, []runRecord{{o: o, res: res}}); err != nil {
+	if err := writeRunResults(out, o.format, []runRecord{{o: o, res: res, gpu: tel.summary()}}); err != nil {
 		return err
 	}
 	if res.Interrupted {
