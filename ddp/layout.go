@@ -93,19 +93,21 @@ func (r *Reducer) build(bs []bucket.Bucket) (*layout, error) {
 		L.blocks = append(L.blocks, blk)
 		buf := r.region(blk, 0, n, b.DType)
 		r.kern.Zero(buf)
+		ts := make([]hooks.Tensor, len(b.Tensors))
 		for j, p := range b.Tensors {
 			L.bufs[p] = buf.Slice(b.Offsets[j]/size, r.tensors[p].Numel)
 			if r.host && b.DType == comm.Float32 {
 				L.views[p] = L.bufs[p].AsFloat32()
 			}
 			L.bucketOf[p] = k
+			ts[j] = hooks.Tensor{Param: p, Offset: b.Offsets[j] / size, Shape: r.params[p].Shape}
 		}
-		L.hb[k] = hooks.Bucket{Index: k, Buf: buf, Scratch: comm.Buffer{DType: comm.Uint8, Loc: loc, Device: r.dev}}
+		L.hb[k] = hooks.Bucket{Index: k, Buf: buf, Tensors: ts, Scratch: comm.Buffer{DType: comm.Uint8, Loc: loc, Device: r.dev}}
 	}
 	slots := min(r.window, len(bs))
 	need := make([]int, slots)
-	for k, b := range bs {
-		need[k%slots] = max(need[k%slots], r.hook.Scratch(b.Bytes/b.DType.Size(), b.DType))
+	for k := range bs {
+		need[k%slots] = max(need[k%slots], hooks.ScratchFor(r.hook, &L.hb[k]))
 	}
 	for j, bytes := range need {
 		if bytes == 0 {

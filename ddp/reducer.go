@@ -311,6 +311,9 @@ func (r *Reducer) prepare(params []Param) error {
 	if err := r.hook.Setup(r.c, r.kern); err != nil {
 		return fmt.Errorf("ddp: rank %d: setting up hook %s: %w", r.c.Rank(), r.hook.Name(), err)
 	}
+	if u, ok := r.hook.(hooks.PoolUser); ok {
+		u.UsePool(r.pool)
+	}
 	if err := r.checkKernels(); err != nil {
 		return err
 	}

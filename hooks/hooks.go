@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
 )
 
@@ -86,6 +87,10 @@ type KernelUser interface {
 type Bucket struct {
 	Index int         // bucket index in the current layout
 	Buf   comm.Buffer // the gradients; after Finish, the average over ranks
+	// Tensors are the gradients Buf holds, in their order in it (the
+	// Reducer sets them; nil: Buf is one flat vector). Hooks that work
+	// per tensor (PowerSGD) read them; they must not be modified.
+	Tensors []Tensor
 	// Scratch is Hook.Scratch bytes of pool memory (a Uint8 Buffer in
 	// the same Location as Buf), the hook's alone from Launch until
 	// Finish returns (or, if the collective fails, until it has
@@ -96,6 +101,37 @@ type Bucket struct {
 	// the elements whose reduced value is Inf or NaN although this rank's
 	// float32 gradient was finite (see the package documentation).
 	Overflows int64
+}
+
+// Tensor is one gradient in a bucket.
+type Tensor struct {
+	Param  int   // the parameter's index: the same in every bucket layout
+	Offset int   // its first element in Bucket.Buf
+	Shape  []int // its shape; it holds the product of Shape elements
+}
+
+// TensorScratcher is implemented by a hook whose scratch depends on the
+// shapes of a bucket's tensors (Bucket.Tensors), not only on its size.
+// The Reducer asks it, through ScratchFor, when it lays out the buckets.
+type TensorScratcher interface {
+	TensorScratch(b *Bucket) int
+}
+
+// ScratchFor returns the bytes of scratch h needs to reduce b:
+// h.TensorScratch(b) where h is a TensorScratcher, h.Scratch otherwise.
+func ScratchFor(h Hook, b *Bucket) int {
+	if ts, ok := h.(TensorScratcher); ok {
+		return ts.TensorScratch(b)
+	}
+	return h.Scratch(b.Buf.Count, b.Buf.DType)
+}
+
+// PoolUser is implemented by a hook that keeps state between steps in pool
+// memory (PowerSGD's errors and Qs). The Reducer calls UsePool with its
+// pool after Setup and before any Launch; the hook takes its state from
+// that pool and returns it at Close.
+type PoolUser interface {
+	UsePool(p *allocator.Pool)
 }
 
 // Errors returned by hooks; test with errors.Is.
@@ -123,10 +159,12 @@ var constructors = map[string]func() Hook{
 	"allreduce": AllReduce,
 	"fp16":      FP16,
 	"bf16":      BF16,
+	"powersgd":  func() Hook { return PowerSGD(DefaultPowerSGDOptions()) },
 }
 
 // ByName returns a new hook of the given name: "avg" (or "none": no
-// compression, the default), "allreduce", "fp16" or "bf16".
+// compression, the default), "allreduce", "fp16", "bf16" or "powersgd"
+// (with PyTorch's defaults, DefaultPowerSGDOptions).
 func ByName(name string) (Hook, error) {
 	if f, ok := constructors[name]; ok {
 		return f(), nil

@@ -1,0 +1,258 @@
+// Package lowrank holds the float32 matrix kernels of PowerSGD (package
+// hooks): the products of a gradient matrix C (n×m) with thin factors P
+// (n×r) and Q (m×r), and the orthogonalization of a factor's columns. Every
+// matrix is a dense row-major []float32, as a gradient lies in its bucket
+// and as PyTorch lays out P and Q.
+//
+// The kernels are pure Go and deterministic: each result is computed by one
+// fixed sequence of float32 operations, whatever the CPU, and every
+// product is rounded before it is added (an explicit conversion keeps the
+// compiler from fusing a multiply and an add on machines with FMA), so
+// ranks that run the same kernels on the same inputs agree bit for bit.
+// They never allocate. Ranks of 1 and multiples of 4 are the fastest: the
+// columns of a factor are taken four at a time, and the rest one at a
+// time.
+package lowrank
+
+import "math"
+
+// MulQ sets p (n×r) to c (n×m) times q (m×r).
+func MulQ(p, c, q []float32, n, m, r int) {
+	check(len(p), n*r, len(c), n*m, len(q), m*r)
+	for i := range n {
+		row := c[i*m : (i+1)*m : (i+1)*m]
+		out := p[i*r : (i+1)*r : (i+1)*r]
+		k := 0
+		for ; k+4 <= r; k += 4 {
+			out[k], out[k+1], out[k+2], out[k+3] = dot4(row, q, r, k)
+		}
+		for ; k < r; k++ {
+			out[k] = dot1(row, q, r, k)
+		}
+	}
+}
+
+// dot4 returns the dot products of row with columns k..k+3 of q (len(row)
+// rows of stride r).
+func dot4(row, q []float32, r, k int) (a0, a1, a2, a3 float32) {
+	if r == 4 {
+		q = q[:4*len(row)]
+		for j, c := range row {
+			x := q[4*j : 4*j+4 : 4*j+4]
+			a0 += float32(c * x[0])
+			a1 += float32(c * x[1])
+			a2 += float32(c * x[2])
+			a3 += float32(c * x[3])
+		}
+		return
+	}
+	for j, c := range row {
+		x := q[j*r+k : j*r+k+4 : j*r+k+4]
+		a0 += float32(c * x[0])
+		a1 += float32(c * x[1])
+		a2 += float32(c * x[2])
+		a3 += float32(c * x[3])
+	}
+	return
+}
+
+// dot1 returns the dot product of row with column k of q, in four
+// interleaved partial sums so that the additions do not wait on each
+// other.
+func dot1(row, q []float32, r, k int) float32 {
+	var a0, a1, a2, a3 float32
+	j := 0
+	if r == 1 {
+		q = q[:len(row)]
+		for ; j+4 <= len(row); j += 4 {
+			x, c := q[j:j+4:j+4], row[j:j+4:j+4]
+			a0 += float32(c[0] * x[0])
+			a1 += float32(c[1] * x[1])
+			a2 += float32(c[2] * x[2])
+			a3 += float32(c[3] * x[3])
+		}
+	} else {
+		for ; j+4 <= len(row); j += 4 {
+			o := j*r + k
+			c := row[j : j+4 : j+4]
+			_ = q[o+3*r]
+			a0 += float32(c[0] * q[o])
+			a1 += float32(c[1] * q[o+r])
+			a2 += float32(c[2] * q[o+2*r])
+			a3 += float32(c[3] * q[o+3*r])
+		}
+	}
+	for ; j < len(row); j++ {
+		a0 += float32(row[j] * q[j*r+k])
+	}
+	return (a0 + a1) + (a2 + a3)
+}
+
+// MulTP sets q (m×r) to the transpose of c (n×m) times p (n×r). It reads c
+// row by row, adding each row's contribution into q in row order, four
+// rows per pass over q.
+func MulTP(q, c, p []float32, n, m, r int) {
+	check(len(p), n*r, len(c), n*m, len(q), m*r)
+	clear(q)
+	i := 0
+	for ; i+4 <= n; i += 4 {
+		c0 := c[i*m : (i+1)*m : (i+1)*m]
+		c1 := c[(i+1)*m : (i+2)*m : (i+2)*m]
+		c2 := c[(i+2)*m : (i+3)*m : (i+3)*m]
+		c3 := c[(i+3)*m : (i+4)*m : (i+4)*m]
+		k := 0
+		for ; k+4 <= r; k += 4 {
+			axpy4x4(q, r, k, c0, c1, c2, c3, p[i*r+k:i*r+k+4], p[(i+1)*r+k:(i+1)*r+k+4], p[(i+2)*r+k:(i+2)*r+k+4], p[(i+3)*r+k:(i+3)*r+k+4])
+		}
+		for ; k < r; k++ {
+			axpy4x1(q, r, k, c0, c1, c2, c3, p[i*r+k], p[(i+1)*r+k], p[(i+2)*r+k], p[(i+3)*r+k])
+		}
+	}
+	for ; i < n; i++ {
+		row := c[i*m : (i+1)*m : (i+1)*m]
+		for k := range r {
+			s := p[i*r+k]
+			for j, x := range row {
+				q[j*r+k] += float32(x * s)
+			}
+		}
+	}
+}
+
+// axpy4x4 adds rows c0..c3 times the 4-vectors p0..p3 into columns
+// k..k+3 of q, row c0 first.
+func axpy4x4(q []float32, r, k int, c0, c1, c2, c3, p0, p1, p2, p3 []float32) {
+	p00, p01, p02, p03 := p0[0], p0[1], p0[2], p0[3]
+	p10, p11, p12, p13 := p1[0], p1[1], p1[2], p1[3]
+	p20, p21, p22, p23 := p2[0], p2[1], p2[2], p2[3]
+	p30, p31, p32, p33 := p3[0], p3[1], p3[2], p3[3]
+	c1, c2, c3 = c1[:len(c0)], c2[:len(c0)], c3[:len(c0)]
+	for j, x0 := range c0 {
+		x1, x2, x3 := c1[j], c2[j], c3[j]
+		y := q[j*r+k : j*r+k+4 : j*r+k+4]
+		y0 := y[0] + float32(x0*p00)
+		y1 := y[1] + float32(x0*p01)
+		y2 := y[2] + float32(x0*p02)
+		y3 := y[3] + float32(x0*p03)
+		y0 += float32(x1 * p10)
+		y1 += float32(x1 * p11)
+		y2 += float32(x1 * p12)
+		y3 += float32(x1 * p13)
+		y0 += float32(x2 * p20)
+		y1 += float32(x2 * p21)
+		y2 += float32(x2 * p22)
+		y3 += float32(x2 * p23)
+		y[0] = y0 + float32(x3*p30)
+		y[1] = y1 + float32(x3*p31)
+		y[2] = y2 + float32(x3*p32)
+		y[3] = y3 + float32(x3*p33)
+	}
+}
+
+// axpy4x1 adds rows c0..c3 times s0..s3 into column k of q, row c0 first.
+func axpy4x1(q []float32, r, k int, c0, c1, c2, c3 []float32, s0, s1, s2, s3 float32) {
+	c1, c2, c3 = c1[:len(c0)], c2[:len(c0)], c3[:len(c0)]
+	for j, x0 := range c0 {
+		o := j*r + k
+		y := q[o] + float32(x0*s0)
+		y += float32(c1[j] * s1)
+		y += float32(c2[j] * s2)
+		q[o] = y + float32(c3[j]*s3)
+	}
+}
+
+// Reconstruct sets c (n×m) to p (n×r) times the transpose of q (m×r). If e
+// is not nil, it also subtracts each element it writes from the same
+// element of e (n×m): the error feedback of PowerSGD, fused into the one
+// pass.
+func Reconstruct(c, e, p, q []float32, n, m, r int) {
+	check(len(p), n*r, len(c), n*m, len(q), m*r)
+	if e != nil && len(e) != n*m {
+		panic("lowrank: error matrix of the wrong size")
+	}
+	for i := range n {
+		row := c[i*m : (i+1)*m : (i+1)*m]
+		var erow []float32
+		if e != nil {
+			erow = e[i*m : (i+1)*m : (i+1)*m]
+		}
+		pi := p[i*r : (i+1)*r : (i+1)*r]
+		switch r {
+		case 1:
+			s := pi[0]
+			q := q[:m]
+			for j := range row {
+				row[j] = float32(s * q[j])
+			}
+		case 4:
+			p0, p1, p2, p3 := pi[0], pi[1], pi[2], pi[3]
+			q := q[:4*m]
+			for j := range row {
+				x := q[4*j : 4*j+4 : 4*j+4]
+				v := float32(p0*x[0]) + float32(p1*x[1])
+				v += float32(p2 * x[2])
+				row[j] = v + float32(p3*x[3])
+			}
+		default:
+			for j := range row {
+				x := q[j*r : (j+1)*r : (j+1)*r]
+				v := float32(pi[0] * x[0])
+				for k := 1; k < r; k++ {
+					v += float32(pi[k] * x[k])
+				}
+				row[j] = v
+			}
+		}
+		if erow != nil {
+			erow = erow[:len(row)]
+			for j, v := range row {
+				erow[j] -= v
+			}
+		}
+	}
+}
+
+// Orthogonalize makes the r columns of a (rows×r) orthonormal by modified
+// Gram-Schmidt, as PyTorch's PowerSGD does: each column in turn is divided
+// by its norm plus eps, then its projection is removed from every later
+// column. Norms and projections are accumulated in float64. A column whose
+// norm plus eps is zero (all zeros, with eps 0) is left at zero rather
+// than divided by zero.
+func Orthogonalize(a []float32, rows, r int, eps float32) {
+	if len(a) != rows*r {
+		panic("lowrank: factor of the wrong size")
+	}
+	for k := range r {
+		var ss float64
+		for i := range rows {
+			v := float64(a[i*r+k])
+			ss += v * v
+		}
+		d := math.Sqrt(ss) + float64(eps)
+		if d == 0 {
+			for i := range rows {
+				a[i*r+k] = 0
+			}
+			continue
+		}
+		inv := 1 / d
+		for i := range rows {
+			a[i*r+k] = float32(float64(a[i*r+k]) * inv)
+		}
+		for l := k + 1; l < r; l++ {
+			var dot float64
+			for i := range rows {
+				dot += float64(a[i*r+k]) * float64(a[i*r+l])
+			}
+			for i := range rows {
+				a[i*r+l] = float32(float64(a[i*r+l]) - dot*float64(a[i*r+k]))
+			}
+		}
+	}
+}
+
+func check(lp, np, lc, nc, lq, nq int) {
+	if lp != np || lc != nc || lq != nq {
+		panic("lowrank: matrices of the wrong sizes")
+	}
+}
