@@ -13,7 +13,9 @@ type config struct {
 	Hidden   int     // hidden units
 	LR       float64 // learning rate
 	Momentum float64 // SGD momentum
-	Hook     string  // gradient reduction: none, fp16, bf16
+	Hook     string  // gradient reduction: none, allreduce, fp16, bf16, powersgd
+	// PowerSGD's rank and start step (-hook powersgd)
+	PowerSGDRank, PowerSGDStart int
 	Seed     uint64  // split, initialisation and shuffling
 	Data     string  // CSV(.gz) path; "" = the embedded copy
 	Stats    bool    // print step timings per epoch
@@ -25,5 +27,5 @@ type config struct {
 }
 
 func defaultConfig() config {
-	return config{Backend: "inproc", Ranks: 4, Epochs: 20, Batch: 64, Hidden: 128, LR: 0.05, Momentum: 0.9, Hook: "none", Seed: 1}
+	return config{Backend: "inproc", Ranks: 4, Epochs: 20, Batch: 64, Hidden: 128, LR: 0.05, Momentum: 0.9, Hook: "none", Seed: 1, PowerSGDRank: 4, PowerSGDStart: 10}
 }

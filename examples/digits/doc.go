@@ -23,7 +23,7 @@
 //
 // Usage:
 //
-//	go run ./examples/digits [-ranks 4] [-epochs 20] [-batch 64] [-hidden 128] [-lr 0.05] [-momentum 0.9] [-hook none|fp16|bf16] [-seed 1] [-data file.csv.gz] [-stats] [-trace out.json] [-save weights.bin]
+//	go run ./examples/digits [-ranks 4] [-epochs 20] [-batch 64] [-hidden 128] [-lr 0.05] [-momentum 0.9] [-hook none|fp16|bf16|powersgd] [-powersgd-rank 4] [-powersgd-start 10] [-seed 1] [-data file.csv.gz] [-stats] [-trace out.json] [-save weights.bin]
 //
 // Across processes, one rank each, over Open MPI (the job's size is the
 // number of ranks; rank 0 prints):

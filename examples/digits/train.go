@@ -99,8 +99,8 @@ func (m *mlp) params() []ddp.Param {
 
 // newHook returns the Reducer hook named by the -hook flag: a new value per
 // rank, since a hook belongs to one rank.
-func newHook(name string) (hooks.Hook, error) {
-	switch name {
+func newHook(cfg config) (hooks.Hook, error) {
+	switch name := cfg.Hook; name {
 	case "none", "":
 		return hooks.Avg(), nil
 	case "allreduce":
@@ -109,8 +109,15 @@ func newHook(name string) (hooks.Hook, error) {
 		return hooks.FP16(), nil
 	case "bf16":
 		return hooks.BF16(), nil
+	case "powersgd":
+		o := hooks.DefaultPowerSGDOptions()
+		o.Rank, o.StartIter = cfg.PowerSGDRank, cfg.PowerSGDStart
+		if o.Rank < 1 || o.StartIter < 0 {
+			return nil, fmt.Errorf("%w: -powersgd-rank %d and -powersgd-start %d, want a rank of at least 1 and a start of 0 or more", errConfig, o.Rank, o.StartIter)
+		}
+		return hooks.PowerSGD(o), nil
 	}
-	return nil, fmt.Errorf("%w: -hook %q, want none, allreduce, fp16 or bf16", errConfig, name)
+	return nil, fmt.Errorf("%w: -hook %q, want none, allreduce, fp16, bf16 or powersgd", errConfig, cfg.Hook)
 }
 
 // group is the ranks this process runs: every rank of an in-process
@@ -201,7 +208,7 @@ func trainRanks(ctx context.Context, comms []comm.Communicator, data *dataset, c
 	errs := make([]error, len(comms))
 	var wg sync.WaitGroup
 	for i, c := range comms {
-		hook, err := newHook(cfg.Hook)
+		hook, err := newHook(cfg)
 		if err != nil {
 			return nil, err
 		}

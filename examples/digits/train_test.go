@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ddpgo/ddpgo/ddp"
 	"github.com/ddpgo/ddpgo/trace/tracetest"
 )
 
@@ -109,6 +110,62 @@ func TestAccuracy(t *testing.T) {
 	for _, hook := range []string{"fp16", "bf16"} {
 		if d := math.Abs(acc[hook] - acc["none"]); d > 0.01 {
 			t.Errorf("hook %s: test accuracy %.2f%% is %.2f points from fp32's %.2f%%", hook, 100*acc[hook], 100*d, 100*acc["none"])
+		}
+	}
+}
+
+// TestPowerSGDAccuracy trains the default configuration with PowerSGD at
+// ranks 1, 2 and 4, compressing from the first step: the test accuracy
+// must be within half a point of fp32's (one test image is 0.28 points),
+// the replicas must agree bit for bit, and the compressed steps must send
+// less than a fifth of fp32's bytes.
+func TestPowerSGDAccuracy(t *testing.T) {
+	if raceEnabled {
+		t.Skip("numerics only; the race detector makes it slow (the hooks package tests PowerSGD under it)")
+	}
+	train, test := testData(t)
+	cfg := defaultConfig()
+	ref, err := trainGroup(context.Background(), train, cfg, observer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, fp32 := ref[0].evaluate(test, 256)
+	var fp32Bytes int64
+	cfg.Epochs = 1
+	if _, err := trainGroup(context.Background(), train, cfg, observer{step: func(rank int, s *ddp.StepStats) {
+		if rank == 0 {
+			fp32Bytes = s.Bytes
+		}
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, rank := range []int{1, 2, 4} {
+		cfg := defaultConfig()
+		cfg.Hook, cfg.PowerSGDRank, cfg.PowerSGDStart = "powersgd", rank, 0
+		var wire int64
+		models, err := trainGroup(context.Background(), train, cfg, observer{step: func(r int, s *ddp.StepStats) {
+			if r == 0 {
+				wire = s.Bytes
+			}
+		}})
+		if err != nil {
+			t.Fatalf("rank %d: %v", rank, err)
+		}
+		names, _ := models[0].shapes()
+		for r, m := range models {
+			for p := range numParams {
+				if !slices.Equal(m.w[p], models[0].w[p]) {
+					t.Fatalf("powersgd rank %d: replica %d's %s differs from replica 0's", rank, r, names[p])
+				}
+			}
+		}
+		_, acc := models[0].evaluate(test, 256)
+		t.Logf("powersgd rank %d: test accuracy %.2f%% (fp32 %.2f%%), %d bytes a step on the wire (fp32 %d)", rank, 100*acc, 100*fp32, wire, fp32Bytes)
+		if d := math.Abs(acc - fp32); d > 0.005 {
+			t.Errorf("powersgd rank %d: test accuracy %.2f%% is %.2f points from fp32's %.2f%%", rank, 100*acc, 100*d, 100*fp32)
+		}
+		if wire <= 0 || 5*wire >= fp32Bytes {
+			t.Errorf("powersgd rank %d: %d bytes a step on the wire, fp32 %d: want under a fifth", rank, wire, fp32Bytes)
 		}
 	}
 }
