@@ -14,16 +14,16 @@ type config struct {
 	LR       float64 // learning rate
 	Momentum float64 // SGD momentum
 	Hook     string  // gradient reduction: none, allreduce, fp16, bf16, powersgd
-	// PowerSGD's rank and start step (-hook powersgd)
-	PowerSGDRank, PowerSGDStart int
-	Seed                        uint64 // split, initialisation and shuffling
-	Data                        string // CSV(.gz) path; "" = the embedded copy
-	Stats                       bool   // print step timings per epoch
-	Trace                       string // timeline file; "" = none
-	Save                        string // final weights file (rank 0); "" = none
+	Seed     uint64  // split, initialisation and shuffling
+	Data     string  // CSV(.gz) path; "" = the embedded copy
+	Stats    bool    // print step timings per epoch
+	Trace    string  // timeline file; "" = none
+	Save     string  // final weights file (rank 0); "" = none
 	// RanksSet says that -ranks was given: with mpi it must then equal
 	// the job's size.
 	RanksSet bool
+	// PowerSGD's rank and start step (-hook powersgd).
+	PowerSGDRank, PowerSGDStart int
 }
 
 func defaultConfig() config {
