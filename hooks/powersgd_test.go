@@ -151,39 +151,369 @@ func reduceBucket(h Hook, b *Bucket) error {
 	return h.Finish(b)
 }
 
-func TestPowerSGDSmoke(t *testing.T) {
-	const n = 2
-	rng := rand.New(rand.NewPCG(1, 2))
-	g := [][]float32{lowRankish(rng, 32, 48), lowRankish(rng, 32, 48)}
-	out := make([][]float32, n)
-	errs := psgdGroup(t, n, func(int) PowerSGDOptions {
-		o := DefaultPowerSGDOptions()
-		o.StartIter, o.Rank = 0, 4
+// psgdOptions returns PyTorch's defaults with compression from step 0 and
+// the given rank.
+func psgdOptions(rank int) PowerSGDOptions {
+	o := DefaultPowerSGDOptions()
+	o.StartIter, o.Rank = 0, rank
+	return o
+}
+
+// relErr returns |got - want| / |want| in the Frobenius norm.
+func relErr(got []float32, want []float64) float64 {
+	var num, den float64
+	for i, w := range want {
+		d := float64(got[i]) - w
+		num += d * d
+		den += w * w
+	}
+	return math.Sqrt(num / den)
+}
+
+// TestPowerSGDErrorDecreasesWithRank compresses the same gradients of two
+// ranks at increasing ranks, one step from a random start: the error of
+// the approximation of their average must decrease with the rank, and
+// vanish at full rank.
+func TestPowerSGDErrorDecreasesWithRank(t *testing.T) {
+	const rows, cols = 48, 64
+	rng := rand.New(rand.NewPCG(3, 4))
+	g := [][]float32{lowRankish(rng, rows, cols), lowRankish(rng, rows, cols)}
+	avg := make([]float64, rows*cols)
+	for i := range avg {
+		avg[i] = (float64(g[0][i]) + float64(g[1][i])) / 2
+	}
+	prev := math.Inf(1)
+	for _, rank := range []int{1, 2, 4, 8, 16, rows} {
+		out := make([][]float32, 2)
+		noErrors(t, psgdGroup(t, 2, func(int) PowerSGDOptions {
+			o := psgdOptions(rank)
+			o.ErrorFeedback, o.WarmStart, o.MinCompressionRate = false, false, 0
+			return o
+		}, func(r int, h *PowerSGDHook, pool *allocator.Pool) error {
+			pb, err := newPSGDBucket(pool, h, 0, [][]int{{rows, cols}})
+			if err != nil {
+				return err
+			}
+			defer pb.free(pool)
+			copy(pb.g, g[r])
+			if err := reduceBucket(h, pb.b); err != nil {
+				return err
+			}
+			if want := int64(4 * (rows + cols) * rank); pb.b.WireBytes != want {
+				return fmt.Errorf("WireBytes %d, want %d", pb.b.WireBytes, want)
+			}
+			out[r] = append([]float32(nil), pb.g...)
+			return nil
+		}))
+		e := relErr(out[0], avg)
+		t.Logf("rank %2d: relative error %.3g", rank, e)
+		if !(e < prev) {
+			t.Errorf("rank %d: relative error %.3g, not below rank's before (%.3g)", rank, e, prev)
+		}
+		if rank == rows && e > 1e-3 {
+			t.Errorf("full rank %d: relative error %.3g, want the average itself", rank, e)
+		}
+		prev = e
+	}
+}
+
+// TestPowerSGDErrorFeedback reduces fresh gradients of two ranks for many
+// steps at rank 1: with error feedback, the sum of the approximations must
+// differ from the sum of the true averages by exactly the average of the
+// ranks' last errors (up to rounding), and so stay bounded while the sums
+// grow; without it, the gap grows with the steps.
+func TestPowerSGDErrorFeedback(t *testing.T) {
+	const rows, cols, steps = 24, 32, 400
+	gaps := map[bool]float64{}
+	for _, ef := range []bool{true, false} {
+		sumApprox := make([][]float64, 2)
+		sumTrue := make([]float64, rows*cols)
+		var lastErr [2][]float32
+		var mu sync.Mutex
+		grads := make([][][]float32, steps) // [step][rank]
+		rng := rand.New(rand.NewPCG(5, 6))
+		base := lowRankish(rng, rows, cols)
+		for s := range grads {
+			grads[s] = make([][]float32, 2)
+			for r := range 2 {
+				g := lowRankish(rng, rows, cols)
+				for i := range g {
+					g[i] += base[i]
+				}
+				grads[s][r] = g
+				for i := range g {
+					sumTrue[i] += float64(g[i]) / 2
+				}
+			}
+		}
+		noErrors(t, psgdGroup(t, 2, func(int) PowerSGDOptions {
+			o := psgdOptions(1)
+			o.ErrorFeedback = ef
+			return o
+		}, func(r int, h *PowerSGDHook, pool *allocator.Pool) error {
+			pb, err := newPSGDBucket(pool, h, 0, [][]int{{rows, cols}})
+			if err != nil {
+				return err
+			}
+			defer pb.free(pool)
+			sum := make([]float64, rows*cols)
+			for s := range steps {
+				copy(pb.g, grads[s][r])
+				if err := reduceBucket(h, pb.b); err != nil {
+					return err
+				}
+				for i, v := range pb.g {
+					sum[i] += float64(v)
+				}
+			}
+			mu.Lock()
+			sumApprox[r] = sum
+			if ef {
+				lastErr[r] = append([]float32(nil), h.params[0].err...)
+			}
+			mu.Unlock()
+			return nil
+		}))
+		for i := range sumTrue {
+			if sumApprox[0][i] != sumApprox[1][i] {
+				t.Fatalf("error feedback %v: ranks' sums differ at %d", ef, i)
+			}
+		}
+		gap := make([]float32, rows*cols)
+		for i := range gap {
+			gap[i] = float32(sumApprox[0][i] - sumTrue[i])
+		}
+		var g2, t2 float64
+		for i := range gap {
+			g2 += float64(gap[i]) * float64(gap[i])
+			t2 += sumTrue[i] * sumTrue[i]
+		}
+		gaps[ef] = math.Sqrt(g2 / t2)
+		t.Logf("error feedback %v: |sum of approximations - sum of averages| / |sum of averages| = %.3g after %d steps", ef, gaps[ef], steps)
+		if ef {
+			// The sums telescope: sum_t approx_t = sum_t avg_t - avg_r e_T.
+			want := make([]float64, rows*cols)
+			for i := range want {
+				want[i] = -(float64(lastErr[0][i]) + float64(lastErr[1][i])) / 2
+			}
+			if e := relErr(gap, want); e > 1e-3 {
+				t.Errorf("the gap is not minus the average of the last errors: relative difference %.3g", e)
+			}
+		}
+	}
+	if gaps[true] > 0.02 || gaps[false] < 10*gaps[true] {
+		t.Errorf("relative gap %.3g with error feedback (want < 0.02), %.3g without (want 10 times more)", gaps[true], gaps[false])
+	}
+}
+
+// TestPowerSGDRanksAgree reduces a bucket of convolution, linear and 1-D
+// gradients over three ranks for several steps (two uncompressed, then
+// compressed, with error feedback and warm start): every rank must hold
+// the same bits after every step.
+func TestPowerSGDRanksAgree(t *testing.T) {
+	const n, steps = 3, 6
+	shapes := [][]int{{16, 8, 3, 3}, {16}, {10, 144}, {10}}
+	out := make([][][]float32, n) // [rank][step]
+	noErrors(t, psgdGroup(t, n, func(int) PowerSGDOptions {
+		o := psgdOptions(2)
+		o.StartIter, o.OrthogonalizationEpsilon = 2, 1e-8
 		return o
-	}, func(rank int, h *PowerSGDHook, pool *allocator.Pool) error {
-		pb, err := newPSGDBucket(pool, h, 0, [][]int{{32, 48}, {32}})
+	}, func(r int, h *PowerSGDHook, pool *allocator.Pool) error {
+		pb, err := newPSGDBucket(pool, h, 0, shapes)
 		if err != nil {
 			return err
 		}
 		defer pb.free(pool)
-		copy(pb.g, g[rank])
-		if err := reduceBucket(h, pb.b); err != nil {
-			return err
+		rng := rand.New(rand.NewPCG(uint64(r), 9))
+		for s := range steps {
+			for i := range pb.g {
+				pb.g[i] = float32(rng.NormFloat64())
+			}
+			if err := reduceBucket(h, pb.b); err != nil {
+				return err
+			}
+			out[r] = append(out[r], append([]float32(nil), pb.g...))
+			full := int64(4 * len(pb.g))
+			if compressed := pb.b.WireBytes < full; compressed != (s >= 2) {
+				return fmt.Errorf("step %d: %d bytes on the wire of %d", s, pb.b.WireBytes, full)
+			}
 		}
-		out[rank] = append([]float32(nil), pb.g...)
 		return nil
-	})
-	noErrors(t, errs)
-	var num, den float64
-	for i := range 32 * 48 {
-		avg := (float64(g[0][i]) + float64(g[1][i])) / 2
-		d := float64(out[0][i]) - avg
-		num += d * d
-		den += avg * avg
-		if out[0][i] != out[1][i] {
-			t.Fatalf("elem %d: ranks differ", i)
+	}))
+	for s := range steps {
+		for r := 1; r < n; r++ {
+			for i, v := range out[r][s] {
+				if math.Float32bits(v) != math.Float32bits(out[0][s][i]) {
+					t.Fatalf("step %d elem %d: rank %d has %g, rank 0 %g", s, i, r, v, out[0][s][i])
+				}
+			}
 		}
 	}
-	t.Logf("relative error %.3g", math.Sqrt(num/den))
-	_ = strings.Contains
+}
+
+// TestPowerSGDMinCompressionRate puts a 16×16 matrix and a vector in a
+// bucket at rank 4: (16+16)·4·2 = 256 is not below 256 elements, so at
+// rate 2 the matrix travels uncompressed and is averaged exactly; at rate
+// 1.9 it travels as P and Q. A vector never is compressed, even at rate 0.
+func TestPowerSGDMinCompressionRate(t *testing.T) {
+	for _, tc := range []struct {
+		rate       float64
+		compressed bool
+	}{{2, false}, {1.9, true}, {0, true}} {
+		t.Run(fmt.Sprint(tc.rate), func(t *testing.T) {
+			noErrors(t, psgdGroup(t, 2, func(int) PowerSGDOptions {
+				o := psgdOptions(4)
+				o.MinCompressionRate = tc.rate
+				return o
+			}, func(r int, h *PowerSGDHook, pool *allocator.Pool) error {
+				pb, err := newPSGDBucket(pool, h, 0, [][]int{{16, 16}, {40}})
+				if err != nil {
+					return err
+				}
+				defer pb.free(pool)
+				for i := range pb.g {
+					pb.g[i] = float32(i%7) + float32(r)
+				}
+				if err := reduceBucket(h, pb.b); err != nil {
+					return err
+				}
+				wire, want := pb.b.WireBytes, int64(4*(256+40))
+				if tc.compressed {
+					want = 4 * (40 + 16*4 + 16*4)
+				}
+				if wire != want {
+					return fmt.Errorf("%d bytes on the wire, want %d", wire, want)
+				}
+				before, after := h.Compression()
+				if tc.compressed && (before != 296 || after != want/4) {
+					return fmt.Errorf("Compression() = %d, %d; want 296, %d", before, after, want/4)
+				}
+				for i, v := range pb.g {
+					exact := float32(i%7) + 0.5
+					if i >= 256 || !tc.compressed {
+						if v != exact {
+							return fmt.Errorf("elem %d: %g, want the exact average %g", i, v, exact)
+						}
+					}
+				}
+				return nil
+			}))
+		})
+	}
+}
+
+// TestPowerSGDMismatch sets up ranks with options that differ: every rank
+// fails its first step with ErrMismatch, naming rank 1 and both settings,
+// rather than reducing buffers of different sizes.
+func TestPowerSGDMismatch(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(*PowerSGDOptions)
+		want string
+	}{
+		{"rank", func(o *PowerSGDOptions) { o.Rank = 2 }, "matrix_approximation_rank=2"},
+		{"start", func(o *PowerSGDOptions) { o.StartIter = 5 }, "start_powerSGD_iter=5"},
+		{"seed", func(o *PowerSGDOptions) { o.Seed = 7 }, "random_seed=7"},
+		{"feedback", func(o *PowerSGDOptions) { o.ErrorFeedback = false }, "use_error_feedback=false"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			errs := psgdGroup(t, 3, func(r int) PowerSGDOptions {
+				o := psgdOptions(4)
+				if r == 1 {
+					tc.edit(&o)
+				}
+				return o
+			}, func(r int, h *PowerSGDHook, pool *allocator.Pool) error {
+				pb, err := newPSGDBucket(pool, h, 0, [][]int{{32, 32}})
+				if err != nil {
+					return err
+				}
+				defer pb.free(pool)
+				return reduceBucket(h, pb.b)
+			})
+			for r, err := range errs {
+				if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), "rank 1 has") || !strings.Contains(err.Error(), tc.want) {
+					t.Errorf("rank %d: %v, want ErrMismatch naming rank 1's %s", r, err, tc.want)
+				}
+			}
+		})
+	}
+}
+
+// deviceKernels claims device memory.
+type deviceKernels struct{ comm.Kernels }
+
+func (deviceKernels) Location() comm.Location { return comm.Device }
+
+// TestPowerSGDSetupErrors: options out of range, device memory, no pool.
+func TestPowerSGDSetupErrors(t *testing.T) {
+	cs, err := inproc.NewGroup(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs[0].Close()
+	for _, edit := range []func(*PowerSGDOptions){
+		func(o *PowerSGDOptions) { o.Rank = 0 },
+		func(o *PowerSGDOptions) { o.StartIter = -1 },
+		func(o *PowerSGDOptions) { o.MinCompressionRate = math.NaN() },
+		func(o *PowerSGDOptions) { o.OrthogonalizationEpsilon = -1 },
+	} {
+		o := psgdOptions(1)
+		edit(&o)
+		if err := PowerSGD(o).Setup(cs[0], comm.HostKernels()); !errors.Is(err, ErrBadOptions) {
+			t.Errorf("Setup with %v: %v, want ErrBadOptions", o, err)
+		}
+	}
+	h := PowerSGD(psgdOptions(1))
+	if err := h.Setup(cs[0], deviceKernels{comm.HostKernels()}); err == nil || !strings.Contains(err.Error(), "device") {
+		t.Errorf("Setup on device memory: %v, want a refusal naming device memory", err)
+	}
+	if h.Wire(comm.Float64) != 0 || h.Wire(comm.Float16) != 0 || h.Wire(comm.Float32) != comm.Float32 {
+		t.Errorf("Wire: want float32 buckets only")
+	}
+	h = PowerSGD(psgdOptions(1)) // no pool
+	if err := h.Setup(cs[0], comm.HostKernels()); err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	g := make([]float32, 64)
+	b := &Bucket{Buf: comm.Float32s(g), Tensors: []Tensor{{Shape: []int{8, 8}}}}
+	if _, err := h.Launch(b); err == nil {
+		w, _ := h.Launch(b)
+		err = w.Wait(context.Background())
+		t.Errorf("Launch without scratch: %v", err)
+	}
+	b.Scratch = comm.Uint8s(make([]uint8, ScratchFor(h, b)))
+	if err := reduceBucket(h, b); !errors.Is(err, ErrNoPool) {
+		t.Errorf("a step without a pool: %v, want ErrNoPool", err)
+	}
+}
+
+// TestPowerSGDNoAlloc: once warm, a compressed step allocates nothing on
+// the Go heap and takes nothing from the pool.
+func TestPowerSGDNoAlloc(t *testing.T) {
+	noErrors(t, psgdGroup(t, 1, func(int) PowerSGDOptions { return psgdOptions(4) }, func(r int, h *PowerSGDHook, pool *allocator.Pool) error {
+		pb, err := newPSGDBucket(pool, h, 0, [][]int{{64, 32, 3, 3}, {64}, {10, 64}})
+		if err != nil {
+			return err
+		}
+		defer pb.free(pool)
+		for range 2 {
+			if err := reduceBucket(h, pb.b); err != nil {
+				return err
+			}
+		}
+		gets := pool.Stats().Gets
+		if a := testing.AllocsPerRun(20, func() {
+			if err := reduceBucket(h, pb.b); err != nil {
+				panic(err)
+			}
+		}); a != 0 {
+			return fmt.Errorf("%v allocations per step", a)
+		}
+		if g := pool.Stats().Gets; g != gets {
+			return fmt.Errorf("a warm step took %d blocks from the pool", g-gets)
+		}
+		return nil
+	}))
 }
