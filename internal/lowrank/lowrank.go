@@ -212,41 +212,72 @@ func Reconstruct(c, e, p, q []float32, n, m, r int) {
 	}
 }
 
-// Orthogonalize makes the r columns of a (rows×r) orthonormal by modified
-// Gram-Schmidt, as PyTorch's PowerSGD does: each column in turn is divided
-// by its norm plus eps, then its projection is removed from every later
-// column. Norms and projections are accumulated in float64. A column whose
-// norm plus eps is zero (all zeros, with eps 0) is left at zero rather
-// than divided by zero.
+// Orthogonalize makes the r columns of a (rows×r, r <= rows) orthonormal
+// by Gram-Schmidt, as PyTorch's PowerSGD does: each column in turn has its
+// projections on the columns before it removed, then is divided by its
+// norm plus eps. Norms and projections are accumulated in float64.
+//
+// Unlike a single Gram-Schmidt pass, it returns orthonormal columns (as
+// Householder QR, PyTorch's choice above rank 2, does) even when a column
+// is a combination of the ones before it, which is what the Ps of a
+// gradient of lower rank than the approximation are: the projections are
+// removed twice ("twice is enough"), and a column that this leaves at
+// rounding noise (below 1e-5 of its norm) is replaced by the first unit
+// vector e_k, e_k+1, ... that keeps a good part of itself once cleared of
+// the earlier columns: an orthonormal completion, deterministic. Such a
+// column carries nothing of the matrix (its product with it is noise), so
+// the approximation P·Pᵀ·M is unchanged. A column that is all zeros stays
+// zero.
 func Orthogonalize(a []float32, rows, r int, eps float32) {
-	if len(a) != rows*r {
+	if len(a) != rows*r || r > rows {
 		panic("lowrank: factor of the wrong size")
 	}
-	for k := range r {
+	norm := func(k int) float64 {
 		var ss float64
 		for i := range rows {
 			v := float64(a[i*r+k])
 			ss += v * v
 		}
-		d := math.Sqrt(ss) + float64(eps)
-		if d == 0 {
-			for i := range rows {
-				a[i*r+k] = 0
+		return math.Sqrt(ss)
+	}
+	clean := func(k int) { // remove the projections on columns 0..k-1, twice
+		for range 2 {
+			for l := range k {
+				var dot float64
+				for i := range rows {
+					dot += float64(a[i*r+l]) * float64(a[i*r+k])
+				}
+				for i := range rows {
+					a[i*r+k] = float32(float64(a[i*r+k]) - dot*float64(a[i*r+l]))
+				}
 			}
+		}
+	}
+	for k := range r {
+		before := norm(k)
+		if before == 0 {
 			continue
+		}
+		clean(k)
+		d := norm(k)
+		if d <= 1e-5*before {
+			// Some unit vector keeps at least 1/sqrt(rows) of its norm.
+			for j := range rows {
+				for i := range rows {
+					a[i*r+k] = 0
+				}
+				a[((k+j)%rows)*r+k] = 1
+				clean(k)
+				if d = norm(k); d >= 0.5/math.Sqrt(float64(rows)) {
+					break
+				}
+			}
+		} else {
+			d += float64(eps)
 		}
 		inv := 1 / d
 		for i := range rows {
 			a[i*r+k] = float32(float64(a[i*r+k]) * inv)
-		}
-		for l := k + 1; l < r; l++ {
-			var dot float64
-			for i := range rows {
-				dot += float64(a[i*r+k]) * float64(a[i*r+l])
-			}
-			for i := range rows {
-				a[i*r+l] = float32(float64(a[i*r+l]) - dot*float64(a[i*r+k]))
-			}
 		}
 	}
 }

@@ -159,8 +159,32 @@ func TestOrthogonalize(t *testing.T) {
 			}
 		}
 	}
+	// Columns that are (nearly) multiples of the first, as the Ps of a
+	// gradient of rank one are: one Gram-Schmidt pass leaves noise that
+	// leans on the first column; the result must still be orthonormal
+	// wherever a column is not zero.
+	const rows = 64
+	a := make([]float32, rows*4)
+	for i := range rows {
+		v := float32(1 + i%3)
+		a[i*4], a[i*4+1], a[i*4+2], a[i*4+3] = v, 3*v, -v*0.7, v*1.0000001
+	}
+	Orthogonalize(a, rows, 4, 0)
+	for k := range 4 {
+		for l := range k + 1 {
+			var dot, nk float64
+			for i := range rows {
+				dot += float64(a[i*4+k]) * float64(a[i*4+l])
+				nk += float64(a[i*4+k]) * float64(a[i*4+k])
+			}
+			if k != l && nk != 0 && math.Abs(dot) > 1e-5 {
+				t.Fatalf("nearly dependent columns: column %d · column %d = %g", k, l, dot)
+			}
+		}
+	}
+
 	// A zero column stays zero with epsilon 0; epsilon shrinks the norm.
-	a := []float32{0, 3, 0, 4}
+	a = []float32{0, 3, 0, 4}
 	Orthogonalize(a, 2, 2, 0)
 	if a[0] != 0 || a[2] != 0 || a[1] != 0.6 || a[3] != 0.8 {
 		t.Errorf("zero column: %v", a)
