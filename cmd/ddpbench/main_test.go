@@ -89,6 +89,9 @@ func TestErrors(t *testing.T) {
 		{[]string{"run", "--bucket-cap-mb", "-1"}, 2, []string{"--bucket-cap-mb -1"}},
 		{[]string{"run", "--first-bucket-mb", "0"}, 2, []string{"--first-bucket-mb 0"}},
 		{[]string{"run", "--compression", "fp8"}, 2, []string{`--compression "fp8"`}},
+		{[]string{"run", "--powersgd-rank", "4"}, 2, []string{"--powersgd-rank needs --compression powersgd"}},
+		{[]string{"run", "--compression", "powersgd", "--powersgd-rank", "0"}, 2, []string{"--powersgd-rank 0"}},
+		{[]string{"run", "--compression", "powersgd", "--powersgd-min-compression-rate", "-1"}, 2, []string{"--powersgd-min-compression-rate -1"}},
 		{[]string{"run", "--compute", "warp"}, 2, []string{`--compute "warp"`}},
 		{[]string{"run", "--compute", "sleep", "--rate", "1e9", "--gflops", "10"}, 2, []string{"takes one of --rate, --gflops or --compute-time (got --rate, --gflops)"}},
 		{[]string{"run", "--compute", "spin", "--rate", "-3"}, 2, []string{"--rate -3"}},
@@ -347,6 +350,27 @@ func TestRunOutputs(t *testing.T) {
 			t.Errorf("buckets %v do not add up to %d", j.Buckets, j.GradBytes)
 		}
 	})
+	t.Run("powersgd", func(t *testing.T) {
+		code, stdout, stderr := run(t, append([]string{"run", "--format", "json", "--compression", "powersgd", "--powersgd-rank", "2",
+			"--powersgd-warm-start=false", "--powersgd-seed", "3"}, common...)...)
+		if code != 0 {
+			t.Fatalf("status %d: %s", code, stderr)
+		}
+		var j runJSON
+		if err := json.Unmarshal([]byte(stdout), &j); err != nil {
+			t.Fatal(err)
+		}
+		// The check of every step's average passed (the gradients are
+		// constant, of rank one), and only the Ps, Qs and vectors went
+		// on the wire.
+		if j.Compression != "powersgd" || j.BytesPerStep <= 0 || 10*j.BytesPerStep > j.GradBytes {
+			t.Errorf("powersgd: compression %q, %d bytes per step of %d", j.Compression, j.BytesPerStep, j.GradBytes)
+		}
+		code, stdout, stderr = run(t, append([]string{"run", "--compression", "powersgd", "--powersgd-rank", "2"}, common...)...)
+		if code != 0 || !strings.Contains(stdout, "compression powersgd (rank 2, from step 0, min rate 2, error feedback true, warm start true)") {
+			t.Errorf("status %d, table does not name PowerSGD's options:\n%s%s", code, stdout, stderr)
+		}
+	})
 	t.Run("table", func(t *testing.T) {
 		code, stdout, stderr := run(t, append([]string{"run", "--compute", "sleep", "--compute-time", "2ms"}, common...)...)
 		if code != 0 {
@@ -549,8 +573,11 @@ func TestMemoryCheck(t *testing.T) {
 			}
 		}
 	}
-	if got := runMemory(100, 3, true, "none"); got != 300 {
+	if got := runMemory(100, 3, true, "none", false); got != 300 {
 		t.Errorf("runMemory = %d, want 300", got)
+	}
+	if got := runMemory(100, 3, true, "powersgd", true); got != 675 {
+		t.Errorf("runMemory with PowerSGD's errors = %d, want 675", got)
 	}
 	if avail, ok := memAvailable(); ok && avail <= 0 {
 		t.Errorf("memAvailable = %d, true", avail)

@@ -47,14 +47,22 @@ func checkMemory(need int64, what string) error {
 
 // runMemory estimates the memory of one run: per rank, the bucket
 // buffers (the gradients), the gradients' own copies when they are not
-// bucket views, and the half-precision scratch of a compressing hook.
-func runMemory(gradBytes int64, ranks int, bucketView bool, compression string) int64 {
+// bucket views, the half-precision scratch of a compressing hook, and
+// PowerSGD's errors (with error feedback) and scratch (the uncompressed
+// tensors, Ps and Qs: a quarter of the gradients is generous).
+func runMemory(gradBytes int64, ranks int, bucketView bool, compression string, errorFeedback bool) int64 {
 	per := gradBytes
 	if !bucketView {
 		per += gradBytes
 	}
-	if compression == "fp16" || compression == "bf16" {
+	switch compression {
+	case "fp16", "bf16":
 		per += gradBytes / 2
+	case "powersgd":
+		per += gradBytes / 4
+		if errorFeedback {
+			per += gradBytes
+		}
 	}
 	return per * int64(ranks)
 }

@@ -186,7 +186,7 @@ func (o *runOpts) describe() string {
 	} else {
 		view += ", assigned (no zeroing)"
 	}
-	fmt.Fprintf(b, "buckets: cap %g MiB (first %g MiB), compression %s, %s\n", o.bucketCapMB, o.firstMB, o.compression, view)
+	fmt.Fprintf(b, "buckets: cap %g MiB (first %g MiB), compression %s, %s\n", o.bucketCapMB, o.firstMB, o.compressionLabel(), view)
 	return b.String()
 }
 
@@ -286,7 +286,7 @@ func (r runRecord) table() string {
 	}
 	fmt.Fprintf(b, "%-24s %s (%s)\n", "bytes per step", groupDigits(res.WireBytes), fmtBytes(res.WireBytes))
 	fmt.Fprintf(b, "%-24s %d: %s\n", "buckets", len(res.Buckets), strings.Join(sizes, ", "))
-	if o.compression != "none" {
+	if o.compression == "fp16" || o.compression == "bf16" {
 		fmt.Fprintf(b, "%-24s %d\n", o.compression+" overflows", res.Overflows)
 	}
 	fmt.Fprintf(b, "%-24s %.1f\n", "allocations per step", res.AllocsPerStep)

@@ -14,6 +14,7 @@ import (
 	"github.com/ddpgo/ddpgo/bench"
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/ddp"
+	"github.com/ddpgo/ddpgo/hooks"
 	"github.com/ddpgo/ddpgo/models"
 	"github.com/google/uuid"
 	"github.com/urfave/cli/v2"
@@ -69,7 +70,14 @@ func stepFlags(withCap bool) []cli.Flag {
 	return append(flags,
 		floatFlag("first-bucket-mb", 1, "first bucket's size limit in MiB"),
 		&cli.IntFlag{Name: "max-in-flight", Value: 0, Usage: "most buckets on the wire at once (ddp's Options.MaxInFlight); 0: no bound", EnvVars: envs("max-in-flight")},
-		stringFlag("compression", "none", "gradient compression: none, fp16 or bf16 (pays off only where wire bytes cost more than conversions: not in shared memory)"),
+		stringFlag("compression", "none", "gradient compression: none, fp16, bf16 or powersgd (pays off only where wire bytes cost more than conversions: not in shared memory)"),
+		intFlag("powersgd-rank", 1, "with --compression powersgd: the rank of each matrix's approximation (PyTorch's matrix_approximation_rank)"),
+		intFlag("powersgd-start-iter", 0, "with --compression powersgd: synced steps averaged uncompressed before compression starts (start_powerSGD_iter; PyTorch's default is 1000, 0 here so that the measured steps compress)"),
+		floatFlag("powersgd-min-compression-rate", 2, "with --compression powersgd: a matrix n×m is compressed only if (n+m)·rank·RATE < n·m (min_compression_rate)"),
+		boolFlag("powersgd-error-feedback", true, "with --compression powersgd: carry each step's compression error into the next (use_error_feedback)"),
+		boolFlag("powersgd-warm-start", true, "with --compression powersgd: start each step from the previous step's Q (warm_start)"),
+		floatFlag("powersgd-epsilon", 0, "with --compression powersgd: added to each column's norm when orthogonalizing (orthogonalization_epsilon)"),
+		&cli.Uint64Flag{Name: "powersgd-seed", Value: 0, Usage: "with --compression powersgd: seed of the random initial Qs, the same on every rank (random_seed)", EnvVars: envs("powersgd-seed")},
 		intFlag("steps", 20, "measured steps"),
 		intFlag("warmup", 40, "steps before measuring (the first rebuilds the buckets; the rest let the runtime settle: parked goroutines allocate until its caches are warm)"),
 		boolFlag("grad-as-bucket-view", true, "gradients are views of the bucket memory (--grad-as-bucket-view=false: copied in and out)"),
@@ -97,6 +105,7 @@ type runOpts struct {
 	firstMB       float64
 	maxInFlight   int
 	compression   string
+	powerSGD      hooks.PowerSGDOptions // with compression powersgd
 	steps         int
 	warmup        int
 	bucketView    bool
@@ -144,7 +153,10 @@ func parseStepFlags(c *cli.Context) (runOpts, error) {
 	}
 	o.compression = c.String("compression")
 	if _, err := bench.NewHook(o.compression); err != nil {
-		return o, usagef("--compression %q: want none, fp16 or bf16", o.compression)
+		return o, usagef("--compression %q: want none, fp16, bf16 or powersgd", o.compression)
+	}
+	if o.powerSGD, err = parsePowerSGD(c, o.compression); err != nil {
+		return o, err
 	}
 	o.steps, o.warmup = c.Int("steps"), c.Int("warmup")
 	if o.steps < 1 || o.steps > maxSteps {
@@ -173,12 +185,55 @@ func parseStepFlags(c *cli.Context) (runOpts, error) {
 	if o.stallInterval = c.Duration("stall-interval"); o.stallInterval <= 0 {
 		return o, usagef("--stall-interval %v: want a positive duration", o.stallInterval)
 	}
-	need := runMemory(4*o.model.Numel(), o.ranks, o.bucketView, o.compression)
+	need := runMemory(4*o.model.Numel(), o.ranks, o.bucketView, o.compression, o.powerSGD.ErrorFeedback)
 	if err := checkMemory(need, fmt.Sprintf("--ranks %d with --model %s (%s of float32 gradients per rank)",
 		o.ranks, o.modelName, fmtBytes(4*o.model.Numel()))); err != nil {
 		return o, err
 	}
 	return o, nil
+}
+
+// powerSGDFlags are the flags of --compression powersgd.
+var powerSGDFlags = []string{"powersgd-rank", "powersgd-start-iter", "powersgd-min-compression-rate", "powersgd-error-feedback",
+	"powersgd-warm-start", "powersgd-epsilon", "powersgd-seed"}
+
+// parsePowerSGD reads the --powersgd-* flags, which only --compression
+// powersgd takes.
+func parsePowerSGD(c *cli.Context, compression string) (hooks.PowerSGDOptions, error) {
+	var o hooks.PowerSGDOptions
+	if compression != "powersgd" {
+		for _, f := range powerSGDFlags {
+			if c.IsSet(f) {
+				return o, usagef("--%s needs --compression powersgd", f)
+			}
+		}
+		return o, nil
+	}
+	o = hooks.PowerSGDOptions{
+		Rank: c.Int("powersgd-rank"), StartIter: c.Int("powersgd-start-iter"), MinCompressionRate: c.Float64("powersgd-min-compression-rate"),
+		ErrorFeedback: c.Bool("powersgd-error-feedback"), WarmStart: c.Bool("powersgd-warm-start"),
+		OrthogonalizationEpsilon: float32(c.Float64("powersgd-epsilon")), Seed: c.Uint64("powersgd-seed"),
+	}
+	switch {
+	case o.Rank < 1 || o.Rank > 1<<20:
+		return o, usagef("--powersgd-rank %d: want 1..%d", o.Rank, 1<<20)
+	case o.StartIter < 0 || o.StartIter > maxSteps:
+		return o, usagef("--powersgd-start-iter %d: want 0..%d", o.StartIter, maxSteps)
+	case !(o.MinCompressionRate >= 0) || math.IsInf(o.MinCompressionRate, 1):
+		return o, usagef("--powersgd-min-compression-rate %v: want a finite rate, 0 or more", o.MinCompressionRate)
+	case !(c.Float64("powersgd-epsilon") >= 0) || c.Float64("powersgd-epsilon") > math.MaxFloat32:
+		return o, usagef("--powersgd-epsilon %v: want a finite value, 0 or more", c.Float64("powersgd-epsilon"))
+	}
+	return o, nil
+}
+
+// compressionLabel names the compression and, for PowerSGD, its options.
+func (o *runOpts) compressionLabel() string {
+	if o.compression != "powersgd" {
+		return o.compression
+	}
+	p := o.powerSGD
+	return fmt.Sprintf("powersgd (rank %d, from step %d, min rate %g, error feedback %v, warm start %v)", p.Rank, p.StartIter, p.MinCompressionRate, p.ErrorFeedback, p.WarmStart)
 }
 
 // parseRate reads the compute speed, in parameters per second, from at
@@ -390,6 +445,9 @@ func (o *runOpts) benchConfig(g []comm.Communicator) bench.Config {
 		params[i] = ddp.Param{Name: p.Name, Shape: p.Shape}
 	}
 	hook, _ := bench.NewHook(o.compression)
+	if o.compression == "powersgd" {
+		hook = bench.NewPowerSGD(o.powerSGD)
+	}
 	return bench.Config{
 		Params: params, Comms: g,
 		BucketCap: mib(o.bucketCapMB), FirstBucketCap: mib(o.firstMB), MaxInFlight: o.maxInFlight,
