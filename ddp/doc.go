@@ -243,7 +243,11 @@
 // (no separate pass over the bucket: on ResNet-50 shapes that pass costs
 // as much as the all-reduce itself); hooks.AllReduce is PyTorch's
 // allreduce_hook, dividing by N before a Sum; hooks.FP16 and hooks.BF16
-// halve the bytes on the wire. A hook works in two phases (launch, then
+// halve the bytes on the wire; hooks.PowerSGD sends low-rank factors of
+// each gradient matrix, for which the Reducer gives a hook each bucket's
+// tensors (hooks.Bucket.Tensors, scratch sized by hooks.ScratchFor) and its
+// pool (hooks.PoolUser), and issues nothing of its own while a bucket is in
+// flight. A hook works in two phases (launch, then
 // finish once the collective completes), which is what lets several
 // buckets be in flight. Each rank needs its own Hook value; the Reducer
 // closes it.

@@ -3,7 +3,7 @@
 //
 // A Hook receives a bucket of gradients of one floating-point dtype (a
 // comm.Buffer over CommPool memory, host or device) and must leave it
-// holding the average over all ranks. Four hooks are built in (ByName
+// holding the average over all ranks. Five hooks are built in (ByName
 // finds them by name):
 //
 //   - Avg (the Reducer's default): one all-reduce with comm.Avg, which the
@@ -15,6 +15,10 @@
 //     scratch, all-reduce the scratch with Sum in float16, convert the sum
 //     back into the bucket (fp16_compress_hook). Half the bytes on the wire.
 //   - BF16: the same with bfloat16 (bf16_compress_hook).
+//   - PowerSGD: a low-rank approximation of each gradient matrix, with
+//     error feedback and warm start (powerSGD_hook; below). Its wire
+//     carries a small fraction of the bytes, at the cost of matrix
+//     products on the host and of an approximate average.
 //
 // # Dtypes
 //
@@ -43,7 +47,9 @@
 // runs Launch on one goroutine, in bucket order, and Finish on another, and
 // keeps a window of buckets between the two (ddp.Options.MaxInFlight). It
 // also times the phases itself. A custom hook (see the Example) implements
-// the same interface; it must issue its collectives in Launch only.
+// the same interface; it must issue its collectives in Launch, or, where
+// one collective needs another's result (PowerSGD), from a goroutine of its
+// own that issues them in Launch order.
 //
 // # Memory
 //
@@ -66,6 +72,54 @@
 // The common case (no non-finite value) costs one word-wise scan of the
 // reduced half-precision buffer. A non-zero count means the gradients need
 // scaling down before compression (or BF16).
+//
+// # PowerSGD
+//
+// PowerSGD (Vogels et al., NeurIPS 2019) is PyTorch's powerSGD_hook with
+// the options of its PowerSGDState (PowerSGDOptions). It needs the shapes
+// of a bucket's tensors (Bucket.Tensors, which the Reducer gives) and
+// views each as a matrix M of n = shape[0] rows and m = numel/n columns.
+// Tensors of fewer than two dimensions, and matrices for which (n + m) ·
+// rank · MinCompressionRate is not below n · m, are reduced as they are.
+// Per synced step, from step StartIter on (the steps before are averaged
+// uncompressed), for every other matrix:
+//
+//  1. with error feedback, M += the error this rank kept from the last
+//     step;
+//  2. Q (m×rank) is the last step's averaged Q (warm start) or fresh
+//     normal values from Seed, the parameter and the step, the same on
+//     every rank; its columns are orthonormalized; P = M·Q;
+//  3. one all-reduce (a Sum) carries the bucket's uncompressed tensors,
+//     scaled by 1/N, and all its Ps;
+//  4. each P is orthonormalized, and Q = Mᵀ·P;
+//  5. a second all-reduce carries all the bucket's Qs; Q /= N;
+//  6. M = P·Qᵀ, the same on every rank, and the error becomes what M lost.
+//
+// The second all-reduce needs the result of the first, and Launch must not
+// wait for the network, so the hook issues its collectives from a
+// goroutine of its own (started by Setup, stopped by Close), one bucket
+// after the other in Launch order, which every rank shares; the Work that
+// Launch returns completes once the Qs are reduced. This relies on the
+// caller issuing no collective of its own on the communicator while a
+// bucket is between Launch and Finish, which the Reducer guarantees. The
+// first step also checks, with one all-gather, that every rank has the
+// same options, and fails with ErrMismatch naming the first rank that
+// differs, rather than reducing buffers of different sizes.
+//
+// The errors (one float32 per compressed element) and the Qs are kept per
+// parameter, in pool memory (the Reducer's, PoolUser), so the Reducer's
+// rebuild of the buckets after the first step changes nothing in them:
+// unlike PyTorch, StartIter may be 0. The uncompressed tensors and the Ps
+// and Qs travel in the bucket's scratch (TensorScratch). The products run
+// on the host, in Go (package internal/lowrank: deterministic, so the
+// ranks' averages agree bit for bit); the hook refuses device memory, for
+// which it has no kernels. Three differences from PyTorch, none of which
+// changes the average beyond rounding: 1-D tensors are never compressed
+// (PyTorch compresses them as n×1 matrices when MinCompressionRate < 1,
+// exactly); no error is kept for uncompressed tensors (PyTorch keeps one,
+// whose sum over ranks is zero); and orthonormalization always returns
+// orthonormal columns, where a single Gram-Schmidt pass (PyTorch's below
+// rank 3) does not for a gradient of lower rank than the approximation.
 //
 // # Accuracy
 //
