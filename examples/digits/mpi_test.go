@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -61,6 +62,29 @@ func TestMPIMatchesInproc(t *testing.T) {
 		}
 		if np == 2 && worst != 0 {
 			t.Errorf("-np 2: the weights differ (%.3g); MPI's two-rank average is inproc's bit for bit", worst)
+		}
+	}
+
+	// PowerSGD over MPI: two processes compute what two goroutines do,
+	// bit for bit (its all-reduces are sums, which MPI's two-rank sum
+	// makes as inproc does, and every rank derives the average from them
+	// alone, in deterministic kernels).
+	{
+		cfg := defaultConfig()
+		cfg.Epochs, cfg.Ranks, cfg.Hook, cfg.PowerSGDStart = 3, 2, "powersgd", 0
+		cfg.Save = filepath.Join(dir, "inproc_powersgd.bin")
+		var want bytes.Buffer
+		if err := run(&want, cfg); err != nil {
+			t.Fatal(err)
+		}
+		saved := filepath.Join(dir, "mpi_powersgd.bin")
+		out, _ := mpitest.Run(ctx, t, mpirun, 2, bin, "-backend", "mpi", "-epochs", "3", "-hook", "powersgd", "-powersgd-start", "0", "-save", saved)
+		if got, want := epochLines(out), epochLines(want.String()); got != want {
+			t.Errorf("powersgd -np 2: rank 0 printed\n%s\nwant (inproc)\n%s", got, want)
+		}
+		a, b := readWeights(t, saved), readWeights(t, cfg.Save)
+		if !slices.Equal(a, b) || len(a) == 0 {
+			t.Errorf("powersgd -np 2: the weights differ from the in-process run's (%d and %d weights)", len(a), len(b))
 		}
 	}
 
