@@ -16,7 +16,11 @@ rank sleeps T * (its share of the parameters' elements), so gradients arrive spr
 Timed per step: the wall time of loss.backward() (under DDP it includes every bucket's all_reduce
 and the final wait), max over ranks; printed as median / p10 / p90 over --steps steps after
 --warmup steps (DDP rebuilds its buckets after the first iteration). --hook fp16 or bf16 registers
-torch's default fp16_compress_hook / bf16_compress_hook. --flat times one all_reduce of all the
+torch's default fp16_compress_hook / bf16_compress_hook; --hook powersgd registers powerSGD_hook with
+a PowerSGDState of --powersgd-rank (matrix_approximation_rank), --powersgd-start-iter
+(start_powerSGD_iter; torch refuses less than 2 with error feedback or warm start, which are on) and
+--powersgd-min-compression-rate; --warmup must then pass the start, so that every timed step
+compresses, the first (which allocates the state) excepted. --flat times one all_reduce of all the
 gradients' elements in one tensor instead (the communication alone).
 
 Output: one line of JSON on rank 0 (and a table line on stderr).
@@ -57,7 +61,10 @@ def quantiles(ts):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True, help="a parameter manifest (JSON: params[].shape)")
-    ap.add_argument("--hook", choices=["none", "fp16", "bf16"], default="none")
+    ap.add_argument("--hook", choices=["none", "fp16", "bf16", "powersgd"], default="none")
+    ap.add_argument("--powersgd-rank", type=int, default=1, help="--hook powersgd: matrix_approximation_rank")
+    ap.add_argument("--powersgd-start-iter", type=int, default=2, help="--hook powersgd: start_powerSGD_iter (at least 2)")
+    ap.add_argument("--powersgd-min-compression-rate", type=float, default=2, help="--hook powersgd: min_compression_rate")
     ap.add_argument("--bucket-cap-mb", type=float, default=25)
     ap.add_argument("--compute-ms", type=float, default=0)
     ap.add_argument("--steps", type=int, default=20)
@@ -66,6 +73,9 @@ def main():
     args = ap.parse_args()
     if args.warmup < 2:
         sys.exit("torch_ddp.py: --warmup must be at least 2 (DDP rebuilds its buckets after iteration 1)")
+    if args.hook == "powersgd" and args.warmup <= args.powersgd_start_iter:
+        sys.exit("torch_ddp.py: --warmup must pass --powersgd-start-iter, so that the timed steps compress "
+                 "(the first compressed step allocates the hook's state)")
 
     with open(args.model) as f:
         manifest = json.load(f)
@@ -93,7 +103,13 @@ def main():
                 delay = args.compute_ms / 1e3 * p.numel() / numel
                 p.register_hook(lambda g, d=delay: (time.sleep(d), g)[1])
         ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb, broadcast_buffers=False)
-        if args.hook != "none":
+        if args.hook == "powersgd":
+            from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
+            state = powerSGD.PowerSGDState(process_group=None, matrix_approximation_rank=args.powersgd_rank,
+                                           start_powerSGD_iter=args.powersgd_start_iter,
+                                           min_compression_rate=args.powersgd_min_compression_rate)
+            ddp.register_comm_hook(state, powerSGD.powerSGD_hook)
+        elif args.hook != "none":
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
             ddp.register_comm_hook(None, default_hooks.fp16_compress_hook if args.hook == "fp16" else default_hooks.bf16_compress_hook)
         x = torch.tensor(1.0)
@@ -114,6 +130,11 @@ def main():
         out = dict(peer="pytorch-ddp-gloo", torch=torch.__version__, model=manifest.get("model", args.model),
                    world=world, hook=args.hook, bucket_cap_mb=args.bucket_cap_mb, compute_ms=args.compute_ms,
                    flat=args.flat, params=len(shapes), numel=numel, steps=args.steps, **q)
+        if args.hook == "powersgd":
+            before, after = state.total_numel_before_compression, state.total_numel_after_compression
+            out.update(powersgd_rank=args.powersgd_rank, powersgd_start_iter=args.powersgd_start_iter,
+                       powersgd_min_compression_rate=args.powersgd_min_compression_rate,
+                       compression_rate=before / after if after else 0)
         print(json.dumps(out))
         print("torch_ddp: %s world %d hook %s%s: step median %.2f ms (p10 %.2f, p90 %.2f)" %
               (out["model"], world, args.hook, " flat all_reduce" if args.flat else "", q["median_ms"], q["p10_ms"], q["p90_ms"]),
