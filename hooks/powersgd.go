@@ -387,11 +387,20 @@ func (h *PowerSGDHook) compressBucket(b *Bucket, pl *plan) error {
 		}
 		lowrank.Orthogonalize(st.q, t.m, t.r, h.o.OrthogonalizationEpsilon)
 		c := g[t.off : t.off+t.n*t.m]
-		if st.err != nil {
-			reduce.SumFloat32(st.err, st.err, c)
-			c = st.err
+		p := sc[t.p : t.p+t.n*t.r]
+		if st.err == nil {
+			lowrank.MulQ(p, c, st.q, t.n, t.m, t.r)
+			continue
 		}
-		lowrank.MulQ(sc[t.p:t.p+t.n*t.r], c, st.q, t.n, t.m, t.r)
+		// e += g, then P = e·Q, a block of rows at a time, so that the
+		// product reads rows the sum has just left in the cache.
+		rows := max(2, 32<<10/t.m)
+		for i := 0; i < t.n; i += rows {
+			k := min(rows, t.n-i)
+			e := st.err[i*t.m : (i+k)*t.m]
+			reduce.SumFloat32(e, e, c[i*t.m:(i+k)*t.m])
+			lowrank.MulQ(p[i*t.r:(i+k)*t.r], e, st.q, k, t.m, t.r)
+		}
 	}
 	h.before.Add(int64(b.Buf.Count))
 	h.after.Add(int64(pl.nunc + pl.np + pl.nq))
