@@ -360,11 +360,15 @@ func TestRunOutputs(t *testing.T) {
 		if err := json.Unmarshal([]byte(stdout), &j); err != nil {
 			t.Fatal(err)
 		}
-		// The check of every step's average passed (the gradients are
-		// constant, of rank one), and only the Ps, Qs and vectors went
-		// on the wire.
+		// The check of every step's average passed (a gradient is its
+		// two ends, a matrix of rank two), and only the Ps, Qs and
+		// vectors went on the wire.
 		if j.Compression != "powersgd" || j.BytesPerStep <= 0 || 10*j.BytesPerStep > j.GradBytes {
 			t.Errorf("powersgd: compression %q, %d bytes per step of %d", j.Compression, j.BytesPerStep, j.GradBytes)
+		}
+		// At rank 1 the check reads back the vectors only.
+		if code, _, stderr := run(t, append([]string{"run", "--compression", "powersgd", "--powersgd-rank", "1"}, common...)...); code != 0 {
+			t.Errorf("rank 1: status %d: %s", code, stderr)
 		}
 		code, stdout, stderr = run(t, append([]string{"run", "--compression", "powersgd", "--powersgd-rank", "2"}, common...)...)
 		if code != 0 || !strings.Contains(stdout, "compression powersgd (rank 2, from step 0, min rate 2, error feedback true, warm start true)") {
