@@ -15,10 +15,9 @@
 #                     order that differs between the ranks, and the job dies of mismatched
 #                     collectives, "op.preamble.length <= op.nbytes"; TORCH_PSGD_BUCKET_MB=25 shows it)
 #
-# Each run records its median step (slowest rank) and the bytes each host's eth0 sent during it
-# (netlab.sh counters), per step: for ddpgo every step of a run compresses (warmup included); for
-# torch the plain steps are taken out, counted at the torch fp32 run's bytes a step of the same
-# round. Raw results go to $OUT/lab.jsonl (one JSON object a run) and the runs' own output beside
+# Each run records its median step (slowest rank) and the bytes each host's eth0 sent per step: for
+# ddpgo, netlab.sh counters over the whole run (every step of it compresses, warmup included); for
+# torch, torch_ddp.py --count-iface eth0 over its timed steps (its plain first steps left out). Raw results go to $OUT/lab.jsonl (one JSON object a run) and the runs' own output beside
 # it; the summary prints the median over the rounds of each row, and the ratios the issue asks for.
 #
 # Usage: scripts/powersgd_lab.sh            the figures: RATES="1gbit 10gbit", both models, RANKS="1 4"
@@ -101,32 +100,19 @@ torch_run() {
 	file="$out/torch_${name}_${rate}_${hook}_r${rank}_round$round.json"
 	[[ $hook == powersgd ]] && args+=(--powersgd-rank "$rank" --powersgd-start-iter 2 --bucket-cap-mb "${TORCH_PSGD_BUCKET_MB:-1000}")
 	port=$((port + 1))
-	local before after pids=() i
-	before=$(sent)
+	local pids=() i
 	for ((i = 0; i < hosts; i++)); do
 		"$lab" exec "h$i" env RANK=$i WORLD_SIZE="$hosts" MASTER_ADDR=198.18.0.1 MASTER_PORT=$port GLOO_SOCKET_IFNAME=eth0 \
-			$py "$root/scripts/torch_ddp.py" --model "$root/$model" --steps "$steps" --warmup "$warmup" "${args[@]}" \
+			$py "$root/scripts/torch_ddp.py" --model "$root/$model" --steps "$steps" --warmup "$warmup" --count-iface eth0 "${args[@]}" \
 			>"$file.h$i" 2>"$file.h$i.err" &
 		pids+=($!)
 	done
 	for i in "${pids[@]}"; do wait "$i"; done
-	after=$(sent)
 	cp "$file.h0" "$file"
-	local median total=$(((after - before) / hosts))
+	local median bytes
 	median=$($py -c 'import json,sys; print(json.load(open(sys.argv[1]))["median_ms"])' "$file")
-	if [[ $hook == powersgd ]]; then
-		# The two plain steps, at the fp32 run's bytes a step, are not PowerSGD's.
-		local plain
-		plain=$($py -c 'import json,sys
-for l in open(sys.argv[1]):
-    r = json.loads(l)
-    if (r["side"], r["hook"], r["model"], r["rate"], r["round"]) == ("torch", "none", sys.argv[2], sys.argv[3], int(sys.argv[4])):
-        print(r["wire_bytes_per_step"])' "$out/lab.jsonl" "$name" "$rate" "$round")
-		total=$((total - 2 * ${plain:-0}))
-		record torch "$hook" "$name" "$rate" "$rank" "$round" "$median" $((total / (steps + warmup - 2)))
-	else
-		record torch "$hook" "$name" "$rate" "$rank" "$round" "$median" $((total / (steps + warmup)))
-	fi
+	bytes=$($py -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["tx_bytes_per_step"]))' "$file")
+	record torch "$hook" "$name" "$rate" "$rank" "$round" "$median" "$bytes"
 	echo "  torch $hook rank $rank: step $median ms" >&2
 }
 

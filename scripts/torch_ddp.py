@@ -23,6 +23,10 @@ a PowerSGDState of --powersgd-rank (matrix_approximation_rank), --powersgd-start
 compresses, the first (which allocates the state) excepted. --flat times one all_reduce of all the
 gradients' elements in one tensor instead (the communication alone).
 
+With --count-iface IFACE (eth0 on scripts/netlab.sh's hosts), each rank reads IFACE's tx_bytes
+counter before and after the timed steps; the JSON's tx_bytes_per_step is their mean over ranks, per
+timed step: the bytes that crossed the link, warmup (and PowerSGD's uncompressed first steps) apart.
+
 Output: one line of JSON on rank 0 (and a table line on stderr).
 """
 import argparse
@@ -70,6 +74,7 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--flat", action="store_true", help="time one all_reduce of every element instead")
+    ap.add_argument("--count-iface", default="", help="report the bytes IFACE sent per timed step")
     args = ap.parse_args()
     if args.warmup < 2:
         sys.exit("torch_ddp.py: --warmup must be at least 2 (DDP rebuilds its buckets after iteration 1)")
@@ -86,7 +91,14 @@ def main():
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
 
+    def tx_bytes():
+        if not args.count_iface:
+            return 0
+        with open("/sys/class/net/%s/statistics/tx_bytes" % args.count_iface) as f:
+            return int(f.read())
+
     times = []
+    tx0 = None
     if args.flat:
         t = torch.ones(numel)
         for i in range(args.warmup + args.steps):
@@ -117,10 +129,16 @@ def main():
             ddp.zero_grad(set_to_none=True)
             loss = ddp(x)
             dist.barrier()
+            if i == args.warmup:
+                tx0 = tx_bytes()
             a = time.perf_counter()
             loss.backward()
             if i >= args.warmup:
                 times.append(time.perf_counter() - a)
+
+    dist.barrier()
+    sent = torch.tensor([float(tx_bytes() - tx0) if tx0 is not None else 0.0], dtype=torch.float64)
+    dist.all_reduce(sent)
 
     # The step time is the slowest rank's.
     mine = torch.tensor(times, dtype=torch.float64)
@@ -130,6 +148,8 @@ def main():
         out = dict(peer="pytorch-ddp-gloo", torch=torch.__version__, model=manifest.get("model", args.model),
                    world=world, hook=args.hook, bucket_cap_mb=args.bucket_cap_mb, compute_ms=args.compute_ms,
                    flat=args.flat, params=len(shapes), numel=numel, steps=args.steps, **q)
+        if args.count_iface:
+            out["tx_bytes_per_step"] = sent.item() / world / args.steps
         if args.hook == "powersgd":
             before, after = state.total_numel_before_compression, state.total_numel_after_compression
             out.update(powersgd_rank=args.powersgd_rank, powersgd_start_iter=args.powersgd_start_iter,
