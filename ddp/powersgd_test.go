@@ -108,3 +108,36 @@ func TestPowerSGDAcrossRebuild(t *testing.T) {
 		t.Fatal("zero gradients")
 	}
 }
+
+// TestPowerSGDStepAllocs: a warm PowerSGD step of two in-process ranks
+// allocates nothing on the Go heap (the hook's goroutine and its Works
+// included).
+func TestPowerSGDStepAllocs(t *testing.T) {
+	checkNoLeak(t)
+	params := []Param{
+		{Name: "conv", Shape: []int{32, 16, 3, 3}}, {Name: "bn", Shape: []int{32}},
+		{Name: "fc", Shape: []int{64, 288}}, {Name: "b", Shape: []int{64}},
+	}
+	p := newPair(t, newTestGroup(t, 2), params, func() Options {
+		o := hooks.DefaultPowerSGDOptions()
+		o.Rank, o.StartIter = 4, 0
+		return Options{Hook: hooks.PowerSGD(o), BucketCap: 20000, FirstBucketCap: 10000}
+	})
+	for range 4 {
+		if err := p.step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var err error
+	allocs := testing.AllocsPerRun(20, func() {
+		if e := p.step(); e != nil {
+			err = e
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if allocs != 0 {
+		t.Errorf("%v allocations per warm step, want 0", allocs)
+	}
+}
