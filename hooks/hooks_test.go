@@ -44,6 +44,20 @@ func bound(k kind, n int, S float64) float64 {
 // own pool and hook, the hook set up with the host kernels.
 func group(t *testing.T, n int, k kind, f func(rank int, c comm.Communicator, h Hook, pool *allocator.Pool) error) {
 	t.Helper()
+	for r, err := range runGroup(t, n, func(int, *allocator.Pool) Hook { return k.hook() }, f) {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+}
+
+// runGroup runs f on every rank of an n-rank in-process group, each with
+// its own pool and the hook newHook returns for it, set up with the host
+// kernels. A rank whose f fails aborts its communicator, so that its peers
+// fail rather than wait for it. It returns every rank's error: f's,
+// Close's, and memory still in use after Close.
+func runGroup(t *testing.T, n int, newHook func(rank int, pool *allocator.Pool) Hook, f func(rank int, c comm.Communicator, h Hook, pool *allocator.Pool) error) []error {
+	t.Helper()
 	cs, err := inproc.NewGroup(n)
 	if err != nil {
 		t.Fatal(err)
@@ -63,23 +77,22 @@ func group(t *testing.T, n int, k kind, f func(rank int, c comm.Communicator, h 
 				return
 			}
 			defer pool.Close()
-			h := k.hook()
+			h := newHook(r, pool)
 			if err := h.Setup(c, comm.HostKernels()); err != nil {
 				errs[r] = err
 				return
 			}
-			errs[r] = errors.Join(f(r, c, h, pool), h.Close())
-			if st := pool.Stats(); st.InUse != 0 {
-				errs[r] = errors.Join(errs[r], fmt.Errorf("rank %d: %d bytes still in use after Close", r, st.InUse))
+			if errs[r] = f(r, c, h, pool); errs[r] != nil {
+				c.Abort(errs[r])
+			}
+			errs[r] = errors.Join(errs[r], h.Close())
+			if st := pool.Stats(); st.InUse != 0 && errs[r] == nil {
+				errs[r] = fmt.Errorf("rank %d: %d bytes still in use after Close", r, st.InUse)
 			}
 		})
 	}
 	wg.Wait()
-	for r, err := range errs {
-		if err != nil {
-			t.Fatalf("rank %d: %v", r, err)
-		}
-	}
+	return errs
 }
 
 // randomGrads returns n ranks' gradients of m elements with magnitudes

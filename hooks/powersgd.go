@@ -165,6 +165,7 @@ var (
 	ErrNoPool = errors.New("hooks: no pool for the hook's state")
 )
 
+// Name is "powersgd".
 func (h *PowerSGDHook) Name() string { return h.name }
 
 // Options returns the hook's options.

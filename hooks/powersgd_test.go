@@ -62,47 +62,17 @@ func (pb *psgdBucket) free(pool *allocator.Pool) {
 }
 
 // psgdGroup runs f on every rank of an n-rank in-process group, each with
-// its own pool and a PowerSGD hook of options o (per rank: opts(rank)).
+// its own pool and a PowerSGD hook of options opts(rank), and returns every
+// rank's error (runGroup).
 func psgdGroup(t *testing.T, n int, opts func(rank int) PowerSGDOptions, f func(rank int, h *PowerSGDHook, pool *allocator.Pool) error) []error {
 	t.Helper()
-	cs, err := inproc.NewGroup(n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		for _, c := range cs {
-			c.Close()
-		}
-	}()
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r, c := range cs {
-		wg.Go(func() {
-			pool, err := allocator.New(allocator.Options{})
-			if err != nil {
-				errs[r] = err
-				return
-			}
-			defer pool.Close()
-			o := opts(r)
-			o.Pool = pool
-			h := PowerSGD(o)
-			if err := h.Setup(c, comm.HostKernels()); err != nil {
-				errs[r] = err
-				return
-			}
-			errs[r] = f(r, h, pool)
-			if errs[r] != nil {
-				c.Abort(errs[r])
-			}
-			errs[r] = errors.Join(errs[r], h.Close())
-			if st := pool.Stats(); st.InUse != 0 && errs[r] == nil {
-				errs[r] = fmt.Errorf("rank %d: %d bytes still in use after Close", r, st.InUse)
-			}
-		})
-	}
-	wg.Wait()
-	return errs
+	return runGroup(t, n, func(r int, pool *allocator.Pool) Hook {
+		o := opts(r)
+		o.Pool = pool
+		return PowerSGD(o)
+	}, func(r int, _ comm.Communicator, h Hook, pool *allocator.Pool) error {
+		return f(r, h.(*PowerSGDHook), pool)
+	})
 }
 
 func noErrors(t *testing.T, errs []error) {
