@@ -110,17 +110,6 @@ func lowRankish(rng *rand.Rand, n, m int) []float32 {
 	return out
 }
 
-func reduceBucket(h Hook, b *Bucket) error {
-	w, err := h.Launch(b)
-	if err != nil {
-		return err
-	}
-	if err := w.Wait(context.Background()); err != nil {
-		return err
-	}
-	return h.Finish(b)
-}
-
 // psgdOptions returns PyTorch's defaults with compression from step 0 and
 // the given rank.
 func psgdOptions(rank int) PowerSGDOptions {
@@ -166,7 +155,7 @@ func TestPowerSGDErrorDecreasesWithRank(t *testing.T) {
 			}
 			defer pb.free(pool)
 			copy(pb.g, g[r])
-			if err := reduceBucket(h, pb.b); err != nil {
+			if err := reduceOnce(h, pb.b); err != nil {
 				return err
 			}
 			if want := int64(4 * (rows + cols) * rank); pb.b.WireBytes != want {
@@ -229,7 +218,7 @@ func TestPowerSGDErrorFeedback(t *testing.T) {
 			sum := make([]float64, rows*cols)
 			for s := range steps {
 				copy(pb.g, grads[s][r])
-				if err := reduceBucket(h, pb.b); err != nil {
+				if err := reduceOnce(h, pb.b); err != nil {
 					return err
 				}
 				for i, v := range pb.g {
@@ -299,7 +288,7 @@ func TestPowerSGDRanksAgree(t *testing.T) {
 			for i := range pb.g {
 				pb.g[i] = float32(rng.NormFloat64())
 			}
-			if err := reduceBucket(h, pb.b); err != nil {
+			if err := reduceOnce(h, pb.b); err != nil {
 				return err
 			}
 			out[r] = append(out[r], append([]float32(nil), pb.g...))
@@ -344,7 +333,7 @@ func TestPowerSGDMinCompressionRate(t *testing.T) {
 				for i := range pb.g {
 					pb.g[i] = float32(i%7) + float32(r)
 				}
-				if err := reduceBucket(h, pb.b); err != nil {
+				if err := reduceOnce(h, pb.b); err != nil {
 					return err
 				}
 				wire, want := pb.b.WireBytes, int64(4*(256+40))
@@ -399,7 +388,7 @@ func TestPowerSGDMismatch(t *testing.T) {
 					return err
 				}
 				defer pb.free(pool)
-				return reduceBucket(h, pb.b)
+				return reduceOnce(h, pb.b)
 			})
 			for r, err := range errs {
 				if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), "rank 1 has") || !strings.Contains(err.Error(), tc.want) {
@@ -454,7 +443,7 @@ func TestPowerSGDSetupErrors(t *testing.T) {
 		t.Errorf("Launch without scratch: %v", err)
 	}
 	b.Scratch = comm.Uint8s(make([]uint8, ScratchFor(h, b)))
-	if err := reduceBucket(h, b); !errors.Is(err, ErrNoPool) {
+	if err := reduceOnce(h, b); !errors.Is(err, ErrNoPool) {
 		t.Errorf("a step without a pool: %v, want ErrNoPool", err)
 	}
 }
@@ -469,13 +458,13 @@ func TestPowerSGDNoAlloc(t *testing.T) {
 		}
 		defer pb.free(pool)
 		for range 2 {
-			if err := reduceBucket(h, pb.b); err != nil {
+			if err := reduceOnce(h, pb.b); err != nil {
 				return err
 			}
 		}
 		gets := pool.Stats().Gets
 		if a := testing.AllocsPerRun(20, func() {
-			if err := reduceBucket(h, pb.b); err != nil {
+			if err := reduceOnce(h, pb.b); err != nil {
 				panic(err)
 			}
 		}); a != 0 {
