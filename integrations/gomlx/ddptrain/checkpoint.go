@@ -1,0 +1,16 @@
+package ddptrain
+
+import "github.com/gomlx/gomlx/pkg/ml/context/checkpoints"
+
+// Save saves a checkpoint of the context's variables through h on rank 0,
+// and does nothing on the other ranks, whose variables are rank 0's (h may
+// be nil there). Call it between steps. Loading needs no help: a
+// checkpoint loaded into rank 0's context before the first step is
+// broadcast with the rest of rank 0's variables, whatever the number of
+// ranks that saved it or that load it.
+func (t *Trainer) Save(h *checkpoints.Handler) error {
+	if t.c.Rank() != 0 {
+		return nil
+	}
+	return h.Save()
+}

@@ -1,0 +1,109 @@
+// Package ddptrain trains GoMLX models data-parallel over ddpgo: in one
+// process with inproc ranks, or one rank per process from launch.Open
+// (mpirun, srun, torchrun), on any comm.Communicator.
+//
+// A Trainer takes what GoMLX's train.NewTrainer takes (a backend, a
+// context holding the variables, a ModelFn, a LossFn and an optimizer) and
+// a communicator, and its TrainStep takes what a train.Dataset yields:
+//
+//	tr, err := ddptrain.New(c, backend, ctx, model, losses.SparseCategoricalCrossEntropyLogits,
+//		optimizers.Adam().Done(), ddptrain.Options{})
+//	defer tr.Close()
+//	for {
+//		spec, inputs, labels, err := ds.Yield() // this rank's shard (ddptrain.Dataset)
+//		...
+//		loss, err := tr.TrainStep(ctx, spec, inputs, labels)
+//	}
+//
+// # Model
+//
+// Each step runs two GoMLX graphs with ddpgo's Reducer between them:
+//
+//  1. The gradient graph computes the model, the loss (with the terms the
+//     model added by train.AddLoss) and the gradient of every trainable
+//     variable the graph uses, as train.Trainer's graph does before its
+//     optimizer. GoMLX runs it as one execution and returns every output
+//     when it ends: no gradient is available while backward runs, so no
+//     communication can overlap the graph's own backward pass.
+//  2. The hand-off copies each gradient into its slot of the Reducer's
+//     bucket memory, last variable first (the order backward produced them
+//     in, and the order of the initial buckets), and marks it ready: a
+//     bucket's all-reduce starts as soon as its last gradient is in, while
+//     the next gradients are still being copied. This is the one copy
+//     between the graph and the wire: on a backend that shares memory with
+//     Go (simplego does), the source is the backend's output buffer itself.
+//     GoMLX has no way to make a graph write its outputs into given memory,
+//     or to make a tensor of memory it did not allocate, so the copy
+//     cannot be avoided; Times.HandOff reports what it costs.
+//  3. As each bucket is reduced (ddp.Reducer.WaitEach), the averages are
+//     copied, once, into the optimizer graph's inputs (buffers the backend
+//     shares with Go where it can), while later buckets are still on the
+//     wire.
+//  4. The optimizer graph applies the user's optimizer to the averages
+//     through train.OptimizeWithGradients.UpdateGraphWithGradients, the
+//     interface GoMLX's own gradient accumulation uses (SGD and Adam
+//     implement it); it updates the variables in the context.
+//
+// What overlaps: the all-reduce of bucket k with the copying of later
+// gradients into their buckets (step 2), and with the copying of earlier
+// averages out of theirs (step 3). What cannot: any communication with the
+// gradient graph, and the optimizer graph with anything (it needs every
+// average). Options.ReadyBatch trades the first for fewer Ready calls.
+//
+// Every rank starts from rank 0's variables: the first step builds both
+// graphs once in probe graphs (which creates and initializes the
+// variables, optimizer state included), the ranks agree that all of them
+// did, the Reducer is built over the trainable variables, and every
+// variable but the context's random-number state is broadcast from rank 0.
+//
+// # The rest of ddpgo
+//
+//   - No-sync accumulation: AccumulateStep adds this rank's gradients in
+//     bucket memory and communicates nothing; the next TrainStep reduces
+//     the sum (PyTorch's no_sync; GoMLX's own accumulation averages).
+//   - Hooks, bucket caps, the window of buckets in flight, timeouts and
+//     stall reports: Options.Reducer, passed to ddp.New.
+//   - Buffers: non-trainable variables that the gradient graph updates
+//     (batch normalisation's running statistics) are the Reducer's
+//     buffers, broadcast from rank 0 in every synced step and overlapped
+//     with the all-reduces (Options.Buffers chooses them).
+//   - Uneven inputs: with Options.Reducer.Join, a rank out of batches calls
+//     Join, which broadcasts every variable from the rank that joined last.
+//   - Statistics and the timeline: Reducer gives the ddp.Reducer
+//     (StatsInto, ddp.WriteTimeline); Times splits the step into graph,
+//     hand-off, reduction and optimizer.
+//   - Data: Dataset yields a rank's shard of an in-memory data set in the
+//     order of package sampler (PyTorch DistributedSampler's rule), as a
+//     train.Dataset.
+//   - Checkpoints: Save writes GoMLX's checkpoint on rank 0 only. Any number
+//     of ranks can load one: only rank 0 need load it (checkpoints.Build on
+//     its context before the first step), since the first step broadcasts
+//     rank 0's variables, optimizer state included.
+//
+// # Failures
+//
+// A rank whose graph fails or panics must still take part in the step's
+// collectives, or its peers would wait for it until their timeout. The
+// Reducer's last parameter is therefore the trainer's own: one float32 per
+// rank, written by every rank in every synced step (zero, or 1 at its own
+// index if it failed) and marked ready first, so it travels in the first
+// bucket. A failing rank marks every parameter ready and waits; after the
+// step every rank reads the average, and a rank that sees a non-zero
+// element fails with ErrPeer naming that rank, while the failing rank
+// returns ErrGraph with its cause. No rank applies that step. A failure in
+// an AccumulateStep, which communicates nothing, is sent in a synced step
+// that meets the peers' next TrainStep. The first step's failures (before
+// the Reducer exists) are exchanged by one all-gather, which also checks
+// that the ranks hold the same variables (ErrMismatch). Errors are sticky:
+// every later call returns the first.
+//
+// # Backends
+//
+// The pure-Go backend, simplego, builds with CGO_ENABLED=0, as does ddpgo
+// without package mpi. simplego v0.26.0 cannot differentiate
+// layers.Convolution (its input gradient needs the Reverse operation) or
+// MaxPool (SelectAndScatter): the example builds its convolution from a
+// gather and a dot, and pools with a reshape and a reduction, which it
+// can. Its parallel execution of a graph's operations trips the race
+// detector (the tests run it with "ops_sequential").
+package ddptrain

@@ -1,0 +1,128 @@
+package ddptrain_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ddpgo/ddpgo/inproc"
+	"github.com/ddpgo/ddpgo/integrations/gomlx/ddptrain"
+	. "github.com/gomlx/gomlx/pkg/core/graph"
+	"github.com/gomlx/gomlx/pkg/core/tensors"
+	mlctx "github.com/gomlx/gomlx/pkg/ml/context"
+	"github.com/gomlx/gomlx/pkg/ml/train"
+)
+
+// TestFailure makes one rank's gradient graph fail, or panic, at some
+// step, and checks that every rank's call fails in that same step, the
+// failing rank's with ErrGraph and its cause, every other rank's with
+// ErrPeer naming it, and that nothing hangs: every rank returns well
+// within the test's deadline, far below the Reducer's timeouts.
+func TestFailure(t *testing.T) {
+	const ranks = 3
+	cases := []struct {
+		name   string
+		bad    int    // the failing rank
+		step   int    // the step it fails in, from 1
+		noSync bool   // the failing step is an AccumulateStep on every rank
+		how    string // "panic": the model panics; "error": the graph does not build (labels of the wrong shape)
+		cause  string // in the failing rank's error
+	}{
+		{"panic at the first step, before the Reducer exists", 0, 1, false, "panic", "model exploded"},
+		{"panic in a synced step", 1, 3, false, "panic", "model exploded"},
+		{"graph error in a synced step", 2, 2, false, "error", "Sub"},
+		{"graph error in a no-sync step", 1, 3, true, "error", "Sub"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newLSQ(4, 3)
+			comms, err := inproc.NewGroup(ranks)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer closeAll(comms)
+			backend := newBackend(t)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			failedAt := make([]int, ranks)
+			errs := make([]error, ranks)
+			var wg sync.WaitGroup
+			for r, c := range comms {
+				wg.Go(func() {
+					model := p.model(r)
+					if r == tc.bad && tc.how == "panic" {
+						model = panicking(model)
+					}
+					tr, err := ddptrain.New(c, backend, mlctx.New(), model, lsqLoss, optimizer("sgd", 1), smallBuckets)
+					if err != nil {
+						errs[r] = err
+						return
+					}
+					defer tr.Close()
+					b := lsqBatch / ranks
+					for k := 1; k <= 4; k++ {
+						lo := (k-1)*lsqBatch + r*b
+						inputs, labels := p.tensors(lo, lo+b)
+						if r == tc.bad && k == tc.step {
+							if tc.how == "panic" {
+								inputs, labels = p.tensors(lo, lo+b-1) // a batch size the panicking model refuses
+							} else {
+								labels[0] = tensors.FromShape(labels[1].Shape()) // head 0's labels of head 1's shape
+							}
+						}
+						step := tr.TrainStep
+						if tc.noSync && k == tc.step {
+							step = tr.AccumulateStep
+						}
+						if _, errs[r] = step(ctx, nil, inputs, labels); errs[r] != nil {
+							failedAt[r] = k
+							return
+						}
+					}
+				})
+			}
+			done := make(chan struct{})
+			go func() { wg.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(45 * time.Second):
+				t.Fatal("the ranks hang after a failure")
+			}
+			for r, err := range errs {
+				// A no-sync step communicates nothing: the peers learn of
+				// the failure in their next (synced) step.
+				want := tc.step
+				if tc.noSync && r != tc.bad {
+					want++
+				}
+				switch {
+				case err == nil:
+					t.Errorf("rank %d did not fail", r)
+				case failedAt[r] != want:
+					t.Errorf("rank %d failed at step %d, want %d: %v", r, failedAt[r], want, err)
+				case r == tc.bad && (!errors.Is(err, ddptrain.ErrGraph) || !strings.Contains(err.Error(), tc.cause)):
+					t.Errorf("rank %d (the failing one): %v, want ErrGraph with %q", r, err, tc.cause)
+				case r != tc.bad && (!errors.Is(err, ddptrain.ErrPeer) || !strings.Contains(err.Error(), fmt.Sprintf("rank %d failed", tc.bad))):
+					t.Errorf("rank %d: %v, want ErrPeer naming rank %d", r, err, tc.bad)
+				default:
+					t.Logf("rank %d: %v", r, err)
+				}
+			}
+		})
+	}
+}
+
+// panicking wraps a model so that it panics, with a value that is not an
+// error, when it is built for a batch whose size is not a multiple of 4.
+func panicking(model train.ModelFn) train.ModelFn {
+	return func(ctx *mlctx.Context, spec any, inputs []*Node) []*Node {
+		if inputs[0].Shape().Dimensions[0]%4 != 0 {
+			panic("model exploded")
+		}
+		return model(ctx, spec, inputs)
+	}
+}

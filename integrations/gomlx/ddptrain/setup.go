@@ -1,0 +1,472 @@
+package ddptrain
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"slices"
+
+	"github.com/ddpgo/ddpgo/allocator"
+	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/ddp"
+	"github.com/gomlx/gomlx/pkg/core/dtypes"
+	"github.com/gomlx/gomlx/pkg/core/graph"
+	"github.com/gomlx/gomlx/pkg/core/shapes"
+	"github.com/gomlx/gomlx/pkg/core/tensors"
+	mlctx "github.com/gomlx/gomlx/pkg/ml/context"
+	"github.com/gomlx/gomlx/pkg/ml/train"
+)
+
+// syncChunk is the largest piece in which the variables travel when they
+// are broadcast: a block of the trainer's pool, reused for every piece.
+const syncChunk = 4 << 20
+
+// statusName names the trainer's own parameter (failure.go).
+const statusName = "ddptrain/status"
+
+// gradGraph is the gradient graph of one spec: its executor, and the
+// variables it found when GoMLX built it.
+type gradGraph struct {
+	exec            *mlctx.Exec
+	spec            any
+	inputs, labels  int
+	trainable       []*mlctx.Variable
+	buffers         []*mlctx.Variable
+	lossDType       dtypes.DType
+	built, verified bool
+}
+
+// gradGraphFor returns the gradient graph for spec, making its executor
+// (GoMLX builds the graph at its first execution).
+func (t *Trainer) gradGraphFor(spec any, inputs, labels int) (*gradGraph, error) {
+	if gg, ok := t.graphs[spec]; ok {
+		if gg.inputs != inputs || gg.labels != labels {
+			return nil, fmt.Errorf("%d inputs and %d labels, but the graph for spec %v was built for %d and %d",
+				inputs, labels, spec, gg.inputs, gg.labels)
+		}
+		return gg, nil
+	}
+	if inputs == 0 {
+		return nil, errors.New("no inputs: the model needs at least one")
+	}
+	gg := &gradGraph{spec: spec, inputs: inputs, labels: labels}
+	exec, err := mlctx.NewExec(t.backend, t.execContext(), gg.graphFn(t))
+	if err != nil {
+		return nil, err
+	}
+	gg.exec = exec.WithName("ddptrain gradients")
+	t.graphs[spec] = gg
+	return gg, nil
+}
+
+// execContext is the context the executors build their graphs with. The
+// variables exist by then: the first step creates them in probe graphs
+// (build), with the caller's context, so GoMLX's checks of their names
+// apply there.
+func (t *Trainer) execContext() *mlctx.Context { return t.ctx.Checked(false) }
+
+// graphFn builds the gradient graph, as train.Trainer builds its training
+// graph up to the optimizer: the model, the loss and the losses the model
+// added with train.AddLoss, then the gradient of every trainable variable
+// the graph uses. It outputs the loss, then the gradients in the
+// context's order of the variables.
+func (gg *gradGraph) graphFn(t *Trainer) func(*mlctx.Context, []*graph.Node) []*graph.Node {
+	return func(ctx *mlctx.Context, nodes []*graph.Node) []*graph.Node {
+		g := nodes[0].Graph()
+		ctx.SetTraining(g, true)
+		predictions := t.model(ctx, gg.spec, nodes[:gg.inputs])
+		if t.lossFn != nil {
+			loss := t.lossFn(nodes[gg.inputs:], predictions)
+			if !loss.Shape().IsScalar() {
+				loss = graph.ReduceAllMean(loss)
+			}
+			train.SetLossNoRegularization(ctx, loss)
+			train.AddLoss(ctx, loss)
+		}
+		loss := train.GetLosses(ctx, g)
+		if loss == nil {
+			panic(errors.New("no loss: the loss function is nil and the model added no term with train.AddLoss"))
+		}
+		gg.trainable = gg.trainable[:0]
+		for v := range ctx.IterVariables() {
+			if v.Trainable && v.InUseByGraph(g) {
+				gg.trainable = append(gg.trainable, v)
+			}
+		}
+		grads := ctx.BuildTrainableVariablesGradientsGraph(loss)
+		train.ExecPerStepUpdateGraphFn(ctx, g)
+		gg.buffers = gg.buffers[:0]
+		for v := range ctx.IterVariables() {
+			if !v.Trainable && v.ChangedInGraph(g) && t.isBuffer(v) {
+				gg.buffers = append(gg.buffers, v)
+			}
+		}
+		gg.lossDType = loss.DType()
+		gg.built = true
+		return append([]*graph.Node{loss}, grads...)
+	}
+}
+
+// check verifies, once, that a graph built for another spec after the
+// Reducer found the same variables as the first.
+func (gg *gradGraph) check(t *Trainer) error {
+	if gg.verified {
+		return nil
+	}
+	if !gg.built {
+		return errors.New("GoMLX ran the gradient graph without building it")
+	}
+	if !slices.Equal(gg.trainable, t.trainable) || !slices.Equal(gg.buffers, t.buffers) {
+		return fmt.Errorf("the graph for spec %v uses %d trainable variables and %d buffers, the first graph %d and %d: every graph must train the same variables",
+			gg.spec, len(gg.trainable), len(gg.buffers), len(t.trainable), len(t.buffers))
+	}
+	gg.verified = true
+	return nil
+}
+
+// isBuffer applies Options.Buffers.
+func (t *Trainer) isBuffer(v *mlctx.Variable) bool {
+	if t.o.Buffers != nil {
+		return t.o.Buffers(v)
+	}
+	return !isRNG(v)
+}
+
+// isRNG reports whether v is the context's random-number state, which
+// every rank keeps its own.
+func isRNG(v *mlctx.Variable) bool {
+	return v.Scope() == mlctx.RootScope && v.Name() == mlctx.RNGStateVariableName
+}
+
+// setup is the first step's work before the step itself: every rank
+// builds both graphs and initializes the variables, the ranks agree that
+// all of them did (a rank that failed is named on every rank), the Reducer
+// is built and rank 0's variables are broadcast.
+func (t *Trainer) setup(ctx context.Context, spec any, inputs, labels []*tensors.Tensor) error {
+	rank := t.c.Rank()
+	pool, err := allocator.New(allocator.Options{SlabSize: syncChunk, Limit: 4 * syncChunk})
+	if err != nil {
+		return fmt.Errorf("ddptrain: rank %d: %w", rank, err)
+	}
+	t.pool = pool
+	built := catch(func() error { return t.build(spec, inputs, labels) })
+	if built != nil {
+		built = fmt.Errorf("%w: rank %d: building the graphs: %w", ErrGraph, rank, built)
+	}
+	if err := t.agree(ctx, built); err != nil {
+		return err
+	}
+	params := make([]ddp.Param, 0, len(t.trainable)+1)
+	for _, v := range t.trainable {
+		params = append(params, ddp.Param{Name: v.ScopeAndName(), Shape: slices.Clone(v.Shape().Dimensions), DType: commDType(v.DType())})
+	}
+	t.status = len(params)
+	params = append(params, ddp.Param{Name: statusName, Shape: []int{t.c.Size()}, DType: comm.Float32})
+	o := t.o.Reducer
+	o.Buffers = nil
+	for _, v := range t.buffers {
+		o.Buffers = append(o.Buffers, bufferParam(v))
+	}
+	r, err := ddp.New(ctx, t.c, params, o)
+	if err != nil {
+		return fmt.Errorf("ddptrain: rank %d: %w", rank, err)
+	}
+	t.r = r
+	t.marked = make([]bool, len(params))
+	return t.syncVariables(ctx, 0)
+}
+
+// build creates and initializes the variables of the gradient graph for
+// the first spec and of the optimizer graph, by building each once in a
+// probe graph that is never compiled. (GoMLX's PreCompile would do it, but
+// it donates the buffers of the variables the graph changes and leaves
+// them without values.) GoMLX builds the graphs again at their first
+// execution.
+func (t *Trainer) build(spec any, inputs, labels []*tensors.Tensor) error {
+	gg, err := t.gradGraphFor(spec, len(inputs), len(labels))
+	if err != nil {
+		return err
+	}
+	var in []shapes.Shape
+	for _, x := range append(append([]*tensors.Tensor(nil), inputs...), labels...) {
+		in = append(in, x.Shape())
+	}
+	gradFn := gg.graphFn(t)
+	if err := t.probe("ddptrain gradients probe", in, func(nodes []*graph.Node) { gradFn(t.ctx, nodes) }); err != nil {
+		return err
+	}
+	if !gg.built {
+		return errors.New("the gradient graph was not built")
+	}
+	t.built, t.trainable, t.buffers, t.lossDType = gg, gg.trainable, gg.buffers, gg.lossDType
+	if len(t.trainable) == 0 {
+		return fmt.Errorf("%w: the model has no trainable variable", ErrUnsupported)
+	}
+	in = in[:0]
+	for _, v := range t.trainable {
+		if commDType(v.DType()) == 0 {
+			return fmt.Errorf("%w: variable %s is %s; the hand-off carries float32 and float64 gradients", ErrUnsupported, v.ScopeAndName(), v.DType())
+		}
+		in = append(in, v.Shape())
+	}
+	if err := t.probe("ddptrain optimizer probe", in, func(nodes []*graph.Node) { t.optimizerGraph(t.ctx, nodes) }); err != nil {
+		return err
+	}
+	if err := t.ctx.InitializeVariables(t.backend, nil); err != nil {
+		return err
+	}
+	t.optIn = make([]*tensors.Tensor, len(t.trainable))
+	t.optArgs = make([]any, len(t.trainable))
+	for i, v := range t.trainable {
+		x := tensors.FromShape(v.Shape())
+		// Where the backend shares memory with Go (simplego does), the
+		// input lives in a buffer the graph reads in place: the averages
+		// are copied into it once.
+		if err := x.MaterializeOnDevice(t.backend, true, 0); err != nil {
+			return err
+		}
+		t.optIn[i], t.optArgs[i] = x, x
+	}
+	exec, err := mlctx.NewExec(t.backend, t.execContext(), t.optimizerGraph)
+	if err != nil {
+		return err
+	}
+	t.optExec = exec.WithName("ddptrain optimizer")
+	return nil
+}
+
+// probe builds fn on parameters of the given shapes in a graph of its own,
+// which it then discards.
+func (t *Trainer) probe(name string, in []shapes.Shape, fn func([]*graph.Node)) error {
+	g := graph.NewGraph(t.backend, name)
+	defer g.Finalize()
+	nodes := make([]*graph.Node, len(in))
+	for i, s := range in {
+		nodes[i] = graph.Parameter(g, fmt.Sprintf("p%d", i), s)
+	}
+	return catch(func() error { fn(nodes); return nil })
+}
+
+// optimizerGraph applies the optimizer to the averaged gradients, as
+// GoMLX's gradient accumulation does: UpdateGraphWithGradients updates the
+// trainable variables this graph uses, so it first uses every one, in the
+// order of the gradients.
+func (t *Trainer) optimizerGraph(ctx *mlctx.Context, grads []*graph.Node) {
+	g := grads[0].Graph()
+	ctx.SetTraining(g, true)
+	for _, v := range t.trainable {
+		v.ValueGraph(g)
+	}
+	t.opt.UpdateGraphWithGradients(ctx, grads, t.lossDType)
+}
+
+// agree tells every rank whether every rank built its graphs (built is
+// this rank's failure, or nil) and holds the same variables, with one
+// all-gather of each rank's flag and fingerprint: a rank that failed, or
+// whose variables differ from rank 0's, is named on every rank, and none
+// goes on to build a Reducer its peers would wait in.
+func (t *Trainer) agree(ctx context.Context, built error) error {
+	rank, size := t.c.Rank(), t.c.Size()
+	const words = 3 // failed, fingerprint's high and low halves
+	send, err := t.pool.Get(8 * words)
+	if err != nil {
+		return errors.Join(built, fmt.Errorf("ddptrain: rank %d: %w", rank, err))
+	}
+	recv, err := t.pool.Get(8 * words * size)
+	if err != nil {
+		return errors.Join(built, fmt.Errorf("ddptrain: rank %d: %w", rank, err), t.pool.Put(send))
+	}
+	mine := comm.HostBuffer(send.Addr(), words, comm.Int64)
+	all := comm.HostBuffer(recv.Addr(), words*size, comm.Int64)
+	fp := uint64(0)
+	if built == nil {
+		fp = t.fingerprint()
+	} else {
+		mine.AsInt64()[0] = 1
+	}
+	mine.AsInt64()[1], mine.AsInt64()[2] = int64(fp>>32), int64(fp&(1<<32-1))
+	if err := t.collective(ctx, "agreeing that every rank built its graphs", t.c.AllGather(mine, all)); err != nil {
+		return errors.Join(built, err)
+	}
+	var failed, differ []int
+	v := all.AsInt64()
+	for r := range size {
+		switch {
+		case v[words*r] != 0:
+			failed = append(failed, r)
+		case v[words*r+1] != v[1] || v[words*r+2] != v[2]:
+			differ = append(differ, r)
+		}
+	}
+	err = errors.Join(t.pool.Put(send), t.pool.Put(recv))
+	switch {
+	case built != nil:
+		if len(failed) > 1 {
+			built = fmt.Errorf("%w (%s failed)", built, rankList(failed))
+		}
+		return errors.Join(built, err)
+	case len(failed) > 0:
+		return errors.Join(fmt.Errorf("%w: rank %d: %s failed to build the graphs (its own error says why)", ErrPeer, rank, rankList(failed)), err)
+	case len(differ) > 0:
+		return errors.Join(fmt.Errorf("%w: rank %d: the variables of %s differ from rank 0's (this rank holds %d)", ErrMismatch, rank, rankList(differ), t.ctx.NumVariables()), err)
+	}
+	return err
+}
+
+// fingerprint hashes the name, dtype, shape and role of every variable
+// that is broadcast, in the context's order.
+func (t *Trainer) fingerprint() uint64 {
+	h := fnv.New64a()
+	var b [8]byte
+	for v := range t.ctx.IterVariables() {
+		if isRNG(v) {
+			continue
+		}
+		h.Write([]byte(v.ScopeAndName()))
+		role := byte(0)
+		if v.Trainable {
+			role = 1
+		}
+		if slices.Contains(t.buffers, v) {
+			role = 2
+		}
+		h.Write([]byte{0, role, byte(v.DType())})
+		for _, d := range v.Shape().Dimensions {
+			binary.LittleEndian.PutUint64(b[:], uint64(d))
+			h.Write(b[:])
+		}
+	}
+	return h.Sum64()
+}
+
+// syncVariables broadcasts every variable but the random-number state
+// from root: the bytes of all of them, in the context's order, through one
+// block of the trainer's pool, a piece at a time. Root packs each piece
+// before its broadcast, the others unpack it after.
+func (t *Trainer) syncVariables(ctx context.Context, root int) error {
+	rank := t.c.Rank()
+	var vars []*mlctx.Variable
+	total := 0
+	for v := range t.ctx.IterVariables() {
+		if !isRNG(v) {
+			vars = append(vars, v)
+			total += int(v.Shape().Memory())
+		}
+	}
+	if total == 0 {
+		return nil
+	}
+	blk, err := t.pool.Get(min(total, syncChunk))
+	if err != nil {
+		return fmt.Errorf("ddptrain: rank %d: %w", rank, err)
+	}
+	var verr error
+	for sent := 0; sent < total; {
+		piece := blk.Bytes()[:min(total-sent, syncChunk)]
+		if rank == root {
+			verr = errors.Join(verr, moveBytes(vars, sent, piece, true))
+		}
+		w := t.c.Broadcast(comm.HostBuffer(blk.Addr(), len(piece), comm.Uint8), root)
+		if err := t.collective(ctx, fmt.Sprintf("broadcasting the variables from rank %d", root), w); err != nil {
+			return err
+		}
+		if rank != root {
+			verr = errors.Join(verr, moveBytes(vars, sent, piece, false))
+		}
+		sent += len(piece)
+	}
+	if verr != nil {
+		return errors.Join(fmt.Errorf("ddptrain: rank %d: broadcasting the variables: %w", rank, verr), t.pool.Put(blk))
+	}
+	return t.pool.Put(blk)
+}
+
+// moveBytes copies between buf and bytes [at, at+len(buf)) of the
+// variables' values laid end to end: into buf if pack, out of it if not.
+func moveBytes(vars []*mlctx.Variable, at int, buf []byte, pack bool) error {
+	var errs []error
+	start := 0 // of the current variable
+	for _, v := range vars {
+		n := int(v.Shape().Memory())
+		if len(buf) == 0 {
+			break
+		}
+		if at >= start+n {
+			start += n
+			continue
+		}
+		off := at - start
+		m := min(n-off, len(buf))
+		value, err := v.Value()
+		if err == nil && value.Shape().Memory() != v.Shape().Memory() {
+			err = fmt.Errorf("value of shape %s for a variable of shape %s", value.Shape(), v.Shape())
+		}
+		if err == nil {
+			if pack {
+				err = value.ConstBytes(func(data []byte) { copy(buf[:m], data[off:off+m]) })
+			} else {
+				err = value.MutableBytes(func(data []byte) { copy(data[off:off+m], buf[:m]) })
+			}
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", v.ScopeAndName(), err))
+		}
+		buf, at, start = buf[m:], at+m, start+n
+	}
+	return errors.Join(errs...)
+}
+
+// collective waits for w, one of the trainer's own collectives, under
+// Options.Timeout. On failure the group is aborted, since the peers may
+// be waiting in it, and the pool is kept: the backend may still write the
+// block.
+func (t *Trainer) collective(ctx context.Context, what string, w comm.Work) error {
+	ctx, cancel := context.WithTimeout(ctx, t.o.Timeout)
+	defer cancel()
+	if err := w.Wait(ctx); err != nil {
+		err = fmt.Errorf("ddptrain: rank %d: %s: %w", t.c.Rank(), what, err)
+		t.leaked = true
+		t.c.Abort(err)
+		return err
+	}
+	return nil
+}
+
+// commDType is the ddpgo dtype of a trainable variable's gradient, 0 for
+// dtypes the hand-off does not carry.
+func commDType(d dtypes.DType) comm.DType {
+	switch d {
+	case dtypes.Float32:
+		return comm.Float32
+	case dtypes.Float64:
+		return comm.Float64
+	}
+	return 0
+}
+
+// bufferParam describes buffer v to the Reducer. A buffer is only ever
+// broadcast, so a dtype ddpgo does not name travels as its bytes.
+func bufferParam(v *mlctx.Variable) ddp.Param {
+	p := ddp.Param{Name: v.ScopeAndName(), Shape: slices.Clone(v.Shape().Dimensions)}
+	switch v.DType() {
+	case dtypes.Float32:
+		p.DType = comm.Float32
+	case dtypes.Float64:
+		p.DType = comm.Float64
+	case dtypes.Float16:
+		p.DType = comm.Float16
+	case dtypes.BFloat16:
+		p.DType = comm.BFloat16
+	case dtypes.Int32:
+		p.DType = comm.Int32
+	case dtypes.Int64:
+		p.DType = comm.Int64
+	case dtypes.Uint8:
+		p.DType = comm.Uint8
+	default:
+		p.DType, p.Shape = comm.Uint8, []int{int(v.Shape().Memory())}
+	}
+	return p
+}
