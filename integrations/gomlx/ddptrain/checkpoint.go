@@ -5,9 +5,10 @@ import "github.com/gomlx/gomlx/pkg/ml/context/checkpoints"
 // Save saves a checkpoint of the context's variables through h on rank 0,
 // and does nothing on the other ranks, whose variables are rank 0's (h may
 // be nil there). Call it between steps. Loading needs no help: a
-// checkpoint loaded into rank 0's context before the first step is
-// broadcast with the rest of rank 0's variables, whatever the number of
-// ranks that saved it or that load it.
+// checkpoint loaded into rank 0's context before the first step
+// (checkpoints.Build or Load, then New with ctx.Reuse(), as with
+// train.Trainer) is broadcast with the rest of rank 0's variables,
+// whatever the number of ranks that saved it or that load it.
 func (t *Trainer) Save(h *checkpoints.Handler) error {
 	if t.c.Rank() != 0 {
 		return nil
