@@ -1,0 +1,372 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/ddp"
+	"github.com/ddpgo/ddpgo/hooks"
+	"github.com/ddpgo/ddpgo/integrations/gomlx/ddptrain"
+	"github.com/ddpgo/ddpgo/launch"
+	"github.com/ddpgo/ddpgo/mpi"
+	"github.com/ddpgo/ddpgo/sampler"
+	"github.com/gomlx/gomlx/backends"
+	"github.com/gomlx/gomlx/backends/simplego"
+	"github.com/gomlx/gomlx/pkg/core/tensors"
+	mlctx "github.com/gomlx/gomlx/pkg/ml/context"
+	"github.com/gomlx/gomlx/pkg/ml/train"
+	"github.com/gomlx/gomlx/pkg/ml/train/losses"
+	"github.com/gomlx/gomlx/pkg/ml/train/optimizers"
+)
+
+// group is the ranks this process runs: every rank of an in-process
+// group, or this process's rank of an mpirun job.
+type group struct {
+	comms []comm.Communicator
+	first int // the rank of comms[0]
+	mpi   bool
+}
+
+func (g *group) close() {
+	for _, c := range g.comms {
+		c.Close()
+	}
+}
+
+// openGroup starts cfg.Backend's ranks. Under mpi the job's size is the
+// number of ranks: cfg.Ranks becomes it (a -ranks given must equal it).
+func openGroup(ctx context.Context, cfg *config) (*group, error) {
+	if cfg.Backend == "inproc" {
+		cs, err := launch.Open(ctx, "inproc", launch.Options{Ranks: cfg.Ranks})
+		if err != nil {
+			return nil, err
+		}
+		return &group{comms: cs}, nil
+	}
+	if !mpi.LibraryInfo().Built {
+		return nil, fmt.Errorf("-backend mpi: this binary was built without it: go build -tags mpi ./examples/digitscnn, then mpirun -np N ./digitscnn -backend mpi")
+	}
+	env, err := launch.FromEnv()
+	if errors.Is(err, launch.ErrNoLauncher) {
+		env, err = launch.Env{Launcher: "none (a single process)", Size: 1, LocalSize: 1}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if cfg.RanksSet && cfg.Ranks != env.Size {
+		return nil, fmt.Errorf("%w: -ranks %d, but the job has %d processes", errConfig, cfg.Ranks, env.Size)
+	}
+	cfg.Ranks = env.Size
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	// One communicator and one training loop per process: blocking
+	// collectives are the faster mode (package mpi).
+	cs, err := launch.Open(ctx, "mpi", launch.Options{Env: &env, Config: mpi.Options{Blocking: true}})
+	if err != nil {
+		return nil, fmt.Errorf("starting rank %d of %d over MPI: %w", env.Rank, env.Size, err)
+	}
+	return &group{comms: cs, first: env.Rank, mpi: true}, nil
+}
+
+func newBackend(cfg config) (backends.Backend, error) { return simplego.New(cfg.Simplego) }
+
+func newOptimizer(cfg config) optimizers.Interface {
+	if cfg.Optimizer == "sgd" {
+		return optimizers.StochasticGradientDescent().WithLearningRate(cfg.LR)
+	}
+	return optimizers.Adam().LearningRate(cfg.LR).Done()
+}
+
+// newContext returns a rank's context: the same initial weights on every
+// rank (which the trainer's broadcast from rank 0 would give anyway).
+func newContext(cfg config) (*mlctx.Context, error) {
+	ctx := mlctx.New()
+	return ctx, ctx.SetRNGStateFromSeed(int64(cfg.Seed))
+}
+
+// trainGroup trains one replica per rank of g, a goroutine each, and
+// reports rank 0's progress to out.
+func trainGroup(ctx context.Context, out io.Writer, cfg config, g *group, trainSet, testSet *digits) error {
+	backend, err := newBackend(cfg)
+	if err != nil {
+		return err
+	}
+	defer backend.Finalize()
+	where := "in this process"
+	if g.mpi {
+		where = "a process each, over MPI"
+	}
+	fmt.Fprintf(out, "digitscnn: %s, %d train / %d test images, %d ranks (%s), batch %d (%d per rank), %s lr %g, compression %s\n",
+		cfg.Model, trainSet.len(), testSet.len(), cfg.Ranks, where, cfg.Batch, cfg.Batch/cfg.Ranks, cfg.Optimizer, cfg.LR, cfg.Compression)
+	errs := make([]error, len(g.comms))
+	var wg sync.WaitGroup
+	for i, c := range g.comms {
+		wg.Go(func() {
+			if errs[i] = trainRank(ctx, out, cfg, c, backend, trainSet, testSet); errs[i] != nil {
+				errs[i] = fmt.Errorf("rank %d: %w", c.Rank(), errs[i])
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// trainRank is one rank's training loop. Rank 0 evaluates and prints.
+func trainRank(ctx context.Context, out io.Writer, cfg config, c comm.Communicator, backend backends.Backend, trainSet, testSet *digits) error {
+	rank := c.Rank()
+	mctx, err := newContext(cfg)
+	if err != nil {
+		return err
+	}
+	o := ddptrain.Options{ReadyBatch: cfg.ReadyBatch, Reducer: ddp.Options{BucketCap: cfg.BucketCap, FirstBucketCap: cfg.BucketCap}}
+	if o.Reducer.Hook, err = hooks.ByName(cfg.Compression); err != nil {
+		return fmt.Errorf("%w: -compression: %w", errConfig, err)
+	}
+	model := models[cfg.Model](cfg.Hidden)
+	tr, err := ddptrain.New(c, backend, mctx, model, losses.SparseCategoricalCrossEntropyLogits, newOptimizer(cfg), o)
+	if err != nil {
+		return err
+	}
+	defer tr.Close()
+	inputs, labels := trainSet.tensors()
+	ds, err := ddptrain.NewDataset("digits", rank, c.Size(), cfg.Batch/c.Size(), inputs, labels,
+		sampler.Options{Shuffle: true, Seed: cfg.Seed, DropLast: true})
+	if err != nil {
+		return err
+	}
+	var eval *evaluator
+	if rank == 0 {
+		if eval, err = newEvaluator(backend, mctx, model, testSet); err != nil {
+			return err
+		}
+		defer eval.close()
+	}
+	var times []ddptrain.Times
+	steps := 0
+	for epoch := range cfg.Epochs {
+		ds.SetEpoch(epoch)
+		var lossSum float64
+		n := 0
+		for {
+			spec, in, lab, err := ds.Yield()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return err
+			}
+			loss, err := tr.TrainStep(ctx, spec, in, lab)
+			free(in, lab)
+			if err != nil {
+				return err
+			}
+			lossSum += loss
+			n++
+			if steps++; steps > cfg.Warmup || cfg.Steps == 0 {
+				times = append(times, tr.Times())
+			}
+			if cfg.Steps > 0 && steps == cfg.Steps {
+				if rank == 0 {
+					fmt.Fprintln(out, benchLine(steps, cfg.Warmup, times))
+				}
+				return nil
+			}
+		}
+		if rank == 0 {
+			acc, err := eval.accuracy()
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "epoch %3d  loss %.4f  test acc %6.2f%%  %s\n", epoch+1, lossSum/float64(max(n, 1)), 100*acc, meanLine(times))
+		}
+		times = times[:0]
+	}
+	return nil
+}
+
+// trainPlain trains with GoMLX's own train.Trainer on the global batch,
+// in the same order as the ranks' shards together: the baseline.
+func trainPlain(out io.Writer, cfg config, trainSet, testSet *digits) error {
+	backend, err := newBackend(cfg)
+	if err != nil {
+		return err
+	}
+	defer backend.Finalize()
+	mctx, err := newContext(cfg)
+	if err != nil {
+		return err
+	}
+	model := models[cfg.Model](cfg.Hidden)
+	tr := train.NewTrainer(backend, mctx, model, losses.SparseCategoricalCrossEntropyLogits, newOptimizer(cfg), nil, nil)
+	inputs, labels := trainSet.tensors()
+	ds, err := ddptrain.NewDataset("digits", 0, 1, cfg.Batch, inputs, labels, sampler.Options{Shuffle: true, Seed: cfg.Seed, DropLast: true})
+	if err != nil {
+		return err
+	}
+	eval, err := newEvaluator(backend, mctx, model, testSet)
+	if err != nil {
+		return err
+	}
+	defer eval.close()
+	fmt.Fprintf(out, "digitscnn: %s, %d train / %d test images, plain GoMLX (train.Trainer, one graph a step), batch %d, %s lr %g\n",
+		cfg.Model, trainSet.len(), testSet.len(), cfg.Batch, cfg.Optimizer, cfg.LR)
+	var times []ddptrain.Times
+	steps := 0
+	for epoch := range cfg.Epochs {
+		ds.SetEpoch(epoch)
+		var lossSum float64
+		n := 0
+		for {
+			spec, in, lab, err := ds.Yield()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return err
+			}
+			start := time.Now()
+			metrics, err := tr.TrainStep(spec, in, lab)
+			free(in, lab)
+			if err != nil {
+				return err
+			}
+			times = append(times, ddptrain.Times{Graph: time.Since(start), Step: time.Since(start)})
+			lossSum += float64(tensors.ToScalar[float32](metrics[0]))
+			free(metrics)
+			n++
+			if steps++; steps <= cfg.Warmup && cfg.Steps > 0 {
+				times = times[:0]
+			}
+			if cfg.Steps > 0 && steps == cfg.Steps {
+				fmt.Fprintln(out, benchLine(steps, cfg.Warmup, times))
+				return nil
+			}
+		}
+		acc, err := eval.accuracy()
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "epoch %3d  loss %.4f  test acc %6.2f%%  step %s (one graph)\n", epoch+1, lossSum/float64(max(n, 1)), 100*acc, ms(mean(times, stepOf)))
+		times = times[:0]
+	}
+	return nil
+}
+
+// evaluator computes the accuracy of a context's model on a test set.
+type evaluator struct {
+	exec   *mlctx.Exec
+	x      *tensors.Tensor
+	labels []int32
+}
+
+func newEvaluator(backend backends.Backend, ctx *mlctx.Context, model train.ModelFn, test *digits) (*evaluator, error) {
+	exec, err := mlctx.NewExec(backend, ctx.Reuse(), predict(model))
+	if err != nil {
+		return nil, err
+	}
+	inputs, _ := test.tensors()
+	return &evaluator{exec: exec, x: inputs[0], labels: test.y}, nil
+}
+
+func (e *evaluator) accuracy() (float64, error) {
+	outs, err := e.exec.Exec(e.x)
+	if err != nil {
+		return 0, err
+	}
+	defer free(outs)
+	hits := 0
+	for i, p := range tensors.MustCopyFlatData[int32](outs[0]) {
+		if p == e.labels[i] {
+			hits++
+		}
+	}
+	return float64(hits) / float64(len(e.labels)), nil
+}
+
+func (e *evaluator) close() { e.exec.Finalize() }
+
+func free(ts ...[]*tensors.Tensor) {
+	for _, l := range ts {
+		for _, x := range l {
+			x.FinalizeAll()
+		}
+	}
+}
+
+// The report: rank 0's step and its parts.
+
+func stepOf(t ddptrain.Times) time.Duration { return t.Step }
+
+var parts = []struct {
+	name string
+	of   func(ddptrain.Times) time.Duration
+}{
+	{"graph", func(t ddptrain.Times) time.Duration { return t.Graph }},
+	{"hand-off", func(t ddptrain.Times) time.Duration { return t.HandOff }},
+	{"reduction", func(t ddptrain.Times) time.Duration { return t.Reduction }},
+	{"optimizer", func(t ddptrain.Times) time.Duration { return t.Optimizer }},
+}
+
+// meanLine is an epoch's mean step and its parts.
+func meanLine(ts []ddptrain.Times) string {
+	s := fmt.Sprintf("step %s:", ms(mean(ts, stepOf)))
+	for i, p := range parts {
+		if i > 0 {
+			s += ","
+		}
+		s += fmt.Sprintf(" %s %s", p.name, ms(mean(ts, p.of)))
+	}
+	return s
+}
+
+// benchLine is the benchmark's result: medians over the timed steps.
+func benchLine(steps, warmup int, ts []ddptrain.Times) string {
+	step := median(ts, stepOf)
+	s := fmt.Sprintf("steps %d (%d timed): median step %s;", steps, len(ts), ms(step))
+	for i, p := range parts {
+		if i > 0 {
+			s += ","
+		}
+		s += fmt.Sprintf(" %s %s", p.name, ms(median(ts, p.of)))
+	}
+	// The share of the step spent handing gradients over and waiting for
+	// the reduction: the median over steps of each step's own share.
+	shares := make([]float64, len(ts))
+	for i, t := range ts {
+		shares[i] = float64(t.HandOff+t.Reduction) / float64(max(t.Step, 1))
+	}
+	slices.Sort(shares)
+	if len(shares) > 0 {
+		s += fmt.Sprintf("; hand-off+reduction %.1f%% of the step", 100*shares[len(shares)/2])
+	}
+	return s
+}
+
+func mean(ts []ddptrain.Times, of func(ddptrain.Times) time.Duration) time.Duration {
+	var sum time.Duration
+	for _, t := range ts {
+		sum += of(t)
+	}
+	return sum / time.Duration(max(len(ts), 1))
+}
+
+func median(ts []ddptrain.Times, of func(ddptrain.Times) time.Duration) time.Duration {
+	if len(ts) == 0 {
+		return 0
+	}
+	d := make([]time.Duration, len(ts))
+	for i, t := range ts {
+		d[i] = of(t)
+	}
+	slices.Sort(d)
+	return d[len(d)/2]
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond)) }
