@@ -14,7 +14,7 @@
 GO ?= go
 HAVE_MPI := $(shell pkg-config --exists ompi-c 2>/dev/null && command -v mpirun >/dev/null && echo yes)
 
-.PHONY: test test-mpi test-net lint lint-mpi mpi-deps ptxas-deps cuda-dev-deps peers-deps compare fuzz soak gpu-check-bin
+.PHONY: test test-gomlx test-mpi test-net lint lint-mpi mpi-deps ptxas-deps cuda-dev-deps peers-deps compare fuzz soak gpu-check-bin
 
 test: lint
 	$(GO) test -race -tags invariants ./...
@@ -22,8 +22,20 @@ test: lint
 	DDPGO_STANDIN_NCCL=2.21 $(GO) test -run NCCL ./cmd/ddpbench/
 	$(GO) test -tags purego ./fp16/ ./internal/... ./inproc/ ./hooks/
 	$(GO) test -run Exhaustive -count=1 ./fp16/
+	@$(MAKE) --no-print-directory test-gomlx
 	@$(MAKE) --no-print-directory test-mpi
 	@$(MAKE) --no-print-directory test-net
+
+# The GoMLX integration, a module of its own (integrations/gomlx): it builds
+# without cgo; its trainer's tests run under the race detector, its
+# example's without (simplego runs several times slower under it). Their
+# jobs under mpirun build with the mpi tag themselves and follow the mpi
+# tests' rule (internal/mpitest): skipped without Open MPI, an error under
+# DDPGO_REQUIRE_MPI=1. About a minute and a half on 2 cores.
+test-gomlx:
+	cd integrations/gomlx && CGO_ENABLED=0 $(GO) build ./...
+	cd integrations/gomlx && $(GO) test -race ./ddptrain/
+	cd integrations/gomlx && $(GO) test ./examples/...
 
 test-mpi:
 ifeq ($(HAVE_MPI),yes)
@@ -49,6 +61,7 @@ lint: lint-mpi
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt would rewrite:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags purego ./...
+	cd integrations/gomlx && $(GO) vet ./...
 
 lint-mpi:
 ifeq ($(HAVE_MPI),yes)

@@ -2,8 +2,11 @@ package ddptrain_test
 
 import (
 	"context"
+
 	"errors"
 	"fmt"
+	"github.com/ddpgo/ddpgo/comm"
+	"github.com/gomlx/gomlx/backends"
 	"strings"
 	"sync"
 	"testing"
@@ -53,36 +56,7 @@ func TestFailure(t *testing.T) {
 			var wg sync.WaitGroup
 			for r, c := range comms {
 				wg.Go(func() {
-					model := p.model(r)
-					if r == tc.bad && tc.how == "panic" {
-						model = panicking(model)
-					}
-					tr, err := ddptrain.New(c, backend, mlctx.New(), model, lsqLoss, optimizer("sgd", 1), smallBuckets)
-					if err != nil {
-						errs[r] = err
-						return
-					}
-					defer tr.Close()
-					b := lsqBatch / ranks
-					for k := 1; k <= 4; k++ {
-						lo := (k-1)*lsqBatch + r*b
-						inputs, labels := p.tensors(lo, lo+b)
-						if r == tc.bad && k == tc.step {
-							if tc.how == "panic" {
-								inputs, labels = p.tensors(lo, lo+b-1) // a batch size the panicking model refuses
-							} else {
-								labels[0] = tensors.FromShape(labels[1].Shape()) // head 0's labels of head 1's shape
-							}
-						}
-						step := tr.TrainStep
-						if tc.noSync && k == tc.step {
-							step = tr.AccumulateStep
-						}
-						if _, errs[r] = step(ctx, nil, inputs, labels); errs[r] != nil {
-							failedAt[r] = k
-							return
-						}
-					}
+					failedAt[r], errs[r] = faultyRank(ctx, c, backend, p, tc.bad, tc.step, tc.how, tc.noSync)
 				})
 			}
 			done := make(chan struct{})
@@ -116,11 +90,49 @@ func TestFailure(t *testing.T) {
 	}
 }
 
+// faultyRank trains rank c of the problem for 4 steps of SGD on its
+// shard, where rank bad fails in step (from 1): its model panics ("panic")
+// or its graph does not build ("error": labels of the wrong shape); with
+// noSync that step is an AccumulateStep on every rank. It returns the
+// step of the rank's first error, and the error.
+func faultyRank(ctx context.Context, c comm.Communicator, backend backends.Backend, p *lsq, bad, step int, how string, noSync bool) (int, error) {
+	r, n := c.Rank(), c.Size()
+	model := p.model(r)
+	if r == bad && how == "panic" {
+		model = panicking(model)
+	}
+	tr, err := ddptrain.New(c, backend, mlctx.New(), model, lsqLoss, optimizer("sgd", 1), smallBuckets)
+	if err != nil {
+		return 0, err
+	}
+	defer tr.Close()
+	b := lsqBatch / n
+	for k := 1; k <= 4; k++ {
+		lo := (k-1)*lsqBatch + r*b
+		inputs, labels := p.tensors(lo, lo+b)
+		if r == bad && k == step {
+			if how == "panic" {
+				inputs, labels = p.tensors(lo, lo+b-1) // a batch size the panicking model refuses
+			} else {
+				labels[0] = tensors.FromShape(labels[1].Shape()) // head 0's labels of head 1's shape
+			}
+		}
+		train := tr.TrainStep
+		if noSync && k == step {
+			train = tr.AccumulateStep
+		}
+		if _, err := train(ctx, nil, inputs, labels); err != nil {
+			return k, err
+		}
+	}
+	return 0, nil
+}
+
 // panicking wraps a model so that it panics, with a value that is not an
-// error, when it is built for a batch whose size is not a multiple of 4.
+// error, when it is built for a batch of an odd size.
 func panicking(model train.ModelFn) train.ModelFn {
 	return func(ctx *mlctx.Context, spec any, inputs []*Node) []*Node {
-		if inputs[0].Shape().Dimensions[0]%4 != 0 {
+		if inputs[0].Shape().Dimensions[0]%2 != 0 {
 			panic("model exploded")
 		}
 		return model(ctx, spec, inputs)
