@@ -30,7 +30,8 @@
 // the whole global batch: the baseline. -steps N stops after N steps (the
 // first -warmup of them untimed) and prints the medians of the step and of
 // its parts instead of training to the end: the benchmark of
-// docs/gomlx.md. -model mlp is the larger model of that benchmark, a
+// docs/gomlx.md. With -compare the baseline and ddptrain over -ranks
+// in-process ranks take turns, a step each, in one process. -model mlp is the larger model of that benchmark, a
 // perceptron with two hidden layers of -hidden units.
 package main
 
@@ -62,7 +63,8 @@ type config struct {
 	Seed        uint64
 	Data        string
 	Plain       bool
-	Steps       int // >0: benchmark mode
+	Compare     bool // plain GoMLX and ddptrain in turn, a step each
+	Steps       int  // >0: benchmark mode
 	Warmup      int
 	Simplego    string // simplego's configuration
 }
@@ -88,6 +90,7 @@ func main() {
 	flag.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the split, the initial weights and the shuffles")
 	flag.StringVar(&cfg.Data, "data", cfg.Data, "data set (CSV, optionally gzipped); default: the embedded copy")
 	flag.BoolVar(&cfg.Plain, "plain", cfg.Plain, "train with GoMLX's own train.Trainer in one process, without ddpgo (the baseline)")
+	flag.BoolVar(&cfg.Compare, "compare", cfg.Compare, "benchmark: plain GoMLX and ddptrain over -ranks in-process ranks take turns, a step each, for -steps steps")
 	flag.IntVar(&cfg.Steps, "steps", cfg.Steps, "benchmark: stop after this many steps and print the medians of the step and its parts")
 	flag.IntVar(&cfg.Warmup, "warmup", cfg.Warmup, "benchmark: steps left out of the medians")
 	flag.StringVar(&cfg.Simplego, "simplego", cfg.Simplego, "simplego's configuration (ops_sequential, parallelism=N; see simplego.New)")
@@ -117,6 +120,8 @@ func (c config) validate() error {
 		return fmt.Errorf("%w: -lr, -epochs and -hidden must be positive, -steps and -warmup not negative", errConfig)
 	case c.Steps > 0 && c.Steps <= c.Warmup:
 		return fmt.Errorf("%w: -steps %d leaves nothing after -warmup %d", errConfig, c.Steps, c.Warmup)
+	case c.Compare && (c.Steps == 0 || c.Backend != "inproc" || c.Plain):
+		return fmt.Errorf("%w: -compare needs -steps and in-process ranks", errConfig)
 	}
 	return nil
 }
@@ -141,6 +146,9 @@ func run(ctx context.Context, out io.Writer, cfg config) error {
 	defer g.close()
 	if g.first != 0 {
 		out = io.Discard
+	}
+	if cfg.Compare {
+		return compare(ctx, out, cfg, g, train)
 	}
 	return trainGroup(ctx, out, cfg, g, train, test)
 }
