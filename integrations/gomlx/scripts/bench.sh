@@ -2,6 +2,7 @@
 # bench.sh: the step-time figures of docs/gomlx.md.
 #
 #   integrations/gomlx/scripts/bench.sh [cnn|mlp] [ROUNDS]
+#   CONFIGS="mpi-2 lab-2" integrations/gomlx/scripts/bench.sh mlp 3
 #
 # Builds examples/digitscnn with the mpi tag and runs ROUNDS rounds, each
 # of every configuration in turn, for a fixed number of steps each, with
@@ -14,6 +15,9 @@
 #              hand-off instead of as it is copied
 #   mpi-N      ddptrain over N = 1, 2, 4 processes under mpirun, each run
 #              right after a run of plain GoMLX alone (its baseline)
+#   lab-2      ddptrain over 2 test hosts of scripts/netlab.sh, a process
+#              each, joined by its shaped links (netlab.sh up first), with
+#              the same baseline; not in the default list
 #
 # so that a slow patch of a shared machine falls on a configuration and
 # its baseline alike. Every run prints the medians of its timed steps
@@ -40,7 +44,7 @@ go build -tags mpi -o "$dir/digitscnn" ./examples/digitscnn
 mpirun=(mpirun --oversubscribe --mca btl self,vader --mca oob_tcp_if_include lo -x MALLOC_ARENA_MAX=1)
 if [[ $(id -u) == 0 ]]; then mpirun+=(--allow-run-as-root); fi
 args=(-model "$model" -batch "$batch" -steps "$steps" -warmup "$warmup")
-configs=(inproc-1 inproc-2 inproc-4 ready-all mpi-1 mpi-2 mpi-4)
+read -r -a configs <<<"${CONFIGS:-inproc-1 inproc-2 inproc-4 ready-all mpi-1 mpi-2 mpi-4}"
 
 # The numbers of a median line: step, graph, hand-off, reduction,
 # optimizer (ms), rank 0's share and the last rank's (%).
@@ -54,9 +58,13 @@ run() {
 	case $1 in
 	inproc-*) out=$("$dir/digitscnn" -compare -ranks "${1#inproc-}" "${args[@]}") ;;
 	ready-all) out=$("$dir/digitscnn" -compare -ranks 2 -ready-batch 1000 "${args[@]}") ;;
-	mpi-*)
+	mpi-* | lab-2)
 		out="plain: $("$dir/digitscnn" -plain "${args[@]}" | grep 'median step')"
-		out+=$'\n'"ddpgo: $("${mpirun[@]}" -np "${1#mpi-}" "$dir/digitscnn" -backend mpi "${args[@]}" | grep 'median step')"
+		if [[ $1 == lab-2 ]]; then
+			out+=$'\n'"ddpgo: $(../../scripts/netlab.sh mpirun -- "$dir/digitscnn" -backend mpi "${args[@]}" | grep 'median step')"
+		else
+			out+=$'\n'"ddpgo: $("${mpirun[@]}" -np "${1#mpi-}" "$dir/digitscnn" -backend mpi "${args[@]}" | grep 'median step')"
+		fi
 		;;
 	esac
 	echo "$out" | sed "s/^/round $r $1 /" >&2
