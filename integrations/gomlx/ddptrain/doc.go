@@ -4,7 +4,8 @@
 //
 // A Trainer takes what GoMLX's train.NewTrainer takes (a backend, a
 // context holding the variables, a ModelFn, a LossFn and an optimizer) and
-// a communicator, and its TrainStep takes what a train.Dataset yields:
+// a communicator, and its TrainStep takes what a train.Dataset yields
+// (docs/gomlx.md has the measurements):
 //
 //	tr, err := ddptrain.New(c, backend, ctx, model, losses.SparseCategoricalCrossEntropyLogits,
 //		optimizers.Adam().Done(), ddptrain.Options{})
@@ -76,9 +77,10 @@
 //     order of package sampler (PyTorch DistributedSampler's rule), as a
 //     train.Dataset.
 //   - Checkpoints: Save writes GoMLX's checkpoint on rank 0 only. Any number
-//     of ranks can load one: only rank 0 need load it (checkpoints.Build on
-//     its context before the first step), since the first step broadcasts
-//     rank 0's variables, optimizer state included.
+//     of ranks can load one, and only rank 0 need load it (checkpoints.Build
+//     on its context, then New with ctx.Reuse(), as with train.Trainer):
+//     the first step broadcasts rank 0's variables, optimizer state
+//     included.
 //
 // # Failures
 //
