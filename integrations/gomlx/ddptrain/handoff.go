@@ -2,7 +2,6 @@ package ddptrain
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -58,31 +57,40 @@ func (t *Trainer) ready(i int) error {
 // backend's own buffer where it shares memory with Go (simplego), so this
 // is the only copy between the graph and the wire.
 func (t *Trainer) copyIn(k int, grad *tensors.Tensor) error {
-	var err error
-	switch t.trainable[k].DType() {
-	case dtypes.Float32:
-		var dst []float32
-		if dst, err = t.r.Grad(k); err != nil {
+	if t.trainable[k].DType() == dtypes.Float64 {
+		b, err := t.r.GradBuffer(k)
+		if err != nil {
 			return err
 		}
-		if cerr := grad.ConstFlatData(func(flat any) {
-			src, _ := flat.([]float32)
-			err = into(dst, src, t.fresh)
-		}); cerr != nil {
-			return cerr
-		}
-	case dtypes.Float64:
-		b, gerr := t.r.GradBuffer(k)
-		if gerr != nil {
-			return gerr
-		}
-		dst := b.AsFloat64()
-		if cerr := grad.ConstFlatData(func(flat any) {
-			src, _ := flat.([]float64)
-			err = into(dst, src, t.fresh)
-		}); cerr != nil {
-			return cerr
-		}
+		return fromTensor(grad, b.AsFloat64(), t.fresh)
+	}
+	dst, err := t.r.Grad(k)
+	if err != nil {
+		return err
+	}
+	return fromTensor(grad, dst, t.fresh)
+}
+
+// fromTensor copies (or adds, unless overwrite) x's data into dst.
+func fromTensor[T float32 | float64](x *tensors.Tensor, dst []T, overwrite bool) error {
+	var err error
+	if cerr := x.ConstFlatData(func(flat any) {
+		src, _ := flat.([]T)
+		err = into(dst, src, overwrite)
+	}); cerr != nil {
+		return cerr
+	}
+	return err
+}
+
+// toTensor copies src into x's data.
+func toTensor[T float32 | float64](x *tensors.Tensor, src []T) error {
+	var err error
+	if merr := x.MutableFlatData(func(flat any) {
+		dst, _ := flat.([]T)
+		err = into(dst, src, true)
+	}); merr != nil {
+		return merr
 	}
 	return err
 }
@@ -144,58 +152,31 @@ func (t *Trainer) copyAverages(red ddp.Reduced) {
 
 // copyOutOne copies parameter p's average into the optimizer's input p.
 func (t *Trainer) copyOutOne(p int) error {
-	var err error
-	switch t.trainable[p].DType() {
-	case dtypes.Float32:
-		var src []float32
-		if src, err = t.r.Grad(p); err != nil {
+	if t.trainable[p].DType() == dtypes.Float64 {
+		b, err := t.r.GradBuffer(p)
+		if err != nil {
 			return err
 		}
-		if merr := t.optIn[p].MutableFlatData(func(flat any) {
-			dst, _ := flat.([]float32)
-			err = into(dst, src, true)
-		}); merr != nil {
-			return merr
-		}
-	case dtypes.Float64:
-		b, gerr := t.r.GradBuffer(p)
-		if gerr != nil {
-			return gerr
-		}
-		src := b.AsFloat64()
-		if merr := t.optIn[p].MutableFlatData(func(flat any) {
-			dst, _ := flat.([]float64)
-			err = into(dst, src, true)
-		}); merr != nil {
-			return merr
-		}
+		return toTensor(t.optIn[p], b.AsFloat64())
 	}
-	return err
+	src, err := t.r.Grad(p)
+	if err != nil {
+		return err
+	}
+	return toTensor(t.optIn[p], src)
 }
 
 // writeBuffers copies the buffer variables, as the gradient graph left
 // them, into the Reducer's buffers, which it broadcasts from rank 0 during
 // the step.
-func (t *Trainer) writeBuffers() error {
-	for i, v := range t.buffers {
-		b, err := t.r.Buffer(i)
-		if err != nil {
-			return err
-		}
-		value, err := v.Value()
-		if err != nil {
-			return err
-		}
-		dst := b.AsBytes()
-		if err := value.ConstBytes(func(src []byte) { copy(dst, src) }); err != nil {
-			return errors.Join(fmt.Errorf("buffer %s", v.ScopeAndName()), err)
-		}
-	}
-	return nil
-}
+func (t *Trainer) writeBuffers() error { return t.moveBuffers(true) }
 
 // readBuffers copies the broadcast buffers back into their variables.
-func (t *Trainer) readBuffers() error {
+func (t *Trainer) readBuffers() error { return t.moveBuffers(false) }
+
+// moveBuffers copies the buffer variables' bytes into the Reducer's
+// buffers, or back if !in.
+func (t *Trainer) moveBuffers(in bool) error {
 	for i, v := range t.buffers {
 		b, err := t.r.Buffer(i)
 		if err != nil {
@@ -205,9 +186,14 @@ func (t *Trainer) readBuffers() error {
 		if err != nil {
 			return err
 		}
-		src := b.AsBytes()
-		if err := value.MutableBytes(func(dst []byte) { copy(dst, src) }); err != nil {
-			return errors.Join(fmt.Errorf("buffer %s", v.ScopeAndName()), err)
+		mem := b.AsBytes()
+		if in {
+			err = value.ConstBytes(func(src []byte) { copy(mem, src) })
+		} else {
+			err = value.MutableBytes(func(dst []byte) { copy(dst, mem) })
+		}
+		if err != nil {
+			return fmt.Errorf("buffer %s: %w", v.ScopeAndName(), err)
 		}
 	}
 	return nil

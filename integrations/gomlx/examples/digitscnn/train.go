@@ -149,51 +149,28 @@ func trainRank(ctx context.Context, out io.Writer, cfg config, c comm.Communicat
 		}
 		defer eval.close()
 	}
-	var times []ddptrain.Times
-	steps := 0
-	for epoch := range cfg.Epochs {
-		ds.SetEpoch(epoch)
-		var lossSum float64
-		n := 0
-		for {
-			spec, in, lab, err := ds.Yield()
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				return err
-			}
-			loss, err := tr.TrainStep(ctx, spec, in, lab)
-			free(in, lab)
-			if err != nil {
-				return err
-			}
-			lossSum += loss
-			n++
-			if steps++; steps > cfg.Warmup || cfg.Steps == 0 {
-				times = append(times, tr.Times())
-			}
-			if cfg.Steps > 0 && steps == cfg.Steps {
-				exposed, err := lastToArrive(ctx, c, times)
-				if err != nil {
-					return err
-				}
-				if rank == 0 {
-					fmt.Fprintln(out, benchLine(steps, times, exposed))
-				}
-				return nil
-			}
-		}
-		if rank == 0 {
-			acc, err := eval.accuracy()
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(out, "epoch %3d  loss %.4f  test acc %6.2f%%  %s\n", epoch+1, lossSum/float64(max(n, 1)), 100*acc, meanLine(times))
-		}
-		times = times[:0]
+	step := func(spec any, in, lab []*tensors.Tensor) (float64, ddptrain.Times, error) {
+		loss, err := tr.TrainStep(ctx, spec, in, lab)
+		return loss, tr.Times(), err
 	}
-	return nil
+	epochEnd := func(epoch int, loss float64, times []ddptrain.Times) error {
+		if rank != 0 {
+			return nil
+		}
+		acc, err := eval.accuracy()
+		if err == nil {
+			fmt.Fprintf(out, "epoch %3d  loss %.4f  test acc %6.2f%%  %s\n", epoch+1, loss, 100*acc, meanLine(times))
+		}
+		return err
+	}
+	benchEnd := func(times []ddptrain.Times) error {
+		exposed, err := lastToArrive(ctx, c, times)
+		if err == nil && rank == 0 {
+			fmt.Fprintln(out, benchLine(cfg.Steps, times, exposed))
+		}
+		return err
+	}
+	return loop(cfg, ds, step, epochEnd, benchEnd)
 }
 
 // trainPlain trains with GoMLX's own train.Trainer on the global batch,
@@ -222,11 +199,41 @@ func trainPlain(out io.Writer, cfg config, trainSet, testSet *digits) error {
 	defer eval.close()
 	fmt.Fprintf(out, "digitscnn: %s, %d train / %d test images, plain GoMLX (train.Trainer, one graph a step), batch %d, %s lr %g\n",
 		cfg.Model, trainSet.len(), testSet.len(), cfg.Batch, cfg.Optimizer, cfg.LR)
+	step := func(spec any, in, lab []*tensors.Tensor) (float64, ddptrain.Times, error) {
+		start := time.Now()
+		metrics, err := tr.TrainStep(spec, in, lab)
+		d := time.Since(start)
+		if err != nil {
+			return 0, ddptrain.Times{}, err
+		}
+		defer free(metrics)
+		return float64(tensors.ToScalar[float32](metrics[0])), ddptrain.Times{Graph: d, Step: d}, nil
+	}
+	epochEnd := func(epoch int, loss float64, times []ddptrain.Times) error {
+		acc, err := eval.accuracy()
+		if err == nil {
+			fmt.Fprintf(out, "epoch %3d  loss %.4f  test acc %6.2f%%  step %s (one graph)\n", epoch+1, loss, 100*acc, ms(mean(times, stepOf)))
+		}
+		return err
+	}
+	benchEnd := func(times []ddptrain.Times) error {
+		fmt.Fprintln(out, benchLine(cfg.Steps, times, nil))
+		return nil
+	}
+	return loop(cfg, ds, step, epochEnd, benchEnd)
+}
+
+// loop takes a step on every batch of ds for cfg.Epochs epochs, calling
+// epochEnd after each with the epoch's mean loss and its steps' times;
+// with cfg.Steps (the benchmark) it stops after that many steps instead
+// and calls benchEnd with the times of those after cfg.Warmup.
+func loop(cfg config, ds *ddptrain.Dataset, step func(spec any, in, lab []*tensors.Tensor) (float64, ddptrain.Times, error),
+	epochEnd func(epoch int, loss float64, times []ddptrain.Times) error, benchEnd func([]ddptrain.Times) error) error {
 	var times []ddptrain.Times
 	steps := 0
 	for epoch := range cfg.Epochs {
 		ds.SetEpoch(epoch)
-		var lossSum float64
+		var sum float64
 		n := 0
 		for {
 			spec, in, lab, err := ds.Yield()
@@ -236,29 +243,22 @@ func trainPlain(out io.Writer, cfg config, trainSet, testSet *digits) error {
 			if err != nil {
 				return err
 			}
-			start := time.Now()
-			metrics, err := tr.TrainStep(spec, in, lab)
+			loss, t, err := step(spec, in, lab)
 			free(in, lab)
 			if err != nil {
 				return err
 			}
-			times = append(times, ddptrain.Times{Graph: time.Since(start), Step: time.Since(start)})
-			lossSum += float64(tensors.ToScalar[float32](metrics[0]))
-			free(metrics)
-			n++
-			if steps++; steps <= cfg.Warmup && cfg.Steps > 0 {
-				times = times[:0]
+			sum, n = sum+loss, n+1
+			if steps++; cfg.Steps == 0 || steps > cfg.Warmup {
+				times = append(times, t)
 			}
-			if cfg.Steps > 0 && steps == cfg.Steps {
-				fmt.Fprintln(out, benchLine(steps, times, nil))
-				return nil
+			if steps == cfg.Steps {
+				return benchEnd(times)
 			}
 		}
-		acc, err := eval.accuracy()
-		if err != nil {
+		if err := epochEnd(epoch, sum/float64(max(n, 1)), times); err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "epoch %3d  loss %.4f  test acc %6.2f%%  step %s (one graph)\n", epoch+1, lossSum/float64(max(n, 1)), 100*acc, ms(mean(times, stepOf)))
 		times = times[:0]
 	}
 	return nil
