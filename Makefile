@@ -31,7 +31,7 @@ test: lint
 # example's without (simplego runs several times slower under it). Their
 # jobs under mpirun build with the mpi tag themselves and follow the mpi
 # tests' rule (internal/mpitest): skipped without Open MPI, an error under
-# DDPGO_REQUIRE_MPI=1. About a minute and a half on 2 cores.
+# DDPGO_REQUIRE_MPI=1. About 45 s on 2 cores (docs/gomlx.md).
 test-gomlx:
 	cd integrations/gomlx && CGO_ENABLED=0 $(GO) build ./...
 	cd integrations/gomlx && $(GO) test -race ./ddptrain/
