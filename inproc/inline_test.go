@@ -19,7 +19,7 @@ func TestInlineTakeover(t *testing.T) {
 	cs := testGroup(t, 2, Options{})
 	a := [][]float32{{1, 2}, {10, 20}}
 	w0 := allReduceInPlace(cs[0], comm.Float32s(a[0]), comm.Sum)
-	if !cs[0].ring[w0.ID()%ringSize].inline {
+	if !cs[0].ops.Op(w0.ID()).inline {
 		t.Fatal("an idle rank's small all_reduce was not joined inline")
 	}
 	send := cs[0].Send(comm.Float32s(a[0]), 1) // sends the sum: it runs after the all-reduce
@@ -86,7 +86,7 @@ func TestInlineLongRun(t *testing.T) {
 		}
 	}
 	for r, c := range cs {
-		if lag := c.issued.Load() - c.passed.Load(); lag >= ringSize {
+		if lag := c.ops.Issued() - c.passed.Load(); lag >= ringSize {
 			t.Errorf("rank %d: the worker is %d operations behind", r, lag)
 		}
 	}

@@ -430,7 +430,7 @@ func TestAllocsWhenParked(t *testing.T) {
 		for range start {
 			// Wait until rank 0's worker has joined the collective and
 			// parked, and a Wait on rank 0 is parked.
-			for cs[0].arrived.Load() != cs[0].issued.Load() || !cs[0].parked.Load() || cs[0].nwait.Load() == 0 {
+			for cs[0].arrived.Load() != cs[0].ops.Issued() || !cs[0].parked.Load() || cs[0].ops.Waiting() == 0 {
 				runtime.Gosched()
 			}
 			done <- cs[1].AllReduce(comm.Float32s(bufs[1]), comm.Float32s(bufs[1]), comm.Sum).Wait(ctx)

@@ -7,10 +7,13 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/comm/backend"
 )
+
+// ringSize is the number of operations a rank may have pending.
+const ringSize = backend.RingSize
 
 // TestWaitAfterSlotReuse waits again on operations whose ring slots have
 // been reused: each must still report its own result, a failure as a
@@ -89,35 +92,4 @@ func TestTestOpWhileSlotReused(t *testing.T) {
 	if n := wrong.Load(); n > 0 {
 		t.Errorf("%d of %d polls of a failed operation said it had not failed", n, polls.Load())
 	}
-}
-
-// TestTestOpSlotBeingRewritten steps a ring slot through its rewrite by a
-// later operation by hand, as the worker does it, and checks what TestOp
-// says of both operations at every step: the old one never takes the new
-// one's result, and the new one is not done before its result is in place.
-func TestTestOpSlotBeingRewritten(t *testing.T) {
-	g := &group{n: 1, dog: comm.Watchdog{StallInterval: time.Minute, Timeout: time.Minute}}
-	c := newComm(g, 0)
-	g.comms = []*Comm{c}
-	errOld := errors.New("old failure")
-	const old, next = 1, 1 + ringSize
-	c.issued.Store(next)
-	c.complete(old, errOld)
-	s := &c.slots[old%ringSize]
-	check := func(step string, nextDone bool, nextErr error) {
-		t.Helper()
-		if done, err := c.TestOp(old); !done || err != errOld {
-			t.Errorf("%s: TestOp(old) = %v, %v; want true, %v", step, done, err, errOld)
-		}
-		if done, err := c.TestOp(next); done != nextDone || err != nextErr {
-			t.Errorf("%s: TestOp(next) = %v, %v; want %v, %v", step, done, err, nextDone, nextErr)
-		}
-	}
-	check("before", false, nil)
-	s.done.Store(next | writing)
-	check("marked", false, nil)
-	s.err.Store(nil)
-	check("error replaced", false, nil)
-	s.done.Store(next)
-	check("after", true, nil)
 }

@@ -2,63 +2,30 @@ package inproc
 
 import (
 	"fmt"
-	"runtime"
 	"time"
 
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/comm/backend"
 )
-
-// Spinning: a wait first polls pureSpins times, then yields the processor
-// between polls for up to spinTime, then parks on a channel. (Polling
-// longer without yielding was measured slower on a loaded machine: the
-// goroutine that the waiter waits for may need this processor.)
-const pureSpins = 64
-
-var spinTime = 50 * time.Microsecond
-
-// spinner paces one busy wait; its zero value starts one.
-type spinner struct {
-	i     int
-	start time.Time
-	brief bool // park after the first polls: nothing is expected soon
-}
-
-// spin is called after each poll that found nothing; it returns false
-// once the caller should park.
-func (s *spinner) spin() bool {
-	s.i++
-	switch {
-	case s.i < pureSpins:
-		return true
-	case s.brief:
-		return false
-	case s.i == pureSpins:
-		s.start = time.Now()
-	case s.i%16 == 0 && time.Since(s.start) >= spinTime:
-		return false
-	}
-	runtime.Gosched()
-	return true
-}
 
 // run is the rank's worker: it executes operations in issue order.
 func (c *Comm) run() {
 	defer close(c.exited)
 	busy := false // the last operation was the worker's to run
 	for next := uint64(1); ; next++ {
-		for !(c.issued.Load() >= next || c.stopping.Load()) {
+		for !(c.ops.Issued() >= next || c.stopping.Load()) {
 			// After running an operation, stay ready for the next one a
 			// while; after skipping collectives joined inline, rest at
 			// once: the goroutines that issue them need the processor.
-			c.rest(spinner{brief: !busy}, func() bool { return c.issued.Load() >= next || c.stopping.Load() })
+			c.rest(backend.Spinner{Brief: !busy}, func() bool { return c.ops.Issued() >= next || c.stopping.Load() })
 		}
-		if c.issued.Load() < next {
+		if c.ops.Issued() < next {
 			return // stopping, and everything issued has completed
 		}
-		d := &c.ring[next%ringSize]
+		d := c.ops.Op(next)
 		if busy = !d.inline; busy {
 			c.current.Store(next)
-			c.complete(next, c.execute(d))
+			c.ops.Complete(next, c.execute(d))
 		} else {
 			c.takeOver(d)
 		}
@@ -76,13 +43,12 @@ func (c *Comm) run() {
 // then claims it, unless someone has, waits for the other ranks' calls as
 // it waits for any peer (stall reports, timeout) and completes it.
 func (c *Comm) takeOver(d *desc) {
-	s := &c.slots[d.seq%ringSize]
-	done := func() bool { return s.done.Load() == d.seq }
+	done := func() bool { return c.ops.Done(d.seq) }
 	needed := func() bool {
-		return done() || c.issued.Load() > d.seq || c.watch.Load() >= d.seq || c.g.failure() != nil || c.stopping.Load()
+		return done() || c.ops.Issued() > d.seq || c.watch.Load() >= d.seq || c.g.failure() != nil || c.stopping.Load()
 	}
 	for !needed() {
-		if c.rest(spinner{brief: true}, needed) {
+		if c.rest(backend.Spinner{Brief: true}, needed) {
 			break // a tick
 		}
 	}
@@ -91,7 +57,7 @@ func (c *Comm) takeOver(d *desc) {
 	}
 	if c.inl.CompareAndSwap(d.seq, d.seq|inlClaimed) {
 		c.current.Store(d.seq)
-		c.complete(d.seq, c.finishSmall(d, c.awaitPublished(d)))
+		c.ops.Complete(d.seq, c.finishSmall(d, c.awaitPublished(d)))
 		return
 	}
 	// Another goroutine claimed it; it wakes the worker once done.
@@ -100,12 +66,12 @@ func (c *Comm) takeOver(d *desc) {
 
 // rest waits, paced by sp, until ready() holds or, once parked, a tick
 // passes; it reports whether the tick passed. Only the worker rests.
-func (c *Comm) rest(sp spinner, ready func() bool) (ticked bool) {
+func (c *Comm) rest(sp backend.Spinner, ready func() bool) (ticked bool) {
 	for {
 		if ready() {
 			return false
 		}
-		if sp.spin() {
+		if sp.Spin() {
 			continue
 		}
 		c.parked.Store(true)
@@ -146,7 +112,7 @@ func (c *Comm) execute(d *desc) error {
 // passes (aborting the group), and returns the reason.
 func (c *Comm) await(ready func() bool, w *desc) error {
 	g := c.g
-	var sp spinner
+	var sp backend.Spinner
 	var watch comm.Watch
 	watching := false
 	for {
@@ -158,14 +124,14 @@ func (c *Comm) await(ready func() bool, w *desc) error {
 				return err
 			}
 		}
-		if sp.spin() {
+		if sp.Spin() {
 			continue
 		}
 		var timeout time.Duration
 		if w != nil {
 			now := time.Now()
 			if !watching {
-				watch, watching = g.dog.Start(sp.start), true
+				watch, watching = g.dog.Start(sp.Started()), true
 			}
 			if report, expired := watch.Check(now); report || expired {
 				s := comm.Stall{Rank: c.rank, Seq: w.seq, Kind: w.kind, Missing: c.missing(w), Waited: watch.Waited(now)}
@@ -261,7 +227,7 @@ func (c *Comm) Missing(w comm.Work) []int {
 		return nil
 	}
 	c.mu.Lock()
-	d := c.ring[id%ringSize]
+	d := *c.ops.Op(id)
 	c.mu.Unlock()
 	if d.seq != id {
 		return nil // completed and its slot reused since TestOp

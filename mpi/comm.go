@@ -8,12 +8,10 @@ package mpi
 import "C"
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"math"
 	"os"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,6 +19,7 @@ import (
 
 	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/comm/backend"
 )
 
 // The C side numbers kinds, dtypes and ops as package comm does.
@@ -44,14 +43,6 @@ const (
 	kindRecv          = comm.KindRecv
 	opAvg             = comm.Avg
 )
-
-// ringSize is the number of operations a communicator may have issued and
-// not yet completed; issuing one more waits for the oldest.
-const ringSize = 256
-
-// failLogMax bounds the failures a communicator keeps for Waits that come
-// after the operation's ring slot has been reused.
-const failLogMax = 4096
 
 var epoch = time.Now()
 
@@ -80,11 +71,14 @@ type communicator struct {
 
 	mu      sync.Mutex // serialises issuing
 	closed  bool
-	issued  atomic.Uint64
 	closing atomic.Bool
 
-	ring  [ringSize]desc // written by the issuer, then read by the owner
-	slots [ringSize]doneSlot
+	// ops is the ring of operations: descriptors written by the issuer
+	// and then read by the owner, results, failure log and waiters
+	// (package backend); stamps say when each was issued, and what it is,
+	// for stall reports and failed waits.
+	ops    backend.Ring[desc]
+	stamps [backend.RingSize]stamp
 
 	// owner-only
 	received, started     uint64 // the last operation taken from the queue, and given to MPI (or failed)
@@ -94,17 +88,6 @@ type communicator struct {
 
 	freed    chan struct{} // closed once the MPI communicator is freed
 	closeErr error         // set before freed is closed
-
-	// waiters parked in WaitOp
-	wmu     sync.Mutex
-	nwait   atomic.Int32
-	waiters []chan struct{}
-	spare   []chan struct{}
-
-	// failed operations, for Waits after their slot has been reused
-	fmu       sync.Mutex
-	fails     []failure
-	forgotten uint64
 
 	wdStop, wdDone chan struct{}
 }
@@ -124,20 +107,10 @@ type desc struct {
 	scratch allocator.Block
 }
 
-type doneSlot struct {
-	// done is the sequence number of the last operation completed in this
-	// slot; while the slot is rewritten for operation s it is s|writing.
-	done   atomic.Uint64
-	err    atomic.Pointer[error]
-	issued atomic.Int64  // when the slot's current operation was issued (ns since epoch)
-	kind   atomic.Uint32 // its kind, for stall reports
-}
-
-const writing = 1 << 63
-
-type failure struct {
-	seq uint64
-	err error
+// stamp says when the operation in a ring slot was issued, and its kind.
+type stamp struct {
+	issued atomic.Int64  // ns since epoch
+	kind   atomic.Uint32 // comm.Kind
 }
 
 // Open returns this rank's communicator over a duplicate of
@@ -214,6 +187,9 @@ func Open(o Options) (comm.Communicator, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Park at once in Wait: the owner, readied by the issue, then runs on
+	// the waiter's processor (see engine.loop).
+	c.ops.Init(backend.Config{Backend: "mpi", Rank: c.rank, Hooks: (*ringHooks)(c)})
 	e.mu.Lock()
 	e.comms[c] = struct{}{}
 	e.mu.Unlock()
@@ -279,40 +255,24 @@ func (c *communicator) Blocking() bool { return c.blocking }
 // AllReduce reduces send over all ranks with op into recv.
 func (c *communicator) AllReduce(send, recv comm.Buffer, op comm.Op) comm.Work {
 	d := desc{kind: comm.KindAllReduce, op: op, dt: send.DType, count: send.Count, send: send.Addr, recv: recv.Addr}
-	d.err = firstErr(checkBuf("send", send), checkBuf("recv", recv), checkOp(op))
-	if d.err == nil {
-		switch {
-		case recv.Count != send.Count || recv.DType != send.DType:
-			d.err = fmt.Errorf("%w: all_reduce: recv is %d x %s, send is %d x %s", comm.ErrInvalid, recv.Count, recv.DType, send.Count, send.DType)
-		case comm.Overlap(send, recv):
-			d.err = overlapErr("all_reduce", send, recv)
-		}
-		d.inplace = comm.InPlace(send, recv)
-	}
+	d.err = c.check(comm.Call{Kind: d.kind, Op: op, DType: d.dt, Count: d.count}, send, recv)
+	d.inplace = comm.InPlace(send, recv)
 	return c.issue(&d)
 }
 
 // Broadcast copies root's buf into buf on every other rank.
 func (c *communicator) Broadcast(buf comm.Buffer, root int) comm.Work {
 	d := desc{kind: comm.KindBroadcast, dt: buf.DType, count: buf.Count, root: root, send: buf.Addr, recv: buf.Addr}
-	d.err = firstErr(checkBuf("buf", buf), c.checkRank("root", root))
+	d.err = c.check(comm.Call{Kind: d.kind, DType: d.dt, Count: d.count, Root: root}, buf, buf)
 	return c.issue(&d)
 }
 
 // Reduce reduces send over all ranks with op into recv on root.
 func (c *communicator) Reduce(send, recv comm.Buffer, op comm.Op, root int) comm.Work {
 	d := desc{kind: comm.KindReduce, op: op, dt: send.DType, count: send.Count, root: root, send: send.Addr}
-	d.err = firstErr(checkBuf("send", send), checkOp(op), c.checkRank("root", root))
-	if d.err == nil && root == c.rank {
+	d.err = c.check(comm.Call{Kind: d.kind, Op: op, DType: d.dt, Count: d.count, Root: root}, send, recv)
+	if root == c.rank {
 		d.recv = recv.Addr
-		d.err = checkBuf("recv", recv)
-		switch {
-		case d.err != nil:
-		case recv.Count != send.Count || recv.DType != send.DType:
-			d.err = fmt.Errorf("%w: reduce on root %d: recv is %d x %s, send is %d x %s", comm.ErrInvalid, root, recv.Count, recv.DType, send.Count, send.DType)
-		case comm.Overlap(send, recv):
-			d.err = overlapErr("reduce", send, recv)
-		}
 		d.inplace = comm.InPlace(send, recv)
 	}
 	return c.issue(&d)
@@ -321,18 +281,8 @@ func (c *communicator) Reduce(send, recv comm.Buffer, op comm.Op, root int) comm
 // AllGather concatenates every rank's send into recv, in rank order.
 func (c *communicator) AllGather(send, recv comm.Buffer) comm.Work {
 	d := desc{kind: comm.KindAllGather, dt: send.DType, count: send.Count, send: send.Addr, recv: recv.Addr}
-	d.err = firstErr(checkBuf("send", send), checkBuf("recv", recv))
-	if d.err == nil {
-		if recv.Count != c.size*send.Count || recv.DType != send.DType {
-			d.err = fmt.Errorf("%w: all_gather over %d ranks: recv is %d x %s, want %d x %s", comm.ErrInvalid, c.size, recv.Count, recv.DType, c.size*send.Count, send.DType)
-		} else if send.Count > 0 {
-			own := recv.Slice(c.rank*send.Count, send.Count)
-			d.inplace = comm.InPlace(send, own)
-			if !d.inplace && comm.Overlap(send, recv) || comm.InPlace(send, recv) && c.rank != 0 {
-				d.err = fmt.Errorf("%w: all_gather: send [%p, +%d B) overlaps recv [%p, +%d B) other than as rank %d's block", comm.ErrInvalid, send.Addr, send.Bytes(), recv.Addr, recv.Bytes(), c.rank)
-			}
-		}
-	}
+	d.err = c.check(comm.Call{Kind: d.kind, DType: d.dt, Count: d.count}, send, recv)
+	d.inplace = send.Count > 0 && backend.OwnBlock(send, recv, c.rank)
 	return c.issue(&d)
 }
 
@@ -340,33 +290,30 @@ func (c *communicator) AllGather(send, recv comm.Buffer) comm.Work {
 // block of the result in recv.
 func (c *communicator) ReduceScatter(send, recv comm.Buffer, op comm.Op) comm.Work {
 	d := desc{kind: comm.KindReduceScatter, op: op, dt: recv.DType, count: recv.Count, send: send.Addr, recv: recv.Addr}
-	d.err = firstErr(checkBuf("send", send), checkBuf("recv", recv), checkOp(op))
-	if d.err == nil {
-		if send.Count != c.size*recv.Count || recv.DType != send.DType {
-			d.err = fmt.Errorf("%w: reduce_scatter over %d ranks: send is %d x %s, want %d x %s", comm.ErrInvalid, c.size, send.Count, send.DType, c.size*recv.Count, recv.DType)
-		} else if recv.Count > 0 {
-			own := send.Slice(c.rank*recv.Count, recv.Count)
-			d.inplace = comm.InPlace(recv, own)
-			if !d.inplace && comm.Overlap(send, recv) || comm.InPlace(send, recv) && c.rank != 0 {
-				d.err = fmt.Errorf("%w: reduce_scatter: recv [%p, +%d B) overlaps send [%p, +%d B) other than as rank %d's block", comm.ErrInvalid, recv.Addr, recv.Bytes(), send.Addr, send.Bytes(), c.rank)
-			}
-		}
-	}
+	d.err = c.check(comm.Call{Kind: d.kind, Op: op, DType: d.dt, Count: d.count}, send, recv)
+	d.inplace = recv.Count > 0 && backend.OwnBlock(recv, send, c.rank)
 	return c.issue(&d)
 }
 
 // Send sends buf to rank peer.
 func (c *communicator) Send(buf comm.Buffer, peer int) comm.Work {
 	d := desc{kind: comm.KindSend, dt: buf.DType, count: buf.Count, root: peer, send: buf.Addr}
-	d.err = firstErr(checkBuf("buf", buf), c.checkPeer(peer))
+	d.err = c.check(comm.Call{Kind: d.kind, DType: d.dt, Count: d.count, Root: peer}, buf, buf)
 	return c.issue(&d)
 }
 
 // Recv receives into buf from rank peer.
 func (c *communicator) Recv(buf comm.Buffer, peer int) comm.Work {
 	d := desc{kind: comm.KindRecv, dt: buf.DType, count: buf.Count, root: peer, recv: buf.Addr}
-	d.err = firstErr(checkBuf("buf", buf), c.checkPeer(peer))
+	d.err = c.check(comm.Call{Kind: d.kind, DType: d.dt, Count: d.count, Root: peer}, buf, buf)
 	return c.issue(&d)
+}
+
+// check returns the error of a call invalid for this rank, or nil: the
+// comm contract, host memory only, and counts that fit MPI's C ints.
+func (c *communicator) check(call comm.Call, send, recv comm.Buffer) error {
+	r := backend.Rules{Rank: c.rank, Size: c.size, HostOnly: true, MaxCount: math.MaxInt32}
+	return backend.Check(r, call, send, recv).Err(call, c.size)
 }
 
 // Barrier completes once every rank has reached it.
@@ -422,157 +369,35 @@ func (c *communicator) issue(d *desc) comm.Work {
 		c.mu.Unlock()
 		return comm.FailedWork(&comm.OpError{Rank: c.rank, Kind: d.kind, Count: d.count, DType: d.dt, Err: comm.ErrClosed})
 	}
-	seq := c.issued.Load() + 1
-	if seq > ringSize {
-		// The slot's previous operation must be complete before reuse;
-		// the watchdog's timeout bounds this wait.
-		_ = c.WaitOp(context.Background(), seq-ringSize)
-	}
+	// The watchdog's timeout bounds Reserve's wait for the slot.
+	seq := c.ops.Reserve(c)
 	d.seq = seq
-	c.ring[seq%ringSize] = *d
-	s := &c.slots[seq%ringSize]
+	*c.ops.Op(seq) = *d
+	s := &c.stamps[seq%backend.RingSize]
 	s.issued.Store(now())
 	s.kind.Store(uint32(d.kind))
-	c.issued.Store(seq)
+	c.ops.Publish(seq)
 	c.e.q <- ref{c: c, seq: seq}
 	c.mu.Unlock()
 	return comm.NewWork(c, seq)
 }
 
 // TestOp reports whether operation id has completed, and its error.
-func (c *communicator) TestOp(id uint64) (bool, error) {
-	if id == 0 || id > c.issued.Load() {
-		return true, fmt.Errorf("%w: mpi: rank %d has issued no operation #%d", comm.ErrInvalid, c.rank, id)
-	}
-	s := &c.slots[id%ringSize]
-	done := s.done.Load()
-	switch {
-	case done&^writing < id || done == id|writing:
-		return false, nil
-	case done == id:
-		ep := s.err.Load()
-		if s.done.Load() == id {
-			if ep == nil {
-				return true, nil
-			}
-			return true, *ep
-		}
-	}
-	return true, c.oldResult(id)
-}
-
-// oldResult returns the result of operation id, whose ring slot has been
-// reused since it completed.
-func (c *communicator) oldResult(id uint64) error {
-	c.fmu.Lock()
-	defer c.fmu.Unlock()
-	i, found := slices.BinarySearchFunc(c.fails, id, func(f failure, id uint64) int { return cmp.Compare(f.seq, id) })
-	switch {
-	case found:
-		return c.fails[i].err
-	case id <= c.forgotten:
-		return fmt.Errorf("%w: mpi: rank %d: operation #%d completed more than %d failures ago; its result is no longer kept", comm.ErrInvalid, c.rank, id, failLogMax/2)
-	}
-	return nil
-}
+func (c *communicator) TestOp(id uint64) (bool, error) { return c.ops.Test(id) }
 
 // WaitOp waits until operation id has completed or ctx is done.
-func (c *communicator) WaitOp(ctx context.Context, id uint64) error {
-	if done, err := c.TestOp(id); done {
-		return err
-	}
-	// Park without spinning: the owner, just readied by the issue, then
-	// runs on this processor at once (see engine.loop).
-	ch := c.addWaiter()
-	defer c.dropWaiter(ch)
-	done := ctx.Done()
-	for {
-		if ok, err := c.TestOp(id); ok {
-			return err
-		}
-		if done == nil {
-			<-ch
-			continue
-		}
-		select {
-		case <-ch:
-		case <-done:
-			s := &c.slots[id%ringSize]
-			waited := time.Duration(now() - s.issued.Load())
-			return fmt.Errorf("mpi: rank %d: waited %v for %s #%d, which is still in flight (its buffers stay in use): %w",
-				c.rank, waited.Round(time.Millisecond), comm.Kind(s.kind.Load()), id, context.Cause(ctx))
-		}
-	}
-}
+func (c *communicator) WaitOp(ctx context.Context, id uint64) error { return c.ops.Wait(ctx, id) }
 
-// complete records the result of operation seq and wakes its waiters. It
-// runs on the owner goroutine.
-func (c *communicator) complete(seq uint64, err error) {
-	s := &c.slots[seq%ringSize]
-	s.done.Store(seq | writing)
-	if err != nil {
-		e := err
-		s.err.Store(&e)
-		c.logFailure(seq, err)
-	} else {
-		s.err.Store(nil)
-	}
-	s.done.Store(seq)
-	if c.nwait.Load() > 0 {
-		c.wmu.Lock()
-		for _, ch := range c.waiters {
-			select {
-			case ch <- struct{}{}:
-			default:
-			}
-		}
-		c.wmu.Unlock()
-	}
-}
+// ringHooks is how the communicator takes part in its ring's Wait (see
+// backend.Config).
+type ringHooks communicator
 
-func (c *communicator) logFailure(seq uint64, err error) {
-	c.fmu.Lock()
-	defer c.fmu.Unlock()
-	if len(c.fails) == failLogMax {
-		c.forgotten = c.fails[failLogMax/2-1].seq
-		c.fails = c.fails[:copy(c.fails, c.fails[failLogMax/2:])]
-	}
-	c.fails = append(c.fails, failure{seq, err})
-}
-
-func (c *communicator) addWaiter() chan struct{} {
-	c.wmu.Lock()
-	var ch chan struct{}
-	if n := len(c.spare); n > 0 {
-		ch = c.spare[n-1]
-		c.spare = c.spare[:n-1]
-	} else {
-		ch = make(chan struct{}, 1)
-	}
-	c.waiters = append(c.waiters, ch)
-	c.nwait.Add(1)
-	c.wmu.Unlock()
-	return ch
-}
-
-func (c *communicator) dropWaiter(ch chan struct{}) {
-	c.wmu.Lock()
-	for i, w := range c.waiters {
-		if w == ch {
-			last := len(c.waiters) - 1
-			c.waiters[i] = c.waiters[last]
-			c.waiters[last] = nil
-			c.waiters = c.waiters[:last]
-			break
-		}
-	}
-	select {
-	case <-ch:
-	default:
-	}
-	c.spare = append(c.spare, ch)
-	c.nwait.Add(-1)
-	c.wmu.Unlock()
+// WaitError says how long a Wait waited for operation id, and what it is.
+func (h *ringHooks) WaitError(id uint64, cause error) error {
+	s := &h.stamps[id%backend.RingSize]
+	waited := time.Duration(now() - s.issued.Load())
+	return fmt.Errorf("mpi: rank %d: waited %v for %s #%d, which is still in flight (its buffers stay in use): %w",
+		h.rank, waited.Round(time.Millisecond), comm.Kind(s.kind.Load()), id, cause)
 }
 
 // watch is the communicator's watchdog: it reports the oldest incomplete
@@ -599,7 +424,7 @@ func (c *communicator) watch() {
 			return
 		case <-t.C:
 		}
-		issued := c.issued.Load()
+		issued := c.ops.Issued()
 		for low <= issued {
 			if done, _ := c.TestOp(low); !done {
 				break
@@ -609,7 +434,7 @@ func (c *communicator) watch() {
 		if low > issued {
 			continue
 		}
-		s := &c.slots[low%ringSize]
+		s := &c.stamps[low%backend.RingSize]
 		at, kind := s.issued.Load(), comm.Kind(s.kind.Load())
 		if done, _ := c.TestOp(low); done {
 			continue
@@ -635,59 +460,6 @@ func (c *communicator) opErr(d *desc, err error) error {
 	return &comm.OpError{Rank: c.rank, Seq: d.seq, Kind: d.kind, Count: d.count, DType: d.dt, Err: err}
 }
 
-func firstErr(errs ...error) error {
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func checkBuf(name string, b comm.Buffer) error {
-	switch {
-	case !b.DType.Valid():
-		return fmt.Errorf("%w: %s has dtype %s", comm.ErrInvalid, name, b.DType)
-	case b.Loc != comm.Host:
-		return fmt.Errorf("%w: %s is device memory; the mpi backend carries host buffers only", comm.ErrInvalid, name)
-	case b.Count < 0:
-		return fmt.Errorf("%w: %s has count %d", comm.ErrInvalid, name, b.Count)
-	case b.Count > 0 && b.Addr == nil:
-		return fmt.Errorf("%w: %s has count %d and a nil address", comm.ErrInvalid, name, b.Count)
-	case b.Count > math.MaxInt32:
-		return fmt.Errorf("%w: %s has %d elements; MPI counts are C ints, at most %d", comm.ErrInvalid, name, b.Count, math.MaxInt32)
-	}
-	return nil
-}
-
-func checkOp(op comm.Op) error {
-	if !op.Valid() {
-		return fmt.Errorf("%w: reduction op %s", comm.ErrInvalid, op)
-	}
-	return nil
-}
-
-func overlapErr(op string, send, recv comm.Buffer) error {
-	return fmt.Errorf("%w: %s: send [%p, +%d B) and recv [%p, +%d B) overlap without being the same buffer", comm.ErrInvalid, op, send.Addr, send.Bytes(), recv.Addr, recv.Bytes())
-}
-
-func (c *communicator) checkRank(name string, r int) error {
-	if r < 0 || r >= c.size {
-		return fmt.Errorf("%w: %s %d out of range for %d ranks", comm.ErrInvalid, name, r, c.size)
-	}
-	return nil
-}
-
-func (c *communicator) checkPeer(p int) error {
-	if err := c.checkRank("peer", p); err != nil {
-		return err
-	}
-	if p == c.rank {
-		return fmt.Errorf("%w: peer %d is the rank itself", comm.ErrInvalid, p)
-	}
-	return nil
-}
-
 func dtypeSize(dt comm.DType) int { return dt.Size() }
 
 func errClosed() error   { return comm.ErrClosed }
@@ -697,4 +469,5 @@ func errMismatch() error { return comm.ErrMismatch }
 var (
 	_ comm.Communicator = (*communicator)(nil)
 	_ comm.Capable      = (*communicator)(nil)
+	_ comm.Waiter       = (*communicator)(nil)
 )

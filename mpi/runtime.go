@@ -232,23 +232,23 @@ func (e *engine) pump(c *communicator) {
 // start gives operation seq of c to MPI, or completes it at once when it
 // cannot run.
 func (e *engine) start(c *communicator, seq uint64) {
-	d := &c.ring[seq%ringSize]
+	d := c.ops.Op(seq)
 	switch {
 	case d.err != nil:
-		c.complete(seq, c.opErr(d, d.err))
+		c.ops.Complete(seq, c.opErr(d, d.err))
 		return
 	case c.closing.Load():
-		c.complete(seq, c.opErr(d, fmt.Errorf("%w: closed before MPI was given the operation", errClosed())))
+		c.ops.Complete(seq, c.opErr(d, fmt.Errorf("%w: closed before MPI was given the operation", errClosed())))
 		return
 	case c.failed != nil:
-		c.complete(seq, c.opErr(d, fmt.Errorf("%w: the communicator is unusable after an earlier failure: %w", errAborted(), c.failed)))
+		c.ops.Complete(seq, c.opErr(d, fmt.Errorf("%w: the communicator is unusable after an earlier failure: %w", errAborted(), c.failed)))
 		return
 	}
 	send, recv := d.send, d.recv
 	if d.kind == kindReduceScatter && d.inplace {
 		b, err := e.scratch(c, d.count*dtypeSize(d.dt))
 		if err != nil {
-			c.complete(seq, c.opErr(d, err))
+			c.ops.Complete(seq, c.opErr(d, err))
 			return
 		}
 		d.scratch = b
@@ -280,7 +280,7 @@ func (e *engine) start(c *communicator, seq uint64) {
 			// communicator stays usable.
 			p := C.ddp_shm_peer
 			c.posted--
-			c.complete(seq, c.opErr(d, fmt.Errorf("%w: rank %d all-reduces %d elements of %s (%s), rank %d %d of %s (%s)",
+			c.ops.Complete(seq, c.opErr(d, fmt.Errorf("%w: rank %d all-reduces %d elements of %s (%s), rank %d %d of %s (%s)",
 				errMismatch(), c.rank, d.count, d.dt, opName(op), int(p[0]), int(p[1]), comm.DType(p[2]), opName(C.int(p[3])))))
 			return
 		case rc != C.MPI_SUCCESS || C.ddp_shm_taken != 0:
@@ -352,7 +352,7 @@ func (e *engine) test() {
 // finish completes operation seq of c after MPI returned rc (and, for a
 // receive, got elements).
 func (e *engine) finish(c *communicator, seq uint64, rc, got int) {
-	d := &c.ring[seq%ringSize]
+	d := c.ops.Op(seq)
 	c.posted--
 	var err error
 	switch {
@@ -371,7 +371,7 @@ func (e *engine) finish(c *communicator, seq uint64, rc, got int) {
 		e.putScratch(c, d.scratch)
 		d.scratch = allocator.Block{}
 	}
-	c.complete(seq, err)
+	c.ops.Complete(seq, err)
 }
 
 // after does what is left once MPI has completed d: Avg's division, and

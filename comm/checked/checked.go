@@ -1,20 +1,17 @@
 package checked
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/comm/backend"
 )
 
 // EnvVar is the environment variable that asks for the wrapper, as
@@ -45,10 +42,6 @@ type Options struct {
 	Device int
 }
 
-// ringSize is the number of operations a rank may have issued and not
-// yet completed; issuing one more waits for the oldest.
-const ringSize = 256
-
 // Comm is one rank's checked communicator (see the package
 // documentation). Wrap returns it, extended with the wrapped backend's
 // comm.Grouper and comm.KernelSource where it has them.
@@ -60,33 +53,30 @@ type Comm struct {
 	pool       *allocator.Pool
 	ownPool    bool
 
+	// ops is the rank's ring: each operation's call and buffers, its
+	// result once complete, the failure log and the waiters (package
+	// backend)
+	ops backend.Ring[op]
+
 	// issuing, under mu
 	mu           sync.Mutex
 	closed       bool
-	ops          [ringSize]op
 	colls        uint64   // collectives issued
 	sends, recvs []uint64 // messages issued, per peer
 	depth        int      // open GroupStarts
 	groups       uint64   // outermost groups started
 	inGroup      int      // operations issued in the open group
 
-	issued atomic.Uint64 // sequence number of the last issued operation
 	ended  atomic.Uint64 // outermost groups ended
 	failed atomic.Pointer[error]
 
-	// results, under smu
-	smu    sync.Mutex
-	slots  [ringSize]slot
-	fails  []failure // failures whose slot may have been reused, in order
-	forgot uint64    // failures up to this sequence number were dropped
+	// where each operation stands, under smu
+	smu  sync.Mutex
+	runs [backend.RingSize]run
 
-	// waiting
-	wake     chan struct{} // the worker's
+	// the worker's parking
+	wake     chan struct{}
 	parked   atomic.Bool
-	wmu      sync.Mutex
-	nwait    atomic.Int32
-	waiters  []chan struct{}
-	spare    []chan struct{}
 	stopping atomic.Bool
 	closing  atomic.Bool
 	exited   chan struct{}
@@ -113,30 +103,20 @@ type op struct {
 	group      uint64 // the outermost group it was issued in, or 0
 }
 
-// slot is the result of the operation whose sequence number is seq.
-type slot struct {
+// run is where the operation whose sequence number is seq stands.
+type run struct {
 	seq   uint64
 	call  comm.Call
 	stage uint8
 	inner comm.Work // the backend's, once launched
-	err   error     // once done
 }
 
 // Stages of an operation.
 const (
 	queued   = iota // issued; fingerprints not yet judged
-	launched        // running on the backend: inner has the result
-	done            // failed or completed here: err has the result
+	launched        // running on the backend: inner has the result, which the first Test or Wait to see it records
+	done            // failed or completed here: the ring has the result
 )
-
-type failure struct {
-	seq uint64
-	err error
-}
-
-// failLogMax bounds the failures a rank keeps for Waits that come after
-// an operation's slot has been reused; beyond it the older half goes.
-const failLogMax = 4096
 
 // Wrap returns c checked: before each collective the ranks exchange a
 // fingerprint of their calls through c itself, and a disagreement fails
@@ -180,6 +160,7 @@ func newComm(c comm.Communicator, o Options) (*Comm, error) {
 		exited: make(chan struct{}),
 		kern:   comm.HostKernels(),
 	}
+	w.ops.Init(backend.Config{Backend: "checked", Rank: w.rank, Spin: true, Hooks: (*ringHooks)(w)})
 	caps := comm.CapsOf(c)
 	if w.pool == nil {
 		if !caps.HostMemory {
@@ -360,33 +341,23 @@ func (c *Comm) issue(call comm.Call, send, recv comm.Buffer) comm.Work {
 		c.mu.Unlock()
 		return comm.FailedWork(&comm.OpError{Rank: c.rank, Kind: call.Kind, Count: call.Count, DType: call.DType, Err: comm.ErrClosed})
 	}
-	if c.depth > 0 && c.inGroup == ringSize {
+	if c.depth > 0 && c.inGroup == backend.RingSize {
 		// A group's operations are judged once it ends: waiting here for
 		// the slot of the group's first would wait forever.
 		c.mu.Unlock()
 		return comm.FailedWork(&comm.OpError{Rank: c.rank, Kind: call.Kind, Count: call.Count, DType: call.DType,
-			Err: fmt.Errorf("%w: checked: a group holds at most %d operations", comm.ErrInvalid, ringSize)})
+			Err: fmt.Errorf("%w: checked: a group holds at most %d operations", comm.ErrInvalid, backend.RingSize)})
 	}
-	seq := c.issued.Load() + 1
-	if seq > ringSize {
-		// The slot's previous operation must be complete before it is
-		// reused; its failure, if any, is kept for later Waits.
-		old := seq - ringSize
-		if err := c.WaitOp(context.Background(), old); err != nil {
-			c.smu.Lock()
-			c.logFailure(old, err)
-			c.smu.Unlock()
-		}
-	}
+	seq := c.ops.Reserve(c)
 	call.Seq = seq
-	o := &c.ops[seq%ringSize]
+	o := c.ops.Op(seq)
 	*o = op{fp: fingerprint{ok: true, call: call}, send: send, recv: recv}
 	o.check(c.rank, c.size)
 	switch {
-	case call.Kind == comm.KindSend && o.fp.reason != badPeer:
+	case call.Kind == comm.KindSend && o.fp.inv.Reason != backend.BadPeer:
 		c.sends[call.Root]++
 		o.fp.num = c.sends[call.Root]
-	case call.Kind == comm.KindRecv && o.fp.reason != badPeer:
+	case call.Kind == comm.KindRecv && o.fp.inv.Reason != backend.BadPeer:
 		c.recvs[call.Root]++
 		o.fp.num = c.recvs[call.Root]
 	case call.Kind != comm.KindSend && call.Kind != comm.KindRecv:
@@ -398,9 +369,9 @@ func (c *Comm) issue(call comm.Call, send, recv comm.Buffer) comm.Work {
 		c.inGroup++
 	}
 	c.smu.Lock()
-	c.slots[seq%ringSize] = slot{seq: seq, call: o.fp.call, stage: queued}
+	c.runs[seq%backend.RingSize] = run{seq: seq, call: o.fp.call, stage: queued}
 	c.smu.Unlock()
-	c.issued.Store(seq)
+	c.ops.Publish(seq)
 	c.mu.Unlock()
 	c.signal()
 	return comm.NewWork(c, seq)
@@ -434,105 +405,68 @@ func (c *Comm) groupEnd() error {
 }
 
 // TestOp reports whether operation id has completed, and its error.
-func (c *Comm) TestOp(id uint64) (bool, error) {
-	if id == 0 || id > c.issued.Load() {
-		return true, fmt.Errorf("%w: checked: rank %d has issued no operation #%d", comm.ErrInvalid, c.rank, id)
+func (c *Comm) TestOp(id uint64) (bool, error) { return c.ops.Test(id) }
+
+// WaitOp waits until operation id has completed or ctx is done: until the
+// worker has judged it, and then, once launched, for the backend's Work.
+func (c *Comm) WaitOp(ctx context.Context, id uint64) error {
+	if done, err := c.ops.Test(id); done {
+		return err
 	}
-	c.smu.Lock()
-	s := c.slots[id%ringSize]
-	if s.seq != id {
-		err := c.oldResult(id)
-		c.smu.Unlock()
-		return true, err
+	if err := c.ops.Await(ctx, id, func() bool { return c.judged(id) }); err != nil {
+		return err
 	}
-	c.smu.Unlock()
-	switch s.stage {
-	case queued:
-		return false, nil
-	case done:
-		return true, s.err
+	s := c.standing(id)
+	if s.seq == id && s.stage == launched {
+		err := s.inner.Wait(ctx)
+		if ctx.Err() != nil {
+			if ok, _ := s.inner.Test(); !ok {
+				return fmt.Errorf("checked: rank %d: waiting for operation #%d: %w", c.rank, id, err)
+			}
+		}
+		c.ops.Complete(id, c.opErr(&s, err))
 	}
-	ok, err := s.inner.Test()
-	if !ok {
-		return false, nil
-	}
-	return true, c.opErr(&s, err)
+	// Complete, by this Wait or another goroutine, which may still be
+	// writing the result.
+	return c.ops.Wait(ctx, id)
 }
 
-// WaitOp waits until operation id has completed or ctx is done.
-func (c *Comm) WaitOp(ctx context.Context, id uint64) error {
-	if ok, err := c.TestOp(id); ok {
-		return err
-	}
-	if err := c.awaitJudged(ctx, id); err != nil {
-		return err
-	}
+// standing returns where operation id stands (a later operation's run once
+// its slot has been reused).
+func (c *Comm) standing(id uint64) run {
 	c.smu.Lock()
-	s := c.slots[id%ringSize]
-	if s.seq != id {
-		err := c.oldResult(id)
-		c.smu.Unlock()
-		return err
-	}
-	c.smu.Unlock()
-	if s.stage == done {
-		return s.err
-	}
-	err := s.inner.Wait(ctx)
-	if ctx.Err() != nil {
-		if ok, _ := s.inner.Test(); !ok {
-			return fmt.Errorf("checked: rank %d: waiting for operation #%d: %w", c.rank, id, err)
-		}
-	}
-	return c.opErr(&s, err)
+	defer c.smu.Unlock()
+	return c.runs[id%backend.RingSize]
 }
 
 // judged reports whether the worker is done with operation id: launched
 // on the backend, completed here, or long gone.
 func (c *Comm) judged(id uint64) bool {
-	c.smu.Lock()
-	s := c.slots[id%ringSize]
-	c.smu.Unlock()
+	s := c.standing(id)
 	return s.seq != id || s.stage != queued
 }
 
-// awaitJudged waits until judged(id): it polls, then yields, then parks
-// until the worker notifies, or ctx ends.
-func (c *Comm) awaitJudged(ctx context.Context, id uint64) error {
-	start := time.Now()
-	for i := 0; ; i++ {
-		if c.judged(id) {
-			return nil
-		}
-		if i < 64 {
-			continue
-		}
-		if i%16 != 0 || time.Since(start) < spinTime {
-			runtime.Gosched()
-			continue
-		}
-		break
-	}
-	ch := c.addWaiter()
-	defer c.dropWaiter(ch)
-	for !c.judged(id) {
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return fmt.Errorf("checked: rank %d: waiting for operation #%d: %w", c.rank, id, context.Cause(ctx))
-		}
-	}
-	return nil
-}
+// ringHooks is how the rank takes part in its ring's Test (see
+// backend.Config), kept off Comm's method set.
+type ringHooks Comm
 
-// spinTime is how long a wait yields the processor between polls before
-// it parks.
-const spinTime = 50 * time.Microsecond
+// Advance records the result of operation id if it runs on the backend
+// and the backend's Work has completed.
+func (h *ringHooks) Advance(id uint64) {
+	c := (*Comm)(h)
+	s := c.standing(id)
+	if s.seq != id || s.stage != launched {
+		return
+	}
+	if ok, err := s.inner.Test(); ok {
+		c.ops.Complete(id, c.opErr(&s, err))
+	}
+}
 
 // opErr turns the backend's error of a launched operation into this
 // wrapper's: the rank's own sequence number, not the backend's, which
 // counts the fingerprint exchanges too.
-func (c *Comm) opErr(s *slot, err error) error {
+func (c *Comm) opErr(s *run, err error) error {
 	if err == nil {
 		return nil
 	}
@@ -541,31 +475,6 @@ func (c *Comm) opErr(s *slot, err error) error {
 		err = oe.Err
 	}
 	return &comm.OpError{Rank: c.rank, Seq: s.seq, Kind: s.call.Kind, Count: s.call.Count, DType: s.call.DType, Err: err}
-}
-
-// oldResult is the result of operation id, whose slot has been reused;
-// smu is held.
-func (c *Comm) oldResult(id uint64) error {
-	i, found := slices.BinarySearchFunc(c.fails, id, func(f failure, id uint64) int { return cmp.Compare(f.seq, id) })
-	switch {
-	case found:
-		return c.fails[i].err
-	case id <= c.forgot:
-		return fmt.Errorf("%w: checked: rank %d: operation #%d completed more than %d failures ago; its result is no longer kept", comm.ErrInvalid, c.rank, id, failLogMax/2)
-	}
-	return nil
-}
-
-// logFailure keeps the failure of operation seq; smu is held.
-func (c *Comm) logFailure(seq uint64, err error) {
-	if n := len(c.fails); n > 0 && c.fails[n-1].seq >= seq {
-		return // already kept
-	}
-	if len(c.fails) == failLogMax {
-		c.forgot = c.fails[failLogMax/2-1].seq
-		c.fails = c.fails[:copy(c.fails, c.fails[failLogMax/2:])]
-	}
-	c.fails = append(c.fails, failure{seq, err})
 }
 
 // Missing names the ranks the pending operation of w waits for (see
@@ -578,9 +487,10 @@ func (c *Comm) Missing(w comm.Work) []int {
 		return nil
 	}
 	id := w.ID()
-	c.smu.Lock()
-	s := c.slots[id%ringSize]
-	c.smu.Unlock()
+	if done, _ := c.ops.Test(id); done {
+		return nil
+	}
+	s := c.standing(id)
 	switch {
 	case s.seq != id || s.stage == done:
 		return nil
@@ -594,56 +504,6 @@ func (c *Comm) Missing(w comm.Work) []int {
 		return nil
 	}
 	return comm.MissingRanks(c.inner, xw)
-}
-
-func (c *Comm) addWaiter() chan struct{} {
-	c.wmu.Lock()
-	var ch chan struct{}
-	if n := len(c.spare); n > 0 {
-		ch = c.spare[n-1]
-		c.spare = c.spare[:n-1]
-	} else {
-		ch = make(chan struct{}, 1)
-	}
-	c.waiters = append(c.waiters, ch)
-	c.nwait.Add(1)
-	c.wmu.Unlock()
-	return ch
-}
-
-func (c *Comm) dropWaiter(ch chan struct{}) {
-	c.wmu.Lock()
-	for i, w := range c.waiters {
-		if w == ch {
-			last := len(c.waiters) - 1
-			c.waiters[i] = c.waiters[last]
-			c.waiters[last] = nil
-			c.waiters = c.waiters[:last]
-			break
-		}
-	}
-	select {
-	case <-ch:
-	default:
-	}
-	c.spare = append(c.spare, ch)
-	c.nwait.Add(-1)
-	c.wmu.Unlock()
-}
-
-// notify wakes the goroutines parked in WaitOp.
-func (c *Comm) notify() {
-	if c.nwait.Load() == 0 {
-		return
-	}
-	c.wmu.Lock()
-	for _, ch := range c.waiters {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
-	}
-	c.wmu.Unlock()
 }
 
 // The wrapper with the optional interfaces of the wrapped backend.

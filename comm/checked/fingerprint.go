@@ -6,6 +6,7 @@ import (
 	"unsafe"
 
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/comm/backend"
 )
 
 // A fingerprint is one rank's description of one call, as 8 int64 words:
@@ -24,34 +25,14 @@ const (
 	magic = 0x6464_7067_6368_6b31 // "ddpgchk1"
 )
 
-// A reason says why a call is invalid; the fingerprint carries it with
-// two values, so every rank can describe another rank's invalid call.
-type reason uint8
-
-const (
-	valid reason = iota
-	badDType
-	badCount
-	nilAddr
-	badOp
-	badRoot
-	badPair     // AllReduce, Reduce on root: recv differs from send
-	badGather   // AllGather: recv is not Size times send
-	badScatter  // ReduceScatter: send is not Size times recv
-	overlapping // AllReduce: send and recv overlap without being one buffer
-	badPeer
-)
-
-// buffer names, for the reasons that name one
-var bufNames = [...]string{"send", "recv", "buf"}
-
 // fingerprint is a decoded record.
 type fingerprint struct {
-	ok     bool // the record is a fingerprint
-	num    uint64
-	call   comm.Call
-	reason reason
-	a, b   int64
+	ok   bool // the record is a fingerprint
+	num  uint64
+	call comm.Call
+	// why the call is invalid on its rank, with the values the reason
+	// names (backend.Check's rulebook, which every backend enforces)
+	inv backend.Invalid
 }
 
 // encode writes f at the start of rec.
@@ -60,11 +41,11 @@ func encode(rec []byte, f *fingerprint) {
 	w[0] = magic
 	w[1] = int64(f.num)
 	w[2] = int64(f.call.Seq)
-	w[3] = int64(f.call.Kind) | int64(f.call.Op)<<8 | int64(f.call.DType)<<16 | int64(f.reason)<<24
+	w[3] = int64(f.call.Kind) | int64(f.call.Op)<<8 | int64(f.call.DType)<<16 | int64(f.inv.Reason)<<24
 	w[4] = int64(f.call.Count)
 	w[5] = int64(f.call.Root)
-	w[6] = f.a
-	w[7] = f.b
+	w[6] = f.inv.A
+	w[7] = f.inv.B
 }
 
 // decode reads the record at the start of rec.
@@ -84,44 +65,14 @@ func decode(rec []byte) fingerprint {
 			Count: int(w[4]),
 			Root:  int(w[5]),
 		},
-		reason: reason(w[3] >> 24),
-		a:      w[6],
-		b:      w[7],
+		inv: backend.Invalid{Reason: backend.Reason(w[3] >> 24), A: w[6], B: w[7]},
 	}
 }
 
 // invalidText says why f's call is invalid in a group of n ranks; the rank
 // that made the call and every rank that decodes its fingerprint say the
 // same.
-func (f *fingerprint) invalidText(n int) string {
-	c := &f.call
-	switch f.reason {
-	case badDType:
-		return fmt.Sprintf("%s has dtype %s", bufNames[f.a], comm.DType(f.b))
-	case badCount:
-		return fmt.Sprintf("%s has count %d", bufNames[f.a], f.b)
-	case nilAddr:
-		return fmt.Sprintf("%s has count %d and a nil address", bufNames[f.a], f.b)
-	case badOp:
-		return fmt.Sprintf("reduction op %s", c.Op)
-	case badRoot:
-		return fmt.Sprintf("root %d out of range for %d ranks", c.Root, n)
-	case badPeer:
-		if int(f.a) == int(f.b) {
-			return fmt.Sprintf("peer %d is the rank itself", f.a)
-		}
-		return fmt.Sprintf("peer %d out of range for %d ranks", f.a, n)
-	case badPair:
-		return fmt.Sprintf("recv is %d x %s, send is %d x %s", f.a, comm.DType(f.b), c.Count, c.DType)
-	case badGather:
-		return fmt.Sprintf("recv is %d x %s, want %d x %s", f.a, comm.DType(f.b), n*c.Count, c.DType)
-	case badScatter:
-		return fmt.Sprintf("send is %d x %s, want %d x %s", f.a, comm.DType(f.b), n*c.Count, c.DType)
-	case overlapping:
-		return "send and recv overlap without being the same buffer"
-	}
-	return fmt.Sprintf("reason %d", f.reason)
-}
+func (f *fingerprint) invalidText(n int) string { return f.inv.Text(f.call, n) }
 
 // check finds why the call o of rank rank in a group of n ranks is
 // invalid, if it is: the rules of the comm contract, which every backend
@@ -129,67 +80,7 @@ func (f *fingerprint) invalidText(n int) string {
 // every rank instead of hanging the others in the backend. What only a
 // backend knows (which memory it accepts) stays the backend's to check.
 func (o *op) check(rank, n int) {
-	f := &o.fp
-	set := func(r reason, a, b int64) {
-		if f.reason == valid {
-			f.reason, f.a, f.b = r, a, b
-		}
-	}
-	buf := func(i int, b comm.Buffer) {
-		switch {
-		case !b.DType.Valid():
-			set(badDType, int64(i), int64(b.DType))
-		case b.Count < 0:
-			set(badCount, int64(i), int64(b.Count))
-		case b.Count > 0 && b.Addr == nil:
-			set(nilAddr, int64(i), int64(b.Count))
-		}
-	}
-	c := &f.call
-	switch c.Kind {
-	case comm.KindSend, comm.KindRecv:
-		if c.Root < 0 || c.Root >= n || c.Root == rank {
-			set(badPeer, int64(c.Root), int64(rank))
-		}
-		buf(2, o.send)
-		return
-	case comm.KindBroadcast:
-		buf(2, o.send)
-	case comm.KindBarrier:
-		return
-	default:
-		buf(0, o.send)
-		if c.Kind != comm.KindReduce || c.Root == rank {
-			buf(1, o.recv)
-		}
-	}
-	if (c.Kind == comm.KindAllReduce || c.Kind == comm.KindReduce || c.Kind == comm.KindReduceScatter) && !c.Op.Valid() {
-		set(badOp, 0, 0)
-	}
-	if (c.Kind == comm.KindBroadcast || c.Kind == comm.KindReduce) && (c.Root < 0 || c.Root >= n) {
-		set(badRoot, 0, 0)
-	}
-	s, r := o.send, o.recv
-	switch c.Kind {
-	case comm.KindAllReduce:
-		if r.Count != s.Count || r.DType != s.DType {
-			set(badPair, int64(r.Count), int64(r.DType))
-		} else if comm.Overlap(s, r) {
-			set(overlapping, 0, 0)
-		}
-	case comm.KindReduce:
-		if c.Root == rank && (r.Count != s.Count || r.DType != s.DType) {
-			set(badPair, int64(r.Count), int64(r.DType))
-		}
-	case comm.KindAllGather:
-		if r.Count != n*s.Count || r.DType != s.DType {
-			set(badGather, int64(r.Count), int64(r.DType))
-		}
-	case comm.KindReduceScatter:
-		if s.Count != n*r.Count || s.DType != r.DType {
-			set(badScatter, int64(s.Count), int64(s.DType))
-		}
-	}
+	o.fp.inv = backend.Check(backend.Rules{Rank: rank, Size: n}, o.fp.call, o.send, o.recv)
 }
 
 // collectiveVerdict returns the error every rank reports for collective
@@ -204,7 +95,7 @@ func collectiveVerdict(num uint64, fps []fingerprint) error {
 			return fmt.Errorf("%w: collective #%d: rank %d sent no fingerprint: the ranks' operations are out of step (a collective issued outside the wrapper?)", comm.ErrMismatch, num, r)
 		case fps[r].num != num:
 			return outOfStep(num, fps)
-		case fps[r].reason != valid:
+		case !fps[r].inv.OK():
 			invalid = true
 		}
 	}
@@ -237,7 +128,7 @@ func invalidCalls(num uint64, fps []fingerprint) error {
 	var ranks []int
 	var b strings.Builder
 	for r := range fps {
-		if fps[r].reason != valid {
+		if !fps[r].inv.OK() {
 			ranks = append(ranks, r)
 			fmt.Fprintf(&b, "; rank %d: %s: %s", r, fps[r].call, fps[r].invalidText(len(fps)))
 		}
@@ -253,9 +144,9 @@ func messageVerdict(src, dst int, send, recv *fingerprint, n int) error {
 	case !send.ok || !recv.ok || send.call.Kind != comm.KindSend || recv.call.Kind != comm.KindRecv || send.num != recv.num:
 		return fmt.Errorf("%w: between ranks %d and %d: rank %d's %s (message #%d) met rank %d's %s (message #%d): the ranks' messages are out of step",
 			comm.ErrMismatch, src, dst, src, send.call, send.num, dst, recv.call, recv.num)
-	case send.reason != valid || recv.reason != valid:
+	case !send.inv.OK() || !recv.inv.OK():
 		say := func(f *fingerprint) string {
-			if f.reason == valid {
+			if f.inv.OK() {
 				return "<nil>"
 			}
 			return f.invalidText(n)

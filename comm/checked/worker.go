@@ -4,11 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
-	"time"
 	"unsafe"
 
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/comm/backend"
 )
 
 // run is the rank's worker: it takes the rank's operations in issue order
@@ -17,14 +16,14 @@ import (
 func (c *Comm) run() {
 	defer close(c.exited)
 	for next := uint64(1); ; next++ {
-		c.await(func() bool { return c.issued.Load() >= next || c.stopping.Load() })
-		if c.issued.Load() < next {
+		c.await(func() bool { return c.ops.Issued() >= next || c.stopping.Load() })
+		if c.ops.Issued() < next {
 			return // stopping, and everything issued is judged
 		}
 		last := next
-		if g := c.ops[next%ringSize].group; g != 0 {
+		if g := c.ops.Op(next).group; g != 0 {
 			c.await(func() bool { return c.ended.Load() >= g || c.failed.Load() != nil })
-			for last < c.issued.Load() && c.ops[(last+1)%ringSize].group == g {
+			for last < c.ops.Issued() && c.ops.Op(last+1).group == g {
 				last++
 			}
 		}
@@ -36,17 +35,14 @@ func (c *Comm) run() {
 // await returns once ready() holds: it polls, then yields, then parks
 // until signalled.
 func (c *Comm) await(ready func() bool) {
-	start := time.Now()
-	for i := 0; ; i++ {
-		if ready() {
-			return
-		}
-		switch {
-		case i < 64:
-			continue
-		case i%16 != 0 || time.Since(start) < spinTime:
-			runtime.Gosched()
-			continue
+	for {
+		for sp := (backend.Spinner{}); ; {
+			if ready() {
+				return
+			}
+			if !sp.Spin() {
+				break
+			}
 		}
 		c.parked.Store(true)
 		if !ready() {
@@ -83,13 +79,13 @@ func (c *Comm) runBatch(first, last uint64) {
 		}
 		return
 	}
-	grouped := c.ops[first%ringSize].group != 0
+	grouped := c.ops.Op(first).group != 0
 	n := c.size
 	recv := func(i, r int) int { return k + i*n + r }
 
 	// Publish the fingerprints and start the exchanges.
 	for i := range k {
-		o := &c.ops[(first+uint64(i))%ringSize]
+		o := c.ops.Op(first + uint64(i))
 		encode(c.stage[i*recBytes:], &o.fp)
 	}
 	c.kern.Upload(c.records(0, k), c.stage[:k*recBytes])
@@ -97,13 +93,13 @@ func (c *Comm) runBatch(first, last uint64) {
 		comm.GroupStart(c.inner)
 	}
 	for i := range k {
-		o := &c.ops[(first+uint64(i))%ringSize]
+		o := c.ops.Op(first + uint64(i))
 		mine, theirs := c.records(i, 1), c.records(recv(i, 0), 1)
 		c.xn[i] = 0
 		switch o.fp.call.Kind {
 		case comm.KindSend, comm.KindRecv:
 			p := o.fp.call.Root
-			if o.fp.reason == badPeer {
+			if o.fp.inv.Reason == backend.BadPeer {
 				continue // no peer to compare with: it fails here alone
 			}
 			// The sender speaks first, so that a backend whose sends wait
@@ -128,7 +124,7 @@ func (c *Comm) runBatch(first, last uint64) {
 	var failed []error // made on the first failure only
 	for i := range k {
 		seq := first + uint64(i)
-		o := &c.ops[seq%ringSize]
+		o := c.ops.Op(seq)
 		var err error
 		for j := range int(c.xn[i]) {
 			w := c.xw[2*i+j]
@@ -172,7 +168,7 @@ func (c *Comm) runBatch(first, last uint64) {
 	}
 	for i := range k {
 		seq := first + uint64(i)
-		o := &c.ops[seq%ringSize]
+		o := c.ops.Op(seq)
 		var err error
 		switch {
 		case failed != nil && failed[i] != nil:
@@ -219,7 +215,7 @@ func (c *Comm) verdict(o *op, i, k int) error {
 	call := o.fp.call
 	switch call.Kind {
 	case comm.KindSend, comm.KindRecv:
-		if o.fp.reason == badPeer {
+		if o.fp.inv.Reason == backend.BadPeer {
 			return fmt.Errorf("%w: %s: %s", comm.ErrInvalid, call, o.fp.invalidText(n))
 		}
 		peer := decode(at(0))
@@ -260,20 +256,20 @@ func (c *Comm) launch(o *op) comm.Work {
 // finish completes operation seq here, with err (nil for success).
 func (c *Comm) finish(seq uint64, err error) {
 	c.smu.Lock()
-	s := &c.slots[seq%ringSize]
+	s := &c.runs[seq%backend.RingSize]
 	if err != nil {
 		err = c.opErr(s, err)
 	}
-	s.stage, s.err = done, err
+	s.stage = done
 	c.smu.Unlock()
-	c.notify()
+	c.ops.Complete(seq, err)
 }
 
 // launched records that operation seq runs on the backend as w.
 func (c *Comm) launched(seq uint64, w comm.Work) {
 	c.smu.Lock()
-	s := &c.slots[seq%ringSize]
+	s := &c.runs[seq%backend.RingSize]
 	s.stage, s.inner = launched, w
 	c.smu.Unlock()
-	c.notify()
+	c.ops.Notify()
 }

@@ -1,0 +1,209 @@
+package backend
+
+import (
+	"fmt"
+
+	"github.com/ddpgo/ddpgo/comm"
+)
+
+// Rules are what a call is checked against: the comm contract for the
+// caller's rank in a group of Size ranks, and what only the backend knows
+// of the memory it carries.
+type Rules struct {
+	Rank, Size int
+	// HostOnly refuses device memory.
+	HostOnly bool
+	// MaxCount, if positive, bounds a buffer's element count (MPI counts
+	// are C ints).
+	MaxCount int
+}
+
+// Reason says why a call is invalid. Invalid carries it with two values,
+// so that a rank can describe another rank's invalid call from a few
+// integers (comm/checked sends them in its fingerprints).
+type Reason uint8
+
+// Reasons a call is invalid.
+const (
+	Valid       Reason = iota
+	BadDType           // A: the buffer (see Invalid), B: its dtype
+	BadCount           // A: the buffer, B: its count
+	NilAddr            // A: the buffer, B: its count
+	BadOp              // the call's op
+	BadRoot            // the call's root
+	BadPair            // AllReduce, Reduce on root: A, B: recv's count and dtype differ from send's
+	BadGather          // AllGather: A, B: recv's count and dtype; want Size times send
+	BadScatter         // ReduceScatter: A, B: send's count and dtype; want Size times recv
+	Overlapping        // send and recv overlap without being the same buffer (or this rank's block)
+	BadPeer            // A: the peer, B: the rank
+	DeviceMem          // A: the buffer: device memory for a host-only backend
+	TooMany            // A: the buffer, B: its count, above Rules.MaxCount
+)
+
+// Buffer numbers, the A of the reasons that name a buffer.
+const (
+	SendBuf = iota
+	RecvBuf
+	Buf // the one buffer of Broadcast, Send and Recv
+)
+
+var bufNames = [...]string{"send", "recv", "buf"}
+
+// Invalid says why a call is invalid; the zero value means it is valid.
+type Invalid struct {
+	Reason Reason
+	A, B   int64
+}
+
+// OK reports whether the call is valid.
+func (v Invalid) OK() bool { return v.Reason == Valid }
+
+// Check checks call (its Kind, Op and Root; the peer of Send and Recv in
+// Root) with its buffers against the rules. Broadcast, Send and Recv pass
+// their one buffer as send; recv is read only where the kind has one (on
+// root only, for Reduce). It returns the first reason the call is
+// invalid.
+func Check(r Rules, call comm.Call, send, recv comm.Buffer) Invalid {
+	var v Invalid
+	set := func(why Reason, a, b int64) {
+		if v.Reason == Valid {
+			v = Invalid{why, a, b}
+		}
+	}
+	buf := func(i int, b comm.Buffer) {
+		switch {
+		case !b.DType.Valid():
+			set(BadDType, int64(i), int64(b.DType))
+		case b.Count < 0:
+			set(BadCount, int64(i), int64(b.Count))
+		case b.Count > 0 && b.Addr == nil:
+			set(NilAddr, int64(i), int64(b.Count))
+		case r.HostOnly && b.Loc != comm.Host:
+			set(DeviceMem, int64(i), 0)
+		case r.MaxCount > 0 && b.Count > r.MaxCount:
+			set(TooMany, int64(i), int64(b.Count))
+		}
+	}
+	n := r.Size
+	switch call.Kind {
+	case comm.KindSend, comm.KindRecv:
+		if call.Root < 0 || call.Root >= n || call.Root == r.Rank {
+			set(BadPeer, int64(call.Root), int64(r.Rank))
+		}
+		buf(Buf, send)
+		return v
+	case comm.KindBroadcast:
+		buf(Buf, send)
+	case comm.KindBarrier:
+		return v
+	default:
+		buf(SendBuf, send)
+		if call.Kind != comm.KindReduce || call.Root == r.Rank {
+			buf(RecvBuf, recv)
+		}
+	}
+	switch call.Kind {
+	case comm.KindAllReduce, comm.KindReduce, comm.KindReduceScatter:
+		if !call.Op.Valid() {
+			set(BadOp, 0, 0)
+		}
+	}
+	if (call.Kind == comm.KindBroadcast || call.Kind == comm.KindReduce) && (call.Root < 0 || call.Root >= n) {
+		set(BadRoot, 0, 0)
+	}
+	s, d := send, recv
+	switch call.Kind {
+	case comm.KindAllReduce:
+		if d.Count != s.Count || d.DType != s.DType {
+			set(BadPair, int64(d.Count), int64(d.DType))
+		} else if comm.Overlap(s, d) {
+			set(Overlapping, 0, 0)
+		}
+	case comm.KindReduce:
+		if call.Root != r.Rank {
+			break
+		}
+		if d.Count != s.Count || d.DType != s.DType {
+			set(BadPair, int64(d.Count), int64(d.DType))
+		} else if comm.Overlap(s, d) {
+			set(Overlapping, 0, 0)
+		}
+	case comm.KindAllGather:
+		if d.Count != n*s.Count || d.DType != s.DType {
+			set(BadGather, int64(d.Count), int64(d.DType))
+		} else if s.Count > 0 && !OwnBlock(s, d, r.Rank) && (comm.Overlap(s, d) || comm.InPlace(s, d)) {
+			set(Overlapping, 0, 0)
+		}
+	case comm.KindReduceScatter:
+		if s.Count != n*d.Count || s.DType != d.DType {
+			set(BadScatter, int64(s.Count), int64(s.DType))
+		} else if d.Count > 0 && !OwnBlock(d, s, r.Rank) && (comm.Overlap(s, d) || comm.InPlace(s, d)) {
+			set(Overlapping, 0, 0)
+		}
+	}
+	return v
+}
+
+// OwnBlock reports whether part is exactly block rank of whole (blocks of
+// part's size): the in-place form of AllGather and ReduceScatter.
+func OwnBlock(part, whole comm.Buffer, rank int) bool {
+	return part.Loc == whole.Loc && part.Device == whole.Device &&
+		uintptr(part.Addr) == uintptr(whole.Addr)+uintptr(rank*part.Bytes())
+}
+
+// Text says why a call is invalid in a group of size ranks, from call's
+// kind, op, dtype, count and root and v alone: the rank that made the call
+// and any rank that is told v say the same.
+func (v Invalid) Text(call comm.Call, size int) string {
+	switch v.Reason {
+	case Valid:
+		return "valid"
+	case BadDType:
+		return fmt.Sprintf("%s has dtype %s", bufName(v.A), comm.DType(v.B))
+	case BadCount:
+		return fmt.Sprintf("%s has count %d", bufName(v.A), v.B)
+	case NilAddr:
+		return fmt.Sprintf("%s has count %d and a nil address", bufName(v.A), v.B)
+	case BadOp:
+		return fmt.Sprintf("reduction op %s", call.Op)
+	case BadRoot:
+		return fmt.Sprintf("root %d out of range for %d ranks", call.Root, size)
+	case BadPeer:
+		if v.A == v.B {
+			return fmt.Sprintf("peer %d is the rank itself", v.A)
+		}
+		return fmt.Sprintf("peer %d out of range for %d ranks", v.A, size)
+	case BadPair:
+		return fmt.Sprintf("recv is %d x %s, send is %d x %s", v.A, comm.DType(v.B), call.Count, call.DType)
+	case BadGather:
+		return fmt.Sprintf("recv is %d x %s, want %d x %s", v.A, comm.DType(v.B), size*call.Count, call.DType)
+	case BadScatter:
+		return fmt.Sprintf("send is %d x %s, want %d x %s", v.A, comm.DType(v.B), size*call.Count, call.DType)
+	case Overlapping:
+		if call.Kind == comm.KindAllGather || call.Kind == comm.KindReduceScatter {
+			return "send and recv overlap other than as this rank's block"
+		}
+		return "send and recv overlap without being the same buffer"
+	case DeviceMem:
+		return fmt.Sprintf("%s is device memory; the backend carries host buffers only", bufName(v.A))
+	case TooMany:
+		return fmt.Sprintf("%s has %d elements, more than the backend's counts can hold", bufName(v.A), v.B)
+	}
+	return fmt.Sprintf("reason %d", v.Reason)
+}
+
+// Err returns nil for a valid call, and otherwise an error that wraps
+// comm.ErrInvalid and names the call's kind and why.
+func (v Invalid) Err(call comm.Call, size int) error {
+	if v.OK() {
+		return nil
+	}
+	return fmt.Errorf("%w: %s: %s", comm.ErrInvalid, call.Kind, v.Text(call, size))
+}
+
+func bufName(i int64) string {
+	if i >= 0 && int(i) < len(bufNames) {
+		return bufNames[i]
+	}
+	return fmt.Sprintf("buffer %d", i)
+}

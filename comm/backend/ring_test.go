@@ -1,0 +1,337 @@
+package backend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/ddpgo/ddpgo/comm"
+)
+
+// rank is a minimal backend over a Ring: the test completes its
+// operations by hand.
+type rank struct {
+	ops    Ring[int]
+	failed atomic.Pointer[error]
+	parked atomic.Int32
+	adv    func(id uint64)
+}
+
+type hooks rank
+
+func (h *hooks) Advance(id uint64) {
+	if h.adv != nil {
+		h.adv(id)
+	}
+}
+func (h *hooks) Parking(uint64) { h.parked.Add(1) }
+func (h *hooks) Failure() error {
+	if p := h.failed.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+func newRank(spin bool) *rank {
+	r := new(rank)
+	r.ops.Init(Config{Backend: "test", Rank: 3, Spin: spin, Hooks: (*hooks)(r)})
+	return r
+}
+
+func (r *rank) TestOp(id uint64) (bool, error)              { return r.ops.Test(id) }
+func (r *rank) WaitOp(ctx context.Context, id uint64) error { return r.ops.Wait(ctx, id) }
+
+// issue reserves and publishes the next operation.
+func (r *rank) issue() uint64 {
+	seq := r.ops.Reserve(r)
+	*r.ops.Op(seq) = int(seq)
+	r.ops.Publish(seq)
+	return seq
+}
+
+// TestSlotBeingRewritten steps a slot through its rewrite by a later
+// operation by hand, as Complete does it, and checks what Test says of
+// both operations at every step: the old one never takes the new one's
+// result, and the new one is not done before its result is in place.
+func TestSlotBeingRewritten(t *testing.T) {
+	r := newRank(false)
+	errOld := errors.New("old failure")
+	const old, next = 1, 1 + RingSize
+	r.ops.issued.Store(next)
+	r.ops.Complete(old, errOld)
+	s := &r.ops.slots[old%RingSize]
+	check := func(step string, nextDone bool, nextErr error) {
+		t.Helper()
+		if done, err := r.ops.Test(old); !done || err != errOld {
+			t.Errorf("%s: Test(old) = %v, %v; want true, %v", step, done, err, errOld)
+		}
+		if done, err := r.ops.Test(next); done != nextDone || err != nextErr {
+			t.Errorf("%s: Test(next) = %v, %v; want %v, %v", step, done, err, nextDone, nextErr)
+		}
+	}
+	check("before", false, nil)
+	s.done.Store(next | writing)
+	check("marked", false, nil)
+	s.err.Store(nil)
+	check("error replaced", false, nil)
+	s.done.Store(next)
+	check("after", true, nil)
+}
+
+// TestResults completes operations with and without errors across many
+// reuses of every slot and checks that each keeps its own result.
+func TestResults(t *testing.T) {
+	r := newRank(false)
+	const n = 3*RingSize + 7
+	errs := map[uint64]error{}
+	for range n {
+		seq := r.issue()
+		var err error
+		if seq%5 == 0 {
+			err = fmt.Errorf("op %d", seq)
+			errs[seq] = err
+		}
+		if !r.ops.Complete(seq, err) {
+			t.Fatalf("Complete(%d) did not record", seq)
+		}
+		if r.ops.Complete(seq, errors.New("again")) {
+			t.Fatalf("a second Complete(%d) recorded", seq)
+		}
+	}
+	for seq := uint64(1); seq <= n; seq++ {
+		done, err := r.ops.Test(seq)
+		if !done || err != errs[seq] {
+			t.Errorf("Test(%d) = %v, %v; want true, %v", seq, done, err, errs[seq])
+		}
+	}
+	for _, id := range []uint64{0, n + 1} {
+		if done, err := r.ops.Test(id); !done || !errors.Is(err, comm.ErrInvalid) {
+			t.Errorf("Test(%d) of an operation never issued = %v, %v; want ErrInvalid", id, done, err)
+		}
+	}
+}
+
+// TestFailLog fails more operations than the log keeps: the oldest are
+// reported as unknown (never as a success), the rest keep their errors,
+// and once a Sticky backend has failed, later operations report its
+// failure without being logged.
+func TestFailLog(t *testing.T) {
+	r := newRank(false)
+	const n = FailLogMax + RingSize + 1
+	for range n {
+		r.ops.Complete(r.issue(), errors.New("failed"))
+	}
+	if done, err := r.ops.Test(1); !done || !errors.Is(err, comm.ErrInvalid) || !strings.Contains(err.Error(), "no longer kept") {
+		t.Errorf("Test(1) after %d failures = %v, %v; want ErrInvalid, no longer kept", n, done, err)
+	}
+	if done, err := r.ops.Test(n - RingSize); !done || err == nil || err.Error() != "failed" {
+		t.Errorf("Test(%d) = %v, %v; want its own failure", n-RingSize, done, err)
+	}
+
+	r = newRank(false)
+	r.ops.Complete(r.issue(), nil)
+	groupErr := errors.New("group failed")
+	r.failed.Store(&groupErr)
+	first := r.issue()
+	r.ops.Complete(first, fmt.Errorf("op: %w", groupErr))
+	for range 2 * RingSize {
+		r.ops.Complete(r.issue(), fmt.Errorf("op: %w", groupErr))
+	}
+	if len(r.ops.fails) != 1 {
+		t.Errorf("a failed Sticky backend logged %d failures, want 1", len(r.ops.fails))
+	}
+	if done, err := r.ops.Test(1); !done || err != nil {
+		t.Errorf("Test(1), a success before the failure = %v, %v; want true, nil", done, err)
+	}
+	if done, err := r.ops.Test(first + 1); !done || !errors.Is(err, groupErr) {
+		t.Errorf("Test(%d) after the failure = %v, %v; want the group's failure", first+1, done, err)
+	}
+}
+
+// TestFailLogOutOfOrder completes operations out of order, as a wrapper
+// whose waiters complete launched operations does: each keeps its error.
+func TestFailLogOutOfOrder(t *testing.T) {
+	r := newRank(false)
+	var seqs []uint64
+	for range RingSize {
+		seqs = append(seqs, r.issue())
+	}
+	for i := len(seqs) - 1; i >= 0; i-- {
+		r.ops.Complete(seqs[i], fmt.Errorf("op %d", seqs[i]))
+	}
+	for range RingSize {
+		r.ops.Complete(r.issue(), nil)
+	}
+	for _, seq := range seqs {
+		if done, err := r.ops.Test(seq); !done || err == nil || err.Error() != fmt.Sprintf("op %d", seq) {
+			t.Errorf("Test(%d) = %v, %v", seq, done, err)
+		}
+	}
+}
+
+// TestCompleteRace has several goroutines complete each operation at
+// once: exactly one records it, and Test reports that one's result.
+func TestCompleteRace(t *testing.T) {
+	r := newRank(false)
+	for range 2 * RingSize {
+		seq := r.issue()
+		var wins atomic.Int32
+		var winner atomic.Int32
+		var wg sync.WaitGroup
+		for g := range 4 {
+			wg.Go(func() {
+				var err error
+				if g > 0 {
+					err = fmt.Errorf("from %d", g)
+				}
+				if r.ops.Complete(seq, err) {
+					wins.Add(1)
+					winner.Store(int32(g))
+				}
+			})
+		}
+		wg.Wait()
+		if wins.Load() != 1 {
+			t.Fatalf("op %d: %d completions recorded, want 1", seq, wins.Load())
+		}
+		_, err := r.ops.Test(seq)
+		if g := winner.Load(); (g == 0) != (err == nil) || g > 0 && err.Error() != fmt.Sprintf("from %d", g) {
+			t.Fatalf("op %d: Test = %v, but goroutine %d's completion was recorded", seq, err, g)
+		}
+	}
+}
+
+// TestWait parks a waiter, spinning first or not, and completes its
+// operation from another goroutine: the Wait returns the result, the
+// backend heard of the park, and the waiter is gone afterwards.
+func TestWait(t *testing.T) {
+	for _, spin := range []bool{false, true} {
+		t.Run(fmt.Sprintf("spin=%v", spin), func(t *testing.T) {
+			r := newRank(spin)
+			seq := r.issue()
+			want := errors.New("late")
+			res := make(chan error)
+			go func() { res <- r.ops.Wait(context.Background(), seq) }()
+			for r.ops.Waiting() == 0 {
+				runtime.Gosched()
+			}
+			if r.parked.Load() != 1 {
+				t.Errorf("Parking called %d times before the park, want 1", r.parked.Load())
+			}
+			r.ops.Complete(seq, want)
+			if err := <-res; err != want {
+				t.Errorf("Wait = %v, want %v", err, want)
+			}
+			if n := r.ops.Waiting(); n != 0 {
+				t.Errorf("%d waiters left", n)
+			}
+		})
+	}
+}
+
+// TestWaitAdvance completes an operation from the backend's Advancer,
+// which Test calls: a Wait needs nobody else.
+func TestWaitAdvance(t *testing.T) {
+	r := newRank(true)
+	seq := r.issue()
+	polls := 0
+	r.adv = func(id uint64) {
+		if polls++; polls == 10 {
+			r.ops.Complete(id, nil)
+		}
+	}
+	if err := r.ops.Wait(context.Background(), seq); err != nil {
+		t.Fatal(err)
+	}
+	if polls != 10 {
+		t.Errorf("Advance called %d times, want 10", polls)
+	}
+}
+
+// waitErr is a backend with its own WaitError.
+type waitErr struct{ rank }
+
+func (w *waitErr) WaitError(id uint64, cause error) error {
+	return fmt.Errorf("custom wait of %d: %w", id, cause)
+}
+
+// TestWaitContext ends a Wait by its context: the error wraps the cause
+// and says what it waited for, in the backend's words when it has some.
+func TestWaitContext(t *testing.T) {
+	cause := errors.New("the caller gave up")
+	ctx, cancel := context.WithCancelCause(context.Background())
+	cancel(cause)
+
+	r := newRank(false)
+	seq := r.issue()
+	err := r.ops.Wait(ctx, seq)
+	if !errors.Is(err, cause) || err.Error() != "test: rank 3: waiting for operation #1: the caller gave up" {
+		t.Errorf("Wait = %v", err)
+	}
+
+	w := new(waitErr)
+	w.ops.Init(Config{Backend: "test", Hooks: w})
+	seq = w.issue()
+	if err := w.ops.Wait(ctx, seq); !errors.Is(err, cause) || !strings.HasPrefix(err.Error(), "custom wait of 1") {
+		t.Errorf("Wait with a WaitErrorer = %v", err)
+	}
+	done := false
+	if err := w.ops.Await(ctx, seq, func() bool { return done }); !errors.Is(err, cause) {
+		t.Errorf("Await = %v", err)
+	}
+	done = true
+	if err := w.ops.Await(ctx, seq, func() bool { return done }); err != nil {
+		t.Errorf("Await of a ready condition = %v", err)
+	}
+}
+
+// TestReserveWaits fills the ring: reserving one more waits until the
+// oldest operation completes.
+func TestReserveWaits(t *testing.T) {
+	r := newRank(false)
+	for range RingSize {
+		r.issue()
+	}
+	got := make(chan uint64)
+	go func() { got <- r.ops.Reserve(r) }()
+	for r.ops.Waiting() == 0 {
+		runtime.Gosched()
+	}
+	select {
+	case seq := <-got:
+		t.Fatalf("Reserve returned %d before operation 1 completed", seq)
+	default:
+	}
+	r.ops.Complete(1, nil)
+	if seq := <-got; seq != RingSize+1 {
+		t.Errorf("Reserve = %d, want %d", seq, RingSize+1)
+	}
+}
+
+// TestAllocs holds issuing, completing, testing and a Wait that finds its
+// operation done at zero allocations.
+func TestAllocs(t *testing.T) {
+	if testing.CoverMode() != "" {
+		t.Skip("coverage instrumentation allocates")
+	}
+	r := newRank(true)
+	ctx := context.Background()
+	n := testing.AllocsPerRun(3*RingSize, func() {
+		seq := r.issue()
+		r.ops.Complete(seq, nil)
+		if done, err := r.ops.Test(seq); !done || err != nil {
+			t.Fatal(done, err)
+		}
+		if err := r.ops.Wait(ctx, seq); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if n != 0 {
+		t.Errorf("%v allocations per operation, want 0", n)
+	}
+}
