@@ -3,6 +3,8 @@ package allocator
 import (
 	"fmt"
 	"unsafe"
+
+	"github.com/ddpgo/ddpgo/internal/invariants"
 )
 
 // Block is a range of pool memory handed out by Get. It is a small value:
@@ -66,7 +68,7 @@ func (b Block) mustHost(view string) {
 		panic(fmt.Sprintf("allocator: %s of a block of %s memory (%d bytes at %p), which Go code cannot address; pass Addr to code that can",
 			view, b.p.src.Name(), b.size, b.addr))
 	}
-	if invariants {
+	if invariants.Enabled {
 		b.p.mu.Lock()
 		err := b.p.validate(b, view)
 		b.p.mu.Unlock()

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"unsafe"
+
+	"github.com/ddpgo/ddpgo/internal/invariants"
 )
 
 // countingSource is host memory that counts calls, so tests can assert that
@@ -97,7 +99,7 @@ func wantMisuse(t *testing.T, name string, f func() error, want string, targets 
 	func() {
 		defer func() {
 			if r := recover(); r != nil {
-				if !invariants {
+				if !invariants.Enabled {
 					panic(r)
 				}
 				e, ok := r.(error)
@@ -108,7 +110,7 @@ func wantMisuse(t *testing.T, name string, f func() error, want string, targets 
 			}
 		}()
 		err = f()
-		if invariants && err != nil && errors.Is(err, ErrMisuse) {
+		if invariants.Enabled && err != nil && errors.Is(err, ErrMisuse) {
 			t.Errorf("%s: misuse returned %v instead of panicking under invariants", name, err)
 		}
 	}()

@@ -7,6 +7,8 @@ import (
 	"os"
 	"sync"
 	"unsafe"
+
+	"github.com/ddpgo/ddpgo/internal/invariants"
 )
 
 // Alignment is the alignment of every block's address and the granularity
@@ -178,11 +180,11 @@ func (p *Pool) Get(n int) (Block, error) {
 	}
 	p.mu.Lock()
 	b, err := p.get(n)
-	if invariants {
+	if invariants.Enabled {
 		p.checkLocked()
 	}
 	p.mu.Unlock()
-	if invariants && p.host && err == nil && b.size > 0 {
+	if invariants.Enabled && p.host && err == nil && b.size > 0 {
 		// Outside the lock; the block goes back before the panic, so the
 		// pool stays consistent for whoever recovers.
 		if msg := poisoned(b.addr, b.size, "Get", n); msg != "" {
@@ -264,7 +266,7 @@ func (p *Pool) Put(b Block) error {
 	}
 	p.mu.Lock()
 	err := p.put(b)
-	if invariants {
+	if invariants.Enabled {
 		p.checkLocked()
 	}
 	p.mu.Unlock()
@@ -288,7 +290,7 @@ func (p *Pool) put(b Block) error {
 	i := b.node
 	nd := &p.nodes[i]
 	s := nd.slab
-	if invariants && p.host {
+	if invariants.Enabled && p.host {
 		poison(unsafe.Add(p.slabs[s].region.Addr, nd.off), nd.size)
 	}
 	nd.state = stateFree
@@ -336,7 +338,7 @@ func (p *Pool) validate(b Block, op string) error {
 func (p *Pool) Trim() int64 {
 	p.mu.Lock()
 	n := p.trimLocked()
-	if invariants {
+	if invariants.Enabled {
 		p.checkLocked()
 	}
 	p.mu.Unlock()
@@ -382,7 +384,7 @@ func (p *Pool) Close() error {
 	}
 	p.closed = true
 	p.trimLocked()
-	if invariants {
+	if invariants.Enabled {
 		p.checkLocked()
 	}
 	if p.st.Blocks > 0 {
@@ -394,7 +396,7 @@ func (p *Pool) Close() error {
 
 // misuse returns err, or panics with it under the invariants build tag.
 func (p *Pool) misuse(err error) error {
-	if invariants {
+	if invariants.Enabled {
 		panic(err)
 	}
 	return err
@@ -444,7 +446,7 @@ func (p *Pool) mapSlab(n, size int, dedicated bool) (int32, error) {
 	p.slabs[s] = slab{region: r, first: i, dedicated: dedicated, live: true}
 	p.st.Mapped += int64(r.Size)
 	p.st.Slabs++
-	if invariants && p.host {
+	if invariants.Enabled && p.host {
 		poison(r.Addr, r.Size)
 	}
 	if !dedicated {
@@ -457,7 +459,7 @@ func (p *Pool) mapSlab(n, size int, dedicated bool) (int32, error) {
 func (p *Pool) unmapSlab(s int32) {
 	sl := &p.slabs[s]
 	i := sl.first
-	if invariants {
+	if invariants.Enabled {
 		nd := &p.nodes[i]
 		if nd.state != stateFree || nd.size != sl.region.Size || nd.next != none {
 			panic(fmt.Sprintf("allocator: invariant: unmapping slab %d that is not wholly free", s))

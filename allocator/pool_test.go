@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"unsafe"
+
+	"github.com/ddpgo/ddpgo/internal/invariants"
 )
 
 const (
@@ -244,7 +246,7 @@ func TestStats(t *testing.T) {
 func TestSteadyStateAllocations(t *testing.T) {
 	p, src := newPool(t, Options{SlabSize: 64 * mib})
 	runs := 100
-	if invariants {
+	if invariants.Enabled {
 		runs = 5 // every Get and Put checks or fills the whole block
 	}
 	for _, n := range []int{0, 1, 4 * kib, 25 * mib, 100 * mib} {

@@ -13,6 +13,7 @@ import (
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/ddp"
 	"github.com/ddpgo/ddpgo/hooks"
+	"github.com/ddpgo/ddpgo/internal/invariants"
 )
 
 func tinyParams() []ddp.Param {
@@ -198,14 +199,11 @@ func TestParseCompute(t *testing.T) {
 	}
 }
 
-// raceEnabled is set by race_test.go: the race detector allocates.
-var raceEnabled bool
-
 // TestRunAllocations checks that a warm step allocates nothing: the
 // driver's own bookkeeping included, the process makes well under one
 // allocation per step.
 func TestRunAllocations(t *testing.T) {
-	if raceEnabled {
+	if invariants.RaceEnabled {
 		t.Skip("the race detector allocates")
 	}
 	res, err := Run(context.Background(), Config{Params: tinyParams(), Comms: group(t, 2), BucketCap: 256 << 10,

@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/internal/invariants"
 )
 
 // Tensor describes one gradient to be placed in a bucket: its element count,
@@ -76,7 +77,7 @@ func Assign(tensors []Tensor, limits []int, order []int) ([]Bucket, error) {
 		}
 	}
 	bs := assign(tensors, limits, order)
-	if invariants {
+	if invariants.Enabled {
 		if err := Validate(tensors, bs); err != nil {
 			panic(fmt.Sprintf("bucket: Assign produced an invalid layout: %v", err))
 		}

@@ -6,13 +6,16 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/ddpgo/ddpgo/comm/commtest"
+	"github.com/ddpgo/ddpgo/internal/testutil"
 )
 
 // TestGradErrors: Grad and GradBuffer fail as Ready does for a bad index,
 // with ErrBusy while the parameter's bucket is on the wire, and with
 // ErrClosed after Close; they hand the gradient out again once reduced.
 func TestGradErrors(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	cs := newTestGroup(t, 2)
 	ctx := context.Background()
 	issued := make(chan struct{})
@@ -50,7 +53,7 @@ func TestGradErrors(t *testing.T) {
 	if err := firstErr(errs); err != nil {
 		t.Fatal(err)
 	}
-	r, err := New(ctx, soloComm{}, threeParams, Options{})
+	r, err := New(ctx, commtest.Solo{}, threeParams, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +64,7 @@ func TestGradErrors(t *testing.T) {
 
 func TestIndex(t *testing.T) {
 	params := append(slices.Clone(threeParams), Param{Name: "fc.bias", Shape: []int{1}})
-	r, err := New(context.Background(), soloComm{}, params, Options{})
+	r, err := New(context.Background(), commtest.Solo{}, params, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +82,7 @@ func TestIndex(t *testing.T) {
 // adopts the rebuilt layout, and Grad's slices change with it.
 func TestGeneration(t *testing.T) {
 	for _, keep := range []bool{false, true} {
-		r, err := New(context.Background(), soloComm{}, threeParams, Options{BucketCap: 1, FirstBucketCap: 1, KeepLayout: keep})
+		r, err := New(context.Background(), commtest.Solo{}, threeParams, Options{BucketCap: 1, FirstBucketCap: 1, KeepLayout: keep})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -121,7 +124,7 @@ func TestGeneration(t *testing.T) {
 // TestStatsCopy: what Stats returns is the caller's: later steps do not
 // overwrite its slices.
 func TestStatsCopy(t *testing.T) {
-	r, err := New(context.Background(), soloComm{}, threeParams, Options{})
+	r, err := New(context.Background(), commtest.Solo{}, threeParams, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +167,7 @@ func TestStatsCopy(t *testing.T) {
 // while later buckets may still be on the wire; a no-sync step reports
 // nothing; a warm step with WaitEach allocates nothing.
 func TestWaitEach(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	params := []Param{{Name: "a", Shape: []int{40}}, {Name: "b", Shape: []int{3}}, {Name: "c", Shape: []int{50}}, {Name: "d", Shape: []int{7}}}
 	cs := newTestGroup(t, 2)
 	errs := withReducers(t, cs, params, func() Options { return Options{BucketCap: 160, FirstBucketCap: 100} }, func(rank int, r *Reducer) error {

@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/comm/commtest"
 	"github.com/ddpgo/ddpgo/hooks"
+	"github.com/ddpgo/ddpgo/internal/testutil"
 )
 
 // loadManifest reads a model manifest (name and shape of every parameter,
@@ -209,7 +211,7 @@ func TestStepAllocs(t *testing.T) {
 	if testing.Short() {
 		t.Skip("ResNet-50 sized buckets")
 	}
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	params := loadManifest(t, "testdata/resnet50.json")
 	for _, ranks := range allocRanks {
 		for _, w := range wires {
@@ -217,7 +219,7 @@ func TestStepAllocs(t *testing.T) {
 				t.Run(fmt.Sprintf("ranks=%d/%s/nozero=%v", ranks, w.name, noZero), func(t *testing.T) {
 					var cs []comm.Communicator
 					if ranks == 1 {
-						cs = []comm.Communicator{soloComm{}}
+						cs = []comm.Communicator{commtest.Solo{}}
 					} else {
 						cs = newTestGroup(t, ranks)
 					}
@@ -326,7 +328,7 @@ func BenchmarkStepResNet50(b *testing.B) {
 	}
 }
 
-// allocRanks are the group sizes TestStepAllocs runs: one rank on soloComm
+// allocRanks are the group sizes TestStepAllocs runs: one rank on commtest.Solo
 // (the Reducer and hooks alone) and two in-process ranks (the whole step).
 var allocRanks = []int{1, 2}
 
@@ -335,7 +337,7 @@ var allocRanks = []int{1, 2}
 // StatsInto allocate nothing either, on a communicator that allocates
 // nothing itself.
 func TestStepAllocsVariants(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	ctx := context.Background()
 	g := make([]float32, threeParams[2].Numel())
 	for _, tt := range []struct {
@@ -348,7 +350,7 @@ func TestStepAllocsVariants(t *testing.T) {
 		{"nozero-fp16", func() Options { return Options{NoZeroGrad: true, FindUnusedParameters: true, Hook: hooks.FP16()} }},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			r, err := New(ctx, soloComm{}, threeParams, tt.o())
+			r, err := New(ctx, commtest.Solo{}, threeParams, tt.o())
 			if err != nil {
 				t.Fatal(err)
 			}

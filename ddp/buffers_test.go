@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/comm/commtest"
+	"github.com/ddpgo/ddpgo/internal/testutil"
 )
 
 var bnBuffers = []Param{
@@ -70,7 +72,7 @@ func bnValues(r *Reducer) [][]float64 {
 // step with rank 0's values, of every dtype; a no-sync step leaves each
 // rank's own.
 func TestBuffers(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	for name, mod := range map[string]func(*Options){
 		"default":      nil,
 		"window1-copy": func(o *Options) { o.MaxInFlight = 1; o.CopyGrads = true },
@@ -126,8 +128,8 @@ func TestBuffers(t *testing.T) {
 }
 
 func TestBufferErrors(t *testing.T) {
-	checkNoLeak(t)
-	r, err := New(context.Background(), soloComm{}, threeParams, Options{Buffers: append(bnBuffers, Param{Name: "bn.running_mean"})})
+	testutil.NoLeak(t)
+	r, err := New(context.Background(), commtest.Solo{}, threeParams, Options{Buffers: append(bnBuffers, Param{Name: "bn.running_mean"})})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/hooks"
+	"github.com/ddpgo/ddpgo/internal/testutil"
 )
 
 // runRanks runs f on every rank concurrently and returns the errors by rank.
@@ -34,23 +34,6 @@ func firstErr(errs []error) error {
 		}
 	}
 	return nil
-}
-
-// checkNoLeak fails the test if goroutines started during it are still
-// running when it ends.
-func checkNoLeak(t *testing.T) {
-	t.Helper()
-	before := runtime.NumGoroutine()
-	t.Cleanup(func() {
-		deadline := time.Now().Add(5 * time.Second)
-		for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
-			time.Sleep(5 * time.Millisecond)
-		}
-		if n := runtime.NumGoroutine(); n > before {
-			buf := make([]byte, 1<<16)
-			t.Errorf("%d goroutines before, %d after:\n%s", before, n, buf[:runtime.Stack(buf, true)])
-		}
-	})
 }
 
 // hookBound is the error bound of hooks' documentation for one element:
@@ -183,7 +166,7 @@ func smallOpts(h func() hooks.Hook, mod func(*Options)) func() Options {
 // half-precision hooks within the derived per-element bound of the exact
 // average of what the ranks contributed.
 func TestEquivalence(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	rng := rand.New(rand.NewPCG(1, 2))
 	m := newMLP(rng, 5, 7, 3)
 	xs, ys := randomData(rng, 24, 5, 3)
@@ -281,7 +264,7 @@ func checkTraining(t *testing.T, w wire, res []trainResult, refGrads [][][]float
 // Grad keeps the reduced values until then, and results match a run that
 // keeps the initial layout.
 func TestRebuild(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	rng := rand.New(rand.NewPCG(3, 4))
 	m := newMLP(rng, 5, 7, 3)
 	xs, ys := randomData(rng, 12, 5, 3)
@@ -319,7 +302,7 @@ func bucketInfoEqual(a, b BucketInfo) bool {
 // after the first Wait, Grad still returns the reduced values (and slices
 // taken during the step agree); the new layout arrives at the next Begin.
 func TestRebuildKeepsValues(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	cs := newTestGroup(t, 2)
 	params := []Param{{Name: "a", Shape: []int{16}}, {Name: "b", Shape: []int{16}}, {Name: "c", Shape: []int{16}}}
 	errs := runRanks(cs, func(rank int, c comm.Communicator) error {
@@ -385,7 +368,7 @@ func TestRebuildKeepsValues(t *testing.T) {
 // TestNoSync checks that no-sync steps accumulate locally and the next
 // synced step reduces the accumulated sum.
 func TestNoSync(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	for _, copyGrads := range []bool{false, true} {
 		t.Run(fmt.Sprintf("copy=%v", copyGrads), func(t *testing.T) {
 			const n = 3
@@ -462,7 +445,7 @@ func TestNoSync(t *testing.T) {
 // TestConcurrentReady marks many parameters from many goroutines per rank,
 // across rebuilds and no-sync steps, and checks every average.
 func TestConcurrentReady(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	const n, np, workers = 4, 64, 8
 	params := make([]Param, np)
 	for i := range params {

@@ -14,6 +14,7 @@ import (
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/comm/commtest"
 	"github.com/ddpgo/ddpgo/hooks"
+	"github.com/ddpgo/ddpgo/internal/testutil"
 )
 
 // TestDeviceMemory runs steps with every hook over the test device: the
@@ -21,7 +22,7 @@ import (
 // only (host accesses panic), rebuild its layout, broadcast parameters and
 // zero unused gradients, and still average correctly.
 func TestDeviceMemory(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	const n, steps = 3, 3
 	params := []Param{{Name: "w1", Shape: []int{33, 7}}, {Name: "b1", Shape: []int{7}}, {Name: "w2", Shape: []int{7, 5}}, {Name: "unused", Shape: []int{4}}}
 	for _, w := range wires {
@@ -159,7 +160,7 @@ func (k float32Kernels) Scale(b comm.Buffer, s float32) {
 // the parameter, the rank and the dtype; what they do is accepted and
 // reduced.
 func TestKernelSupportRefused(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	f16 := Param{Name: "half.weight", Shape: []int{8}, DType: comm.Float16}
 	bf16 := Param{Name: "bf.weight", Shape: []int{8}, DType: comm.BFloat16}
 	f32 := Param{Name: "fc.weight", Shape: []int{8}}

@@ -12,6 +12,7 @@ import (
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/fp16"
 	"github.com/ddpgo/ddpgo/hooks"
+	"github.com/ddpgo/ddpgo/internal/testutil"
 )
 
 // mixedParams has parameters of every dtype the Reducer reduces,
@@ -47,7 +48,7 @@ func dtypeUnit(dt comm.DType) (u, eta float64) {
 // "Dtypes") of the exact average of what the ranks contributed, as the
 // dtype holds it. The statistics name each bucket's dtype and wire dtype.
 func TestDTypeEquivalence(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	for n := 1; n <= 3; n++ {
 		for _, w := range wires {
 			for _, copyGrads := range []bool{false, true} {
@@ -222,7 +223,7 @@ func elem(b comm.Buffer, i int) float64 {
 // TestDTypeAPI: Grad, SetGrad and AddGrad of a parameter that is not
 // float32 fail with ErrDType naming it; Broadcast carries every dtype.
 func TestDTypeAPI(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	cs := newTestGroup(t, 2)
 	errs := withReducers(t, cs, mixedParams, func() Options { return Options{Hook: hooks.AllReduce()} }, func(rank int, r *Reducer) error {
 		if rank == 0 {

@@ -16,6 +16,7 @@ import (
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/comm/commtest"
 	"github.com/ddpgo/ddpgo/hooks"
+	"github.com/ddpgo/ddpgo/internal/testutil"
 )
 
 var threeParams = []Param{
@@ -50,7 +51,7 @@ func wantErr(t *testing.T, err, target error, substrs ...string) {
 }
 
 func TestMisuseErrors(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	cs := newTestGroup(t, 1)
 	ctx := context.Background()
 	r, err := New(ctx, cs[0], threeParams, Options{})
@@ -140,7 +141,7 @@ func TestNumel(t *testing.T) {
 // still joins New's cross-rank check, so its peers fail at once with an
 // error naming it instead of waiting in the check's collective.
 func TestNewLocalFailure(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	devPool, err := allocator.New(allocator.Options{Source: commtest.NewDeviceSource()})
 	if err != nil {
 		t.Fatal(err)
@@ -199,7 +200,7 @@ func TestNewLocalFailure(t *testing.T) {
 // TestFindUnused leaves a parameter unmarked on one rank: with
 // FindUnusedParameters it is reduced as zero there and reported.
 func TestFindUnused(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	for _, copyGrads := range []bool{false, true} {
 		t.Run(fmt.Sprintf("copy=%v", copyGrads), func(t *testing.T) {
 			cs := newTestGroup(t, 2)
@@ -257,7 +258,7 @@ func TestFindUnused(t *testing.T) {
 // TestStaticGraph: the first synced step finds the unused parameter, later
 // steps mark it at Begin, and marking it then is an error.
 func TestStaticGraph(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	cs := newTestGroup(t, 2)
 	errs := withReducers(t, cs, threeParams, func() Options { return Options{StaticGraph: true} },
 		func(rank int, r *Reducer) error {
@@ -298,9 +299,9 @@ func TestStaticGraph(t *testing.T) {
 // TestCollectiveFailure injects a failed collective: Wait returns an error
 // naming the bucket and its parameters, and the Reducer stays failed.
 func TestCollectiveFailure(t *testing.T) {
-	checkNoLeak(t)
-	g, cs := newFakeGroup(2)
-	g.failSeq = 2 // 1 is New's parameter check
+	testutil.NoLeak(t)
+	g, cs := commtest.NewFakeGroup(2)
+	g.FailSeq = 2 // 1 is New's parameter check
 	errs := withReducers(t, cs, threeParams, func() Options { return Options{} },
 		func(rank int, r *Reducer) error {
 			ctx := context.Background()
@@ -333,10 +334,10 @@ func TestCollectiveFailure(t *testing.T) {
 // stall every StallInterval and then fails the step with a timeout; nothing
 // hangs. It runs in fake time, so the counts are exact.
 func TestTimeoutAndStall(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	synctest.Test(t, func(t *testing.T) {
-		g, cs := newFakeGroup(2)
-		g.hangSeq = 2
+		g, cs := commtest.NewFakeGroup(2)
+		g.HangSeq = 2
 		var stalls atomic.Int32
 		errs := withReducers(t, cs, threeParams, func() Options {
 			return Options{Timeout: 300 * time.Millisecond, StallInterval: 20 * time.Millisecond, OnStall: func(s comm.Stall) {
@@ -375,7 +376,7 @@ func TestTimeoutAndStall(t *testing.T) {
 // waiting in the first bucket's collective; their stall reports and the
 // timeout error name it (inproc can tell which ranks have not joined).
 func TestMissingRankNamed(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	cs := newTestGroup(t, 3)
 	var mu sync.Mutex
 	var reports []comm.Stall
@@ -445,10 +446,10 @@ func TestMissingRankNamed(t *testing.T) {
 
 // TestWaitContext: a context that expires ends Wait with its error.
 func TestWaitContext(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	synctest.Test(t, func(t *testing.T) {
-		g, cs := newFakeGroup(2)
-		g.hangSeq = 2
+		g, cs := commtest.NewFakeGroup(2)
+		g.HangSeq = 2
 		errs := withReducers(t, cs, threeParams, func() Options { return Options{} }, func(rank int, r *Reducer) error {
 			if err := r.Begin(Sync); err != nil {
 				return err
@@ -476,7 +477,7 @@ func TestWaitContext(t *testing.T) {
 }
 
 func TestBroadcastParameters(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	cs := newTestGroup(t, 3)
 	errs := withReducers(t, cs, threeParams, func() Options { return Options{BucketCap: 16, FirstBucketCap: 16} }, func(rank int, r *Reducer) error {
 		vals := make([][]float32, len(threeParams))
@@ -514,7 +515,7 @@ func TestBroadcastParameters(t *testing.T) {
 // size fails at once and aborts the group, so its peers, waiting in the
 // broadcast it never joins, fail too instead of hanging.
 func TestBroadcastParametersOneBadRank(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	cs := newTestGroup(t, 3)
 	errs := withReducers(t, cs, threeParams, func() Options { return Options{} }, func(rank int, r *Reducer) error {
 		vals := make([][]float32, len(threeParams))
@@ -547,10 +548,10 @@ func TestBroadcastParametersOneBadRank(t *testing.T) {
 // step's Wait) are bounded by Options.Timeout like the step's own
 // collectives; in fake time.
 func TestRebuildTimeout(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	synctest.Test(t, func(t *testing.T) {
-		g, cs := newFakeGroup(2)
-		g.hangSeq = 3 // 1: New's check, 2: the only bucket, 3: the rebuild's first broadcast
+		g, cs := commtest.NewFakeGroup(2)
+		g.HangSeq = 3 // 1: New's check, 2: the only bucket, 3: the rebuild's first broadcast
 		errs := withReducers(t, cs, threeParams, func() Options { return Options{Timeout: time.Second} }, func(rank int, r *Reducer) error {
 			if err := r.Begin(Sync); err != nil {
 				return err
@@ -577,7 +578,7 @@ func TestRebuildTimeout(t *testing.T) {
 
 // TestStats checks the step statistics for consistency.
 func TestStats(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	cs := newTestGroup(t, 2)
 	errs := withReducers(t, cs, threeParams, func() Options { return Options{BucketCap: 24, FirstBucketCap: 8} }, func(rank int, r *Reducer) error {
 		ctx := context.Background()
@@ -638,7 +639,7 @@ func TestStats(t *testing.T) {
 // rank 0's step then fails with the abort instead of waiting for rank 1.
 // A Wait blocked on another goroutine of rank 1 returns when Close runs.
 func TestCloseMidStep(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	cs := newTestGroup(t, 2)
 	closed := make(chan struct{})
 	errs := runRanks(cs, func(rank int, c comm.Communicator) error {
@@ -692,9 +693,9 @@ func TestCloseMidStep(t *testing.T) {
 // even if Wait's context is already cancelled: Wait returns nil instead of
 // failing (and aborting the group) over a race it has no reason to lose.
 func TestWaitCancelledAfterDone(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	synctest.Test(t, func(t *testing.T) {
-		r, err := New(context.Background(), soloComm{}, threeParams, Options{})
+		r, err := New(context.Background(), commtest.Solo{}, threeParams, Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -724,7 +725,7 @@ func TestWaitCancelledAfterDone(t *testing.T) {
 // or the abort, and its Wait reports the abort: nothing hangs, and nothing
 // reports success for a step that was not reduced.
 func TestReadyRacesAbort(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	const np, workers = 48, 4
 	params := make([]Param, np)
 	for i := range params {
@@ -782,7 +783,7 @@ func TestReadyRacesAbort(t *testing.T) {
 // context is cancelled) aborts the group, so a peer whose New completed
 // fails its first step at once instead of waiting for this rank.
 func TestNewCancelled(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	cs := newTestGroup(t, 2)
 	failed := make(chan struct{})
 	errs := runRanks(cs, func(rank int, c comm.Communicator) error {
@@ -830,7 +831,7 @@ func TestNewCancelled(t *testing.T) {
 // needs its own): one rank fails with hooks.ErrShared, the others learn of
 // it in New's check; nothing races.
 func TestSharedHook(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	for _, mk := range []func() hooks.Hook{hooks.Avg, hooks.FP16} {
 		h := mk()
 		cs := newTestGroup(t, 2)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/internal/testutil"
 )
 
 // TestNonfinitePerHook: NaN and ±Inf gradients come out of every hook as
@@ -18,7 +19,7 @@ import (
 // huge values whose average is finite stays finite in the float32 hooks,
 // and the fp16 hook, whose range it leaves, reports it as an overflow.
 func TestNonfinitePerHook(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	inf, nan := float32(math.Inf(1)), float32(math.NaN())
 	// Per rank, elements 0-4 of fc.weight: NaN on one rank; +Inf on one;
 	// +Inf and -Inf; 3e38 on both; 1 on both.
@@ -78,7 +79,7 @@ func isNaN(f float32) bool { return f != f }
 // with an abort when its Reducer is closed (a deferred Close runs as the
 // panic unwinds), otherwise at the deadline with a timeout that names it.
 func TestRankLeavesStep(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	tests := []struct {
 		name  string
 		close bool // the leaving rank's Reducer is closed as it leaves

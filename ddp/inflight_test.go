@@ -13,6 +13,8 @@ import (
 
 	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/comm/commtest"
+	"github.com/ddpgo/ddpgo/internal/testutil"
 )
 
 // heldComm is a one-rank communicator whose all-reduces (and, with
@@ -23,7 +25,7 @@ import (
 // writes its result (the input times 1, plus mark) into recv, as a
 // collective that completes late would.
 type heldComm struct {
-	soloComm
+	commtest.Solo
 	deaf          bool
 	holdBroadcast bool
 	mark          float32
@@ -209,7 +211,7 @@ func heldOpts(o Options) Options {
 // every bucket completes in order; buckets complete at the same time
 // launch as one group.
 func TestPipelined(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	c := newHeldComm()
 	r, err := New(context.Background(), c, fourParams, heldOpts(Options{}))
 	if err != nil {
@@ -272,7 +274,7 @@ func TestPipelined(t *testing.T) {
 // TestMaxInFlight: with a window of one bucket, bucket k+1 is issued only
 // after bucket k completed.
 func TestMaxInFlight(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	c := newHeldComm()
 	r, err := New(context.Background(), c, fourParams, heldOpts(Options{MaxInFlight: 1}))
 	if err != nil {
@@ -324,7 +326,7 @@ func waitInUse(t *testing.T, pool *allocator.Pool, want int64) {
 // and returns the memory once the collective completes; the late write
 // lands in memory nobody else holds.
 func TestNoReleaseInFlight(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	cases := []struct {
 		name string
 		run  func(t *testing.T, r *Reducer, c *heldComm) error // leaves collectives in flight; returns the error that reports it
@@ -433,7 +435,7 @@ func TestNoReleaseInFlight(t *testing.T) {
 // pool, which Close unmaps): the memory goes back only once the backend
 // has stopped writing it, so there is no crash and no write after release.
 func TestCloseMidCollective(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	for _, shared := range []bool{false, true} {
 		elems, rounds := 4<<20, 30
 		if shared {
@@ -498,7 +500,7 @@ func TestCloseMidCollective(t *testing.T) {
 // Abort (the finisher then stops without reducing the bucket, so nothing
 // else would wake the Wait).
 func TestCloseEndsWait(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	c := newHeldComm()
 	c.deaf = true
 	r, err := New(context.Background(), c, fourParams, heldOpts(Options{DrainTimeout: 20 * time.Millisecond}))

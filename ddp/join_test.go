@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/comm/commtest"
 	"github.com/ddpgo/ddpgo/hooks"
+	"github.com/ddpgo/ddpgo/internal/testutil"
 )
 
 var joinParams = []Param{{Name: "w", Shape: []int{2, 5}}, {Name: "b", Shape: []int{2}}, {Name: "v", Shape: []int{6}, DType: comm.Float64}}
@@ -116,7 +118,7 @@ func joinRun(t *testing.T, mode JoinMode, batches []int, o func(*Options)) (last
 // the mode says, the buffers are the lowest active rank's, and Join
 // returns the last rank to join on every rank. No deadline is hit.
 func TestJoinUneven(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	for _, mode := range []JoinMode{JoinWorld, JoinActive} {
 		for _, tc := range []struct {
 			batches []int
@@ -150,7 +152,7 @@ func TestJoinUneven(t *testing.T) {
 // TestJoinOptions: uneven inputs with the other options that change what
 // a step issues or how gradients travel.
 func TestJoinOptions(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	for name, o := range map[string]func(*Options){
 		"window1-copy": func(o *Options) { o.MaxInFlight = 1; o.CopyGrads = true },
 		"nozero-keep":  func(o *Options) { o.NoZeroGrad = true; o.KeepLayout = true },
@@ -173,7 +175,7 @@ func TestJoinOptions(t *testing.T) {
 // TestJoinThrow: the rank that runs out ends every rank promptly with
 // ErrJoined naming it, well before any deadline.
 func TestJoinThrow(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	start := time.Now()
 	_, errs := joinRun(t, JoinThrow, []int{5, 5, 2}, nil)
 	for rank, err := range errs {
@@ -202,15 +204,15 @@ func TestJoinThrow(t *testing.T) {
 // TestJoinMisuse: Join without Options.Join, during a step, and ranks that
 // disagree on the mode.
 func TestJoinMisuse(t *testing.T) {
-	checkNoLeak(t)
-	r, err := New(context.Background(), soloComm{}, threeParams, Options{})
+	testutil.NoLeak(t)
+	r, err := New(context.Background(), commtest.Solo{}, threeParams, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, err = r.Join(context.Background())
 	wantErr(t, err, ErrOptions, "Options.Join")
 	r.Close()
-	r, err = New(context.Background(), soloComm{}, threeParams, Options{Join: JoinWorld})
+	r, err = New(context.Background(), commtest.Solo{}, threeParams, Options{Join: JoinWorld})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,7 +239,7 @@ func TestJoinMisuse(t *testing.T) {
 // TestJoinStepAllocs: with Join on, a warm synced step still allocates
 // nothing, whichever goroutine reads the flag.
 func TestJoinStepAllocs(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	for _, bufs := range [][]Param{nil, {{Name: "m", Shape: []int{4}}}} {
 		p := newPair(t, newTestGroup(t, 2), threeParams, func() Options {
 			return Options{Join: JoinActive, Buffers: bufs}

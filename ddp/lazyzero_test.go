@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/ddpgo/ddpgo/internal/testutil"
 )
 
 // TestBeginIsLazy: Begin after a synced step leaves the gradient memory as
@@ -13,7 +15,7 @@ import (
 // untouched is zeroed before its bucket is reduced, so it reduces as zero,
 // not as last step's average.
 func TestBeginIsLazy(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	for _, copyGrads := range []bool{false, true} {
 		t.Run(fmt.Sprintf("copy=%v", copyGrads), func(t *testing.T) {
 			cs := newTestGroup(t, 2)
@@ -190,7 +192,7 @@ func (s zeroScript) want(st int, params []Param) [][]float32 {
 // default options rebuild the buckets after the first synced step, so
 // the script crosses the rebuild.
 func TestLazyZeroModel(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	params := make([]Param, 12)
 	for i := range params {
 		params[i] = Param{Name: fmt.Sprintf("p%d", i), Shape: []int{2 + i%5}}
@@ -340,7 +342,7 @@ func zeroActs(s zeroScript, st, p int) string {
 // after Wait. A parameter accumulated in a no-sync step and marked ready
 // untouched in the synced step reduces its accumulated sum.
 func TestLazyZeroStaticGraph(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	for _, copyGrads := range []bool{false, true} {
 		t.Run(fmt.Sprintf("copy=%v", copyGrads), func(t *testing.T) {
 			cs := newTestGroup(t, 2)

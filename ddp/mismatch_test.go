@@ -6,6 +6,7 @@ import (
 
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/hooks"
+	"github.com/ddpgo/ddpgo/internal/testutil"
 )
 
 // TestMismatchKinds builds three ranks of which rank 2 has a different
@@ -14,7 +15,7 @@ import (
 // ranks, before any gradient is reduced. Names alone may differ, as in
 // PyTorch (the last case).
 func TestMismatchKinds(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	params := func(f func([]Param) []Param) []Param {
 		ps := append([]Param(nil), threeParams...)
 		return f(ps)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"testing"
+
+	"github.com/ddpgo/ddpgo/internal/testutil"
 )
 
 // TestNoZeroGrad checks NoZeroGrad's contract on two ranks, with views and
@@ -14,7 +16,7 @@ import (
 // (marked unused by the Reducer, FindUnusedParameters or StaticGraph) is
 // reduced as zero, not as the stale average it still held.
 func TestNoZeroGrad(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	for _, v := range []struct {
 		name string
 		o    Options
@@ -131,7 +133,7 @@ func TestNoZeroGrad(t *testing.T) {
 // to) and adds in later steps, so a window of AddGrad calls reduces the
 // average of the local sums.
 func TestNoZeroGradAddGrad(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	for _, copyGrads := range []bool{false, true} {
 		t.Run(fmt.Sprintf("copy=%v", copyGrads), func(t *testing.T) {
 			cs := newTestGroup(t, 2)

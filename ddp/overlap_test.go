@@ -7,12 +7,13 @@ import (
 	"time"
 
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/comm/commtest"
 )
 
 // slowComm is a one-rank communicator whose all-reduce takes d of (fake)
 // time, so that a synctest bubble gives the step an exact timeline.
 type slowComm struct {
-	soloComm
+	commtest.Solo
 	d time.Duration
 }
 

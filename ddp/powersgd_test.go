@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/ddpgo/ddpgo/hooks"
+	"github.com/ddpgo/ddpgo/internal/testutil"
 )
 
 // TestPowerSGDAcrossRebuild trains three ranks' PowerSGD steps, compressed
@@ -19,7 +20,7 @@ import (
 // parameter, so both runs must give the same gradients, bit for bit, at
 // every step, on every rank.
 func TestPowerSGDAcrossRebuild(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	params := []Param{
 		{Name: "conv", Shape: []int{16, 8, 3, 3}}, {Name: "bn", Shape: []int{16}},
 		{Name: "fc1", Shape: []int{64, 32}}, {Name: "b1", Shape: []int{64}},
@@ -113,7 +114,7 @@ func TestPowerSGDAcrossRebuild(t *testing.T) {
 // allocates nothing on the Go heap (the hook's goroutine and its Works
 // included).
 func TestPowerSGDStepAllocs(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	params := []Param{
 		{Name: "conv", Shape: []int{32, 16, 3, 3}}, {Name: "bn", Shape: []int{32}},
 		{Name: "fc", Shape: []int{64, 288}}, {Name: "b", Shape: []int{64}},

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+
+	"github.com/ddpgo/ddpgo/internal/invariants"
 )
 
 // schedule is the per-step bookkeeping of one rank: which parameters are
@@ -80,7 +82,7 @@ func (s *schedule) claim(p int) error {
 func (s *schedule) arrive(p int) int {
 	b := s.bucketOf[p]
 	left := s.pending[b].Add(-1)
-	if invariants && (left < 0 || !s.marked[p].Load()) {
+	if invariants.Enabled && (left < 0 || !s.marked[p].Load()) {
 		panic(fmt.Sprintf("ddp: invariant: parameter %d arrived at bucket %d unclaimed or twice (pending %d)", p, b, left))
 	}
 	if left == 0 {

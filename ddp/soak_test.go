@@ -12,6 +12,7 @@ import (
 
 	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/internal/testutil"
 )
 
 // soakParams is a small model of mixed sizes (98,406 float32 elements),
@@ -40,7 +41,7 @@ func TestSoak(t *testing.T) {
 		}
 		steps = n
 	}
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	const n = 4
 	pool, err := allocator.New(allocator.Options{})
 	if err != nil {

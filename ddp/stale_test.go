@@ -6,13 +6,15 @@ import (
 	"context"
 	"math"
 	"testing"
+
+	"github.com/ddpgo/ddpgo/internal/testutil"
 )
 
 // TestStaleViewPoisoned: under the invariants tag, memory returned to the
 // pool when a rebuilt layout is adopted is poisoned, so a gradient slice
 // kept past Begin shows NaN instead of silently aliasing live memory.
 func TestStaleViewPoisoned(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	ctx := context.Background()
 	params := []Param{{Name: "a", Shape: []int{200}}, {Name: "b", Shape: []int{200}}}
 	cs := newTestGroup(t, 1)

@@ -9,7 +9,9 @@ import (
 
 	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/comm/commtest"
 	"github.com/ddpgo/ddpgo/hooks"
+	"github.com/ddpgo/ddpgo/internal/testutil"
 )
 
 // TestGradIsBucketView checks gradient-as-bucket-view, the default: the
@@ -21,7 +23,7 @@ func TestGradIsBucketView(t *testing.T) {
 	params := []Param{{Name: "a", Shape: []int{3}}, {Name: "b", Shape: []int{5, 2}}, {Name: "c", Shape: []int{7}}, {Name: "d", Shape: []int{1}}}
 	for _, copyGrads := range []bool{false, true} {
 		t.Run(fmt.Sprintf("copy=%v", copyGrads), func(t *testing.T) {
-			r, err := New(context.Background(), soloComm{}, params, Options{BucketCap: 48, FirstBucketCap: 32, CopyGrads: copyGrads})
+			r, err := New(context.Background(), commtest.Solo{}, params, Options{BucketCap: 48, FirstBucketCap: 32, CopyGrads: copyGrads})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -59,7 +61,7 @@ func TestGradIsBucketView(t *testing.T) {
 // counted in the bucket's and the step's statistics, on every rank, and
 // the bytes are the compressed ones.
 func TestStepOverflows(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	cs := newTestGroup(t, 2)
 	errs := withReducers(t, cs, threeParams, func() Options { return Options{Hook: hooks.FP16()} }, func(rank int, r *Reducer) error {
 		ctx := context.Background()
@@ -107,7 +109,7 @@ func TestStepOverflows(t *testing.T) {
 // TestEmptyAndScalarParams: a parameter with no elements (alone in its
 // bucket, or sharing one) and a scalar go through every hook.
 func TestEmptyAndScalarParams(t *testing.T) {
-	checkNoLeak(t)
+	testutil.NoLeak(t)
 	params := []Param{{Name: "a", Shape: []int{3}}, {Name: "empty", Shape: []int{4, 0}}, {Name: "scalar"}}
 	for _, w := range wires {
 		for _, caps := range [][2]int{{4, 4}, {0, 0}} { // one parameter per bucket; one bucket

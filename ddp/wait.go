@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/internal/invariants"
 )
 
 // Wait returns when every bucket of the synced step is reduced: each
@@ -239,7 +240,7 @@ func (r *Reducer) stall(L *layout, k int, waited time.Duration) comm.Stall {
 // through Stats.
 func (r *Reducer) finish() {
 	s := r.cur
-	if invariants && s.Sync && !r.failed.Load() {
+	if invariants.Enabled && s.Sync && !r.failed.Load() {
 		L := r.lay.Load()
 		if n := len(L.buckets); L.sched.launched() != n || int(r.reduced.Load()) != n || int(L.sched.nmarked.Load()) != len(r.params) {
 			panic(fmt.Sprintf("ddp: invariant: step %d finished with %d of %d buckets launched, %d reduced, %d of %d parameters marked",

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/ddpgo/ddpgo/internal/invariants"
 )
 
 // TestExhaustiveFloat32 converts every float32 to binary16 and to bfloat16 with
@@ -23,7 +25,7 @@ func TestExhaustiveFloat32(t *testing.T) {
 	const chunk = 1 << 16
 	const chunks = 1 << 32 / chunk
 	stride := int64(1)
-	if raceEnabled {
+	if invariants.RaceEnabled {
 		stride = 64
 	}
 	ks := availableKernels()

@@ -9,6 +9,7 @@ import (
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/fp16"
 	"github.com/ddpgo/ddpgo/internal/reduce"
+	"github.com/ddpgo/ddpgo/internal/testutil"
 )
 
 // TestAvgAtTheEdges runs floating-point Avg collectives whose sums
@@ -91,7 +92,7 @@ func checkAvgEdge(t *testing.T, name string, cs []*Comm, kind comm.Kind, dt comm
 			ws[r] = cs[r].ReduceScatter(send, recv, comm.Avg)
 		}
 	}
-	for r, err := range waitAll(t, ws) {
+	for r, err := range testutil.WaitAll(t, ws...) {
 		if err != nil {
 			t.Fatalf("%s: rank %d: %v", name, r, err)
 		}

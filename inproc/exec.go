@@ -5,6 +5,7 @@ import (
 
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/fp16"
+	"github.com/ddpgo/ddpgo/internal/invariants"
 	"github.com/ddpgo/ddpgo/internal/reduce"
 )
 
@@ -69,8 +70,8 @@ func split(count, sz, p, parts int) (lo, hi int) {
 	per = (per + align - 1) / align * align
 	lo = min(p*per, count)
 	hi = min(lo+per, count)
-	if invariants && !(lo <= hi && (lo*sz)%64 == 0 || lo == count) {
-		violated("split(%d, %d, %d, %d) = [%d, %d)", count, sz, p, parts, lo, hi)
+	if invariants.Enabled && !(lo <= hi && (lo*sz)%64 == 0 || lo == count) {
+		invariants.Violated("inproc", "split(%d, %d, %d, %d) = [%d, %d)", count, sz, p, parts, lo, hi)
 	}
 	return lo, hi
 }

@@ -304,8 +304,3 @@ func (g *group) published(k uint64, from int) int {
 	}
 	return g.n
 }
-
-// violated reports a broken invariant of the protocol (invariants builds).
-func violated(format string, args ...any) {
-	panic(fmt.Sprintf("inproc: invariant violated: "+format, args...))
-}

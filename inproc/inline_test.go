@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/internal/testutil"
 )
 
 // TestInlineTakeover: a collective that rank 0 joined inline and that is
@@ -29,7 +30,7 @@ func TestInlineTakeover(t *testing.T) {
 	w1 := allReduceInPlace(cs[1], comm.Float32s(a[1]), comm.Sum)
 	got := []float32{0, 0}
 	recv := cs[1].Recv(comm.Float32s(got), 0)
-	for i, err := range waitAll(t, []comm.Work{w0, w1, send, recv}) {
+	for i, err := range testutil.WaitAll(t, []comm.Work{w0, w1, send, recv}...) {
 		if err != nil {
 			t.Fatalf("operation %d: %v", i, err)
 		}
@@ -68,7 +69,7 @@ func TestInlineLongRun(t *testing.T) {
 			}
 			ws = append(ws, cs[2].Send(comm.Int32s([]int32{int32(i)}), 0), cs[0].Recv(comm.Int32s(got), 2))
 		}
-		for j, err := range waitAll(t, ws) {
+		for j, err := range testutil.WaitAll(t, ws...) {
 			if err != nil {
 				t.Fatalf("round %d, operation %d: %v", i, j, err)
 			}
@@ -99,12 +100,12 @@ func TestSmallAgainstLarge(t *testing.T) {
 	cs := testGroup(t, 2, Options{Timeout: time.Minute})
 	small, large := make([]float32, 100), make([]float32, parallelBytes/4+1)
 	ws := []comm.Work{allReduceInPlace(cs[0], comm.Float32s(small), comm.Sum), allReduceInPlace(cs[1], comm.Float32s(large), comm.Sum)}
-	for r, err := range waitAll(t, ws) {
+	for r, err := range testutil.WaitAll(t, ws...) {
 		if !errors.Is(err, comm.ErrMismatch) || !strings.Contains(err.Error(), "100 x float") || !strings.Contains(err.Error(), fmt.Sprintf("%d x float", len(large))) {
 			t.Errorf("rank %d: %v; want ErrMismatch naming both counts", r, err)
 		}
 	}
-	for r, err := range waitAll(t, []comm.Work{cs[0].Barrier(), cs[1].Barrier()}) {
+	for r, err := range testutil.WaitAll(t, []comm.Work{cs[0].Barrier(), cs[1].Barrier()}...) {
 		if err != nil {
 			t.Errorf("rank %d: barrier after the mismatch: %v", r, err)
 		}

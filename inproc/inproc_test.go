@@ -13,6 +13,7 @@ import (
 	"unsafe"
 
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/internal/testutil"
 )
 
 func testGroup(t testing.TB, n int, o Options) []*Comm {
@@ -27,20 +28,6 @@ func testGroup(t testing.TB, n int, o Options) []*Comm {
 		}
 	})
 	return cs
-}
-
-func waitAll(t testing.TB, ws []comm.Work) []error {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	errs := make([]error, len(ws))
-	for i, w := range ws {
-		errs[i] = w.Wait(ctx)
-		if errors.Is(errs[i], context.DeadlineExceeded) {
-			t.Fatalf("operation %d did not complete", i)
-		}
-	}
-	return errs
 }
 
 func TestNewGroupInvalid(t *testing.T) {
@@ -115,7 +102,7 @@ func TestCloseLeavesNoGoroutine(t *testing.T) {
 			for r, c := range cs {
 				ws[r] = allReduceInPlace(c, comm.Float32s(make([]float32, 100)), comm.Sum)
 			}
-			for r, err := range waitAll(t, ws) {
+			for r, err := range testutil.WaitAll(t, ws...) {
 				if err != nil {
 					t.Fatalf("rank %d: %v", r, err)
 				}
@@ -135,7 +122,7 @@ func TestCloseLeavesNoGoroutine(t *testing.T) {
 		}},
 		{"timed out", Options{Timeout: time.Millisecond}, func(t *testing.T, cs []*Comm) []comm.Work {
 			w := cs[2].Barrier()
-			if err := waitAll(t, []comm.Work{w})[0]; !errors.Is(err, comm.ErrTimeout) {
+			if err := testutil.WaitAll(t, []comm.Work{w}...)[0]; !errors.Is(err, comm.ErrTimeout) {
 				t.Fatalf("%v, want ErrTimeout", err)
 			}
 			return nil
@@ -160,17 +147,12 @@ func TestCloseLeavesNoGoroutine(t *testing.T) {
 				})
 			}
 			wg.Wait()
-			for i, err := range waitAll(t, pending) {
+			for i, err := range testutil.WaitAll(t, pending...) {
 				if !errors.Is(err, comm.ErrClosed) {
 					t.Errorf("operation %d pending at Close: %v, want ErrClosed", i, err)
 				}
 			}
-			for i := 0; runtime.NumGoroutine() > before; i++ {
-				if i == 1000 {
-					t.Fatalf("%d goroutines after Close, %d before NewGroup", runtime.NumGoroutine(), before)
-				}
-				time.Sleep(time.Millisecond)
-			}
+			testutil.Goroutines(t, before)
 		})
 	}
 }
@@ -185,7 +167,7 @@ func TestMismatchReport(t *testing.T) {
 		bufs[r] = []float32{float32(r), 1}
 		ws[r] = c.Barrier()
 	}
-	waitAll(t, ws)
+	testutil.WaitAll(t, ws...)
 	for r, c := range cs {
 		op := comm.Sum
 		if r == 2 {
@@ -193,7 +175,7 @@ func TestMismatchReport(t *testing.T) {
 		}
 		ws[r] = c.AllReduce(comm.Float32s(bufs[r]), comm.Float32s(bufs[r]), op)
 	}
-	for r, err := range waitAll(t, ws) {
+	for r, err := range testutil.WaitAll(t, ws...) {
 		if !errors.Is(err, comm.ErrMismatch) {
 			t.Fatalf("rank %d: %v, want ErrMismatch", r, err)
 		}
@@ -210,7 +192,7 @@ func TestMismatchReport(t *testing.T) {
 	for r, c := range cs {
 		ws[r] = c.AllReduce(comm.Float32s(bufs[r]), comm.Float32s(bufs[r]), comm.Sum)
 	}
-	for r, err := range waitAll(t, ws) {
+	for r, err := range testutil.WaitAll(t, ws...) {
 		if err != nil || bufs[r][0] != 3 || bufs[r][1] != 3 {
 			t.Errorf("rank %d after the mismatch: %v, %v; want nil, [3 3]", r, err, bufs[r])
 		}
@@ -229,7 +211,7 @@ func TestInvalidOnOneRank(t *testing.T) {
 		}
 		ws[r] = c.Broadcast(comm.Float32s(make([]float32, 4)), root)
 	}
-	for r, err := range waitAll(t, ws) {
+	for r, err := range testutil.WaitAll(t, ws...) {
 		if !errors.Is(err, comm.ErrInvalid) {
 			t.Errorf("rank %d: %v, want ErrInvalid", r, err)
 		} else if r != 1 && !strings.Contains(err.Error(), "rank(s) [1]") {
@@ -257,7 +239,7 @@ func TestStallAndTimeout(t *testing.T) {
 		allReduceInPlace(cs[0], comm.Float32s(make([]float32, 4)), comm.Sum),
 		allReduceInPlace(cs[1], comm.Float32s(make([]float32, 4)), comm.Sum),
 	}
-	for r, err := range waitAll(t, ws) {
+	for r, err := range testutil.WaitAll(t, ws...) {
 		if !errors.Is(err, comm.ErrTimeout) {
 			t.Errorf("rank %d: %v, want ErrTimeout", r, err)
 		}
@@ -272,7 +254,7 @@ func TestStallAndTimeout(t *testing.T) {
 		}
 	}
 	mu.Unlock()
-	err := waitAll(t, []comm.Work{allReduceInPlace(cs[2], comm.Float32s(make([]float32, 4)), comm.Sum)})[0]
+	err := testutil.WaitAll(t, []comm.Work{allReduceInPlace(cs[2], comm.Float32s(make([]float32, 4)), comm.Sum)}...)[0]
 	if !errors.Is(err, comm.ErrAborted) || !errors.Is(err, comm.ErrTimeout) {
 		t.Errorf("late rank: %v, want ErrAborted wrapping ErrTimeout", err)
 	}
@@ -284,7 +266,7 @@ func TestSendRecvMismatch(t *testing.T) {
 		cs[0].Send(comm.Float32s(make([]float32, 4)), 1),
 		cs[1].Recv(comm.Float32s(make([]float32, 5)), 0),
 	}
-	for r, err := range waitAll(t, ws) {
+	for r, err := range testutil.WaitAll(t, ws...) {
 		if !errors.Is(err, comm.ErrMismatch) {
 			t.Errorf("rank %d: %v, want ErrMismatch", r, err)
 		}
@@ -332,9 +314,9 @@ func TestWaitOldAndUnknownOps(t *testing.T) {
 		if i == 0 {
 			first = ws
 		}
-		waitAll(t, ws)
+		testutil.WaitAll(t, ws...)
 	}
-	if errs := waitAll(t, first); errs[0] != nil || errs[1] != nil {
+	if errs := testutil.WaitAll(t, first...); errs[0] != nil || errs[1] != nil {
 		t.Errorf("waiting again on the first barrier: %v", errs)
 	}
 	if _, err := cs[0].TestOp(1 << 40); !errors.Is(err, comm.ErrInvalid) {
@@ -388,7 +370,7 @@ func TestLargeGroup(t *testing.T) {
 	}
 	msg := []int32{0}
 	ws = append(ws, cs[n-1].Send(comm.Int32s([]int32{42}), 0), cs[0].Recv(comm.Int32s(msg), n-1))
-	for i, err := range waitAll(t, ws) {
+	for i, err := range testutil.WaitAll(t, ws...) {
 		if err != nil {
 			t.Fatalf("operation %d: %v", i, err)
 		}
@@ -404,7 +386,7 @@ func TestLargeGroup(t *testing.T) {
 		small[r] = []uint8{1, 255}
 		ws = append(ws, c.AllReduce(comm.Uint8s(small[r]), comm.Uint8s(small[r]), comm.Avg))
 	}
-	for r, err := range waitAll(t, ws) {
+	for r, err := range testutil.WaitAll(t, ws...) {
 		if err != nil || small[r][0] != 0 || small[r][1] != 0 {
 			t.Fatalf("rank %d: uint8 avg over %d ranks: %v, %v; want nil, [0 0]", r, n, err, small[r])
 		}
@@ -499,7 +481,7 @@ func TestMismatchNamesOddRank(t *testing.T) {
 			}
 			ws[r] = allReduceInPlace(c, comm.Float64s(make([]float64, 3)), op)
 		}
-		for r, err := range waitAll(t, ws) {
+		for r, err := range testutil.WaitAll(t, ws...) {
 			if !errors.Is(err, comm.ErrMismatch) || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("%d ranks, odd %v: rank %d: %v; want ErrMismatch saying %q", tc.n, tc.odd, r, err, tc.want)
 			}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/comm/backend"
+	"github.com/ddpgo/ddpgo/internal/testutil"
 )
 
 // ringSize is the number of operations a rank may have pending.
@@ -22,18 +23,18 @@ func TestWaitAfterSlotReuse(t *testing.T) {
 	cs := testGroup(t, 2, Options{})
 	barriers := func() []comm.Work { return []comm.Work{cs[0].Barrier(), cs[1].Barrier()} }
 	good := barriers()
-	waitAll(t, good)
+	testutil.WaitAll(t, good...)
 	// A mismatch fails the collective but leaves the group usable.
 	bad := []comm.Work{allReduceInPlace(cs[0], comm.Float32s(make([]float32, 3)), comm.Sum), allReduceInPlace(cs[1], comm.Float32s(make([]float32, 3)), comm.Max)}
-	waitAll(t, bad)
+	testutil.WaitAll(t, bad...)
 	for range ringSize + 3 {
-		for r, err := range waitAll(t, barriers()) {
+		for r, err := range testutil.WaitAll(t, barriers()...) {
 			if err != nil {
 				t.Fatalf("rank %d: %v", r, err)
 			}
 		}
 	}
-	for r, err := range waitAll(t, bad) {
+	for r, err := range testutil.WaitAll(t, bad...) {
 		if !errors.Is(err, comm.ErrMismatch) {
 			t.Errorf("rank %d: waiting again on the mismatched all_reduce after %d more operations: %v, want ErrMismatch", r, ringSize+3, err)
 		}
@@ -42,20 +43,20 @@ func TestWaitAfterSlotReuse(t *testing.T) {
 	var late []comm.Work
 	for range ringSize + 3 {
 		ws := barriers()
-		waitAll(t, ws)
+		testutil.WaitAll(t, ws...)
 		late = append(late, ws...)
 	}
-	for r, err := range waitAll(t, good) {
+	for r, err := range testutil.WaitAll(t, good...) {
 		if err != nil {
 			t.Errorf("rank %d: waiting again on a barrier that succeeded before the group was aborted: %v, want nil", r, err)
 		}
 	}
-	for r, err := range waitAll(t, bad) {
+	for r, err := range testutil.WaitAll(t, bad...) {
 		if !errors.Is(err, comm.ErrMismatch) {
 			t.Errorf("rank %d: waiting again on the mismatched all_reduce after the abort: %v, want ErrMismatch", r, err)
 		}
 	}
-	for i, err := range waitAll(t, late[:4]) {
+	for i, err := range testutil.WaitAll(t, late[:4]...) {
 		if !errors.Is(err, comm.ErrAborted) {
 			t.Errorf("barrier %d after the abort, waited again: %v, want ErrAborted", i, err)
 		}
@@ -85,7 +86,7 @@ func TestTestOpWhileSlotReused(t *testing.T) {
 		}
 	})
 	for range 4 * ringSize {
-		waitAll(t, []comm.Work{cs[0].Barrier(), cs[1].Barrier()})
+		testutil.WaitAll(t, []comm.Work{cs[0].Barrier(), cs[1].Barrier()}...)
 	}
 	stop.Store(true)
 	wg.Wait()

@@ -4,6 +4,7 @@ import (
 	"unsafe"
 
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/internal/invariants"
 )
 
 // Small collectives. When it publishes its call, every rank copies its
@@ -56,7 +57,7 @@ func (c *Comm) stageIn(d *desc, h *header) {
 	}
 	n := stagedBytes(h, c.g.n)
 	if n > stageBytes { // checked always: the alternative is a write past the buffer
-		violated("rank %d stages %d bytes of %s #%d", c.rank, n, d.kind, d.num)
+		invariants.Violated("inproc", "rank %d stages %d bytes of %s #%d", c.rank, n, d.kind, d.num)
 	}
 	dst := unsafe.Pointer(&h.data[0])
 	if n > inlineBytes {

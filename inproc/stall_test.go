@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/internal/testutil"
 )
 
 func TestDefaultOptions(t *testing.T) {
@@ -47,7 +48,7 @@ func TestStallReports(t *testing.T) {
 		seen[s.Rank] = true
 	}
 	ws = append(ws, cs[2].AllReduce(comm.Int32s(bufs[2]), comm.Int32s(bufs[2]), comm.Sum), cs[3].AllReduce(comm.Int32s(bufs[3]), comm.Int32s(bufs[3]), comm.Sum))
-	for r, err := range waitAll(t, ws) {
+	for r, err := range testutil.WaitAll(t, ws...) {
 		if err != nil || bufs[r][0] != 6 || bufs[r][1] != 4 {
 			t.Fatalf("rank %d after the stall: %v, %v; want nil, [6 4]", r, err, bufs[r])
 		}
@@ -68,7 +69,7 @@ func TestStallReports(t *testing.T) {
 		break
 	}
 	got := []int32{0}
-	if errs := waitAll(t, []comm.Work{send, cs[1].Recv(comm.Int32s(got), 3)}); errs[0] != nil || errs[1] != nil || got[0] != 7 {
+	if errs := testutil.WaitAll(t, []comm.Work{send, cs[1].Recv(comm.Int32s(got), 3)}...); errs[0] != nil || errs[1] != nil || got[0] != 7 {
 		t.Fatalf("message after the stall: %v, %d", errs, got[0])
 	}
 }
@@ -79,7 +80,7 @@ func TestStallReports(t *testing.T) {
 func TestStallIntervalLongerThanTimeout(t *testing.T) {
 	reports := 0
 	cs := testGroup(t, 2, Options{StallInterval: time.Hour, Timeout: 20 * time.Millisecond, OnStall: func(comm.Stall) { reports++ }})
-	err := waitAll(t, []comm.Work{cs[0].Barrier()})[0]
+	err := testutil.WaitAll(t, []comm.Work{cs[0].Barrier()}...)[0]
 	if !errors.Is(err, comm.ErrTimeout) || !strings.Contains(err.Error(), "for rank(s) [1]") {
 		t.Errorf("%v; want ErrTimeout naming rank 1", err)
 	}
@@ -94,7 +95,7 @@ func TestStallIntervalLongerThanTimeout(t *testing.T) {
 func TestTimeoutReportsStall(t *testing.T) {
 	var reports []comm.Stall
 	cs := testGroup(t, 2, Options{StallInterval: 5 * time.Millisecond, Timeout: 5 * time.Millisecond, OnStall: func(s comm.Stall) { reports = append(reports, s) }})
-	err := waitAll(t, []comm.Work{cs[0].Barrier()})[0]
+	err := testutil.WaitAll(t, []comm.Work{cs[0].Barrier()}...)[0]
 	if !errors.Is(err, comm.ErrTimeout) {
 		t.Fatalf("%v; want ErrTimeout", err)
 	}
@@ -140,7 +141,7 @@ func TestMissing(t *testing.T) {
 		}
 	}
 	last := allReduceInPlace(cs[2], comm.Int32s(bufs[2]), comm.Sum)
-	waitAll(t, append(first, last))
+	testutil.WaitAll(t, append(first, last)...)
 	for cs[1].current.Load() < 2 || cs[0].arrived.Load() < 2 {
 		runtime.Gosched() // rank 1's worker has posted the message; rank 0 is in the barrier
 	}
@@ -155,7 +156,7 @@ func TestMissing(t *testing.T) {
 	}
 	got := []int32{0}
 	ws := []comm.Work{barrier, send, cs[2].Recv(comm.Int32s(got), 1), cs[1].Barrier(), cs[2].Barrier()}
-	for i, err := range waitAll(t, ws) {
+	for i, err := range testutil.WaitAll(t, ws...) {
 		if err != nil {
 			t.Fatalf("operation %d: %v", i, err)
 		}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/comm/backend"
+	"github.com/ddpgo/ddpgo/internal/invariants"
 )
 
 // run is the rank's worker: it executes operations in issue order.
@@ -252,8 +253,8 @@ func (c *Comm) publish(d *desc) {
 	g := c.g
 	k := d.num
 	h := c.hdr[k%2]
-	if invariants && h.word.Load() >= k {
-		violated("rank %d publishes collective #%d over #%d", c.rank, k, h.word.Load())
+	if invariants.Enabled && h.word.Load() >= k {
+		invariants.Violated("inproc", "rank %d publishes collective #%d over #%d", c.rank, k, h.word.Load())
 	}
 	if !d.small || d.err != nil {
 		g.slots[k%slotCount].d[c.rank] = *d
@@ -355,8 +356,8 @@ func (c *Comm) share(s *collSlot, d *desc) error {
 	c.par++
 	target := c.par * uint64(g.n)
 	f := g.fin.Add(1)
-	if invariants && !(f > target-uint64(g.n) && f <= target) {
-		violated("rank %d: finish count %d for parallel collective %d of %d ranks", c.rank, f, c.par, g.n)
+	if invariants.Enabled && !(f > target-uint64(g.n) && f <= target) {
+		invariants.Violated("inproc", "rank %d: finish count %d for parallel collective %d of %d ranks", c.rank, f, c.par, g.n)
 	}
 	if f == target {
 		g.wakeAll()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/fp16"
+	"github.com/ddpgo/ddpgo/internal/testutil"
 	"github.com/ddpgo/ddpgo/mpi"
 )
 
@@ -37,7 +38,7 @@ func TestHalfSum(t *testing.T) {
 			}
 			b := alloc(t, count, dt)
 			fillBuf(b, func(j int) float64 { return frac(r, j) })
-			waitAll(t, c.AllReduce(b, b, op))
+			testutil.MustWaitAll(t, c.AllReduce(b, b, op))
 			ulps := 0
 			if n > 2 {
 				ulps = n - 2
@@ -55,7 +56,7 @@ func TestHalfSum(t *testing.T) {
 			// Every rank holds the same bits: compare with rank 0's.
 			ref := alloc(t, count, dt)
 			copy(ref.AsBytes(), b.AsBytes())
-			waitAll(t, c.Broadcast(ref, 0))
+			testutil.MustWaitAll(t, c.Broadcast(ref, 0))
 			if string(ref.AsBytes()) != string(b.AsBytes()) {
 				t.Fatalf("%s %s: rank %d's result differs from rank 0's", dt, op, r)
 			}
@@ -100,7 +101,7 @@ func TestWaitDeadline(t *testing.T) {
 			t.Errorf("rank %d: Wait with a 20ms deadline on a collective rank %d joins after 300ms: %v; want DeadlineExceeded naming all_reduce", r, n-1, err)
 		}
 	}
-	waitAll(t, w)
+	testutil.MustWaitAll(t, w)
 	if want := float32(n * (n - 1) / 2); b.AsFloat32()[0] != want || b.AsFloat32()[1] != float32(2*n) {
 		t.Errorf("rank %d: %v, want [%v %v]", r, b.AsFloat32(), want, 2*n)
 	}
@@ -135,7 +136,7 @@ func TestInvalid(t *testing.T) {
 			t.Errorf("%s: %v; want an OpError of rank %d wrapping ErrInvalid", tc.name, err, c.Rank())
 		}
 	}
-	waitAll(t, c.Barrier())
+	testutil.MustWaitAll(t, c.Barrier())
 }
 
 // TestMPIError: a receive shorter than the message is MPI's
@@ -154,7 +155,7 @@ func TestMPIError(t *testing.T) {
 	defer cancel()
 	switch r {
 	case 0:
-		waitAll(t, c.Send(short, 1), c.Send(long, 1))
+		testutil.MustWaitAll(t, c.Send(short, 1), c.Send(long, 1))
 	case 1:
 		err := c.Recv(long, 0).Wait(ctx)
 		if !errors.Is(err, comm.ErrMismatch) || !strings.Contains(err.Error(), "received 4 elements") {
@@ -183,7 +184,7 @@ func TestClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := alloc(t, 10, comm.Float32)
-	waitAll(t, c.AllReduce(b, b, comm.Sum))
+	testutil.MustWaitAll(t, c.AllReduce(b, b, comm.Sum))
 	for i := range 2 {
 		if err := c.Close(); err != nil {
 			t.Fatalf("Close #%d: %v", i+1, err)

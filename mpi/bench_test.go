@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/internal/testutil"
 	"github.com/ddpgo/ddpgo/mpi"
 )
 
@@ -146,7 +147,7 @@ func sweepOne(t *testing.T, c comm.Communicator, alloc func(testing.TB, int, com
 	est := (run() + run() + run()) / 3
 	iters := agree(t, c, int64(*sweepBudget/max(est, 1)), comm.Min)
 	iters = min(max(iters, 5), 2000)
-	waitAll(t, c.Barrier())
+	testutil.MustWaitAll(t, c.Barrier())
 	times := alloc(t, int(iters), comm.Float64)
 	tf := times.AsFloat64()
 	if raw {
@@ -158,7 +159,7 @@ func sweepOne(t *testing.T, c comm.Communicator, alloc func(testing.TB, int, com
 			tf[i] = run().Seconds()
 		}
 	}
-	waitAll(t, c.AllReduce(times, times, comm.Max))
+	testutil.MustWaitAll(t, c.AllReduce(times, times, comm.Max))
 	slices.Sort(tf)
 	med := tf[len(tf)/2]
 	if len(tf)%2 == 0 {
@@ -171,7 +172,7 @@ func sweepOne(t *testing.T, c comm.Communicator, alloc func(testing.TB, int, com
 func agree(t *testing.T, c comm.Communicator, x int64, op comm.Op) int64 {
 	b := alloc(t, 1, comm.Int64)
 	b.AsInt64()[0] = x
-	waitAll(t, c.AllReduce(b, b, op))
+	testutil.MustWaitAll(t, c.AllReduce(b, b, op))
 	return b.AsInt64()[0]
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/fp16"
+	"github.com/ddpgo/ddpgo/internal/testutil"
 	"github.com/ddpgo/ddpgo/mpi"
 )
 
@@ -133,7 +134,7 @@ func TestBlockingCollectives(t *testing.T) {
 	t.Run("AllGather", func(t *testing.T) { testAllGather(t, c) })
 	t.Run("ReduceScatter", func(t *testing.T) { testReduceScatter(t, c) })
 	t.Run("SendRecv", func(t *testing.T) { testSendRecv(t, c) })
-	t.Run("Barrier", func(t *testing.T) { waitAll(t, c.Barrier(), c.Barrier()) })
+	t.Run("Barrier", func(t *testing.T) { testutil.MustWaitAll(t, c.Barrier(), c.Barrier()) })
 }
 
 func testAllReduce(t *testing.T, c comm.Communicator) { testAllReduceWith(t, c, alloc) }
@@ -156,7 +157,7 @@ func testAllReduceWith(t *testing.T, c comm.Communicator, alloc func(testing.TB,
 						poison(recv)
 					}
 					fillBuf(send, func(j int) float64 { return value(dt, r, j) })
-					waitAll(t, c.AllReduce(send, recv, op))
+					testutil.MustWaitAll(t, c.AllReduce(send, recv, op))
 					what := fmt.Sprintf("all_reduce %s %s count %d in place %v, rank %d of %d", dt, op, count, inPlace, r, n)
 					checkBuf(t, what, recv, func(j int) float64 {
 						return reduceValues(dt, op, n, j, func(q int) float64 { return value(dt, q, j) })
@@ -181,7 +182,7 @@ func testBroadcast(t *testing.T, c comm.Communicator) {
 				} else {
 					poison(b)
 				}
-				waitAll(t, c.Broadcast(b, root))
+				testutil.MustWaitAll(t, c.Broadcast(b, root))
 				checkBuf(t, fmt.Sprintf("broadcast %s count %d root %d, rank %d", dt, count, root, r), b,
 					func(j int) float64 { return value(dt, root, j) })
 			}
@@ -203,7 +204,7 @@ func testReduce(t *testing.T, c comm.Communicator) {
 							recv = alloc(t, count, dt)
 							poison(recv)
 						}
-						waitAll(t, c.Reduce(send, recv, op, root))
+						testutil.MustWaitAll(t, c.Reduce(send, recv, op, root))
 						what := fmt.Sprintf("reduce %s %s count %d root %d in place %v, rank %d", dt, op, count, root, inPlace, r)
 						if r == root {
 							checkBuf(t, what, recv, func(j int) float64 {
@@ -231,7 +232,7 @@ func testAllGather(t *testing.T, c comm.Communicator) {
 					send = alloc(t, count, dt)
 				}
 				fillBuf(send, func(j int) float64 { return value(dt, r, j) })
-				waitAll(t, c.AllGather(send, recv))
+				testutil.MustWaitAll(t, c.AllGather(send, recv))
 				checkBuf(t, fmt.Sprintf("all_gather %s count %d in place %v, rank %d", dt, count, inPlace, r), recv,
 					func(j int) float64 { return value(dt, j/max(count, 1), j%max(count, 1)) })
 			}
@@ -252,7 +253,7 @@ func testReduceScatter(t *testing.T, c comm.Communicator) {
 						recv = alloc(t, count, dt)
 						poison(recv)
 					}
-					waitAll(t, c.ReduceScatter(send, recv, op))
+					testutil.MustWaitAll(t, c.ReduceScatter(send, recv, op))
 					checkBuf(t, fmt.Sprintf("reduce_scatter %s %s count %d in place %v, rank %d", dt, op, count, inPlace, r), recv,
 						func(j int) float64 {
 							k := r*count + j
@@ -281,7 +282,7 @@ func testSendRecv(t *testing.T, c comm.Communicator) {
 			} else {
 				a, b = c.Recv(recv, prev), c.Send(send, next)
 			}
-			waitAll(t, a, b)
+			testutil.MustWaitAll(t, a, b)
 			checkBuf(t, fmt.Sprintf("recv %s count %d from rank %d, rank %d", dt, count, prev, r), recv,
 				func(j int) float64 { return value(dt, prev, j) })
 		}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ddpgo/ddpgo/internal/testutil"
 	"github.com/ddpgo/ddpgo/launch"
 	"github.com/ddpgo/ddpgo/mpi"
 )
@@ -37,7 +38,7 @@ func TestLaunch(t *testing.T) {
 	if err != nil || env.Rank != c.Rank() || env.Size != c.Size() {
 		t.Fatalf("FromEnv = %+v, %v; communicator rank %d of %d", env, err, c.Rank(), c.Size())
 	}
-	waitAll(t, c.Barrier())
+	testutil.MustWaitAll(t, c.Barrier())
 
 	wrong := env
 	wrong.Size++

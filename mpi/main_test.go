@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/internal/mpitest"
 	"github.com/ddpgo/ddpgo/mpi"
 )
 
@@ -57,7 +59,11 @@ func TestUnderMpirun(t *testing.T) {
 	}
 	for _, np := range strings.Split(nps, ",") {
 		t.Run(np+"ranks", func(t *testing.T) {
-			args := mpirunArgs(np)
+			n, err := strconv.Atoi(np)
+			if err != nil {
+				t.Fatalf("DDPGO_MPI_NP=%s: %v", nps, err)
+			}
+			args := mpitest.Args(n, mpitest.SharedMemory)
 			args = append(args, os.Args[0], "-test.timeout=15m")
 			for _, a := range os.Args[1:] {
 				// Keep the caller's -run, -v and friends, not its coverage or
@@ -79,16 +85,6 @@ func TestUnderMpirun(t *testing.T) {
 			}
 		})
 	}
-}
-
-// mpirunArgs are the options for a job of np ranks on this machine only:
-// shared memory between the ranks, the runtime's own traffic on loopback.
-func mpirunArgs(np string) []string {
-	args := []string{"-np", np, "--oversubscribe", "--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo"}
-	if os.Geteuid() == 0 {
-		args = append(args, "--allow-run-as-root")
-	}
-	return args
 }
 
 // childEnv is the environment without what a singleton MPI start-up of
@@ -136,28 +132,13 @@ func alloc(t testing.TB, count int, dt comm.DType) comm.Buffer {
 	return allocFrom(pool)(t, count, dt)
 }
 
-// waitAll waits for every Work with a deadline and fails on any error.
-func waitAll(t testing.TB, ws ...comm.Work) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	for i, w := range ws {
-		if err := w.Wait(ctx); err != nil {
-			if errors.Is(err, context.DeadlineExceeded) {
-				t.Fatalf("operation %d (#%d) did not complete in 2 minutes: %v", i, w.ID(), err)
-			}
-			t.Fatalf("operation %d (#%d): %v", i, w.ID(), err)
-		}
-	}
-}
-
 // childJob runs this test binary's TestChild under mpirun with np ranks
 // (or, with np 0, as a single process without mpirun) in the role given by
 // DDPGO_MPI_CHILD, and returns its combined output, how long it ran and
 // its error.
 func childJob(t *testing.T, np int, role string) ([]byte, time.Duration, error) {
 	t.Helper()
-	return childJobArgs(t, np, role, mpirunArgs(fmt.Sprint(np)))
+	return childJobArgs(t, np, role, mpitest.Args(np, mpitest.SharedMemory))
 }
 
 // childJobArgs is childJob with the mpirun options given (np > 0).
@@ -378,11 +359,7 @@ func TestTimeout(t *testing.T) {
 func TestTCPFlags(t *testing.T) {
 	skipUnlessOpenMPI4(t)
 	tcp := func(extra ...string) []string {
-		args := []string{"-np", "2", "--oversubscribe", "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo"}
-		if os.Geteuid() == 0 {
-			args = append(args, "--allow-run-as-root")
-		}
-		return append(args, extra...)
+		return append(mpitest.Args(2, mpitest.TCP), extra...)
 	}
 	for _, c := range []struct {
 		name  string
@@ -441,7 +418,7 @@ func TestRingBetweenHosts(t *testing.T) {
 		{"rules-file", [3]string{"DDPGO_MPI_HOST=a " + rules, "DDPGO_MPI_HOST=b " + rules}, "hosts 2; ring false;"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			args := mpirunArgs("1")[2:] // the options, without -np
+			args := mpitest.Args(1, mpitest.SharedMemory)[2:] // the options, without -np
 			ranks := 0
 			for r, env := range c.env {
 				if env == "" {

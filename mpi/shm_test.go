@@ -14,6 +14,7 @@ import (
 
 	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/internal/testutil"
 	"github.com/ddpgo/ddpgo/mpi"
 )
 
@@ -74,7 +75,7 @@ func TestSharedMemory(t *testing.T) {
 		}
 		fillBuf(b, func(j int) float64 { return value(comm.Float32, c.Rank(), j) })
 		before := mpi.SharedOps(c)
-		waitAll(t, c.AllReduce(b, b, comm.Sum))
+		testutil.MustWaitAll(t, c.AllReduce(b, b, comm.Sum))
 		if got := mpi.SharedOps(c) - before; got != 0 {
 			t.Fatalf("rank %d: other memory on rank %d: %d all-reduces ran in shared memory, want 0", c.Rank(), odd, got)
 		}
@@ -146,7 +147,7 @@ func TestSharedMemory(t *testing.T) {
 	}
 	b = shared(t, 1<<14, comm.Float32)
 	fillBuf(b, func(j int) float64 { return value(comm.Float32, c.Rank(), j) })
-	waitAll(t, c.AllReduce(b, b, comm.Sum))
+	testutil.MustWaitAll(t, c.AllReduce(b, b, comm.Sum))
 	checkBuf(t, "all_reduce after a mismatch", b, func(j int) float64 {
 		return reduceValues(comm.Float32, comm.Sum, c.Size(), j, func(q int) float64 { return value(comm.Float32, q, j) })
 	})
@@ -174,7 +175,7 @@ func TestSharedMemoryUnmappable(t *testing.T) {
 		const n = 1<<18 + 3
 		b := shared(t, n, comm.Float32)
 		fillBuf(b, func(j int) float64 { return value(comm.Float32, c.Rank(), j+i) })
-		waitAll(t, c.AllReduce(b, b, comm.Sum))
+		testutil.MustWaitAll(t, c.AllReduce(b, b, comm.Sum))
 		checkBuf(t, "all_reduce left to MPI", b, func(j int) float64 {
 			return reduceValues(comm.Float32, comm.Sum, c.Size(), j, func(q int) float64 { return value(comm.Float32, q, j+i) })
 		})
@@ -248,7 +249,7 @@ func TestSharedMemoryBits(t *testing.T) {
 			// MPI's result, on memory of another source.
 			ref := alloc(t, n, comm.Float32)
 			copy(ref.AsFloat32(), in)
-			waitAll(t, c.AllReduce(ref, ref, op))
+			testutil.MustWaitAll(t, c.AllReduce(ref, ref, op))
 			// The same through shared memory, with a canary after each buffer.
 			send := shared(t, n+tail, comm.Float32)
 			recv := send
@@ -264,7 +265,7 @@ func TestSharedMemoryBits(t *testing.T) {
 			before := mpi.SharedOps(c)
 			s, r := send, recv
 			s.Count, r.Count = n, n
-			waitAll(t, c.AllReduce(s, r, op))
+			testutil.MustWaitAll(t, c.AllReduce(s, r, op))
 			if mpi.SharedOps(c)-before != 1 {
 				t.Fatalf("rank %d: %s in place %v did not run in shared memory", c.Rank(), op, inPlace)
 			}

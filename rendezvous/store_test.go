@@ -6,10 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"runtime"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ddpgo/ddpgo/internal/testutil"
 )
 
 // open returns n Stores of one job on a free local port, closed when the
@@ -37,21 +38,8 @@ func open(t *testing.T, n int) []*Store {
 	return ss
 }
 
-func noLeak(t *testing.T) {
-	before := runtime.NumGoroutine()
-	t.Cleanup(func() {
-		deadline := time.Now().Add(5 * time.Second)
-		for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
-		}
-		if g := runtime.NumGoroutine(); g > before {
-			t.Errorf("%d goroutines left running (%d before)", g, before)
-		}
-	})
-}
-
 func TestSetGetAcrossRanks(t *testing.T) {
-	noLeak(t)
+	testutil.NoLeak(t)
 	ss := open(t, 3)
 	ctx := context.Background()
 	got := make([][]byte, len(ss))
@@ -89,7 +77,7 @@ func TestSetGetAcrossRanks(t *testing.T) {
 }
 
 func TestAddIsAtomic(t *testing.T) {
-	noLeak(t)
+	testutil.NoLeak(t)
 	ss := open(t, 4)
 	const per = 50
 	var wg sync.WaitGroup
@@ -131,7 +119,7 @@ func TestAddIsAtomic(t *testing.T) {
 }
 
 func TestDeadlines(t *testing.T) {
-	noLeak(t)
+	testutil.NoLeak(t)
 	ss := open(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
@@ -168,7 +156,7 @@ func TestDeadlines(t *testing.T) {
 }
 
 func TestLateServer(t *testing.T) {
-	noLeak(t)
+	testutil.NoLeak(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -204,7 +192,7 @@ func TestLateServer(t *testing.T) {
 }
 
 func TestCloseFailsHeldCalls(t *testing.T) {
-	noLeak(t)
+	testutil.NoLeak(t)
 	ss := open(t, 2)
 	errc := make(chan error, 1)
 	go func() {

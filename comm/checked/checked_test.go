@@ -15,6 +15,7 @@ import (
 	"github.com/ddpgo/ddpgo/comm/checked"
 	"github.com/ddpgo/ddpgo/comm/commtest"
 	"github.com/ddpgo/ddpgo/inproc"
+	"github.com/ddpgo/ddpgo/internal/testutil"
 )
 
 // How the wrapper's own detection is tested. inproc detects mismatches
@@ -214,20 +215,6 @@ func checkedGroup(t testing.TB, n int, o inproc.Options) ([]comm.Communicator, *
 	return wrapAll(t, bs, checked.Options{}), ref
 }
 
-func waitAll(t testing.TB, ws []comm.Work) []error {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	errs := make([]error, len(ws))
-	for i, w := range ws {
-		errs[i] = w.Wait(ctx)
-		if errors.Is(errs[i], context.DeadlineExceeded) {
-			t.Fatalf("operation %d did not complete", i)
-		}
-	}
-	return errs
-}
-
 // TestConformance runs the conformance suite, mismatch checks included,
 // over wrapped ranks whose backend cannot detect a mismatch; every
 // group's referee must see no mismatched call reach the backend.
@@ -331,7 +318,7 @@ func TestSameMessageAsInproc(t *testing.T) {
 					b := f32(3)
 					good[r] = c.AllReduce(b, b, comm.Sum)
 				}
-				for r, err := range waitAll(t, good) {
+				for r, err := range testutil.WaitAll(t, good...) {
 					if err != nil {
 						t.Fatalf("rank %d: the first, good all_reduce: %v", r, err)
 					}
@@ -341,7 +328,7 @@ func TestSameMessageAsInproc(t *testing.T) {
 					ws[r] = sc.issue(c)
 				}
 				msgs := make([]string, len(cs))
-				for r, err := range waitAll(t, ws) {
+				for r, err := range testutil.WaitAll(t, ws...) {
 					if err != nil {
 						msgs[r] = err.Error()
 					}
@@ -387,7 +374,7 @@ func TestMismatchNeverRuns(t *testing.T) {
 		}
 		ws[r] = c.AllReduce(comm.Float32s(bufs[r]), comm.Float32s(bufs[r]), op)
 	}
-	for r, err := range waitAll(t, ws) {
+	for r, err := range testutil.WaitAll(t, ws...) {
 		var oe *comm.OpError
 		if !errors.Is(err, comm.ErrMismatch) || !errors.As(err, &oe) || oe.Rank != r || oe.Seq != 1 || oe.Kind != comm.KindAllReduce {
 			t.Errorf("rank %d: %v; want an OpError of rank %d, all_reduce #1, wrapping ErrMismatch", r, err, r)
@@ -402,7 +389,7 @@ func TestMismatchNeverRuns(t *testing.T) {
 	for r, c := range cs {
 		ws[r] = c.AllReduce(comm.Float32s(bufs[r]), comm.Float32s(bufs[r]), comm.Sum)
 	}
-	for r, err := range waitAll(t, ws) {
+	for r, err := range testutil.WaitAll(t, ws...) {
 		if err != nil || bufs[r][0] != 3 || bufs[r][2] != 6 {
 			t.Errorf("rank %d after the mismatch: %v, %v; want nil, [3 3 6]", r, err, bufs[r])
 		}
@@ -437,7 +424,7 @@ func TestInvalidOnOneRank(t *testing.T) {
 			for r, c := range cs {
 				ws[r] = tc.issue(c)
 			}
-			for r, err := range waitAll(t, ws) {
+			for r, err := range testutil.WaitAll(t, ws...) {
 				if !errors.Is(err, comm.ErrInvalid) || !strings.Contains(err.Error(), "invalid call on rank(s) [1]") || !strings.Contains(err.Error(), tc.why) {
 					t.Errorf("rank %d: %v; want ErrInvalid saying %q", r, err, tc.why)
 				}
@@ -466,7 +453,7 @@ func TestMessages(t *testing.T) {
 			ws = append(ws, c.Recv(comm.Int64s(got[r]), prev), c.Send(send, next))
 		}
 	}
-	for i, err := range waitAll(t, ws) {
+	for i, err := range testutil.WaitAll(t, ws...) {
 		if err != nil {
 			t.Fatalf("operation %d: %v", i, err)
 		}
@@ -477,7 +464,7 @@ func TestMessages(t *testing.T) {
 		}
 	}
 	for _, peer := range []int{0, n, -1} {
-		err := waitAll(t, []comm.Work{cs[0].Send(f32(1), peer)})[0]
+		err := testutil.WaitAll(t, []comm.Work{cs[0].Send(f32(1), peer)}...)[0]
 		if !errors.Is(err, comm.ErrInvalid) || !strings.Contains(err.Error(), fmt.Sprintf("peer %d", peer)) {
 			t.Errorf("send to peer %d: %v; want ErrInvalid naming the peer", peer, err)
 		}
@@ -507,7 +494,7 @@ func TestStallNamesMissingRanks(t *testing.T) {
 		}
 		runtime.Gosched()
 	}
-	for r, err := range waitAll(t, ws) {
+	for r, err := range testutil.WaitAll(t, ws...) {
 		if !errors.Is(err, comm.ErrTimeout) {
 			t.Errorf("rank %d: %v; want ErrTimeout", r, err)
 		}
@@ -532,7 +519,7 @@ func TestStallNamesMissingRanks(t *testing.T) {
 	if !exact {
 		t.Errorf("no stall report named rank 2 alone, of %d", len(stalls))
 	}
-	late := waitAll(t, []comm.Work{cs[2].Barrier()})[0]
+	late := testutil.WaitAll(t, []comm.Work{cs[2].Barrier()}...)[0]
 	if !errors.Is(late, comm.ErrAborted) {
 		t.Errorf("the late rank after the timeout: %v; want ErrAborted", late)
 	}
@@ -555,10 +542,10 @@ func TestAbortAndClose(t *testing.T) {
 		}
 		pending := cs[0].AllReduce(f32(4), f32(4), comm.Sum)
 		cs[1].Abort(errors.New("test"))
-		if err := waitAll(t, []comm.Work{pending})[0]; !errors.Is(err, comm.ErrAborted) {
+		if err := testutil.WaitAll(t, []comm.Work{pending}...)[0]; !errors.Is(err, comm.ErrAborted) {
 			t.Errorf("pending all_reduce after rank 1 aborted: %v; want ErrAborted", err)
 		}
-		if err := waitAll(t, []comm.Work{cs[1].Barrier()})[0]; !errors.Is(err, comm.ErrAborted) {
+		if err := testutil.WaitAll(t, []comm.Work{cs[1].Barrier()}...)[0]; !errors.Is(err, comm.ErrAborted) {
 			t.Errorf("barrier on the aborted rank: %v; want ErrAborted", err)
 		}
 		for _, c := range cs {
@@ -568,16 +555,11 @@ func TestAbortAndClose(t *testing.T) {
 				}
 			}
 		}
-		if err := waitAll(t, []comm.Work{cs[0].Barrier()})[0]; !errors.Is(err, comm.ErrClosed) {
+		if err := testutil.WaitAll(t, []comm.Work{cs[0].Barrier()}...)[0]; !errors.Is(err, comm.ErrClosed) {
 			t.Errorf("barrier after Close: %v; want ErrClosed", err)
 		}
 	}()
-	for i := 0; runtime.NumGoroutine() > before; i++ {
-		if i == 1000 {
-			t.Fatalf("%d goroutines after Close, %d before", runtime.NumGoroutine(), before)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testutil.Goroutines(t, before)
 }
 
 // TestAllocs: a warm checked all-reduce and its Wait allocate nothing.

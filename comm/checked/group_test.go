@@ -9,6 +9,7 @@ import (
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/comm/checked"
 	"github.com/ddpgo/ddpgo/inproc"
+	"github.com/ddpgo/ddpgo/internal/testutil"
 )
 
 // grouper is an inproc rank that pretends to batch: it records, at the
@@ -105,7 +106,7 @@ func TestGroups(t *testing.T) {
 		}
 	}
 	for r := range ws {
-		errs := waitAll(t, works[r])
+		errs := testutil.WaitAll(t, works[r]...)
 		if errs[0] != nil || errs[2] != nil || !errors.Is(errs[1], comm.ErrMismatch) {
 			t.Errorf("rank %d: %v; want nil, ErrMismatch, nil", r, errs)
 		}

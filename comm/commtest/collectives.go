@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/internal/invariants"
 )
 
 // sentinel fills buffers that a collective must overwrite.
@@ -21,7 +22,7 @@ func setAll(b []byte, v byte) {
 // size is kept for float32 only.
 func counts(sizes []int, large int, dt comm.DType, perRank int) []int {
 	cs := append([]int(nil), sizes...)
-	if large > 0 && (!raceEnabled || dt == comm.Float32) {
+	if large > 0 && (!invariants.RaceEnabled || dt == comm.Float32) {
 		cs = append(cs, largeCount(large, dt)/perRank)
 	}
 	return cs

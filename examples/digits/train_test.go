@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/ddpgo/ddpgo/ddp"
+	"github.com/ddpgo/ddpgo/internal/invariants"
 	"github.com/ddpgo/ddpgo/trace/tracetest"
 )
 
@@ -47,7 +48,7 @@ func TestRanksMatchOneProcess(t *testing.T) {
 	train, _ := testData(t)
 	cfg := defaultConfig()
 	cfg.Epochs = 2
-	if raceEnabled {
+	if invariants.RaceEnabled {
 		cfg.Epochs, cfg.Hidden = 1, 32
 		train = train.subset(seq(8 * cfg.Batch))
 	}
@@ -89,7 +90,7 @@ func seq(n int) []int {
 // the test accuracy must reach 95%, and compressing gradients to fp16 or
 // bf16 must cost at most one accuracy point against fp32.
 func TestAccuracy(t *testing.T) {
-	if raceEnabled {
+	if invariants.RaceEnabled {
 		t.Skip("numerics only; the race detector makes it slow (TestRanksMatchOneProcess covers the concurrency)")
 	}
 	train, test := testData(t)
@@ -120,7 +121,7 @@ func TestAccuracy(t *testing.T) {
 // the replicas must agree bit for bit, and the compressed steps must send
 // less than a fifth of fp32's bytes.
 func TestPowerSGDAccuracy(t *testing.T) {
-	if raceEnabled {
+	if invariants.RaceEnabled {
 		t.Skip("numerics only; the race detector makes it slow (the hooks package tests PowerSGD under it)")
 	}
 	train, test := testData(t)

@@ -49,15 +49,32 @@ func Build(ctx context.Context, t testing.TB, dir, bin string) {
 	}
 }
 
-// Job returns the command that runs prog with args as np ranks on this
-// machine: shared memory between the ranks, mpirun's own traffic on the
-// loopback, oversubscribed where np exceeds the cores.
-func Job(ctx context.Context, mpirun string, np int, prog string, args ...string) *exec.Cmd {
-	full := []string{"-np", strconv.Itoa(np), "--oversubscribe", "--mca", "btl", "self,vader",
-		"--mca", "oob_tcp_if_include", "lo", "-x", "MALLOC_ARENA_MAX=1"}
-	if os.Geteuid() == 0 {
-		full = append(full, "--allow-run-as-root")
+// Args returns mpirun's options for a job of np ranks on this machine
+// only: btl is the transport between the ranks (SharedMemory, or TCP over
+// the loopback), mpirun's own traffic stays on the loopback, the job is
+// oversubscribed where np exceeds the cores, and root may run it. Every
+// test that starts mpirun starts it with these.
+func Args(np int, btl string) []string {
+	args := []string{"-np", strconv.Itoa(np), "--oversubscribe", "--mca", "btl", btl, "--mca", "oob_tcp_if_include", "lo"}
+	if btl == TCP {
+		args = append(args, "--mca", "btl_tcp_if_include", "lo")
 	}
+	if os.Geteuid() == 0 {
+		args = append(args, "--allow-run-as-root")
+	}
+	return args
+}
+
+// Transports for Args.
+const (
+	SharedMemory = "self,vader"
+	TCP          = "self,tcp"
+)
+
+// Job returns the command that runs prog with args as np ranks on this
+// machine over shared memory (Args), each rank with one malloc arena.
+func Job(ctx context.Context, mpirun string, np int, prog string, args ...string) *exec.Cmd {
+	full := append(Args(np, SharedMemory), "-x", "MALLOC_ARENA_MAX=1")
 	return exec.CommandContext(ctx, mpirun, append(append(full, prog), args...)...)
 }
 

@@ -1,4 +1,4 @@
-package ddp
+package commtest
 
 import (
 	"context"
@@ -9,19 +9,57 @@ import (
 	"github.com/ddpgo/ddpgo/fp16"
 )
 
-// fakeGroup is a minimal in-process communicator for tests: each
-// collective completes when every rank has issued it; the last rank to
-// arrive computes the result. It supports what the Reducer issues
-// (AllReduce Sum of float32/float16/bfloat16, Broadcast, AllGather) and
-// can inject a failure into a chosen collective.
-type fakeGroup struct {
+// Solo is a one-rank communicator whose collectives complete at once and
+// allocate nothing: with one rank, all-reduce and broadcast leave the
+// buffer as it is, and reduce, all-gather and reduce-scatter copy the
+// rank's own contribution. Send and Recv fail with comm.ErrInvalid. Tests
+// of code above comm embed it and override what they need (a slow or a
+// held all-reduce).
+type Solo struct{}
+
+func (Solo) Rank() int                                       { return 0 }
+func (Solo) Size() int                                       { return 1 }
+func (Solo) AllReduce(_, _ comm.Buffer, _ comm.Op) comm.Work { return comm.Work{} }
+func (Solo) Broadcast(comm.Buffer, int) comm.Work            { return comm.Work{} }
+func (Solo) Reduce(send, recv comm.Buffer, _ comm.Op, _ int) comm.Work {
+	copy(recv.AsBytes(), send.AsBytes())
+	return comm.Work{}
+}
+func (Solo) AllGather(send, recv comm.Buffer) comm.Work {
+	copy(recv.AsBytes(), send.AsBytes())
+	return comm.Work{}
+}
+func (Solo) ReduceScatter(send, recv comm.Buffer, _ comm.Op) comm.Work {
+	copy(recv.AsBytes(), send.AsBytes())
+	return comm.Work{}
+}
+func (Solo) Send(comm.Buffer, int) comm.Work { return comm.FailedWork(comm.ErrInvalid) }
+func (Solo) Recv(comm.Buffer, int) comm.Work { return comm.FailedWork(comm.ErrInvalid) }
+func (Solo) Barrier() comm.Work              { return comm.Work{} }
+func (Solo) Abort(error)                     {}
+func (Solo) Close() error                    { return nil }
+
+// FakeGroup is a minimal in-process group for tests of code above comm,
+// with failures to inject: each collective completes when every rank has
+// issued it, and the last rank to arrive computes the result. It starts
+// no goroutine and reads no clock, so it runs inside a testing/synctest
+// bubble, where a collective that never completes is seen at once. It
+// carries what a Reducer issues (AllReduce Sum and Avg of float32, Sum of
+// float16 and bfloat16, Broadcast, AllGather, Barrier); the rest fails
+// with comm.ErrInvalid. It is not a backend: it allocates per collective
+// and checks little (run a backend against the conformance suite).
+type FakeGroup struct {
 	n       int
 	mu      sync.Mutex
 	slots   map[uint64]*fakeSlot
 	aborted chan struct{}
 	abortE  error
-	failSeq uint64 // collective that fails on every rank (0: none)
-	hangSeq uint64 // collective that never completes (0: none)
+	// FailSeq is a collective (numbered from 1 on every rank) that fails
+	// on every rank with comm.ErrAborted; 0: none.
+	FailSeq uint64
+	// HangSeq is a collective that never completes, until an Abort; 0:
+	// none.
+	HangSeq uint64
 }
 
 type fakeSlot struct {
@@ -36,13 +74,15 @@ type fakeSlot struct {
 }
 
 type fakeComm struct {
-	g    *fakeGroup
+	g    *FakeGroup
 	rank int
 	seq  uint64
 }
 
-func newFakeGroup(n int) (*fakeGroup, []comm.Communicator) {
-	g := &fakeGroup{n: n, slots: map[uint64]*fakeSlot{}, aborted: make(chan struct{})}
+// NewFakeGroup returns a group of n ranks and their communicators. Set
+// FailSeq and HangSeq before the first collective.
+func NewFakeGroup(n int) (*FakeGroup, []comm.Communicator) {
+	g := &FakeGroup{n: n, slots: map[uint64]*fakeSlot{}, aborted: make(chan struct{})}
 	cs := make([]comm.Communicator, n)
 	for r := range cs {
 		cs[r] = &fakeComm{g: g, rank: r}
@@ -68,8 +108,8 @@ func (c *fakeComm) issue(k comm.Kind, send, buf comm.Buffer, root int, op comm.O
 	}
 	s.bufs[c.rank], s.sends[c.rank] = buf, send
 	s.n++
-	if s.n == g.n && c.seq != g.hangSeq {
-		if c.seq == g.failSeq {
+	if s.n == g.n && c.seq != g.HangSeq {
+		if c.seq == g.FailSeq {
 			s.err = fmt.Errorf("%w: injected failure of collective %d", comm.ErrAborted, c.seq)
 		}
 		if s.err == nil {

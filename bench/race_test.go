@@ -1,5 +1,0 @@
-//go:build race
-
-package bench
-
-func init() { raceEnabled = true }

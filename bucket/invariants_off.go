@@ -1,6 +1,0 @@
-//go:build !invariants
-
-package bucket
-
-// invariants turns on self-checks of every computed layout.
-const invariants = false

@@ -1,5 +1,0 @@
-//go:build race
-
-package commtest
-
-const raceEnabled = true

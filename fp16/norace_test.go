@@ -1,5 +1,0 @@
-//go:build !race
-
-package fp16
-
-const raceEnabled = false

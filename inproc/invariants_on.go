@@ -1,5 +1,0 @@
-//go:build invariants
-
-package inproc
-
-const invariants = true
