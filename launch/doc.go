@@ -23,16 +23,31 @@
 // # Backends register themselves
 //
 // A backend package calls Register from its init function, and a program
-// links the backends it imports, often with a blank import. launch itself
-// imports only comm and inproc, both pure Go, so a program that never
-// mentions mpi or nccl links neither, and none of cgo. The alternative,
-// build-tagged files in launch that import every backend, would make
-// launch's own build depend on each backend's tags and libraries; the
-// registry keeps that choice in the program (as database/sql drivers and
-// image formats do). Package mpi registers "mpi" in every build: without
-// its build tag, opening it fails with an error that says how to build it.
-// Package nccl registers "nccl" in every build too; it needs no tag, and
-// opening it without NCCL installed fails saying what to install.
+// links the backends it imports, often with a blank import. Backend is the
+// one description of a backend: how it runs its ranks (Launched,
+// InProcess), what its collectives move (DeviceMemory, SharedMemory), a
+// line saying how the ranks talk (About), and, in a binary that cannot run
+// it, why (NotBuilt); Registered lists them, and programs (ddpbench's info
+// and --backend) list the registry rather than a table of their own.
+// launch itself imports comm, comm/checked and inproc, all pure Go, so a
+// program that never mentions mpi or nccl links neither, and none of cgo.
+// The alternative, build-tagged files in launch that import every backend,
+// would make launch's own build depend on each backend's tags and
+// libraries; the registry keeps that choice in the program (as
+// database/sql drivers and image formats do). Package mpi registers "mpi"
+// in every build: without its build tag, NotBuilt says how to build it,
+// and opening it fails saying the same. Package nccl registers "nccl" in
+// every build too; it needs no tag, and opening it without NCCL installed
+// fails saying what to install.
+//
+// With DDPGO_DISTRIBUTED_DEBUG=DETAIL in the environment, Open wraps every
+// communicator with package comm/checked (PyTorch's
+// TORCH_DISTRIBUTED_DEBUG=DETAIL).
+//
+// The package's four roles have a file each: env.go reads the launcher's
+// environment, registry.go holds the backends and Open, bootstrap.go the
+// bootstraps, detail.go the DETAIL wrapping; inproc.go registers the
+// embedded backend.
 //
 // # Bootstrap
 //

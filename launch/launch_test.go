@@ -208,3 +208,28 @@ func TestOpenEither(t *testing.T) {
 		t.Errorf("a half-set torchrun environment: %v; want ErrEnv, not a silent in-process job", err)
 	}
 }
+
+// TestRegistered: the registry is the one description of each backend,
+// sorted by name, and Lookup finds what Register put there.
+func TestRegistered(t *testing.T) {
+	launch.Register(launch.Backend{Name: "zz-described", Launched: true, DeviceMemory: true, About: "a test backend",
+		NotBuilt: "not in this binary", Open: func(context.Context, launch.Job) ([]comm.Communicator, error) { return nil, nil }})
+	bs := launch.Registered()
+	if !slices.IsSortedFunc(bs, func(a, b launch.Backend) int { return strings.Compare(a.Name, b.Name) }) {
+		t.Errorf("Registered is not sorted by name: %v", launch.Backends())
+	}
+	in, ok := launch.Lookup("inproc")
+	if !ok || !in.SharedMemory || in.Launched || in.DeviceMemory || in.NotBuilt != "" || in.About == "" {
+		t.Errorf("inproc: %+v, %v; want an in-process, shared-memory backend that is built and says how its ranks talk", in, ok)
+	}
+	d, ok := launch.Lookup("zz-described")
+	if !ok || !d.DeviceMemory || d.About != "a test backend" || d.NotBuilt != "not in this binary" {
+		t.Errorf("zz-described: %+v, %v; want the fields it registered", d, ok)
+	}
+	if i := slices.IndexFunc(bs, func(b launch.Backend) bool { return b.Name == "zz-described" }); i != len(bs)-1 {
+		t.Errorf("zz-described at %d of %d in Registered", i, len(bs))
+	}
+	if _, ok := launch.Lookup("no-such-backend"); ok {
+		t.Error("Lookup found a backend nobody registered")
+	}
+}

@@ -14,7 +14,8 @@ import (
 // The backend registers itself with package launch in every build; in a
 // binary without the mpi tag, opening it says how to build it.
 func init() {
-	launch.Register(launch.Backend{Name: "mpi", Launched: true, Open: openJob})
+	launch.Register(launch.Backend{Name: "mpi", Launched: true, About: "one process per rank, Open MPI",
+		NotBuilt: notBuilt, Open: openJob})
 	launch.RegisterBootstrap("mpi", openBootstrap)
 }
 

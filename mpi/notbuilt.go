@@ -21,7 +21,10 @@ func Open(Options) (comm.Communicator, error) {
 // Finalize has nothing to finalize in this binary.
 func Finalize() error { return nil }
 
+// notBuilt says why this binary cannot run the backend (launch.Backend).
+const notBuilt = "not built: " + howToBuild
+
 // LibraryInfo reports that the backend is not built, and how to build it.
 func LibraryInfo() Info {
-	return Info{Note: "not built: " + howToBuild, Requested: "MPI_THREAD_SERIALIZED"}
+	return Info{Note: notBuilt, Requested: "MPI_THREAD_SERIALIZED"}
 }

@@ -18,86 +18,138 @@ import (
 	"github.com/ddpgo/ddpgo/nccl" // registers "nccl" with launch; opened at run time
 )
 
-// backend is a communicator implementation ddpbench can start.
+// backend is a registered backend: its one description (launch.Backend,
+// from the registry) and what this run of ddpbench made of it.
 type backend struct {
-	name  string
-	built bool
-	note  string // why it is not built (or not usable from ddpbench)
-	// launched: one rank per process, started by a launcher (mpirun); the
-	// ranks' count comes from the launcher, not from --ranks.
+	launch.Backend
+	// launched: this run has one rank per process, started by a
+	// launcher (mpirun); the ranks' count comes from the launcher, not
+	// from --ranks. lookupBackend decides it for an InProcess backend.
 	launched bool
-	// either: launched when a launcher started this process, else
-	// --ranks ranks in this process (nccl); lookupBackend sets launched.
-	either bool
-	// device: collectives run on device memory, from each rank's
-	// communicator (bench.DeviceMemory), never staged through the host.
-	device bool
 	// library describes the library loaded (nccl), and standIn is not
 	// empty when it is the test stand-in: every output says so.
 	library, standIn string
-	lib              *nccl.Library // what lookupBackend loaded (nccl)
+	lib              *nccl.Library // what the backend's setup loaded (nccl)
 	devices          []string      // the devices' names, by ordinal (nccl)
-	// sharedMemory: the ranks are goroutines of this process and a
-	// collective moves no bytes over any wire, so compression only costs.
-	sharedMemory bool
-	what         string // how the ranks talk, for the configuration line
 	// open, if set, starts n in-process ranks instead of launch.Open
 	// (tests use it to put a faulty backend under the CLI).
 	open func(n int) ([]comm.Communicator, error)
 }
 
-// backends lists every backend ddpgo knows, in the order info prints
-// them.
-var backends = []backend{
-	{name: "inproc", built: true, sharedMemory: true, what: "goroutines of this process sharing memory"},
-	{name: "mpi", built: mpi.LibraryInfo().Built, note: mpi.LibraryInfo().Note, launched: true,
-		what: "one process per rank, Open MPI"},
-	{name: "nccl", built: true, either: true, device: true,
-		what: "one GPU per rank, NCCL; one process per rank under mpirun or torchrun, else --ranks ranks of this process"},
+// built reports whether this binary can run b.
+func (b backend) built() bool { return b.NotBuilt == "" }
+
+// setup is what ddpbench does for one backend beyond launch.Open: what
+// it loads before the run, and the Config it passes.
+type setup struct {
+	// describe completes a registration that leaves fields out.
+	describe func(*launch.Backend)
+	// prepare loads what the backend needs, filling b's library lines.
+	prepare func(b *backend) error
+	// config is launch.Options.Config for a run whose operations each
+	// have timeout.
+	config func(b backend, timeout time.Duration) any
+	// library describes the library the backend runs on, for info.
+	library func() string
+}
+
+var setups = map[string]setup{
+	// One communicator per process: blocking collectives are the faster
+	// mode (see package mpi).
+	"mpi": {
+		config:  func(_ backend, timeout time.Duration) any { return mpi.Options{Blocking: true, Timeout: timeout} },
+		library: mpiLibrary,
+	},
+	"nccl": {
+		// Until package nccl's registration describes it.
+		describe: func(b *launch.Backend) {
+			b.DeviceMemory = true
+			if b.About == "" {
+				b.About = "one GPU per rank, NCCL; one process per rank under mpirun or torchrun, else --ranks ranks of this process"
+			}
+		},
+		prepare: prepareNCCL,
+		// Under mpirun with package mpi built, the unique id travels over
+		// MPI (launch.NewBootstrap), which Finalize then ends too.
+		config:  func(b backend, timeout time.Duration) any { return ncclJob(b.lib, timeout) },
+		library: ncclLibrary,
+	},
+}
+
+// backends lists the registered backends, in the order info prints them.
+var backends = registered()
+
+func registered() []backend {
+	var out []backend
+	for _, b := range launch.Registered() {
+		if d := setups[b.Name].describe; d != nil {
+			d(&b)
+		}
+		out = append(out, backend{Backend: b})
+	}
+	return out
 }
 
 // builtBackends returns the names of the backends ddpbench can run.
 func builtBackends() []string {
 	var out []string
 	for _, b := range backends {
-		if b.built {
-			out = append(out, b.name)
+		if b.built() {
+			out = append(out, b.Name)
 		}
 	}
 	return out
 }
 
-// lookupBackend validates --backend. For nccl it loads the libraries
-// (DDPGO_NCCL_LIBRARY and DDPGO_CUDA_LIBRARY, else the
-// standard names), failing with nccl's error, which says what to install,
-// and decides from the environment whether this process is one rank of a
-// launched job.
+// lookupBackend validates --backend, runs the backend's setup and decides,
+// for an InProcess backend, from the environment whether this process is
+// one rank of a launched job.
 func lookupBackend(name string) (backend, error) {
 	for _, b := range backends {
-		if b.name == name {
-			if !b.built {
-				return b, usagef("--backend %s: %s; built: %s", name, b.note, strings.Join(builtBackends(), ", "))
-			}
-			if b.either {
-				_, err := launch.FromEnv()
-				b.launched = !errors.Is(err, launch.ErrNoLauncher)
-			}
-			if b.name == "nccl" {
-				lib, err := nccl.Open(nccl.Libraries{})
-				if err != nil {
-					return b, fmt.Errorf("--backend nccl: %w", err)
-				}
-				b.lib = lib
-				info := lib.Info()
-				b.library, b.standIn = ncclLibraryLine(info), info.StandIn
-				for _, d := range info.Devices {
-					b.devices = append(b.devices, d.Name)
-				}
-			}
-			return b, nil
+		if b.Name != name {
+			continue
 		}
+		if !b.built() {
+			return b, usagef("--backend %s: %s; built: %s", name, b.NotBuilt, strings.Join(builtBackends(), ", "))
+		}
+		b.launched = b.Launched
+		if b.InProcess {
+			_, err := launch.FromEnv()
+			b.launched = !errors.Is(err, launch.ErrNoLauncher)
+		}
+		if p := setups[name].prepare; p != nil {
+			if err := p(&b); err != nil {
+				return b, fmt.Errorf("--backend %s: %w", name, err)
+			}
+		}
+		return b, nil
 	}
 	return backend{}, usagef("--backend %q: unknown (built: %s)", name, strings.Join(builtBackends(), ", "))
+}
+
+// config is launch.Options.Config for b: its setup's, or nil.
+func (b backend) config(timeout time.Duration) any {
+	if c := setups[b.Name].config; c != nil {
+		return c(b, timeout)
+	}
+	return nil
+}
+
+// prepareNCCL loads the libraries (DDPGO_NCCL_LIBRARY and
+// DDPGO_CUDA_LIBRARY, else the standard names), failing with nccl's
+// error, which says what to install.
+func prepareNCCL(b *backend) error {
+	lib, err := nccl.Open(nccl.Libraries{})
+	if err != nil {
+		return err
+	}
+	b.lib = lib
+	info := lib.Info()
+	b.library, b.standIn = ncclLibraryLine(info), info.StandIn
+	for _, d := range info.Devices {
+		b.devices = append(b.devices, d.Name)
+	}
+	return nil
 }
 
 // worldRanks returns the number of ranks of the job for backend b: the
@@ -117,7 +169,7 @@ func worldRanks(b backend, ranks int, ranksSet bool) (int, error) {
 	}
 	if ranksSet && ranks != env.Size {
 		return 0, usagef("--ranks %d with --backend %s: the launcher started %d processes (%s), one rank each; leave --ranks out or make it %d",
-			ranks, b.name, env.Size, env, env.Size)
+			ranks, b.Name, env.Size, env, env.Size)
 	}
 	return env.Size, nil
 }
@@ -153,16 +205,13 @@ func startGroup(ctx context.Context, b backend, n int, timeout time.Duration) (*
 	if !b.launched {
 		var cs []comm.Communicator
 		var err error
-		switch {
-		case b.open != nil:
+		if b.open != nil {
 			cs, err = b.open(n)
-		case b.name == "nccl":
-			cs, err = launch.Open(ctx, b.name, launch.Options{Ranks: n, Config: ncclJob(b.lib, timeout)})
-		default:
-			cs, err = launch.Open(ctx, b.name, launch.Options{Ranks: n})
+		} else {
+			cs, err = launch.Open(ctx, b.Name, launch.Options{Ranks: n, Config: b.config(timeout)})
 		}
 		if err != nil {
-			return nil, fmt.Errorf("starting %d %s ranks: %w", n, b.name, err)
+			return nil, fmt.Errorf("starting %d %s ranks: %w", n, b.Name, err)
 		}
 		g := &group{comms: cs, size: n}
 		g.close = func() {
@@ -175,18 +224,10 @@ func startGroup(ctx context.Context, b backend, n int, timeout time.Duration) (*
 	if err != nil {
 		return nil, err
 	}
-	// One communicator per process: blocking collectives are the faster
-	// mode (see package mpi).
-	var cfg any = mpi.Options{Blocking: true, Timeout: timeout}
-	if b.name == "nccl" {
-		// Under mpirun with package mpi built, the unique id travels over
-		// MPI (launch.NewBootstrap), which Finalize then ends too.
-		cfg = ncclJob(b.lib, timeout)
-	}
-	cs, err := launch.Open(ctx, b.name, launch.Options{Env: &env, Config: cfg})
+	cs, err := launch.Open(ctx, b.Name, launch.Options{Env: &env, Config: b.config(timeout)})
 	if err != nil {
 		mpi.Finalize()
-		return nil, fmt.Errorf("starting rank %d of %d (%s): %w", env.Rank, env.Size, b.name, err)
+		return nil, fmt.Errorf("starting rank %d of %d (%s): %w", env.Rank, env.Size, b.Name, err)
 	}
 	g := &group{comms: cs, size: env.Size, rank: env.Rank, local: env.LocalRank, launched: true}
 	g.close = func() {

@@ -128,7 +128,7 @@ func parseCollective(c *cli.Context) (collectiveOpts, error) {
 	if o.ranks, err = worldRanks(o.backend, c.Int("ranks"), c.IsSet("ranks")); err != nil {
 		return o, err
 	}
-	o.cfg.Device = o.backend.device
+	o.cfg.Device = o.backend.DeviceMemory
 	if o.cfg.Op.Rooted() && (o.cfg.Root < 0 || o.cfg.Root >= o.ranks) {
 		return o, usagef("-r/--root %d: want 0..%d with %d ranks", o.cfg.Root, o.ranks-1, o.ranks)
 	}
@@ -288,7 +288,7 @@ func (w *collectiveWriter) tableHeader() error {
 	if cfg.Factor == 1 {
 		step = fmt.Sprintf("%d(bytes)", cfg.Step)
 	}
-	fmt.Fprintf(b, "# Collective test: %s, backend %s\n", ncclTestName(cfg.Op), o.backend.name)
+	fmt.Fprintf(b, "# Collective test: %s, backend %s\n", ncclTestName(cfg.Op), o.backend.Name)
 	if o.backend.library != "" {
 		fmt.Fprintf(b, "# Library: %s; buffers in device memory\n", o.backend.library)
 	}
@@ -300,15 +300,15 @@ func (w *collectiveWriter) tableHeader() error {
 	fmt.Fprintf(b, "#\n# Using devices\n")
 	for r := range o.ranks {
 		dev := fmt.Sprintf("%2d [cpu]", r)
-		if o.backend.device {
+		if o.backend.DeviceMemory {
 			dev = w.device(r)
 		}
 		if w.hosts != nil {
 			h := w.hosts[r]
-			fmt.Fprintf(b, "#  Rank %2d Group  0 Pid %6d on %10s device %s %s process\n", r, h.PID, h.Name, dev, o.backend.name)
+			fmt.Fprintf(b, "#  Rank %2d Group  0 Pid %6d on %10s device %s %s process\n", r, h.PID, h.Name, dev, o.backend.Name)
 			continue
 		}
-		fmt.Fprintf(b, "#  Rank %2d Group  0 Pid %6d on %10s device %s %s rank goroutine\n", r, w.pid, w.host, dev, o.backend.name)
+		fmt.Fprintf(b, "#  Rank %2d Group  0 Pid %6d on %10s device %s %s rank goroutine\n", r, w.pid, w.host, dev, o.backend.Name)
 	}
 	fmt.Fprintf(b, "#\n")
 	if bench.EmulatedOutOfPlace(cfg.Op) {
@@ -457,7 +457,7 @@ func (w *collectiveWriter) csvRow(r bench.CollectiveRow) error {
 		}
 		rec = append(rec, fmtFloat(float64(t.Time)/float64(time.Microsecond)), fmtFloat(t.AlgBW), fmtFloat(t.BusBW), wrong)
 	}
-	rec = append(rec, fmt.Sprint(w.o.ranks), w.o.backend.name)
+	rec = append(rec, fmt.Sprint(w.o.ranks), w.o.backend.Name)
 	rec = append(rec, w.lastRowGPU().csv()...)
 	rec = append(rec, w.o.backend.library, w.o.backend.standIn)
 	return writeCSV(w.out, rec)
@@ -520,7 +520,7 @@ func timingOut(t bench.Timing) *timingJSON {
 
 func (w *collectiveWriter) jsonFooter(rows []bench.CollectiveRow) error {
 	cfg := &w.o.cfg
-	j := collectiveJSON{Op: cfg.Op.String(), Backend: w.o.backend.name, Library: w.o.backend.library, StandIn: w.o.backend.standIn,
+	j := collectiveJSON{Op: cfg.Op.String(), Backend: w.o.backend.Name, Library: w.o.backend.library, StandIn: w.o.backend.standIn,
 		DeviceMemory: cfg.Device, Ranks: w.o.ranks, DType: cfg.DType.String(),
 		RedOp: cfg.RedOp.String(), Iters: cfg.Iters, Warmup: cfg.Warmup, Check: cfg.Check, Average: cfg.Average.NCCLTests(),
 		OutOfPlaceIsCopy: bench.EmulatedOutOfPlace(cfg.Op), AvgBusBW: bench.AvgBusBW(rows), Wrong: bench.WrongTotal(rows), FailedTests: bench.WrongTests(rows),

@@ -47,7 +47,7 @@ func (d damage) TestOp(uint64) (bool, error) { return d.w.Test() }
 func TestCollectiveCountsCorruption(t *testing.T) {
 	saved := backends
 	defer func() { backends = saved }()
-	backends = append([]backend{{name: "corrupt", built: true, open: func(n int) ([]comm.Communicator, error) {
+	backends = append([]backend{{Backend: launch.Backend{Name: "corrupt"}, open: func(n int) ([]comm.Communicator, error) {
 		g, err := launch.Open(context.Background(), "inproc", launch.Options{Ranks: n})
 		for i := range g {
 			g[i] = corruptComm{g[i]}

@@ -62,30 +62,37 @@ type backendInfo struct {
 	Library string `json:"library,omitempty"`
 }
 
-// libraryLine describes backend name's library.
+// libraryLine describes backend name's library, as its setup says.
 func libraryLine(name string) string {
-	switch name {
-	case "mpi":
-		i := mpi.LibraryInfo()
-		if !i.Built {
-			return ""
-		}
-		return fmt.Sprintf("%s; asks for %s", i.Library, i.Requested)
-	case "nccl":
-		i := nccl.GetInfo(nccl.Libraries{})
-		switch {
-		case i.NCCLVersion == 0:
-			return "not usable: " + i.Err.Error()
-		case i.Err != nil:
-			return "not usable: " + ncclLibraryLine(i)
-		case len(i.Devices) == 0:
-			return "not usable (no CUDA device): " + ncclLibraryLine(i)
-		case i.StandIn != "":
-			return "usable, but over the test STAND-IN (" + i.StandIn + "): " + ncclLibraryLine(i)
-		}
-		return "usable: " + ncclLibraryLine(i)
+	if l := setups[name].library; l != nil {
+		return l()
 	}
 	return ""
+}
+
+// mpiLibrary describes the MPI library: its version and thread level.
+func mpiLibrary() string {
+	i := mpi.LibraryInfo()
+	if !i.Built {
+		return ""
+	}
+	return fmt.Sprintf("%s; asks for %s", i.Library, i.Requested)
+}
+
+// ncclLibrary says what NCCL's loader finds, and whether it is usable.
+func ncclLibrary() string {
+	i := nccl.GetInfo(nccl.Libraries{})
+	switch {
+	case i.NCCLVersion == 0:
+		return "not usable: " + i.Err.Error()
+	case i.Err != nil:
+		return "not usable: " + ncclLibraryLine(i)
+	case len(i.Devices) == 0:
+		return "not usable (no CUDA device): " + ncclLibraryLine(i)
+	case i.StandIn != "":
+		return "usable, but over the test STAND-IN (" + i.StandIn + "): " + ncclLibraryLine(i)
+	}
+	return "usable: " + ncclLibraryLine(i)
 }
 
 func collectInfo(g gpuInfo) infoData {
@@ -96,7 +103,7 @@ func collectInfo(g gpuInfo) infoData {
 		d.GPUs.Devices = []string{}
 	}
 	for _, be := range backends {
-		d.Backends = append(d.Backends, backendInfo{Name: be.name, Built: be.built, Note: be.note, Library: libraryLine(be.name)})
+		d.Backends = append(d.Backends, backendInfo{Name: be.Name, Built: be.built(), Note: be.NotBuilt, Library: libraryLine(be.Name)})
 	}
 	return d
 }

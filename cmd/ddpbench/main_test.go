@@ -618,7 +618,7 @@ func TestProgressDrawAllocs(t *testing.T) {
 func TestTimeoutNamed(t *testing.T) {
 	saved := backends
 	defer func() { backends = saved }()
-	backends = append([]backend{{name: "late", built: true, open: func(n int) ([]comm.Communicator, error) {
+	backends = append([]backend{{Backend: launch.Backend{Name: "late"}, open: func(n int) ([]comm.Communicator, error) {
 		g, err := launch.Open(context.Background(), "inproc", launch.Options{Ranks: n})
 		for i := range g {
 			g[i] = lateComm{g[i]}
@@ -886,7 +886,7 @@ func TestWarmupVariables(t *testing.T) {
 func TestStallReported(t *testing.T) {
 	saved := backends
 	defer func() { backends = saved }()
-	backends = append([]backend{{name: "stuck", built: true, open: func(n int) ([]comm.Communicator, error) {
+	backends = append([]backend{{Backend: launch.Backend{Name: "stuck"}, open: func(n int) ([]comm.Communicator, error) {
 		g, err := launch.Open(context.Background(), "inproc", launch.Options{Ranks: n})
 		for i := range g {
 			g[i] = commtest.Stuck(g[i])

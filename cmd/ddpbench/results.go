@@ -44,7 +44,7 @@ func (r runRecord) csv() []string {
 	for i, b := range res.Buckets {
 		sizes[i] = fmt.Sprint(b)
 	}
-	rec := []string{o.runID, o.model.Model, fmt.Sprint(o.ranks), o.backend.name, fmtFloat(o.bucketCapMB), fmtFloat(o.firstMB),
+	rec := []string{o.runID, o.model.Model, fmt.Sprint(o.ranks), o.backend.Name, fmtFloat(o.bucketCapMB), fmtFloat(o.firstMB),
 		o.compression, fmt.Sprint(o.bucketView), fmt.Sprint(o.zeroGrad), o.compute.String(), fmtFloat(res.ComputeTarget * 1e3),
 		fmt.Sprint(res.Steps), fmt.Sprint(o.steps), fmt.Sprint(res.Warmup), fmt.Sprint(res.Interrupted), fmt.Sprint(res.Sampled)}
 	rec = append(rec, ms(res.StepTime)...)
@@ -114,7 +114,7 @@ func (r runRecord) json() runJSON {
 	o, res := r.o, r.res
 	return runJSON{
 		RunID: o.runID, Model: o.model.Model, ModelSource: o.model.Source, Tensors: len(o.model.Params), Parameters: o.model.Numel(),
-		Ranks: o.ranks, Backend: o.backend.name, Library: o.backend.library, StandIn: o.backend.standIn, BucketCapMB: o.bucketCapMB, FirstBucketMB: o.firstMB,
+		Ranks: o.ranks, Backend: o.backend.Name, Library: o.backend.library, StandIn: o.backend.standIn, BucketCapMB: o.bucketCapMB, FirstBucketMB: o.firstMB,
 		Compression: o.compression, GradAsBucketView: o.bucketView, ZeroGrad: o.zeroGrad, Compute: o.compute.String(), RateParamsPerSec: o.rate,
 		ComputeTargetMS: res.ComputeTarget * 1e3, Steps: res.Steps, StepsRequested: o.steps, Warmup: res.Warmup,
 		Interrupted: res.Interrupted, QuantileSteps: res.Sampled,
@@ -196,11 +196,11 @@ func (o *runOpts) modelLine() string {
 }
 
 func (o *runOpts) ranksLine() string {
-	s := rankCount(o.ranks) + ", " + o.backend.name
-	if o.backend.what != "" {
-		s += " (" + o.backend.what + ")"
+	s := rankCount(o.ranks) + ", " + o.backend.Name
+	if o.backend.About != "" {
+		s += " (" + o.backend.About + ")"
 	}
-	if o.backend.name == "mpi" {
+	if o.backend.Name == "mpi" {
 		s += mpiTuning(mpi.LibraryInfo())
 	}
 	return s

@@ -166,8 +166,8 @@ func parseStepFlags(c *cli.Context) (runOpts, error) {
 		return o, usagef("--warmup %d: want 0..%d", o.warmup, maxSteps)
 	}
 	o.bucketView = c.Bool("grad-as-bucket-view")
-	if !o.bucketView && o.backend.device {
-		return o, usagef("--grad-as-bucket-view=false with --backend %s: the gradients live in device memory, which cannot be copied to Go slices", o.backend.name)
+	if !o.bucketView && o.backend.DeviceMemory {
+		return o, usagef("--grad-as-bucket-view=false with --backend %s: the gradients live in device memory, which cannot be copied to Go slices", o.backend.Name)
 	}
 	o.zeroGrad = c.Bool("zero-grad")
 	if o.compute, err = bench.ParseCompute(c.String("compute")); err != nil {
@@ -339,7 +339,7 @@ func runAction(c *cli.Context) error {
 	}
 
 	cfg := o.benchConfig(g.comms)
-	if o.backend.device {
+	if o.backend.DeviceMemory {
 		if cfg.Pools, err = g.devicePools(4 * o.model.Numel()); err != nil {
 			return err
 		}
@@ -425,9 +425,9 @@ func runAction(c *cli.Context) error {
 // misread: compression where no wire exists, and a CPU-bound backward
 // that leaves no core for the reduction to run on.
 func (o *runOpts) notes(w io.Writer) {
-	if o.compression != "none" && o.backend.sharedMemory {
+	if o.compression != "none" && o.backend.SharedMemory {
 		fmt.Fprintf(w, "ddpbench: note: --compression %s with --backend %s: the ranks share memory, so there are no wire bytes to save, "+
-			"only conversions to pay; expect a slower step than with none (compression pays off on a network)\n", o.compression, o.backend.name)
+			"only conversions to pay; expect a slower step than with none (compression pays off on a network)\n", o.compression, o.backend.Name)
 	}
 	if o.compute == bench.ComputeSpin {
 		if procs := runtime.GOMAXPROCS(0); o.ranks >= procs {

@@ -83,7 +83,7 @@ func sweepAction(c *cli.Context) error {
 		ro := o
 		ro.bucketCapMB = capMB
 		cfg := ro.benchConfig(g.comms)
-		if o.backend.device {
+		if o.backend.DeviceMemory {
 			if cfg.Pools, err = g.devicePools(4 * o.model.Numel()); err != nil {
 				return err
 			}
@@ -249,7 +249,7 @@ func writePlotFile(path string, o *runOpts, recs []runRecord) error {
 		pts[i] = plotPoint{CapMB: r.o.bucketCapMB, StepMS: r.res.StepTime.Median * 1e3,
 			StepP10: r.res.StepTime.P10 * 1e3, StepP90: r.res.StepTime.P90 * 1e3, Overlap: r.res.OverlapRatio.Median}
 	}
-	title := fmt.Sprintf("%s, %s (%s), compression %s, compute %s", o.model.Model, rankCount(o.ranks), o.backend.name, o.compression, o.compute)
+	title := fmt.Sprintf("%s, %s (%s), compression %s, compute %s", o.model.Model, rankCount(o.ranks), o.backend.Name, o.compression, o.compute)
 	if o.compute != bench.ComputeNone && len(recs) > 0 {
 		title += fmt.Sprintf(" (%.2f ms per step)", recs[0].res.ComputeTarget*1e3)
 	}

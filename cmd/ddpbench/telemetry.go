@@ -109,7 +109,7 @@ func parseTelemetryInterval(c *cli.Context) (time.Duration, error) {
 // cannot be had (said on note), and on a launched job's quiet ranks,
 // whose figures rank 0 does not print.
 func groupTelemetry(g *group, b backend, interval time.Duration, note io.Writer) *telemetry {
-	if !b.device || g.quietRank() {
+	if !b.DeviceMemory || g.quietRank() {
 		return nil
 	}
 	var ranks, ordinals []int

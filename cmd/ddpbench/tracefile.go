@@ -35,7 +35,7 @@ func writeTraceFile(path string, o *runOpts, res *bench.Result, first int) error
 
 func writeTrace(out io.Writer, o *runOpts, res *bench.Result, first int) error {
 	opts := trace.Options{MaxSteps: -1, Metadata: map[string]string{
-		"run_id": o.runID, "model": o.model.Model, "ranks": fmt.Sprint(o.ranks), "backend": o.backend.name,
+		"run_id": o.runID, "model": o.model.Model, "ranks": fmt.Sprint(o.ranks), "backend": o.backend.Name,
 		"bucket_cap_mb": fmt.Sprint(o.bucketCapMB), "first_bucket_mb": fmt.Sprint(o.firstMB),
 		"compression": o.compression, "compute": o.compute.String(),
 	}}

@@ -9,8 +9,6 @@ import (
 	"sync"
 
 	"github.com/ddpgo/ddpgo/comm"
-	"github.com/ddpgo/ddpgo/comm/checked"
-	"github.com/ddpgo/ddpgo/inproc"
 )
 
 // Backend is a communicator implementation that Open can start.
@@ -26,6 +24,18 @@ type Backend struct {
 	// at all (ErrNoLauncher), Options.Ranks ranks in this process.
 	// Job.Launched tells the backend which.
 	InProcess bool
+	// DeviceMemory: the backend's collectives run on device memory (each
+	// rank's communicator supplies it), never staged through the host.
+	DeviceMemory bool
+	// SharedMemory: the ranks are goroutines of one process and a
+	// collective moves no bytes over any wire, so compressing only costs.
+	SharedMemory bool
+	// About says in a few words how the ranks talk, for listings.
+	About string
+	// NotBuilt, if not empty, says why this binary cannot run the
+	// backend and how to build one that can (package mpi without its
+	// build tag); Open then fails with the backend's own error.
+	NotBuilt string
 	// Open starts the backend for job and returns this process's
 	// communicators: one for a launched backend, Job.Ranks otherwise.
 	Open func(ctx context.Context, job Job) ([]comm.Communicator, error)
@@ -68,10 +78,6 @@ var (
 // registered.
 var ErrUnknownBackend = errors.New("launch: unknown backend")
 
-func init() {
-	Register(Backend{Name: "inproc", Open: openInproc})
-}
-
 // Register makes a backend available to Open. Backends register
 // themselves from their package's init, so a program links only the ones
 // it imports (a blank import is enough: _ "github.com/ddpgo/ddpgo/mpi").
@@ -90,14 +96,32 @@ func Register(b Backend) {
 
 // Backends returns the names of the registered backends, sorted.
 func Backends() []string {
+	var names []string
+	for _, b := range Registered() {
+		names = append(names, b.Name)
+	}
+	return names
+}
+
+// Registered returns the registered backends, sorted by name: the one
+// description of each that programs list (ddpbench info, --backend).
+func Registered() []Backend {
 	regMu.Lock()
 	defer regMu.Unlock()
-	names := make([]string, 0, len(registry))
-	for n := range registry {
-		names = append(names, n)
+	bs := make([]Backend, 0, len(registry))
+	for _, b := range registry {
+		bs = append(bs, b)
 	}
-	slices.Sort(names)
-	return names
+	slices.SortFunc(bs, func(a, b Backend) int { return strings.Compare(a.Name, b.Name) })
+	return bs
+}
+
+// Lookup returns the backend registered under name.
+func Lookup(name string) (Backend, bool) {
+	regMu.Lock()
+	defer regMu.Unlock()
+	b, ok := registry[name]
+	return b, ok
 }
 
 // Open starts the named backend and returns this process's communicators:
@@ -108,9 +132,7 @@ func Backends() []string {
 // package checked, so that ranks whose calls disagree fail naming each
 // other (PyTorch's TORCH_DISTRIBUTED_DEBUG=DETAIL).
 func Open(ctx context.Context, backend string, o Options) ([]comm.Communicator, error) {
-	regMu.Lock()
-	b, ok := registry[backend]
-	regMu.Unlock()
+	b, ok := Lookup(backend)
 	if !ok {
 		hint := ""
 		switch backend {
@@ -146,48 +168,5 @@ func Open(ctx context.Context, backend string, o Options) ([]comm.Communicator, 
 	if err != nil {
 		return nil, fmt.Errorf("launch: opening backend %s: %w", backend, err)
 	}
-	if checked.Requested() {
-		return wrapChecked(backend, cs)
-	}
-	return cs, nil
-}
-
-// wrapChecked wraps every communicator in cs with package checked, as
-// DDPGO_DISTRIBUTED_DEBUG=DETAIL asks; on failure it closes them all.
-func wrapChecked(backend string, cs []comm.Communicator) ([]comm.Communicator, error) {
-	out := make([]comm.Communicator, 0, len(cs))
-	for _, c := range cs {
-		w, err := checked.Wrap(c, checked.Options{})
-		if err != nil {
-			for _, o := range out {
-				o.Close()
-			}
-			for _, c := range cs[len(out):] {
-				c.Close()
-			}
-			return nil, fmt.Errorf("launch: %s=DETAIL: backend %s, rank %d: %w", checked.EnvVar, backend, c.Rank(), err)
-		}
-		out = append(out, w)
-	}
-	return out, nil
-}
-
-func openInproc(_ context.Context, job Job) ([]comm.Communicator, error) {
-	var o inproc.Options
-	switch cfg := job.Config.(type) {
-	case nil:
-	case inproc.Options:
-		o = cfg
-	default:
-		return nil, fmt.Errorf("%w: inproc takes inproc.Options as Config, not %T", comm.ErrInvalid, job.Config)
-	}
-	g, err := inproc.NewGroupWith(job.Ranks, o)
-	if err != nil {
-		return nil, err
-	}
-	cs := make([]comm.Communicator, len(g))
-	for i, c := range g {
-		cs[i] = c
-	}
-	return cs, nil
+	return detailed(backend, cs)
 }

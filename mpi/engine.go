@@ -3,13 +3,11 @@
 package mpi
 
 /*
-#cgo pkg-config: ompi-c
 #include "ddpmpi.h"
 */
 import "C"
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -20,14 +18,6 @@ import (
 
 	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
-)
-
-// The process's MPI state: one per process, started by the first Open and
-// stopped by Finalize.
-var (
-	rtMu     sync.Mutex
-	rt       *engine
-	finished bool
 )
 
 // engine is the owner goroutine and what it owns. The owner makes every
@@ -89,35 +79,6 @@ const abortGrace = 200 * time.Millisecond
 // it exits by itself.
 const abortExit = 5 * time.Second
 
-// start returns the process's engine, starting it on first use.
-func start() (*engine, error) {
-	rtMu.Lock()
-	defer rtMu.Unlock()
-	if finished {
-		return nil, fmt.Errorf("%w: Open after Finalize", ErrFinalized)
-	}
-	if rt != nil {
-		return rt, nil
-	}
-	e := &engine{
-		q:        make(chan ref, 4096),
-		exit:     make(chan struct{}),
-		main:     make(chan func()),
-		mainExit: make(chan struct{}),
-		comms:    map[*communicator]struct{}{},
-	}
-	errc := make(chan error, 1)
-	go e.mainThread(errc)
-	if err := <-errc; err != nil {
-		<-e.mainExit
-		finished = true // MPI cannot be initialised again
-		return nil, err
-	}
-	go e.loop()
-	rt = e
-	return e, nil
-}
-
 // call runs f on the owner and returns its error.
 func (e *engine) call(f func() error) error {
 	errc := make(chan error, 1)
@@ -131,37 +92,6 @@ func (e *engine) call(f func() error) error {
 		return err
 	case <-e.exit:
 		return ErrFinalized
-	}
-}
-
-// mainThread initialises MPI on a thread of its own, then runs what is
-// sent on e.main (MPI_Finalize) and returns when main is closed. It never
-// unlocks its thread, which ends with the goroutine.
-func (e *engine) mainThread(errc chan<- error) {
-	defer close(e.mainExit)
-	runtime.LockOSThread()
-	var provided, ours, tuned, tcp, tcpFlags, wr, ws C.int
-	var tcpEager C.longlong
-	if rc := C.ddp_init(&provided, &ours, &tuned, &tcp, &tcpFlags, &tcpEager, &wr, &ws); rc != C.MPI_SUCCESS {
-		errc <- fmt.Errorf("mpi: initialising MPI: %w", mpiError(int(rc)))
-		return
-	}
-	e.provided, e.ours, e.worldRank, e.worldSize = int(provided), ours != 0, int(wr), int(ws)
-	e.mallocTuned, e.tcpTuned, e.tcpFlags, e.tcpEager = tuned != 0, tcp != 0, int(tcpFlags), int64(tcpEager)
-	e.f16c = C.ddp_has_f16c() != 0
-	if e.provided < C.MPI_THREAD_SERIALIZED {
-		// The owner calls MPI from threads other than the one that
-		// initialised it, which MPI_THREAD_FUNNELED and below forbid.
-		err := fmt.Errorf("mpi: MPI provides %s; the backend calls MPI from a goroutine of its own and needs MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE", threadLevel(e.provided))
-		if !e.ours {
-			err = fmt.Errorf("%w (the host program initialised MPI: ask MPI_Init_thread for one of them)", err)
-		}
-		errc <- err
-		return
-	}
-	errc <- nil
-	for f := range e.main {
-		f()
 	}
 }
 
@@ -537,139 +467,6 @@ func (e *engine) abortJob(code int) {
 	case <-time.After(abortGrace):
 	}
 	C.ddp_abort_job(C.int(code))
-}
-
-// Finalize closes every open communicator, stops the owner goroutine and,
-// if the backend initialised MPI, calls MPI_Finalize, which mpirun expects
-// of every process before it exits. After Finalize, Open fails with
-// ErrFinalized. Finalize is idempotent; call it once every collective has
-// completed, typically at the end of main (or TestMain).
-func Finalize() error {
-	rtMu.Lock()
-	e := rt
-	rt, finished = nil, true
-	rtMu.Unlock()
-	if e == nil {
-		return nil
-	}
-	e.mu.Lock()
-	open := make([]*communicator, 0, len(e.comms))
-	for c := range e.comms {
-		open = append(open, c)
-	}
-	e.mu.Unlock()
-	var errs []error
-	for _, c := range open {
-		errs = append(errs, c.Close())
-	}
-	_ = e.call(func() error {
-		e.stop = true
-		return nil
-	})
-	<-e.exit
-	errc := make(chan error, 1)
-	e.main <- func() {
-		if rc := C.ddp_finalize(boolInt(e.ours)); rc != C.MPI_SUCCESS {
-			errc <- fmt.Errorf("mpi: MPI_Finalize: %w", mpiError(int(rc)))
-			return
-		}
-		errc <- nil
-	}
-	err := <-errc
-	close(e.main)
-	<-e.mainExit
-	if e.pool != nil {
-		errs = append(errs, e.pool.Close())
-	}
-	return errors.Join(append(errs, err)...)
-}
-
-// LibraryInfo reports the MPI library and, once initialised, the thread
-// level MPI provided.
-func LibraryInfo() Info {
-	var buf [C.MPI_MAX_LIBRARY_VERSION_STRING + 1]C.char
-	C.ddp_library_version(&buf[0], C.int(len(buf)))
-	lib := C.GoString(&buf[0])
-	for i, r := range lib {
-		if r == '\n' {
-			lib = lib[:i]
-			break
-		}
-	}
-	info := Info{Built: true, Library: lib, Requested: threadLevel(C.MPI_THREAD_SERIALIZED), F16C: C.ddp_has_f16c() != 0}
-	rtMu.Lock()
-	defer rtMu.Unlock()
-	if e := rt; e != nil {
-		info.Initialized, info.OwnInit = true, e.ours
-		info.Provided = threadLevel(e.provided)
-		info.WorldRank, info.WorldSize = e.worldRank, e.worldSize
-		info.MallocTuned, info.TCPTuned, info.TCPFlags, info.TCPEagerLimit = e.mallocTuned, e.tcpTuned, e.tcpFlags, e.tcpEager
-		info.Hosts, info.LargeAllReduce = e.lastHosts, e.lastLarge
-		info.SharedMemory, info.SharedMemoryFailure = e.lastShared, e.shmFailure
-		if e.lastShared {
-			info.SharedMemoryMin = sharedMin
-		}
-	}
-	return info
-}
-
-func threadLevel(l int) string {
-	switch l {
-	case C.MPI_THREAD_SINGLE:
-		return "MPI_THREAD_SINGLE"
-	case C.MPI_THREAD_FUNNELED:
-		return "MPI_THREAD_FUNNELED"
-	case C.MPI_THREAD_SERIALIZED:
-		return "MPI_THREAD_SERIALIZED"
-	case C.MPI_THREAD_MULTIPLE:
-		return "MPI_THREAD_MULTIPLE"
-	}
-	return fmt.Sprintf("thread level %d", l)
-}
-
-// Error is an error MPI returned: its code, its class and its own text.
-type Error struct {
-	Code, Class int
-	Msg         string
-}
-
-func (e *Error) Error() string {
-	return fmt.Sprintf("MPI error %d (class %d): %s", e.Code, e.Class, e.Msg)
-}
-
-func mpiError(code int) error {
-	var buf [C.MPI_MAX_ERROR_STRING + 1]C.char
-	var class C.int
-	C.ddp_error_string(C.int(code), &buf[0], C.int(len(buf)), &class)
-	return &Error{Code: code, Class: int(class), Msg: C.GoString(&buf[0])}
-}
-
-// reduceHalves applies the 16-bit reduction MPI uses for dt and op to in
-// and inout (inout = in op inout), with F16C if f16c and the CPU has it.
-// Tests compare it with package fp16.
-func reduceHalves(dt comm.DType, op comm.Op, in, inout []uint16, f16c bool) {
-	if len(in) != len(inout) {
-		panic("mpi: reduceHalves of unequal lengths")
-	}
-	if len(in) == 0 {
-		return
-	}
-	C.ddp_test_reduce(C.int(dt), C.int(op), C.uintptr_t(uintptr(unsafe.Pointer(&in[0]))), C.uintptr_t(uintptr(unsafe.Pointer(&inout[0]))), C.int(len(in)), boolInt(f16c))
-}
-
-// averagePair applies the pair average of dt (DDP_AVG2) to n elements at
-// in and inout, for tests.
-func averagePair(dt comm.DType, in, inout unsafe.Pointer, n int) {
-	if n > 0 {
-		C.ddp_test_reduce(C.int(dt), C.DDP_AVG2, C.uintptr_t(uintptr(in)), C.uintptr_t(uintptr(inout)), C.int(n), 1)
-	}
-}
-
-func boolInt(b bool) C.int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // copyBytes copies n bytes between buffers that do not overlap, in pieces
