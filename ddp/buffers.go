@@ -111,12 +111,3 @@ func (r *Reducer) BufferIndex(name string) (int, error) {
 	}
 	return i, nil
 }
-
-// launchBuffers broadcasts the buffers from the step's root and hands the
-// broadcasts to the finisher. The launcher calls it just before it
-// launches bucket 0.
-func (r *Reducer) launchBuffers() {
-	for g, w := range r.bufs.wire {
-		r.fifo <- inflight{k: g, w: r.c.Broadcast(w, r.bufRoot), kind: kindBuffers}
-	}
-}

@@ -141,10 +141,9 @@ func (r *Reducer) sendFlag(joined bool) {
 
 // readFlag takes an active rank's flag once it has completed (err is its
 // result): the ranks still active (JoinActive's divisor, the buffers'
-// root) or, with JoinThrow, the step's failure. One goroutine reads it: the
-// launcher, before the step's first launch, when there are buffers (their
-// root depends on it), and the finisher, when it reaches the flag,
-// otherwise. It reports whether the step may go on.
+// root) or, with JoinThrow, the step's failure. One goroutine reads it, the
+// one the step's sequence names (see sequence). It reports whether the
+// step may go on.
 func (r *Reducer) readFlag(err error) bool {
 	if err != nil {
 		r.fail(fmt.Errorf("ddp: rank %d step %d: exchanging the join flag: %w", r.c.Rank(), r.stepNo, err))
@@ -157,27 +156,6 @@ func (r *Reducer) readFlag(err error) bool {
 		return false
 	}
 	return true
-}
-
-// launcherReadsFlag says which goroutine reads an active rank's flag.
-func (r *Reducer) launcherReadsFlag() bool { return len(r.bufs.wire) > 0 }
-
-// flagForBuffers is the launcher's side, before the step's first launch:
-// with buffers to broadcast it waits for the flag and reads it, since
-// their root is the lowest active rank. It reports whether the launch may
-// go on.
-func (r *Reducer) flagForBuffers() bool {
-	if r.o.Join == JoinOff || !r.launcherReadsFlag() || r.cur.Joined {
-		return true
-	}
-	w := r.join.w
-	err := w.Wait(r.ctx)
-	if err != nil {
-		if done, _ := w.Test(); !done {
-			return false // failing or closing: Close settles the flag
-		}
-	}
-	return r.readFlag(err)
 }
 
 // takeFlag reads the completed flag, sets the step's active ranks and the

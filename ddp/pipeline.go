@@ -3,6 +3,8 @@ package ddp
 import (
 	"context"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ddpgo/ddpgo/comm"
@@ -13,25 +15,45 @@ import (
 // through the hook: zeroing of stale gradients, compression, the
 // collective; several buckets complete at once launch as one group
 // (comm.Grouper). The finisher waits for the collectives in the same order
-// and finishes each bucket (decompression, the copy back with CopyGrads).
-// Between them, fifo holds the buckets in flight: bucket k+1 is on the wire
+// and finishes each (decompression, the copy back with CopyGrads). Between
+// them, fifo holds the collectives in flight: bucket k+1 is on the wire
 // while k still is. Neither goroutine ever runs a hook phase concurrently
-// with the same phase of another bucket.
+// with the same phase of another bucket. What precedes the buckets (the
+// join flag, the buffers' broadcasts) and who reads the flag when is the
+// step's sequence (schedule.go), which both goroutines follow.
 
 // inflight is a collective that has been issued: a bucket's (k is its
-// index), a group of buffers' (k is the group) or the join flag.
+// index), a group of buffers' (k is the group) or the join flag (kind says
+// which; see sequence).
 type inflight struct {
 	k    int
 	w    comm.Work
 	kind uint8
 }
 
-// Kinds of inflight.
-const (
-	kindBucket uint8 = iota
-	kindBuffers
-	kindJoin
-)
+// pipeline is the state of a rank's two communication goroutines: the
+// launcher takes complete buckets in index order and launches them
+// through the hook; the finisher waits for their collectives in the same
+// order and finishes them. fifo carries the collectives in flight between
+// them, in the order seq, the step's sequence, gives.
+type pipeline struct {
+	window   int
+	seq      sequence // the current step's order; set by open while no step runs
+	fifo     chan inflight
+	head     inflight // the finisher's collective in flight, if headSet
+	headSet  bool
+	flag     inflight // the join flag the finisher reads with the next collective, if flagHeld
+	flagHeld bool
+	poke     chan struct{}
+	done     chan struct{}
+	progress chan struct{} // a bucket was reduced, while watch (WaitEach)
+	watch    atomic.Bool
+	quit     chan struct{}
+	workers  sync.WaitGroup
+	ctx      context.Context
+	cancel   context.CancelFunc
+	timer    *time.Timer
+}
 
 func (r *Reducer) startWorkers() {
 	r.poke = make(chan struct{}, 1)
@@ -119,13 +141,8 @@ func (r *Reducer) launchReady() {
 		if n == 0 {
 			return
 		}
-		if L.sched.launched() == 0 {
-			// The step's first launch: what precedes bucket 0 in every
-			// rank's sequence comes first.
-			if !r.flagForBuffers() {
-				return
-			}
-			r.launchBuffers()
+		if L.sched.launched() == 0 && !r.launchPrefix() {
+			return
 		}
 		if n > 1 {
 			comm.GroupStart(r.c)
@@ -171,6 +188,22 @@ func (r *Reducer) launchOne(L *layout, k int) bool {
 	return true
 }
 
+// launchPrefix launches what precedes bucket 0 in the step's sequence,
+// before the step's first launch: it reads the join flag first where the
+// sequence gives it to the launcher, then broadcasts the buffers. It
+// reports whether the launch may go on.
+func (r *Reducer) launchPrefix() bool {
+	if r.seq.launcherReadsFlag() {
+		if ok, _ := r.awaitFlag(r.join.w); !ok {
+			return false
+		}
+	}
+	for g := range r.seq.prefix() {
+		r.fifo <- inflight{k: g, w: r.c.Broadcast(r.bufs.wire[g], r.bufRoot), kind: kindBuffers}
+	}
+	return true
+}
+
 func (r *Reducer) finisher() {
 	defer r.workers.Done()
 	for {
@@ -180,17 +213,12 @@ func (r *Reducer) finisher() {
 			return
 		case e = <-r.fifo:
 		}
-		if e.kind == kindJoin {
-			if r.launcherReadsFlag() {
-				continue
-			}
-			if r.o.Join != JoinThrow {
-				// Read with bucket 0, which the collectives' order puts
-				// after it: by then it has completed, and waiting for it
-				// now would cost the finisher a wake-up per step.
-				r.flag, r.flagHeld = e, true
-				continue
-			}
+		switch r.seq.arrival(e.kind) {
+		case arriveSkip:
+			continue
+		case arriveHold:
+			r.flag, r.flagHeld = e, true
+			continue
 		}
 		r.head, r.headSet = e, true
 		err := e.w.Wait(r.ctx)
@@ -204,28 +232,46 @@ func (r *Reducer) finisher() {
 		}
 		r.headSet = false
 		if r.flagHeld {
-			ferr := r.flag.w.Wait(r.ctx)
-			if ferr != nil {
-				if done, _ := r.flag.w.Test(); !done {
-					<-r.quit
-					return
-				}
+			ok, inFlight := r.awaitFlag(r.flag.w)
+			if inFlight {
+				<-r.quit // as above; pendingWorks finds the held flag
+				return
 			}
 			r.flagHeld = false
-			if !r.readFlag(ferr) {
+			if !ok {
 				continue
 			}
 		}
-		switch e.kind {
-		case kindBucket:
-			r.finishOne(e.k, err)
-		case kindJoin:
-			r.readFlag(err)
-		case kindBuffers:
-			if err != nil {
-				r.fail(fmt.Errorf("ddp: rank %d step %d: broadcasting the %s buffers from rank %d: %w", r.c.Rank(), r.stepNo, r.bufs.groups[e.k].DType, r.bufRoot, err))
-				r.signal()
-			}
+		r.finishItem(e, err)
+	}
+}
+
+// awaitFlag waits for the join flag w and reads it, on the goroutine the
+// step's sequence gives it to. It reports whether the step may go on (not
+// when the flag failed or, with JoinThrow, says a rank joined), and
+// whether the flag is still in flight because the Reducer is failing or
+// closing (Close then settles its memory).
+func (r *Reducer) awaitFlag(w comm.Work) (ok, inFlight bool) {
+	err := w.Wait(r.ctx)
+	if err != nil {
+		if done, _ := w.Test(); !done {
+			return false, true
+		}
+	}
+	return r.readFlag(err), false
+}
+
+// finishItem finishes collective e, which has completed with err.
+func (r *Reducer) finishItem(e inflight, err error) {
+	switch e.kind {
+	case kindBucket:
+		r.finishOne(e.k, err)
+	case kindJoin:
+		r.readFlag(err)
+	case kindBuffers:
+		if err != nil {
+			r.fail(fmt.Errorf("ddp: rank %d step %d: broadcasting the %s buffers from rank %d: %w", r.c.Rank(), r.stepNo, r.bufs.groups[e.k].DType, r.bufRoot, err))
+			r.signal()
 		}
 	}
 }

@@ -62,26 +62,9 @@ type Reducer struct {
 	cur, last *StepStats
 	statsBuf  [2]StepStats
 
-	// The communication goroutines (pipeline.go): the launcher takes
-	// complete buckets in index order and launches them through the
-	// hook; the finisher waits for their collectives in the same order
-	// and finishes them. fifo carries the buckets in flight between them.
-	window   int
-	fifo     chan inflight
-	head     inflight // the finisher's bucket in flight, if headSet
-	headSet  bool
-	flag     inflight // the join flag the finisher reads with bucket 0, if flagHeld
-	flagHeld bool
-	poke     chan struct{}
-	done     chan struct{}
-	progress chan struct{} // a bucket was reduced, while watch (WaitEach)
-	watch    atomic.Bool
-	quit     chan struct{}
-	workers  sync.WaitGroup
-	ctx      context.Context
-	cancel   context.CancelFunc
-	timer    *time.Timer
-	dog      comm.Watchdog // watches Wait
+	// The communication goroutines (pipeline.go).
+	pipeline
+	dog comm.Watchdog // watches Wait
 
 	mu        sync.Mutex
 	err       error

@@ -132,3 +132,83 @@ func (s *schedule) launched() int { return int(s.next.Load()) }
 
 // buckets returns the number of buckets.
 func (s *schedule) buckets() int { return len(s.counts) }
+
+// The kinds of a step's collectives.
+const (
+	kindBucket  uint8 = iota // a bucket (k: its index)
+	kindBuffers              // a group of buffers (k: the group)
+	kindJoin                 // the join flag
+)
+
+// sequence is the order of a synced step's collectives and who reads the
+// join flag, decided when the step opens from what it holds, so that the
+// launcher and the finisher follow it without branching on what each
+// collective is. Every rank issues the same order: the join flag first (an
+// active rank's, with Options.Join: issued by Begin, before anything can
+// complete a bucket), then the buffers' broadcasts (one per dtype group,
+// just before bucket 0, from the root the flag decides), then the buckets
+// in index order. A joined rank's shadow step has no flag of its own in
+// the sequence: Join exchanged it already.
+//
+// The flag is read exactly once, before any bucket is finished: by the
+// launcher before the step's first launch when there are buffers (their
+// root is the lowest active rank); otherwise by the finisher, together with
+// the item after it (bucket 0, or the first buffers), whose completion
+// implies the flag's, so that reading it costs no wake-up of its own; or,
+// with JoinThrow, as soon as it completes, since it may fail the step.
+type sequence struct {
+	flag    bool // the step opens with this rank's join flag
+	early   bool // the finisher reads the flag as soon as it completes (JoinThrow)
+	buffers int  // buffer groups broadcast before bucket 0
+}
+
+// newSequence returns the sequence of a step: join says Options.Join is
+// on, throw that it is JoinThrow, shadow that the step is a joined rank's.
+func newSequence(join, throw, shadow bool, buffers int) sequence {
+	return sequence{flag: join && !shadow, early: throw, buffers: buffers}
+}
+
+// launcherReadsFlag reports whether the launcher reads the flag before the
+// step's first launch.
+func (q sequence) launcherReadsFlag() bool { return q.flag && q.buffers > 0 }
+
+// What the finisher does with a collective as it takes it from the fifo.
+const (
+	arriveWait uint8 = iota // wait for it (and read a held flag), then finish it
+	arriveSkip              // nothing: the launcher reads the flag
+	arriveHold              // hold the flag, to read it with the next collective
+)
+
+// arrival says what the finisher does with a collective of kind.
+func (q sequence) arrival(kind uint8) uint8 {
+	switch {
+	case kind != kindJoin:
+		return arriveWait
+	case q.launcherReadsFlag():
+		return arriveSkip
+	case !q.early:
+		return arriveHold
+	}
+	return arriveWait
+}
+
+// prefix returns what precedes bucket 0 on the wire, in order, for the
+// launcher to launch (the flag, issued by Begin, is not in it): the buffer
+// groups.
+func (q sequence) prefix() int { return q.buffers }
+
+// items returns the step's collectives in issue order, for a step of n
+// buckets.
+func (q sequence) items(n int) []inflight {
+	var out []inflight
+	if q.flag {
+		out = append(out, inflight{kind: kindJoin})
+	}
+	for g := range q.buffers {
+		out = append(out, inflight{k: g, kind: kindBuffers})
+	}
+	for k := range n {
+		out = append(out, inflight{k: k, kind: kindBucket})
+	}
+	return out
+}

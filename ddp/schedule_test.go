@@ -2,7 +2,9 @@ package ddp
 
 import (
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -145,6 +147,141 @@ func FuzzSchedule(f *testing.F) {
 		tryLaunch()
 		if len(launched) != nb {
 			t.Fatalf("launched %v of %d buckets", launched, nb)
+		}
+	})
+}
+
+// runSequence plays a step of n buckets through sequence q as the launcher
+// and the finisher do, and returns what happens, in order: "L:flag" (the
+// launcher reads the flag), "L:buf<g>" (it broadcasts buffer group g),
+// "hold", "skip", "wait:<item>", "read", "finish:<item>".
+func runSequence(q sequence, n int) []string {
+	name := func(e inflight) string {
+		switch e.kind {
+		case kindJoin:
+			return "flag"
+		case kindBuffers:
+			return fmt.Sprintf("buf%d", e.k)
+		}
+		return fmt.Sprintf("b%d", e.k)
+	}
+	var out []string
+	var fifo []inflight
+	items := q.items(n)
+	if q.flag {
+		fifo = append(fifo, items[0]) // Begin issues it
+		items = items[1:]
+	}
+	if q.launcherReadsFlag() {
+		out = append(out, "L:flag")
+	}
+	for range q.prefix() {
+		out = append(out, "L:"+name(items[0]))
+		fifo, items = append(fifo, items[0]), items[1:]
+	}
+	fifo = append(fifo, items...)
+	held := false
+	for _, e := range fifo {
+		switch q.arrival(e.kind) {
+		case arriveSkip:
+			out = append(out, "skip")
+			continue
+		case arriveHold:
+			out, held = append(out, "hold"), true
+			continue
+		}
+		out = append(out, "wait:"+name(e))
+		if held {
+			out, held = append(out, "read"), false
+		}
+		if e.kind == kindJoin {
+			out = append(out, "read")
+			continue
+		}
+		out = append(out, "finish:"+name(e))
+	}
+	return out
+}
+
+// TestSequence is the table of a step's order and of who reads the join
+// flag when, for each kind of step.
+func TestSequence(t *testing.T) {
+	tests := []struct {
+		name                string
+		join, throw, shadow bool
+		buffers, buckets    int
+		want                string
+	}{
+		{"plain", false, false, false, 0, 2, "wait:b0 finish:b0 wait:b1 finish:b1"},
+		{"buffers", false, false, false, 2, 1, "L:buf0 L:buf1 wait:buf0 finish:buf0 wait:buf1 finish:buf1 wait:b0 finish:b0"},
+		{"join: the flag is read with bucket 0", true, false, false, 0, 2, "hold wait:b0 read finish:b0 wait:b1 finish:b1"},
+		{"join with buffers: the launcher reads the flag", true, false, false, 1, 1, "L:flag L:buf0 skip wait:buf0 finish:buf0 wait:b0 finish:b0"},
+		{"throw: the flag is read as it completes", true, true, false, 0, 1, "wait:flag read wait:b0 finish:b0"},
+		{"throw with buffers", true, true, false, 1, 1, "L:flag L:buf0 skip wait:buf0 finish:buf0 wait:b0 finish:b0"},
+		{"shadow step: no flag of its own", true, false, true, 1, 1, "L:buf0 wait:buf0 finish:buf0 wait:b0 finish:b0"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			q := newSequence(tt.join, tt.throw, tt.shadow, tt.buffers)
+			if got := strings.Join(runSequence(q, tt.buckets), " "); got != tt.want {
+				t.Errorf("got  %s\nwant %s", got, tt.want)
+			}
+		})
+	}
+}
+
+// FuzzSequence plays every kind of step and checks the sequence's
+// promises: every rank's collectives in one order (flag, buffers, buckets),
+// the flag read exactly once, before any bucket is finished and before the
+// buffers are broadcast when there are any (their root depends on it), and
+// every other collective finished exactly once, in issue order.
+func FuzzSequence(f *testing.F) {
+	f.Add(true, false, false, uint8(2), uint8(3))
+	f.Add(true, true, false, uint8(0), uint8(1))
+	f.Fuzz(func(t *testing.T, join, throw, shadow bool, buffers, buckets uint8) {
+		nbuf, n := int(buffers%4), int(buckets%6)+1
+		q := newSequence(join, throw, shadow, nbuf)
+		items := q.items(n)
+		rank := map[uint8]int{kindJoin: 0, kindBuffers: 1, kindBucket: 2} // issue order
+		if !slices.IsSortedFunc(items, func(a, b inflight) int { return rank[a.kind] - rank[b.kind] }) {
+			t.Fatalf("items out of order: %v", items)
+		}
+		trace := runSequence(q, n)
+		reads, firstFinish, firstBuf, readAt := 0, -1, -1, -1
+		finished := []string{}
+		for i, s := range trace {
+			switch {
+			case s == "L:flag" || s == "read":
+				reads++
+				readAt = i
+			case strings.HasPrefix(s, "L:buf") && firstBuf < 0:
+				firstBuf = i
+			case strings.HasPrefix(s, "finish:b") && firstFinish < 0:
+				firstFinish = i
+			}
+			if strings.HasPrefix(s, "finish:") {
+				finished = append(finished, strings.TrimPrefix(s, "finish:"))
+			}
+		}
+		wantReads := 0
+		if join && !shadow {
+			wantReads = 1
+		}
+		if reads != wantReads {
+			t.Fatalf("flag read %d times, want %d: %v", reads, wantReads, trace)
+		}
+		if reads == 1 && (readAt > firstFinish || firstBuf >= 0 && readAt > firstBuf) {
+			t.Fatalf("flag read after a bucket was finished or the buffers broadcast: %v", trace)
+		}
+		var want []string
+		for g := range nbuf {
+			want = append(want, fmt.Sprintf("buf%d", g))
+		}
+		for k := range n {
+			want = append(want, fmt.Sprintf("b%d", k))
+		}
+		if !slices.Equal(finished, want) {
+			t.Fatalf("finished %v, want %v", finished, want)
 		}
 	})
 }

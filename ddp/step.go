@@ -85,6 +85,7 @@ func (r *Reducer) open(sync, shadow bool) error {
 		s.Buckets[k] = BucketStats{Index: k, Params: len(b.Tensors), Bytes: int64(b.Bytes), DType: b.DType, Wire: r.hook.Wire(b.DType)}
 	}
 	s.Joined = shadow
+	r.seq = newSequence(r.o.Join != JoinOff, r.o.Join == JoinThrow, shadow, len(r.bufs.wire))
 	r.start = time.Now()
 	s.Start = r.start
 	r.prevSync = sync
