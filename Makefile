@@ -3,7 +3,10 @@
 # (pebble-style expensive assertions) on everything, the NCCL backend over
 # its stand-in in both of its modes (NCCL 2.22-2.26's non-blocking enqueue,
 # the default, and 2.21's immediate one), and the pure-Go kernels forced
-# with the purego tag so both implementations are checked.
+# with the purego tag so both implementations are checked. The tests the
+# race detector makes meaningless (allocation counts) or too slow (the
+# digits example's accuracy) run once more without it. docs/testing.md
+# lists every test that skips, and why.
 #
 # The MPI backend (package mpi, build tag mpi, cgo) is tested where Open
 # MPI's development files are installed (make mpi-deps): alone as a 1-rank
@@ -22,6 +25,7 @@ test: lint
 	DDPGO_STANDIN_NCCL=2.21 $(GO) test -run NCCL ./cmd/ddpbench/
 	$(GO) test -tags purego ./fp16/ ./internal/... ./inproc/ ./hooks/
 	$(GO) test -run Exhaustive -count=1 ./fp16/
+	$(GO) test -run '^(TestAccuracy|TestRunAllocations)$$' -count=1 ./examples/digits/ ./bench/
 	@$(MAKE) --no-print-directory test-gomlx
 	@$(MAKE) --no-print-directory test-mpi
 	@$(MAKE) --no-print-directory test-net
@@ -109,7 +113,7 @@ FUZZ_TARGETS := \
 	fp16:FuzzConvert fp16:FuzzSum \
 	internal/reduce:FuzzSumFloat32 internal/reduce:FuzzTwiceKernels internal/reduce:FuzzAvg \
 	comm:FuzzAnyNonfinite comm:FuzzHalfAdd \
-	ddp:FuzzSchedule models:FuzzParse cmd/ddpbench:FuzzParseSize \
+	ddp:FuzzSchedule ddp:FuzzSequence models:FuzzParse cmd/ddpbench:FuzzParseSize \
 	trace/tracetest:FuzzValidate trace/tracetest:FuzzWriter
 
 fuzz:

@@ -5,8 +5,11 @@
 // of Alignment (512) and whose Size is n rounded up to 512, and Put gives it
 // back. The memory comes in large slabs from a Source: HostSource maps
 // anonymous memory off the Go heap, so a block may be passed to C code that
-// keeps it past the call; a device source (later) hands out device addresses
-// that only Addr exposes. Slabs never move.
+// keeps it past the call; a backend's source hands out memory it reduces
+// faster (mpi's memfd slabs shared between the ranks of one machine, which
+// comm.HostSourceOf finds) or device addresses that only Addr exposes (nccl's
+// Source, from ncclMemAlloc). Pool.Host says which kind a pool holds.
+// Slabs never move.
 //
 // Reuse follows PyTorch's CUDA caching allocator. A request of at most
 // SlabSize bytes is carved from a regular slab: the pool takes the free range

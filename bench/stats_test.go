@@ -7,7 +7,6 @@ import (
 	"runtime"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/ddpgo/ddpgo/ddp"
 )
@@ -126,13 +125,11 @@ func TestRunMemoryIndependentOfSteps(t *testing.T) {
 func TestRunInterruptedMidStep(t *testing.T) {
 	for _, c := range []Compute{ComputeSleep, ComputeSpin} {
 		for _, warmup := range []int{0, 2} {
+			// The context ends as the first step's backward starts: in
+			// warmup, or in the first measured step.
 			ctx, cancel := context.WithCancel(context.Background())
-			go func() {
-				time.Sleep(50 * time.Millisecond)
-				cancel()
-			}()
 			res, err := Run(ctx, Config{Params: tinyParams(), Comms: group(t, 2), Steps: 3, Warmup: warmup,
-				Compute: c, Rate: 303112.0 / 3600})
+				Compute: c, Rate: 303112.0 / 3600, OnBackward: func(int) { cancel() }})
 			cancel()
 			if !errors.Is(err, context.Canceled) || res == nil || !res.Interrupted || res.Steps != 0 {
 				t.Errorf("%s, %d warmup: result %+v, error %v", c, warmup, res, err)

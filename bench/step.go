@@ -117,6 +117,11 @@ type Config struct {
 	// OnStep, if not nil, is called by each rank's goroutine after each
 	// step with that step's statistics (valid only during the call).
 	OnStep func(rank int, measured bool, s *ddp.StepStats)
+	// OnBackward, if not nil, is called by each rank's goroutine when the
+	// simulated backward of a step starts, before it waits for its first
+	// gradient (ComputeSleep and ComputeSpin only): where an interrupt
+	// finds a slow step.
+	OnBackward func(rank int)
 	// Timeout bounds each step's Wait; 0 -> ddp's default.
 	Timeout time.Duration
 	// StallInterval is how long a step's Wait waits before it reports a
@@ -528,6 +533,9 @@ func (d *driver) step(ctx context.Context) error {
 	}
 	start := time.Now()
 	v := float32(d.rank + 1)
+	if d.deadlines != nil && d.cfg.OnBackward != nil {
+		d.cfg.OnBackward(d.rank)
+	}
 	for j, i := range d.order {
 		if d.deadlines != nil {
 			if err := d.await(ctx, start, d.deadlines[j]); err != nil {

@@ -55,5 +55,8 @@
 // times a per-operation factor (see BusBWFactor), so numbers compare
 // directly with nccl-tests, Open MPI and gloo measurements.
 //
-// The conformance suite in comm/commtest is run by every backend.
+// The conformance suite in comm/commtest is run by every backend. What a
+// backend needs beyond its transport (the ring of operations behind Work,
+// the failure log, the waiters, the argument rules) is package
+// comm/backend, the kit every backend is built from.
 package comm

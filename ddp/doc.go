@@ -25,8 +25,11 @@
 // for the optimizer to read.
 //
 // The bookkeeping (which parameters are marked, which buckets are complete,
-// which may launch next) is a small deterministic state machine without
-// goroutines or clocks (schedule.go); goroutines wrap around it. The files
+// which may launch next) and the step's sequence (the join flag, the
+// buffers' broadcasts and the buckets, in the order every rank issues
+// them, and which goroutine reads the flag when) are small deterministic
+// state machines without goroutines or clocks (schedule.go); goroutines
+// wrap around them. The files
 // follow the roles: options.go, reducer.go (New, Close, the layout's
 // queries), step.go (Begin, Grad, Ready and the other calls of backward),
 // pipeline.go (the launcher and the finisher), wait.go (Wait, WaitEach),

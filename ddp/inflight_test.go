@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/ddpgo/ddpgo/allocator"
@@ -275,32 +276,36 @@ func TestPipelined(t *testing.T) {
 // after bucket k completed.
 func TestMaxInFlight(t *testing.T) {
 	testutil.NoLeak(t)
-	c := newHeldComm()
-	r, err := New(context.Background(), c, fourParams, heldOpts(Options{MaxInFlight: 1}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	if err := r.Begin(Sync); err != nil {
-		t.Fatal(err)
-	}
-	for _, i := range []int{3, 2, 1, 0} {
-		if err := r.Ready(i); err != nil {
+	synctest.Test(t, func(t *testing.T) {
+		c := newHeldComm()
+		r, err := New(context.Background(), c, fourParams, heldOpts(Options{MaxInFlight: 1}))
+		if err != nil {
 			t.Fatal(err)
 		}
-	}
-	for k := range 4 {
-		c.waitIssued(t, k+1)
-		time.Sleep(time.Millisecond) // room for a wrong second launch to show
-		c.release(k)
-	}
-	if err := r.Wait(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	want := "issue 0,complete 0,issue 1,complete 1,issue 2,complete 2,issue 3,complete 3"
-	if got := strings.Join(c.log(), ","); got != want {
-		t.Errorf("events %s\nwant   %s", got, want)
-	}
+		defer r.Close()
+		if err := r.Begin(Sync); err != nil {
+			t.Fatal(err)
+		}
+		for _, i := range []int{3, 2, 1, 0} {
+			if err := r.Ready(i); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for k := range 4 {
+			c.waitIssued(t, k+1)
+			// Every goroutine of the bubble is blocked: a wrong second
+			// launch would have been issued by now.
+			synctest.Wait()
+			c.release(k)
+		}
+		if err := r.Wait(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		want := "issue 0,complete 0,issue 1,complete 1,issue 2,complete 2,issue 3,complete 3"
+		if got := strings.Join(c.log(), ","); got != want {
+			t.Errorf("events %s\nwant   %s", got, want)
+		}
+	})
 }
 
 // inUse returns the bytes of pool in use.

@@ -5,8 +5,9 @@
 // comm.Communicator. Each Comm owns a worker goroutine that executes its
 // rank's operations in issue order when they need one, so issuing returns
 // at once and a Work is a (Comm, sequence number) pair whose completion
-// lives in a per-rank ring of preallocated slots: issuing and waiting
-// allocate nothing.
+// lives in a per-rank ring of preallocated slots (package comm/backend's
+// Ring, which keeps the failure log and the waiters too): issuing and
+// waiting allocate nothing.
 //
 // Every rank publishes its call of a collective (operation, count, dtype,
 // root) in a one-cache-line header of its own, and every rank, once all

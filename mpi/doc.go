@@ -29,21 +29,18 @@
 //
 // Every other MPI call of the process is made by one owner goroutine, in
 // the order the calls were issued. Issuing a collective stores it in a
-// preallocated slot of its communicator and queues it for the owner; a
-// Work is a (communicator, sequence number) pair, so issuing and waiting
-// allocate nothing once warm. The owner is not locked to an OS thread,
+// preallocated slot of its communicator's ring (package comm/backend,
+// which also keeps the results, the failure log and the waiters) and
+// queues it for the owner; a Work is a (communicator, sequence number)
+// pair, so issuing and waiting allocate nothing once warm. A communicator
+// may have 256 operations issued and not completed; issuing one more waits
+// for the oldest. The owner is not locked to an OS thread,
 // which MPI_THREAD_SERIALIZED allows: when it is idle it parks, the
 // goroutine that issues next finds it runnable on its own processor, and
-// the hand-off in both directions is a goroutine switch. Locked to a
-// thread, each hand-off needed an operating-system wake-up: a 4 KiB
-// all-reduce (blocking mode, below) between 2 ranks on a 2-core machine
-// took about 32 us with the owner locked and spinning before it parked,
-// about 9.6 us locked and parking at once, and about 4.5 us unlocked
-// (Open MPI's own MPI_Allreduce: about 3.3 us in the same runs). Spinning,
-// in the owner or in Wait, made it worse on that machine: a rank that
-// spins takes the CPU its peer needs. In a 1-rank world, where MPI only
-// copies, an all-reduce issued and waited for costs about 0.65 us
-// (BenchmarkRoundTrip).
+// the hand-off in both directions is a goroutine switch, where a locked
+// thread would need an operating-system wake-up for each; nobody spins,
+// in the owner or in Wait, since a rank that spins takes the CPU its
+// peer needs (docs/mpi.md has the measurements).
 //
 // # Blocking and non-blocking collectives
 //
@@ -51,11 +48,8 @@
 // moves only while some MPI call runs. The owner can either post the
 // non-blocking collective (MPI_Iallreduce, ...) and poll it with
 // MPI_Testsome, or call the blocking one (MPI_Allreduce, ...), as Horovod
-// does. Measured on 2 ranks, float32 all-reduce, Open MPI 4.1.4 over
-// shared memory, the blocking calls are faster: at 4 KiB about 4.3 us
-// against 11 us through the backend (3.3 against 9.6 us in plain C: the
-// difference is libnbc's schedules), and from 1 MiB up the non-blocking
-// ones reach about 0.6-0.75 of the blocking bandwidth.
+// does. The blocking calls are faster (libnbc's schedules cost the
+// non-blocking ones; docs/mpi.md).
 //
 // Blocking calls are not the default, because they break the contract's
 // promise that communicators are independent: a rank whose owner is held
@@ -101,9 +95,7 @@
 // inproc's pre-multiplied Avg, and it cannot overflow). A user-defined
 // operation has no identity element to start from, so MPI can only combine
 // the two contributions of an element once; the conformance suite checks
-// the result under mpirun -np 2. It saves a whole pass over the buffer
-// (ResNet-50's 102 MB step over 2 processes: 33 ms -> 24 ms on a 2-core
-// machine).
+// the result under mpirun -np 2. It saves a whole pass over the buffer.
 // Caps.NativeAvg is true there. Over more ranks an operation cannot tell
 // a partial sum from a contribution, so Avg runs Sum and then divides each
 // element by the group size, in the element type's arithmetic (integers
@@ -174,14 +166,6 @@
 //
 //	mpirun -np 2 -x MALLOC_ARENA_MAX=1 ./train
 //
-// Measured on 2 ranks of a 2-core machine (Open MPI 4.1.4, shared memory,
-// busy: medians of few iterations, minor faults per rank for the run): a
-// 48 MiB all-reduce took 340 ms with glibc's default threshold and 48 ms
-// with the backend's (0.15 against 1.05 GB/s busbw, 472k against 368k
-// faults); a 64 MiB one 270-620 ms with the backend's settings alone and
-// 27-48 ms with MALLOC_ARENA_MAX=1 as well (0.1-0.25 against 1.4-2.6
-// GB/s, 258-368k against 102k faults).
-//
 // # Shared memory
 //
 // On one machine the ranks of an all-reduce can read each other's buffers
@@ -248,19 +232,9 @@
 // the all-gather before it goes to MPI (a few microseconds). The direct
 // stores are made visible to the peers by the MPI call after them (x86
 // orders stores; a weakly ordered CPU relies on MPI's own barriers).
-
-// Measured on a 2-core VM, 2 ranks (scripts/compare.sh, 5 interleaved
-// rounds; the README has the tables): ResNet-50's step (102 MB of float32
-// gradients in 5 buckets, averaged; ddpbench run --compute none) took 7.6
-// ms, against 22.9 ms through MPI_Allreduce in the run before and 65.2 ms
-// for gloo's one flat all-reduce of the same gradients. Per all-reduce, in
-// place, against Open MPI's own loop in the same rounds: 64 KiB at 17.4
-// against 4.1 GB/s busbw, 1 MiB at 33.8 against 10.1, 64 MiB at 14.8
-// against 4.4, 256 MiB at 11.4 against 3.9. Below 16 KiB all-reduces stay
-// on MPI_Allreduce: there the three MPI calls cost about as much as a whole
-// small MPI_Allreduce (4 KiB, one run, the threshold lowered: 2.9 us in
-// shared memory, 3.0 us through MPI_Allreduce), so the threshold is a
-// choice, not a measured crossover.
+// Below 16 KiB all-reduces stay on MPI_Allreduce: there the three MPI
+// calls cost about as much as a whole small MPI_Allreduce, so the
+// threshold is a choice, not a measured crossover (docs/mpi.md).
 //
 // # Between hosts
 //
@@ -282,15 +256,15 @@
 //
 // The all-reduce algorithm. Open MPI 4.1's own choice for large messages
 // does not overlap the reduction of one piece with the transfer of the
-// next, and with four ranks it took 1.2 times as long as its ring. Its
-// segmented ring (algorithm 5) does, segment by segment; in 256 KiB
-// segments it measured best from two to four hosts.
+// next, and with four ranks it was slower than its ring. Its segmented
+// ring (algorithm 5) does, segment by segment; 256 KiB segments measured
+// best from two to four hosts (docs/mpi.md).
 //
 // The transport's eager limit (btl_tcp_eager_limit), raised from 64 KiB to
 // 300,000 bytes so that a segment and its headers go as one eager message,
 // without a handshake: with the default limit, the segmented ring in
 // 64 KiB or 1 MiB segments was slower than the plain ring with four ranks
-// (1,386 and 1,462-1,469 ms a ResNet-50 step against 1,355-1,383).
+// (docs/mpi.md).
 //
 // So, when it initialises MPI itself, the backend sets
 // OMPI_MCA_btl_tcp_flags (Open MPI 4's default without "put":
@@ -327,13 +301,6 @@
 // 4. Info.Hosts and Info.LargeAllReduce say what the last Open found and
 // chose. On one host the algorithm stays Open MPI's (none measured faster
 // there), and all-reduces run in shared memory instead (above).
-//
-// Measured between test hosts joined by 1 Gbit/s links (scripts/netlab.sh;
-// the README has the tables and commands), a ResNet-50 step (102 MB of
-// gradients; line-rate bound 818 ms) took 1,659 ms with Open MPI's
-// defaults, 877 ms with "put" off alone and 856 ms with all three changes
-// (PyTorch DDP over gloo: 873 ms); with four hosts (bound 1,227 ms), 2,537
-// ms with the defaults and 1,326 ms with the changes (PyTorch: 1,314 ms).
 //
 // # Testing
 //

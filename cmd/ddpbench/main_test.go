@@ -760,11 +760,10 @@ func TestInterruptedKeepsResults(t *testing.T) {
 // not when its hour-long step would end.
 func TestInterruptSpin(t *testing.T) {
 	model := writeFile(t, "tiny.json", tinyModel)
+	// Ctrl-C as the spinning backward starts.
 	ctx, cancel := context.WithCancel(context.Background())
-	go func() {
-		time.Sleep(100 * time.Millisecond)
-		cancel()
-	}()
+	onBackward = cancel
+	t.Cleanup(func() { onBackward = nil; cancel() })
 	var o, e bytes.Buffer
 	code := runMainContext(ctx, []string{"ddpbench", "run", "--model", model, "--compute", "spin", "--compute-time", "1h",
 		"--steps", "1", "--warmup", "0"}, &o, &e)

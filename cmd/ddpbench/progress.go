@@ -71,6 +71,11 @@ func (p *progress) loop() {
 // progress, which lets a test interrupt them at a known place.
 var onProgress func(label string, done int64)
 
+// onBackward, when a test sets it, is called by each rank as the
+// simulated backward of a step of ddpbench run starts (bench's
+// Config.OnBackward).
+var onBackward func()
+
 // add counts n more units done.
 func (p *progress) add(n int) {
 	d := p.done.Add(int64(n))

@@ -394,6 +394,9 @@ func runAction(c *cli.Context) error {
 			tel.start()
 		}
 	}
+	if onBackward != nil {
+		cfg.OnBackward = func(int) { onBackward() }
+	}
 	res, err := bench.Run(c.Context, cfg)
 	tel.stop()
 	bar.stop()

@@ -117,4 +117,15 @@
 //
 // Bench measures one collective on a group in the way nccl-tests does and
 // reports bus bandwidth and time per operation.
+//
+// # Fakes for code above comm
+//
+// Tests of a Reducer or a hook need communicators that misbehave on
+// purpose, not backends. Solo is a one-rank communicator whose collectives
+// complete at once, for embedding in a fake that overrides what it needs;
+// FakeGroup is an in-process group without goroutines or clocks (so it
+// runs in a testing/synctest bubble) that fails or hangs a chosen
+// collective; Stuck wraps a communicator so that its all-reduces hang until
+// Abort; DeviceComm presents host memory as a device's. None of them is a
+// backend: backends pass the suite.
 package commtest
