@@ -25,6 +25,8 @@ type Comm struct {
 	g    *group
 	rank int
 
+	rules backend.Rules // what the rank's calls are checked against
+
 	mu     sync.Mutex // serialises issuing
 	closed bool
 	// numbering at issue, under mu: collectives, and messages per peer
@@ -94,6 +96,7 @@ func newComm(g *group, rank int) *Comm {
 	c.timer = time.NewTimer(time.Hour)
 	c.timer.Stop()
 	c.ops.Init(backend.Config{Backend: "inproc", Rank: rank, Spin: true, Hooks: (*ringHooks)(c)})
+	c.rules = backend.Rules{Rank: rank, Size: g.n, HostOnly: true}
 	return c
 }
 
@@ -118,16 +121,6 @@ func (h *ringHooks) Parking(id uint64) {
 // operation of the rank fails.
 func (h *ringHooks) Failure() error { return h.g.failure() }
 
-// rules are what the rank's calls are checked against.
-func (c *Comm) rules() backend.Rules {
-	return backend.Rules{Rank: c.rank, Size: c.g.n, HostOnly: true}
-}
-
-// check returns the error of a call invalid for this rank, or nil.
-func (c *Comm) check(call comm.Call, send, recv comm.Buffer) error {
-	return backend.Check(c.rules(), call, send, recv).Err(call, c.g.n)
-}
-
 // Rank returns the communicator's rank.
 func (c *Comm) Rank() int { return c.rank }
 
@@ -138,7 +131,8 @@ func (c *Comm) Size() int { return c.g.n }
 // recv is send).
 func (c *Comm) AllReduce(send, recv comm.Buffer, op comm.Op) comm.Work {
 	d := desc{kind: comm.KindAllReduce, op: op, dt: send.DType, count: send.Count, send: send.Addr, recv: recv.Addr}
-	d.err = c.check(comm.Call{Kind: d.kind, Op: op, DType: d.dt, Count: d.count}, send, recv)
+	call := comm.Call{Kind: d.kind, Op: op, DType: d.dt, Count: d.count}
+	d.err = c.rules.Check(&call, &send, &recv).Err(call, c.g.n)
 	return c.issue(&d)
 }
 
@@ -151,7 +145,8 @@ func (c *Comm) Capabilities() comm.Caps {
 // Broadcast copies root's buf into buf on every other rank.
 func (c *Comm) Broadcast(buf comm.Buffer, root int) comm.Work {
 	d := desc{kind: comm.KindBroadcast, dt: buf.DType, count: buf.Count, root: root, send: buf.Addr, recv: buf.Addr}
-	d.err = c.check(comm.Call{Kind: d.kind, DType: d.dt, Count: d.count, Root: root}, buf, buf)
+	call := comm.Call{Kind: d.kind, DType: d.dt, Count: d.count, Root: root}
+	d.err = c.rules.Check(&call, &buf, &buf).Err(call, c.g.n)
 	return c.issue(&d)
 }
 
@@ -161,14 +156,16 @@ func (c *Comm) Reduce(send, recv comm.Buffer, op comm.Op, root int) comm.Work {
 	if root == c.rank {
 		d.recv = recv.Addr
 	}
-	d.err = c.check(comm.Call{Kind: d.kind, Op: op, DType: d.dt, Count: d.count, Root: root}, send, recv)
+	call := comm.Call{Kind: d.kind, Op: op, DType: d.dt, Count: d.count, Root: root}
+	d.err = c.rules.Check(&call, &send, &recv).Err(call, c.g.n)
 	return c.issue(&d)
 }
 
 // AllGather concatenates every rank's send into recv, in rank order.
 func (c *Comm) AllGather(send, recv comm.Buffer) comm.Work {
 	d := desc{kind: comm.KindAllGather, dt: send.DType, count: send.Count, send: send.Addr, recv: recv.Addr}
-	d.err = c.check(comm.Call{Kind: d.kind, DType: d.dt, Count: d.count}, send, recv)
+	call := comm.Call{Kind: d.kind, DType: d.dt, Count: d.count}
+	d.err = c.rules.Check(&call, &send, &recv).Err(call, c.g.n)
 	return c.issue(&d)
 }
 
@@ -176,7 +173,8 @@ func (c *Comm) AllGather(send, recv comm.Buffer) comm.Work {
 // block of the result in recv.
 func (c *Comm) ReduceScatter(send, recv comm.Buffer, op comm.Op) comm.Work {
 	d := desc{kind: comm.KindReduceScatter, op: op, dt: recv.DType, count: recv.Count, send: send.Addr, recv: recv.Addr}
-	d.err = c.check(comm.Call{Kind: d.kind, Op: op, DType: d.dt, Count: d.count}, send, recv)
+	call := comm.Call{Kind: d.kind, Op: op, DType: d.dt, Count: d.count}
+	d.err = c.rules.Check(&call, &send, &recv).Err(call, c.g.n)
 	return c.issue(&d)
 }
 
@@ -198,7 +196,7 @@ func (c *Comm) Recv(buf comm.Buffer, peer int) comm.Work {
 // gets root -1: it is numbered on no pair and fails here alone.
 func (c *Comm) checkMessage(d *desc, buf comm.Buffer) {
 	call := comm.Call{Kind: d.kind, DType: d.dt, Count: d.count, Root: d.root}
-	v := backend.Check(c.rules(), call, buf, buf)
+	v := c.rules.Check(&call, &buf, &buf)
 	d.err = v.Err(call, c.g.n)
 	if v.Reason == backend.BadPeer {
 		d.root = -1

@@ -79,6 +79,7 @@ type communicator struct {
 	// for stall reports and failed waits.
 	ops    backend.Ring[desc]
 	stamps [backend.RingSize]stamp
+	rules  backend.Rules // the comm contract, host memory, counts that fit MPI's C ints
 
 	// owner-only
 	received, started     uint64 // the last operation taken from the queue, and given to MPI (or failed)
@@ -191,8 +192,7 @@ func (c *communicator) Recv(buf comm.Buffer, peer int) comm.Work {
 // check returns the error of a call invalid for this rank, or nil: the
 // comm contract, host memory only, and counts that fit MPI's C ints.
 func (c *communicator) check(call comm.Call, send, recv comm.Buffer) error {
-	r := backend.Rules{Rank: c.rank, Size: c.size, HostOnly: true, MaxCount: math.MaxInt32}
-	return backend.Check(r, call, send, recv).Err(call, c.size)
+	return c.rules.Check(&call, &send, &recv).Err(call, c.size)
 }
 
 // Barrier completes once every rank has reached it.

@@ -10,6 +10,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"runtime"
 	"sync"
@@ -95,6 +96,7 @@ func Open(o Options) (comm.Communicator, error) {
 	// Park at once in Wait: the owner, readied by the issue, then runs on
 	// the waiter's processor (see engine.loop).
 	c.ops.Init(backend.Config{Backend: "mpi", Rank: c.rank, Hooks: (*ringHooks)(c)})
+	c.rules = backend.Rules{Rank: c.rank, Size: c.size, HostOnly: true, MaxCount: math.MaxInt32}
 	e.mu.Lock()
 	e.comms[c] = struct{}{}
 	e.mu.Unlock()

@@ -62,86 +62,86 @@ func (v Invalid) OK() bool { return v.Reason == Valid }
 // Root) with its buffers against the rules. Broadcast, Send and Recv pass
 // their one buffer as send; recv is read only where the kind has one (on
 // root only, for Reduce). It returns the first reason the call is
-// invalid.
-func Check(r Rules, call comm.Call, send, recv comm.Buffer) Invalid {
-	var v Invalid
-	set := func(why Reason, a, b int64) {
-		if v.Reason == Valid {
-			v = Invalid{why, a, b}
-		}
-	}
-	buf := func(i int, b comm.Buffer) {
-		switch {
-		case !b.DType.Valid():
-			set(BadDType, int64(i), int64(b.DType))
-		case b.Count < 0:
-			set(BadCount, int64(i), int64(b.Count))
-		case b.Count > 0 && b.Addr == nil:
-			set(NilAddr, int64(i), int64(b.Count))
-		case r.HostOnly && b.Loc != comm.Host:
-			set(DeviceMem, int64(i), 0)
-		case r.MaxCount > 0 && b.Count > r.MaxCount:
-			set(TooMany, int64(i), int64(b.Count))
-		}
-	}
-	n := r.Size
+// invalid. Every backend checks every call with it, so it takes pointers
+// (nothing is copied), returns early and allocates nothing; a backend
+// keeps its Rules for the communicator's life.
+func (r *Rules) Check(call *comm.Call, send, recv *comm.Buffer) Invalid {
 	switch call.Kind {
 	case comm.KindSend, comm.KindRecv:
-		if call.Root < 0 || call.Root >= n || call.Root == r.Rank {
-			set(BadPeer, int64(call.Root), int64(r.Rank))
+		if call.Root < 0 || call.Root >= r.Size || call.Root == r.Rank {
+			return Invalid{BadPeer, int64(call.Root), int64(r.Rank)}
 		}
-		buf(Buf, send)
-		return v
+		return r.buffer(Buf, send)
 	case comm.KindBroadcast:
-		buf(Buf, send)
+		if v := r.buffer(Buf, send); !v.OK() {
+			return v
+		}
+		if call.Root < 0 || call.Root >= r.Size {
+			return Invalid{Reason: BadRoot}
+		}
+		return Invalid{}
 	case comm.KindBarrier:
+		return Invalid{}
+	}
+	if v := r.buffer(SendBuf, send); !v.OK() {
 		return v
-	default:
-		buf(SendBuf, send)
-		if call.Kind != comm.KindReduce || call.Root == r.Rank {
-			buf(RecvBuf, recv)
+	}
+	onRoot := call.Kind != comm.KindReduce || call.Root == r.Rank
+	if onRoot {
+		if v := r.buffer(RecvBuf, recv); !v.OK() {
+			return v
 		}
+	}
+	if call.Kind != comm.KindAllGather && !call.Op.Valid() {
+		return Invalid{Reason: BadOp}
 	}
 	switch call.Kind {
-	case comm.KindAllReduce, comm.KindReduce, comm.KindReduceScatter:
-		if !call.Op.Valid() {
-			set(BadOp, 0, 0)
+	case comm.KindAllReduce, comm.KindReduce:
+		if call.Kind == comm.KindReduce && (call.Root < 0 || call.Root >= r.Size) {
+			return Invalid{Reason: BadRoot}
 		}
-	}
-	if (call.Kind == comm.KindBroadcast || call.Kind == comm.KindReduce) && (call.Root < 0 || call.Root >= n) {
-		set(BadRoot, 0, 0)
-	}
-	s, d := send, recv
-	switch call.Kind {
-	case comm.KindAllReduce:
-		if d.Count != s.Count || d.DType != s.DType {
-			set(BadPair, int64(d.Count), int64(d.DType))
-		} else if comm.Overlap(s, d) {
-			set(Overlapping, 0, 0)
+		if !onRoot {
+			return Invalid{}
 		}
-	case comm.KindReduce:
-		if call.Root != r.Rank {
-			break
+		if recv.Count != send.Count || recv.DType != send.DType {
+			return Invalid{BadPair, int64(recv.Count), int64(recv.DType)}
 		}
-		if d.Count != s.Count || d.DType != s.DType {
-			set(BadPair, int64(d.Count), int64(d.DType))
-		} else if comm.Overlap(s, d) {
-			set(Overlapping, 0, 0)
+		if comm.Overlap(*send, *recv) {
+			return Invalid{Reason: Overlapping}
 		}
 	case comm.KindAllGather:
-		if d.Count != n*s.Count || d.DType != s.DType {
-			set(BadGather, int64(d.Count), int64(d.DType))
-		} else if s.Count > 0 && !OwnBlock(s, d, r.Rank) && (comm.Overlap(s, d) || comm.InPlace(s, d)) {
-			set(Overlapping, 0, 0)
+		if recv.Count != r.Size*send.Count || recv.DType != send.DType {
+			return Invalid{BadGather, int64(recv.Count), int64(recv.DType)}
+		}
+		if send.Count > 0 && !OwnBlock(*send, *recv, r.Rank) && (comm.Overlap(*send, *recv) || comm.InPlace(*send, *recv)) {
+			return Invalid{Reason: Overlapping}
 		}
 	case comm.KindReduceScatter:
-		if s.Count != n*d.Count || s.DType != d.DType {
-			set(BadScatter, int64(s.Count), int64(s.DType))
-		} else if d.Count > 0 && !OwnBlock(d, s, r.Rank) && (comm.Overlap(s, d) || comm.InPlace(s, d)) {
-			set(Overlapping, 0, 0)
+		if send.Count != r.Size*recv.Count || send.DType != recv.DType {
+			return Invalid{BadScatter, int64(send.Count), int64(send.DType)}
+		}
+		if recv.Count > 0 && !OwnBlock(*recv, *send, r.Rank) && (comm.Overlap(*send, *recv) || comm.InPlace(*send, *recv)) {
+			return Invalid{Reason: Overlapping}
 		}
 	}
-	return v
+	return Invalid{}
+}
+
+// buffer checks buffer i of a call.
+func (r *Rules) buffer(i int, b *comm.Buffer) Invalid {
+	switch {
+	case !b.DType.Valid():
+		return Invalid{BadDType, int64(i), int64(b.DType)}
+	case b.Count < 0:
+		return Invalid{BadCount, int64(i), int64(b.Count)}
+	case b.Count > 0 && b.Addr == nil:
+		return Invalid{NilAddr, int64(i), int64(b.Count)}
+	case r.HostOnly && b.Loc != comm.Host:
+		return Invalid{Reason: DeviceMem, A: int64(i)}
+	case r.MaxCount > 0 && b.Count > r.MaxCount:
+		return Invalid{TooMany, int64(i), int64(b.Count)}
+	}
+	return Invalid{}
 }
 
 // OwnBlock reports whether part is exactly block rank of whole (blocks of
@@ -193,11 +193,16 @@ func (v Invalid) Text(call comm.Call, size int) string {
 }
 
 // Err returns nil for a valid call, and otherwise an error that wraps
-// comm.ErrInvalid and names the call's kind and why.
+// comm.ErrInvalid and names the call's kind and why. For a valid call it
+// is inlined to a comparison.
 func (v Invalid) Err(call comm.Call, size int) error {
-	if v.OK() {
+	if v.Reason == Valid {
 		return nil
 	}
+	return v.err(call, size)
+}
+
+func (v Invalid) err(call comm.Call, size int) error {
 	return fmt.Errorf("%w: %s: %s", comm.ErrInvalid, call.Kind, v.Text(call, size))
 }
 

@@ -64,7 +64,7 @@ func TestCheck(t *testing.T) {
 			if tc.call.Kind == comm.KindReduceScatter {
 				tc.call.DType, tc.call.Count = tc.recv.DType, tc.recv.Count
 			}
-			v := Check(tc.r, tc.call, tc.send, tc.recv)
+			v := tc.r.Check(&tc.call, &tc.send, &tc.recv)
 			if v.Reason != tc.want {
 				t.Fatalf("Check = %+v (%s), want reason %d", v, v.Text(tc.call, tc.r.Size), tc.want)
 			}
@@ -90,7 +90,7 @@ func TestCheckAllocs(t *testing.T) {
 	call := comm.Call{Kind: comm.KindAllReduce, Op: comm.Avg, DType: comm.Float32, Count: 4}
 	r := Rules{Rank: 0, Size: 2, HostOnly: true}
 	if n := testing.AllocsPerRun(100, func() {
-		if err := Check(r, call, send, recv).Err(call, 2); err != nil {
+		if err := r.Check(&call, &send, &recv).Err(call, 2); err != nil {
 			t.Fatal(err)
 		}
 	}); n != 0 {

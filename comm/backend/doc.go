@@ -66,7 +66,7 @@
 //
 // # Arguments
 //
-// Check is the rulebook of the comm contract, the one every backend and
+// Rules.Check is the rulebook of the comm contract, the one every backend and
 // comm/checked enforce: valid dtype, counts and addresses; a valid op for
 // reductions; root and peer in range, and a peer other than the rank;
 // AllReduce and Reduce on root with matching send and recv, either the
@@ -81,7 +81,7 @@
 //
 // A new backend keeps only its transport: a Ring[desc] in its
 // communicator, Init'ed with its name and rank; its collectives build a
-// desc, Check it, Reserve, Publish and hand the sequence number over;
+// desc, check it, Reserve, Publish and hand the sequence number over;
 // its engine calls Complete. An argument error is a completed operation
 // like any other (issue it and Complete it with the error, in order), so
 // the rank's sequence numbers stay those of its calls. A backend whose

@@ -149,11 +149,14 @@ func (r *Ring[D]) Issued() uint64 { return r.issued.Load() }
 // publishes the number with Publish before it reserves another.
 func (r *Ring[D]) Reserve(w comm.Waiter) uint64 {
 	seq := r.issued.Load() + 1
-	if seq > RingSize {
-		_ = w.WaitOp(context.Background(), seq-RingSize)
+	if seq > RingSize && !r.Done(seq-RingSize) {
+		wait(w, seq-RingSize)
 	}
 	return seq
 }
+
+// wait waits for operation id of w without a deadline.
+func wait(w comm.Waiter, id uint64) { _ = w.WaitOp(context.Background(), id) }
 
 // Publish makes operation seq, reserved and with its descriptor written,
 // visible: Issued returns it, and Test and Wait accept it.
@@ -251,6 +254,10 @@ func (r *Ring[D]) Wait(ctx context.Context, id uint64) error {
 	for {
 		if done, err := r.Test(id); done {
 			return err
+		}
+		if cancel == nil { // a context that never ends: a plain receive
+			<-ch
+			continue
 		}
 		select {
 		case <-ch:

@@ -424,10 +424,12 @@ func (c *Comm) WaitOp(ctx context.Context, id uint64) error {
 				return fmt.Errorf("checked: rank %d: waiting for operation #%d: %w", c.rank, id, err)
 			}
 		}
-		c.ops.Complete(id, c.opErr(&s, err))
+		if err = c.opErr(&s, err); c.ops.Complete(id, err) {
+			return err
+		}
 	}
-	// Complete, by this Wait or another goroutine, which may still be
-	// writing the result.
+	// Completed by another goroutine, which may still be writing the
+	// result.
 	return c.ops.Wait(ctx, id)
 }
 

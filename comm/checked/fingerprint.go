@@ -80,7 +80,8 @@ func (f *fingerprint) invalidText(n int) string { return f.inv.Text(f.call, n) }
 // every rank instead of hanging the others in the backend. What only a
 // backend knows (which memory it accepts) stays the backend's to check.
 func (o *op) check(rank, n int) {
-	o.fp.inv = backend.Check(backend.Rules{Rank: rank, Size: n}, o.fp.call, o.send, o.recv)
+	r := backend.Rules{Rank: rank, Size: n}
+	o.fp.inv = r.Check(&o.fp.call, &o.send, &o.recv)
 }
 
 // collectiveVerdict returns the error every rank reports for collective

@@ -34,15 +34,14 @@ func (c *Comm) run() {
 
 // await returns once ready() holds: it polls, then yields, then parks
 // until signalled.
+// One spinner paces the whole wait: once woken, the worker polls a few
+// more times and parks again, rather than spinning anew while its peers
+// need the processor.
 func (c *Comm) await(ready func() bool) {
-	for {
-		for sp := (backend.Spinner{}); ; {
-			if ready() {
-				return
-			}
-			if !sp.Spin() {
-				break
-			}
+	var sp backend.Spinner
+	for !ready() {
+		if sp.Spin() {
+			continue
 		}
 		c.parked.Store(true)
 		if !ready() {
