@@ -25,7 +25,7 @@ test: lint
 	DDPGO_STANDIN_NCCL=2.21 $(GO) test -run NCCL ./cmd/ddpbench/
 	$(GO) test -tags purego ./fp16/ ./internal/... ./inproc/ ./hooks/
 	$(GO) test -run Exhaustive -count=1 ./fp16/
-	$(GO) test -run '^(TestAccuracy|TestRunAllocations)$$' -count=1 ./examples/digits/ ./bench/
+	$(GO) test -run '^(TestAccuracy|TestPowerSGDAccuracy|TestRunAllocations)$$' -count=1 ./examples/digits/ ./bench/
 	@$(MAKE) --no-print-directory test-gomlx
 	@$(MAKE) --no-print-directory test-mpi
 	@$(MAKE) --no-print-directory test-net
