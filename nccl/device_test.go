@@ -14,6 +14,7 @@ import (
 
 	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/internal/testutil"
 )
 
 // TestLoaded: what is loaded is what the run says it is. Over the
@@ -119,7 +120,7 @@ func TestIssueOrder(t *testing.T) {
 // ErrAborted within a bound, and a new communicator on the same devices
 // works afterwards.
 func TestAbortAndClose(t *testing.T) {
-	noLeak(t)
+	testutil.NoLeak(t)
 	n := groupSize(2)
 	cs := newGroup(t, n, nil)
 	runRanks(t, cs, func(r int, c *Comm) error {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/internal/testutil"
 )
 
 // floats returns a host pool buffer of n float32 values v.
@@ -33,7 +34,7 @@ func floats(t testing.TB, n int, v float32) comm.Buffer {
 // operation's event only then.
 func TestInProgress(t *testing.T) {
 	standInOnly(t)
-	noLeak(t)
+	testutil.NoLeak(t)
 	si.SetInProgress(3)
 	defer si.SetInProgress(0)
 	cs := newGroup(t, 2, nil)
@@ -69,7 +70,7 @@ func TestInProgress(t *testing.T) {
 // sequence number and NCCL's last error, and so do later ones.
 func TestAsyncError(t *testing.T) {
 	standInOnly(t)
-	noLeak(t)
+	testutil.NoLeak(t)
 	cs := newGroup(t, 2, nil)
 	b := floats(t, 4, 1)
 	w := cs[0].AllReduce(b, b, comm.Sum) // rank 1 never joins it
@@ -94,7 +95,7 @@ func TestAsyncError(t *testing.T) {
 // comm.ErrTimeout, on both sides.
 func TestStallTimeout(t *testing.T) {
 	standInOnly(t)
-	noLeak(t)
+	testutil.NoLeak(t)
 	var stalls atomic.Int32
 	cs := newGroup(t, 2, func(c *Config) {
 		c.Timeout = 300 * time.Millisecond
@@ -130,7 +131,7 @@ func TestStallTimeout(t *testing.T) {
 // its own failure (the stand-in reports a remote error, as NCCL's network
 // transport does).
 func TestAbort(t *testing.T) {
-	noLeak(t)
+	testutil.NoLeak(t)
 	cs := newGroup(t, 2, nil)
 	b0, b1 := floats(t, 4, 1), floats(t, 4, 2)
 	w := cs[0].AllReduce(b0, b0, comm.Sum)
@@ -157,7 +158,7 @@ func TestAbort(t *testing.T) {
 // TestClose: Close fails pending work with ErrClosed, is idempotent, and
 // later work fails too.
 func TestClose(t *testing.T) {
-	noLeak(t)
+	testutil.NoLeak(t)
 	cs := newGroup(t, 2, nil)
 	b := floats(t, 4, 1)
 	w := cs[0].AllReduce(b, b, comm.Sum)
@@ -310,7 +311,7 @@ func TestOneGoroutineSeveralDevices(t *testing.T) {
 	if si == nil && devices < 2 {
 		t.Skipf("needs 2 devices; this machine has %d", devices)
 	}
-	noLeak(t)
+	testutil.NoLeak(t)
 	id, err := lib.NewUniqueID()
 	if err != nil {
 		t.Fatal(err)

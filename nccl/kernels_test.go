@@ -12,6 +12,7 @@ import (
 
 	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/internal/testutil"
 )
 
 // specials are float32 bit patterns at the edges of the conversions:
@@ -292,7 +293,7 @@ func TestSourceWithoutMemAlloc(t *testing.T) {
 // memory) is freed.
 func TestNoMemoryLeft(t *testing.T) {
 	standInOnly(t)
-	noLeak(t)
+	testutil.NoLeak(t)
 	dev, pin := si.LiveAllocs(0), si.LiveAllocs(2)
 	cs := newGroup(t, 2, nil)
 	b := []comm.Buffer{floats(t, 1000, 1), floats(t, 1000, 2)}

@@ -17,7 +17,9 @@ import (
 // rank per process under a launcher, or Options.Ranks ranks of this
 // process, one device each.
 func init() {
-	launch.Register(launch.Backend{Name: "nccl", Launched: true, InProcess: true, Open: openJob})
+	launch.Register(launch.Backend{Name: "nccl", Launched: true, InProcess: true, DeviceMemory: true,
+		About: "one GPU per rank, NCCL; one process per rank under mpirun or torchrun, else --ranks ranks of this process",
+		Open:  openJob})
 }
 
 // JobOptions is the Config that launch.Open passes to the "nccl" backend;

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/internal/testutil"
 	"github.com/ddpgo/ddpgo/launch"
 )
 
@@ -97,7 +98,7 @@ func TestLaunchInProcess(t *testing.T) {
 // and make one communicator each on the device of their local rank.
 func TestLaunchTorchrun(t *testing.T) {
 	standInOnly(t)
-	noLeak(t)
+	testutil.NoLeak(t)
 	port := freePort(t)
 	const n = 2
 	cs := make([]comm.Communicator, n)

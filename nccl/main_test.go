@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -194,20 +193,4 @@ func hostPool(t testing.TB) *allocator.Pool {
 	}
 	t.Cleanup(func() { p.Close() })
 	return p
-}
-
-// noLeak fails the test if goroutines started during it are still
-// running when it ends.
-func noLeak(t *testing.T) {
-	before := runtime.NumGoroutine()
-	t.Cleanup(func() {
-		deadline := time.Now().Add(5 * time.Second)
-		for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
-			time.Sleep(5 * time.Millisecond)
-		}
-		if g := runtime.NumGoroutine(); g > before {
-			buf := make([]byte, 1<<16)
-			t.Errorf("%d goroutines left (%d before):\n%s", g, before, buf[:runtime.Stack(buf, true)])
-		}
-	})
 }

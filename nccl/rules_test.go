@@ -15,6 +15,7 @@ import (
 	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/fp16"
+	"github.com/ddpgo/ddpgo/internal/testutil"
 )
 
 // The tests here hold the binding to NCCL's rules for non-blocking
@@ -132,7 +133,7 @@ func TestOneCallerAtATime(t *testing.T) {
 // thread (NCCL 2.14-2.26 keep the job in thread-local storage).
 func TestCommunicatorsApart(t *testing.T) {
 	standInOnly(t)
-	noLeak(t)
+	testutil.NoLeak(t)
 	id, err := lib.NewUniqueID()
 	if err != nil {
 		t.Fatal(err)

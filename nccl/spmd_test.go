@@ -11,6 +11,7 @@ import (
 
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/comm/commtest"
+	"github.com/ddpgo/ddpgo/internal/testutil"
 	"github.com/ddpgo/ddpgo/rendezvous"
 )
 
@@ -26,7 +27,7 @@ func TestSPMD(t *testing.T) {
 			if si == nil && n > devices {
 				t.Skipf("%d ranks need %d devices; this machine has %d", n, n, devices)
 			}
-			noLeak(t)
+			testutil.NoLeak(t)
 			s0, err := rendezvous.Open(context.Background(), rendezvous.Options{Addr: "127.0.0.1:0", Rank: 0, Size: n, Timeout: time.Minute})
 			if err != nil {
 				t.Fatal(err)

@@ -42,8 +42,6 @@ func (b backend) built() bool { return b.NotBuilt == "" }
 // setup is what ddpbench does for one backend beyond launch.Open: what
 // it loads before the run, and the Config it passes.
 type setup struct {
-	// describe completes a registration that leaves fields out.
-	describe func(*launch.Backend)
 	// prepare loads what the backend needs, filling b's library lines.
 	prepare func(b *backend) error
 	// config is launch.Options.Config for a run whose operations each
@@ -61,13 +59,6 @@ var setups = map[string]setup{
 		library: mpiLibrary,
 	},
 	"nccl": {
-		// Until package nccl's registration describes it.
-		describe: func(b *launch.Backend) {
-			b.DeviceMemory = true
-			if b.About == "" {
-				b.About = "one GPU per rank, NCCL; one process per rank under mpirun or torchrun, else --ranks ranks of this process"
-			}
-		},
 		prepare: prepareNCCL,
 		// Under mpirun with package mpi built, the unique id travels over
 		// MPI (launch.NewBootstrap), which Finalize then ends too.
@@ -82,9 +73,6 @@ var backends = registered()
 func registered() []backend {
 	var out []backend
 	for _, b := range launch.Registered() {
-		if d := setups[b.Name].describe; d != nil {
-			d(&b)
-		}
 		out = append(out, backend{Backend: b})
 	}
 	return out
