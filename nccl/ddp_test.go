@@ -9,9 +9,11 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/ddpgo/ddpgo/allocator"
+	"github.com/ddpgo/ddpgo/bench"
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/ddp"
 	"github.com/ddpgo/ddpgo/hooks"
@@ -122,4 +124,44 @@ func fill(n int, v float32) []float32 {
 
 func f32Bytes(s []float32) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), 4*len(s))
+}
+
+// TestBenchLaunched runs bench.Run as a launched job runs it, one call per
+// rank with that rank's communicator alone (as two processes would), so
+// each step's statistics cross the communicator in host memory between
+// the Reducer's grouped, compressed all-reduces on device memory: several
+// buckets, the rebuild after the first step, three warmup steps and then
+// measured ones, every average checked.
+func TestBenchLaunched(t *testing.T) {
+	n := groupSize(2)
+	if n < 2 {
+		t.Skip("needs 2 devices")
+	}
+	params := make([]ddp.Param, 24)
+	for i := range params {
+		params[i] = ddp.Param{Name: fmt.Sprintf("p%d", i), Shape: []int{64, 1024}}
+	}
+	cs := newGroup(t, n, nil)
+	var wg sync.WaitGroup
+	for r, c := range cs {
+		wg.Go(func() {
+			pool, err := allocator.New(allocator.Options{Source: c.Source(), Limit: 1 << 30, SlabSize: 16 << 20})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer pool.Close()
+			res, err := bench.Run(t.Context(), bench.Config{Params: params, Comms: []comm.Communicator{c}, Pools: []*allocator.Pool{pool},
+				BucketCap: 1 << 20, FirstBucketCap: 256 << 10, Hook: hooks.FP16, Steps: 4, Warmup: 3,
+				Compute: bench.ComputeSleep, Rate: 24 * 64 * 1024 / 0.005, Timeout: 30 * time.Second})
+			if err != nil {
+				t.Errorf("rank %d: %v", r, err)
+				return
+			}
+			if res.Steps != 4 {
+				t.Errorf("rank %d: %d steps measured, want 4", r, res.Steps)
+			}
+		})
+	}
+	wg.Wait()
 }
