@@ -11,6 +11,7 @@ import (
 
 	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/comm/backend"
 )
 
 // Defaults of Config.
@@ -252,6 +253,7 @@ type Comm struct {
 	cfg    Config
 	rank   int
 	size   int
+	rules  backend.Rules // what every call is checked against
 
 	// issueMu orders the issuing of operations: one caller at a time takes
 	// a sequence number, stages and launches, so that sequence order is
@@ -331,7 +333,8 @@ type pending struct {
 
 func (l *Library) newComm(cfg Config, dev *device, h uintptr) (*Comm, error) {
 	c := &Comm{lib: l, d: l.d, dev: dev, ctx: dev.ctx, handle: h, cfg: cfg, rank: cfg.Rank, size: cfg.Size,
-		errs: map[uint64]error{}, regs: map[uintptr]uintptr{}, stop: make(chan struct{})}
+		rules: backend.Rules{Rank: cfg.Rank, Size: cfg.Size, OneDevice: true, Device: cfg.Device},
+		errs:  map[uint64]error{}, regs: map[uintptr]uintptr{}, stop: make(chan struct{})}
 	n, r, dv, err := l.d.commInfo(h)
 	if err == nil && (n != cfg.Size || r != cfg.Rank || dv != cfg.Device) {
 		err = fmt.Errorf("nccl: the communicator reports rank %d of %d on device %d, want rank %d of %d on device %d", r, n, dv, cfg.Rank, cfg.Size, cfg.Device)
@@ -559,9 +562,4 @@ func (c *Comm) grow() {
 // opError wraps err with the operation's identity.
 func (c *Comm) opError(sl *slot, err error) error {
 	return &comm.OpError{Rank: c.rank, Seq: sl.seq, Kind: sl.kind, Count: sl.count, DType: sl.dtype, Err: err}
-}
-
-func (c *Comm) invalid(kind comm.Kind, b comm.Buffer, format string, args ...any) comm.Work {
-	return comm.FailedWork(&comm.OpError{Rank: c.rank, Seq: 0, Kind: kind, Count: b.Count, DType: b.DType,
-		Err: fmt.Errorf("%w: nccl: %s", comm.ErrInvalid, fmt.Sprintf(format, args...))})
 }

@@ -55,143 +55,86 @@ func (c *Comm) redop(op comm.Op) int {
 	return ncclOp(op)
 }
 
-// checkBuf reports why b cannot be used by this communicator, or "".
-func (c *Comm) checkBuf(name string, b comm.Buffer) string {
-	switch {
-	case !b.DType.Valid():
-		return fmt.Sprintf("%s has invalid dtype %v", name, b.DType)
-	case b.Count < 0:
-		return fmt.Sprintf("%s has negative count %d", name, b.Count)
-	case b.Count > 0 && b.Addr == nil:
-		return fmt.Sprintf("%s has %d elements at a nil address", name, b.Count)
-	case b.Loc == comm.Device && b.Device != c.dev.ordinal:
-		return fmt.Sprintf("%s is memory of device %d; rank %d uses device %d", name, b.Device, c.rank, c.dev.ordinal)
-	case b.Loc != comm.Host && b.Loc != comm.Device:
-		return fmt.Sprintf("%s has unknown location %d", name, b.Loc)
+// check checks a call against the comm contract's argument rules (package
+// comm/backend, which every backend enforces), with device memory valid on
+// this rank's device only. It returns a failed Work for an invalid call.
+func (c *Comm) check(call comm.Call, send, recv *comm.Buffer, desc comm.Buffer) (comm.Work, bool) {
+	v := c.rules.Check(&call, send, recv)
+	if v.OK() {
+		return comm.Work{}, true
 	}
-	return ""
+	return comm.FailedWork(&comm.OpError{Rank: c.rank, Kind: call.Kind, Count: desc.Count, DType: desc.DType,
+		Err: fmt.Errorf("nccl: %w", v.Err(call, c.size))}), false
 }
 
 // AllReduce reduces send over every rank into recv (ncclAllReduce).
 func (c *Comm) AllReduce(send, recv comm.Buffer, op comm.Op) comm.Work {
-	k := comm.KindAllReduce
-	if m := c.checkBuf("send", send) + c.checkBuf("recv", recv); m != "" {
-		return c.invalid(k, send, "%s", m)
+	call := comm.Call{Kind: comm.KindAllReduce, Op: op, DType: send.DType, Count: send.Count}
+	if w, ok := c.check(call, &send, &recv, send); !ok {
+		return w
 	}
-	if ncclOp(op) < 0 {
-		return c.invalid(k, send, "invalid reduction op %v", op)
-	}
-	if send.Count != recv.Count || send.DType != recv.DType {
-		return c.invalid(k, send, "send (%d x %s) and recv (%d x %s) differ", send.Count, send.DType, recv.Count, recv.DType)
-	}
-	if comm.Overlap(send, recv) {
-		return c.invalid(k, send, "send and recv overlap without being the same buffer")
-	}
-	return c.issue(k, send, recv, copAllReduce, c.redop(op), 0, send.Count, true, true)
+	return c.issue(call.Kind, send, recv, copAllReduce, c.redop(op), 0, send.Count, true, true)
 }
 
 // Broadcast copies root's buf to every rank (ncclBroadcast, in place).
 func (c *Comm) Broadcast(buf comm.Buffer, root int) comm.Work {
-	k := comm.KindBroadcast
-	if m := c.checkBuf("buf", buf); m != "" {
-		return c.invalid(k, buf, "%s", m)
+	call := comm.Call{Kind: comm.KindBroadcast, DType: buf.DType, Count: buf.Count, Root: root}
+	if w, ok := c.check(call, &buf, &buf, buf); !ok {
+		return w
 	}
-	if root < 0 || root >= c.size {
-		return c.invalid(k, buf, "root %d not in [0, %d)", root, c.size)
-	}
-	return c.issue(k, buf, buf, copBroadcast, 0, root, buf.Count, c.rank == root, true)
+	return c.issue(call.Kind, buf, buf, copBroadcast, 0, root, buf.Count, c.rank == root, true)
 }
 
 // Reduce reduces send over every rank into recv on root (ncclReduce).
 func (c *Comm) Reduce(send, recv comm.Buffer, op comm.Op, root int) comm.Work {
-	k := comm.KindReduce
-	if root < 0 || root >= c.size {
-		return c.invalid(k, send, "root %d not in [0, %d)", root, c.size)
-	}
-	if ncclOp(op) < 0 {
-		return c.invalid(k, send, "invalid reduction op %v", op)
-	}
-	if m := c.checkBuf("send", send); m != "" {
-		return c.invalid(k, send, "%s", m)
+	call := comm.Call{Kind: comm.KindReduce, Op: op, DType: send.DType, Count: send.Count, Root: root}
+	if w, ok := c.check(call, &send, &recv, send); !ok {
+		return w
 	}
 	if c.rank != root {
 		// recv is ignored off the root; NCCL wants no buffer there.
-		return c.issue(k, send, comm.Buffer{DType: send.DType, Loc: send.Loc, Device: send.Device}, copReduce, c.redop(op), root, send.Count, true, false)
+		recv = comm.Buffer{DType: send.DType, Loc: send.Loc, Device: send.Device}
+		return c.issue(call.Kind, send, recv, copReduce, c.redop(op), root, send.Count, true, false)
 	}
-	if m := c.checkBuf("recv", recv); m != "" {
-		return c.invalid(k, send, "%s", m)
-	}
-	if send.Count != recv.Count || send.DType != recv.DType {
-		return c.invalid(k, send, "send (%d x %s) and recv (%d x %s) differ", send.Count, send.DType, recv.Count, recv.DType)
-	}
-	if comm.Overlap(send, recv) {
-		return c.invalid(k, send, "send and recv overlap without being the same buffer")
-	}
-	return c.issue(k, send, recv, copReduce, c.redop(op), root, send.Count, true, true)
+	return c.issue(call.Kind, send, recv, copReduce, c.redop(op), root, send.Count, true, true)
 }
 
 // AllGather gathers every rank's send into recv, in rank order
 // (ncclAllGather).
 func (c *Comm) AllGather(send, recv comm.Buffer) comm.Work {
-	k := comm.KindAllGather
-	if m := c.checkBuf("send", send) + c.checkBuf("recv", recv); m != "" {
-		return c.invalid(k, send, "%s", m)
+	call := comm.Call{Kind: comm.KindAllGather, DType: send.DType, Count: send.Count}
+	if w, ok := c.check(call, &send, &recv, send); !ok {
+		return w
 	}
-	if send.DType != recv.DType || recv.Count != send.Count*c.size {
-		return c.invalid(k, send, "recv has %d x %s, want %d x %s (%d ranks x send's %d)", recv.Count, recv.DType, send.Count*c.size, send.DType, c.size, send.Count)
-	}
-	if comm.Overlap(send, recv) && !c.ownBlock(send, recv) || comm.InPlace(send, recv) && c.rank != 0 && send.Count > 0 {
-		return c.invalid(k, send, "send overlaps recv other than as rank %d's own block", c.rank)
-	}
-	return c.issue(k, send, recv, copAllGather, 0, 0, send.Count, true, true)
+	return c.issue(call.Kind, send, recv, copAllGather, 0, 0, send.Count, true, true)
 }
 
 // ReduceScatter reduces send over every rank and leaves block Rank in recv
 // (ncclReduceScatter).
 func (c *Comm) ReduceScatter(send, recv comm.Buffer, op comm.Op) comm.Work {
-	k := comm.KindReduceScatter
-	if m := c.checkBuf("send", send) + c.checkBuf("recv", recv); m != "" {
-		return c.invalid(k, send, "%s", m)
+	call := comm.Call{Kind: comm.KindReduceScatter, Op: op, DType: recv.DType, Count: recv.Count}
+	if w, ok := c.check(call, &send, &recv, recv); !ok {
+		return w
 	}
-	if ncclOp(op) < 0 {
-		return c.invalid(k, send, "invalid reduction op %v", op)
-	}
-	if send.DType != recv.DType || send.Count != recv.Count*c.size {
-		return c.invalid(k, send, "send has %d x %s, want %d x %s (%d ranks x recv's %d)", send.Count, send.DType, recv.Count*c.size, recv.DType, c.size, recv.Count)
-	}
-	if comm.Overlap(recv, send) && !c.ownBlock(recv, send) || comm.InPlace(send, recv) && c.rank != 0 && recv.Count > 0 {
-		return c.invalid(k, send, "recv overlaps send other than as rank %d's own block", c.rank)
-	}
-	return c.issue(k, send, recv, copReduceScatter, c.redop(op), 0, recv.Count, true, true)
-}
-
-// ownBlock reports whether part is exactly this rank's block of whole.
-func (c *Comm) ownBlock(part, whole comm.Buffer) bool {
-	return uintptr(part.Addr) == uintptr(whole.Addr)+uintptr(c.rank*part.Bytes())
+	return c.issue(call.Kind, send, recv, copReduceScatter, c.redop(op), 0, recv.Count, true, true)
 }
 
 // Send sends buf to peer (ncclSend).
 func (c *Comm) Send(buf comm.Buffer, peer int) comm.Work {
-	k := comm.KindSend
-	if m := c.checkBuf("buf", buf); m != "" {
-		return c.invalid(k, buf, "%s", m)
+	call := comm.Call{Kind: comm.KindSend, DType: buf.DType, Count: buf.Count, Root: peer}
+	if w, ok := c.check(call, &buf, &buf, buf); !ok {
+		return w
 	}
-	if peer < 0 || peer >= c.size || peer == c.rank {
-		return c.invalid(k, buf, "peer %d not another rank of [0, %d)", peer, c.size)
-	}
-	return c.issue(k, buf, comm.Buffer{DType: buf.DType}, copSend, 0, peer, buf.Count, true, false)
+	return c.issue(call.Kind, buf, comm.Buffer{DType: buf.DType}, copSend, 0, peer, buf.Count, true, false)
 }
 
 // Recv receives into buf from peer (ncclRecv).
 func (c *Comm) Recv(buf comm.Buffer, peer int) comm.Work {
-	k := comm.KindRecv
-	if m := c.checkBuf("buf", buf); m != "" {
-		return c.invalid(k, buf, "%s", m)
+	call := comm.Call{Kind: comm.KindRecv, DType: buf.DType, Count: buf.Count, Root: peer}
+	if w, ok := c.check(call, &buf, &buf, buf); !ok {
+		return w
 	}
-	if peer < 0 || peer >= c.size || peer == c.rank {
-		return c.invalid(k, buf, "peer %d not another rank of [0, %d)", peer, c.size)
-	}
-	return c.issue(k, comm.Buffer{DType: buf.DType}, buf, copRecv, 0, peer, buf.Count, false, true)
+	return c.issue(call.Kind, comm.Buffer{DType: buf.DType}, buf, copRecv, 0, peer, buf.Count, false, true)
 }
 
 // Barrier is an all-reduce of one float on the communicator's scratch

@@ -16,6 +16,10 @@ type Rules struct {
 	// MaxCount, if positive, bounds a buffer's element count (MPI counts
 	// are C ints).
 	MaxCount int
+	// OneDevice makes device memory valid only on Device, the rank's
+	// device (NCCL: one GPU per rank).
+	OneDevice bool
+	Device    int
 }
 
 // Reason says why a call is invalid. Invalid carries it with two values,
@@ -38,6 +42,8 @@ const (
 	BadPeer            // A: the peer, B: the rank
 	DeviceMem          // A: the buffer: device memory for a host-only backend
 	TooMany            // A: the buffer, B: its count, above Rules.MaxCount
+	BadLoc             // A: the buffer, B: its location, neither host nor device
+	OtherDevice        // A: the buffer, B: its device, not Rules.Device
 )
 
 // Buffer numbers, the A of the reasons that name a buffer.
@@ -136,6 +142,10 @@ func (r *Rules) buffer(i int, b *comm.Buffer) Invalid {
 		return Invalid{BadCount, int64(i), int64(b.Count)}
 	case b.Count > 0 && b.Addr == nil:
 		return Invalid{NilAddr, int64(i), int64(b.Count)}
+	case b.Loc != comm.Host && b.Loc != comm.Device:
+		return Invalid{BadLoc, int64(i), int64(b.Loc)}
+	case r.OneDevice && b.Loc == comm.Device && b.Device != r.Device:
+		return Invalid{OtherDevice, int64(i), int64(b.Device)}
 	case r.HostOnly && b.Loc != comm.Host:
 		return Invalid{Reason: DeviceMem, A: int64(i)}
 	case r.MaxCount > 0 && b.Count > r.MaxCount:
@@ -188,6 +198,10 @@ func (v Invalid) Text(call comm.Call, size int) string {
 		return fmt.Sprintf("%s is device memory; the backend carries host buffers only", bufName(v.A))
 	case TooMany:
 		return fmt.Sprintf("%s has %d elements, more than the backend's counts can hold", bufName(v.A), v.B)
+	case BadLoc:
+		return fmt.Sprintf("%s has unknown location %d", bufName(v.A), v.B)
+	case OtherDevice:
+		return fmt.Sprintf("%s is memory of device %d, not the rank's", bufName(v.A), v.B)
 	}
 	return fmt.Sprintf("reason %d", v.Reason)
 }

@@ -21,6 +21,11 @@ func TestCheck(t *testing.T) {
 	host := Rules{Rank: 1, Size: 4, HostOnly: true}
 	mpi := Rules{Rank: 1, Size: 4, HostOnly: true, MaxCount: 3}
 	any := Rules{Rank: 1, Size: 4}
+	gpu := Rules{Rank: 1, Size: 4, OneDevice: true, Device: 1}
+	dev1 := dev
+	dev1.Device = 1
+	badLoc := at(0, 4)
+	badLoc.Loc = 7
 	ar := comm.Call{Kind: comm.KindAllReduce, Op: comm.Sum}
 	cases := []struct {
 		name       string
@@ -40,6 +45,10 @@ func TestCheck(t *testing.T) {
 		{"nil", host, ar, at(0, 4), nilBuf, NilAddr, "recv has count 4 and a nil address"},
 		{"device on host-only", host, ar, dev, dev, DeviceMem, "device memory"},
 		{"device anywhere", any, ar, dev, dev, Valid, ""},
+		{"the rank's device", gpu, ar, dev1, dev1, Valid, ""},
+		{"host on a device backend", gpu, ar, at(0, 4), at(4, 4), Valid, ""},
+		{"another device", gpu, ar, dev, dev, OtherDevice, "send is memory of device 0, not the rank's"},
+		{"unknown location", any, ar, at(0, 4), badLoc, BadLoc, "recv has unknown location 7"},
 		{"count limit", mpi, ar, at(0, 4), at(4, 4), TooMany, "send has 4 elements"},
 		{"broadcast root", host, comm.Call{Kind: comm.KindBroadcast, Root: 4}, at(0, 4), at(0, 4), BadRoot, "root 4 out of range for 4 ranks"},
 		{"reduce off root ignores recv", host, comm.Call{Kind: comm.KindReduce, Op: comm.Sum, Root: 0}, at(0, 4), nilBuf, Valid, ""},
