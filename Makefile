@@ -95,11 +95,12 @@ ptxas-deps:
 cuda-dev-deps:
 	scripts/cuda-deps.sh headers $(CUDA_CACHE)
 
-# The peers of ../shared/peers (PyTorch with gloo, Open MPI, numpy) from
-# Debian's packages; scripts/compare.sh runs them beside ddpgo.
+# What the peer baselines of scripts/peers need (PyTorch with gloo, numpy,
+# Open MPI, a C compiler), from Debian's packages; scripts/compare.sh runs
+# them beside ddpgo.
 peers-deps:
 	apt-get update
-	DEBIAN_FRONTEND=noninteractive apt-get install -y python3-torch python3-torchvision python3-numpy openmpi-bin libopenmpi-dev gcc
+	DEBIAN_FRONTEND=noninteractive apt-get install -y python3-torch python3-numpy openmpi-bin libopenmpi-dev gcc
 
 compare:
 	scripts/compare.sh

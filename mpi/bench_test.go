@@ -22,7 +22,7 @@ import (
 // ranks must run the same number of iterations, which b.N, chosen by each
 // process on its own, does not guarantee. It times every iteration on
 // every rank and takes, per iteration, the slowest rank's time, then the
-// median over iterations: the method of ../shared/peers' mpi_allreduce.c,
+// median over iterations: the method of scripts/peers/mpi_allreduce.c,
 // so that the two are compared row by row.
 //
 //	go test -c -tags mpi -o /tmp/mpi.test ./mpi/

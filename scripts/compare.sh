@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
 # compare.sh runs ddpgo's speed measurements and the peer baselines of
-# ../shared/peers (memory roofline, Open MPI, PyTorch gloo, numpy, PyTorch
+# scripts/peers (memory roofline, Open MPI, PyTorch gloo, numpy, PyTorch
 # DDP) in one session on one machine, writes every raw result under
 # results/ (or $OUT) and prints the rows of the README's results table.
 # Speed goals are ratios between numbers taken in the same run: these
 # machines are shared and noisy, so never compare with another day's file.
 #
-# Needs (Debian): python3-torch python3-torchvision python3-numpy openmpi-bin
-# libopenmpi-dev gcc; `make peers-deps` installs them.
+# Needs (Debian): python3-torch python3-numpy openmpi-bin libopenmpi-dev
+# gcc; `make peers-deps` installs them.
 #
-# Usage: scripts/compare.sh [PEERS_DIR]      (default ../shared/peers)
+# Usage: scripts/compare.sh
 # ROUNDS (default 5) is the number of interleaved rounds of the
 # process-against-process rows.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-peers=$(cd "${1:-../shared/peers}" && pwd)
+peers=$(pwd)/scripts/peers
 out=${OUT:-results}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -23,27 +23,26 @@ out=$(cd "$out" && pwd)
 rm -f "$out/mpi_sweep.csv" "$out/mpi_sweep.txt" "$out/mpi_interleaved.csv" "$out/mpi_interleaved.txt" "$out"/mpi_resnet50_r*.json "$out"/ddp_step_f_r*.csv
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-cp -r "$peers"/. "$work"/   # the peers write beside themselves; keep the original read-only
 py=/usr/bin/python3
 rounds=${ROUNDS:-5}
 
 step() { printf '\n== %s\n$ %s\n' "$1" "$2" >&2; }
 
-step "memory roofline" "gcc -O3 -march=native -pthread -o memcpy_bw memcpy_bw.c && ./memcpy_bw memcpy_bw.csv"
-gcc -O3 -march=native -pthread -o "$work/memcpy_bw" "$work/memcpy_bw.c"
+step "memory roofline" "gcc -O3 -march=native -pthread -o memcpy_bw scripts/peers/memcpy_bw.c && ./memcpy_bw memcpy_bw.csv"
+gcc -O3 -march=native -pthread -o "$work/memcpy_bw" "$peers/memcpy_bw.c"
 "$work/memcpy_bw" "$out/memcpy_bw.csv" > "$out/memcpy_bw.txt"
 
-step "Open MPI MPI_Allreduce, 2 ranks" "bash run_mpi.sh mpi_allreduce.csv"
-bash "$work/run_mpi.sh" "$out/mpi_allreduce.csv" > "$out/mpi_allreduce.txt" 2>&1
+step "Open MPI MPI_Allreduce, 2 ranks" "scripts/peers/run_mpi.sh mpi_allreduce.csv"
+bash "$peers/run_mpi.sh" "$out/mpi_allreduce.csv" > "$out/mpi_allreduce.txt" 2>&1
 
-step "PyTorch gloo all_reduce, 2 ranks" "python3 gloo_allreduce.py --out gloo.csv"
-$py "$work/gloo_allreduce.py" --out "$out/gloo_allreduce.csv" > "$out/gloo_allreduce.txt" 2>&1
+step "PyTorch gloo all_reduce, 2 ranks" "python3 scripts/peers/gloo_allreduce.py --out gloo.csv"
+$py "$peers/gloo_allreduce.py" --out "$out/gloo_allreduce.csv" > "$out/gloo_allreduce.txt" 2>&1
 
-step "numpy float32<->float16" "python3 fp16_convert.py --out fp16.csv"
-$py "$work/fp16_convert.py" --out "$out/fp16_convert.csv" > "$out/fp16_convert.txt" 2>&1
+step "numpy float32<->float16" "python3 scripts/peers/fp16_convert.py --out fp16.csv"
+$py "$peers/fp16_convert.py" --out "$out/fp16_convert.csv" > "$out/fp16_convert.txt" 2>&1
 
-step "PyTorch DDP ResNet-50 step, 2 ranks" "python3 ddp_step.py --out ddp_step.csv"
-$py "$work/ddp_step.py" --out "$out/ddp_step.csv" > "$out/ddp_step.txt" 2>&1
+step "PyTorch DDP ResNet-50 step, 2 ranks" "python3 scripts/peers/ddp_step.py --out ddp_step.csv"
+$py "$peers/ddp_step.py" --out "$out/ddp_step.csv" > "$out/ddp_step.txt" 2>&1
 
 step "ddpgo fp16 kernels" "go test -run '^\$' -bench 'Float32ToHalf\$|HalfToFloat32\$|Copy\$' -benchtime 20x -count 5 ./fp16/"
 go test -run '^$' -bench 'Float32ToHalf$|HalfToFloat32$|Copy$' -benchtime 20x -count 5 ./fp16/ > "$out/go_fp16.txt"
@@ -73,10 +72,10 @@ if pkg-config --exists ompi-c 2>/dev/null && command -v mpirun >/dev/null; then
 	# The step against gloo's flat all-reduce (row f), launch for launch:
 	# rounds of a ddpbench launch and a ddp_step.py launch of row f alone;
 	# each side is quoted at its median over the rounds.
-	step "ddpbench over MPI, ResNet-50 step, 2 processes, against gloo's row f, $rounds interleaved rounds" "${mr[*]} ddpbench run --backend mpi --steps 40 --compute none --format json; python3 ddp_step.py --only f"
+	step "ddpbench over MPI, ResNet-50 step, 2 processes, against gloo's row f, $rounds interleaved rounds" "${mr[*]} ddpbench run --backend mpi --steps 40 --compute none --format json; python3 scripts/peers/ddp_step.py --only f"
 	for round in $(seq "$rounds"); do
 		"${mr[@]}" "$work/ddpbench-mpi" run --backend mpi --steps 40 --compute none --format json > "$out/mpi_resnet50_r$round.json"
-		$py "$work/ddp_step.py" --only f --out "$out/ddp_step_f_r$round.csv" > "$out/ddp_step_f_r$round.txt" 2>&1
+		$py "$peers/ddp_step.py" --only f --out "$out/ddp_step_f_r$round.csv" > "$out/ddp_step_f_r$round.txt" 2>&1
 	done
 	cp "$out/mpi_resnet50_r1.json" "$out/mpi_resnet50.json"
 	step "ddpbench over MPI, fp16" "... --compression fp16"
@@ -97,7 +96,7 @@ if pkg-config --exists ompi-c 2>/dev/null && command -v mpirun >/dev/null; then
 	# it on other memory, through MPI_Allreduce (DDPGO_MPI_SHM=0).
 	step "ddpgo over MPI against Open MPI's C loop, interleaved, $rounds rounds" "go test -c -tags mpi ./mpi/; ${mr[*]} mpi.test -test.run TestSweep -mpi.sweep=shared -mpi.budget=1s -mpi.bytes=$bytes; ... -x DDPGO_MPI_SHM=0 ... -mpi.sweep=blocking; mpirun ... mpi_allreduce (vader, vader_tuned)"
 	go test -c -tags mpi -o "$work/mpi.test" ./mpi/
-	mpicc -O2 -o "$work/mpi_allreduce" "$work/mpi_allreduce.c"
+	mpicc -O2 -o "$work/mpi_allreduce" "$peers/mpi_allreduce.c"
 	cmr=(mpirun --oversubscribe -np 2 --mca btl self,vader --mca oob_tcp_if_include lo --mca btl_tcp_if_include lo -x BENCH_BUDGET_S=0.3)
 	if [ "$(id -u)" = 0 ]; then cmr+=(--allow-run-as-root); fi
 	# Each side gets the same two launches a round, plain and with glibc's

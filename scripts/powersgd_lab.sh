@@ -40,10 +40,10 @@ pkg-config --exists ompi-c 2>/dev/null && command -v mpirun >/dev/null || skip "
 $py -c 'import torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook' 2>/dev/null || skip "PyTorch not found for $py (make peers-deps)"
 
 if [[ ${SMOKE:-0} == 1 ]]; then
-	: "${RATES:=1gbit}" "${MODELS:=../shared/models/resnet50.json}" "${RANKS:=4}" "${ROUNDS:=1}" "${STEPS:=2}" "${WARMUP:=3}"
+	: "${RATES:=1gbit}" "${MODELS:=models/manifests/resnet50.json}" "${RANKS:=4}" "${ROUNDS:=1}" "${STEPS:=2}" "${WARMUP:=3}"
 fi
 rates=${RATES:-1gbit 10gbit}
-models=${MODELS:-../shared/models/resnet50.json ../shared/models/bert_base.json}
+models=${MODELS:-models/manifests/resnet50.json models/manifests/bert-base.json}
 ranks=${RANKS:-1 4}
 rounds=${ROUNDS:-2}
 hosts=${HOSTS:-2}

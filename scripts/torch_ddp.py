@@ -5,7 +5,7 @@ The peer of `ddpbench run` across processes and hosts. Each rank is started sepa
 torchrun or mpirun would start it (scripts/netlab.sh starts one per test host):
 
     RANK=0 WORLD_SIZE=2 MASTER_ADDR=198.18.0.1 MASTER_PORT=29500 GLOO_SOCKET_IFNAME=eth0 \\
-        /usr/bin/python3 torch_ddp.py --model models/resnet50.json [--hook fp16] [--compute-ms 80]
+        /usr/bin/python3 scripts/torch_ddp.py --model models/manifests/resnet50.json [--hook fp16] [--compute-ms 80]
 
 Model: a module holding exactly the manifest's parameter tensors (float32, registration order);
 forward(x) = sum_i (p_i * x).sum(), so backward is almost free and makes the gradients ready in
@@ -15,7 +15,8 @@ rank sleeps T * (its share of the parameters' elements), so gradients arrive spr
 
 Timed per step: the wall time of loss.backward() (under DDP it includes every bucket's all_reduce
 and the final wait), max over ranks; printed as median / p10 / p90 over --steps steps after
---warmup steps (DDP rebuilds its buckets after the first iteration). --hook fp16 or bf16 registers
+--warmup steps (DDP rebuilds its buckets after the first iteration). --no-ddp times the bare
+module's backward instead, without DDP (what backward costs by itself). --hook fp16 or bf16 registers
 torch's default fp16_compress_hook / bf16_compress_hook; --hook powersgd registers powerSGD_hook with
 a PowerSGDState of --powersgd-rank (matrix_approximation_rank), --powersgd-start-iter
 (start_powerSGD_iter; torch refuses less than 2 with error feedback or warm start, which are on) and
@@ -74,10 +75,13 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--flat", action="store_true", help="time one all_reduce of every element instead")
+    ap.add_argument("--no-ddp", action="store_true", help="time the bare module's backward, without DDP")
     ap.add_argument("--count-iface", default="", help="report the bytes IFACE sent per timed step")
     args = ap.parse_args()
     if args.warmup < 2:
         sys.exit("torch_ddp.py: --warmup must be at least 2 (DDP rebuilds its buckets after iteration 1)")
+    if args.no_ddp and (args.hook != "none" or args.flat):
+        sys.exit("torch_ddp.py: --no-ddp times the module alone: no --hook, no --flat")
     if args.hook == "powersgd" and args.warmup <= args.powersgd_start_iter:
         sys.exit("torch_ddp.py: --warmup must pass --powersgd-start-iter, so that the timed steps compress "
                  "(the first compressed step allocates the hook's state)")
@@ -114,7 +118,7 @@ def main():
             for p in model.params:
                 delay = args.compute_ms / 1e3 * p.numel() / numel
                 p.register_hook(lambda g, d=delay: (time.sleep(d), g)[1])
-        ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb, broadcast_buffers=False)
+        ddp = model if args.no_ddp else DDP(model, bucket_cap_mb=args.bucket_cap_mb, broadcast_buffers=False)
         if args.hook == "powersgd":
             from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
             state = powerSGD.PowerSGDState(process_group=None, matrix_approximation_rank=args.powersgd_rank,
@@ -135,6 +139,12 @@ def main():
             loss.backward()
             if i >= args.warmup:
                 times.append(time.perf_counter() - a)
+        # d loss / d p = x = 1 everywhere, on every rank, so the average is
+        # 1 too, exactly, in fp16 and bf16 as well (PowerSGD approximates).
+        if args.hook != "powersgd":
+            bad = sum(int((p.grad != 1).sum()) for p in model.params)
+            if bad:
+                sys.exit("torch_ddp.py: rank %d: %d gradient elements are not the average, 1" % (rank, bad))
 
     dist.barrier()
     sent = torch.tensor([float(tx_bytes() - tx0) if tx0 is not None else 0.0], dtype=torch.float64)
@@ -147,7 +157,7 @@ def main():
         q = quantiles(mine.tolist())
         out = dict(peer="pytorch-ddp-gloo", torch=torch.__version__, model=manifest.get("model", args.model),
                    world=world, hook=args.hook, bucket_cap_mb=args.bucket_cap_mb, compute_ms=args.compute_ms,
-                   flat=args.flat, params=len(shapes), numel=numel, steps=args.steps, **q)
+                   flat=args.flat, ddp=not (args.flat or args.no_ddp), params=len(shapes), numel=numel, steps=args.steps, **q)
         if args.count_iface:
             out["tx_bytes_per_step"] = sent.item() / world / args.steps
         if args.hook == "powersgd":
