@@ -22,13 +22,16 @@
 #   netlab.sh exec HOST COMMAND...      run a command on one host
 #   netlab.sh check                     exit 0 if this machine can run the lab (root, ip netns, veth, tbf)
 #
+# NETLAB_PREFIX (default ddplab) names the namespaces and the state file: two labs can be up on one
+# machine at once (two jobs of a CI runner, say) under different prefixes.
+#
 # delay and loss need the netem qdisc, which is missing from some kernels: `netlab.sh up` says whether
 # it loaded (NETEM=yes|no in status), and callers skip those scenarios when it did not.
 #
 # Needs root, iproute2 (ip, tc) and, for mpirun, Open MPI. `up` removes what it made if any step fails.
 set -euo pipefail
 
-PREFIX=ddplab
+PREFIX=${NETLAB_PREFIX:-ddplab}
 SW=$PREFIX-sw
 NET=198.18.0
 STATE=/run/$PREFIX.hosts
