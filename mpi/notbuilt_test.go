@@ -5,6 +5,8 @@ package mpi_test
 import (
 	"context"
 	"errors"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -33,5 +35,16 @@ func TestNotBuilt(t *testing.T) {
 	}
 	if err := mpi.Finalize(); err != nil {
 		t.Errorf("Finalize: %v", err)
+	}
+}
+
+// The tag without cgo is a build error that says why, not a stub whose
+// errors ask for the tag that was given.
+func TestTagNeedsCgo(t *testing.T) {
+	cmd := exec.Command("go", "build", "-tags", "mpi", ".")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "the mpi build tag needs cgo: CGO_ENABLED=1 and a C compiler") {
+		t.Errorf("CGO_ENABLED=0 go build -tags mpi: %v\n%s\nwant a build error saying that the tag needs cgo", err, out)
 	}
 }
