@@ -2,7 +2,8 @@
 // reads a process's rank, size, local rank and local size from the
 // variables that Open MPI's mpirun, MPICH's Hydra (mpiexec), Slurm's srun
 // or PyTorch's torchrun set (FromEnv), and opens the requested backend
-// (Open).
+// (Open). At the end of the program, Finalize ends the backends that need
+// it: every process of an MPI job must reach MPI_Finalize before it exits.
 //
 //	import (
 //		"github.com/ddpgo/ddpgo/launch"
@@ -12,6 +13,7 @@
 //	cs, err := launch.Open(ctx, "mpi", launch.Options{})   // one rank per process
 //	cs, err := launch.Open(ctx, "inproc", launch.Options{Ranks: 4}) // 4 ranks in this process
 //	cs, err := launch.Open(ctx, "nccl", launch.Options{Ranks: 4})   // either: see below
+//	defer launch.Finalize()                                         // once Open has succeeded
 //
 // A backend runs its ranks in this process (inproc), one rank per process
 // started by a launcher (Backend.Launched: mpi), or either way

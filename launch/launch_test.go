@@ -3,6 +3,7 @@ package launch_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"slices"
 	"strings"
@@ -233,3 +234,32 @@ func TestRegistered(t *testing.T) {
 		t.Error("Lookup found a backend nobody registered")
 	}
 }
+
+// Finalize calls every registered backend's Finalize, each time it is
+// called, and joins their errors naming the backend.
+func TestFinalize(t *testing.T) {
+	finalizeRuns++ // names of this run's own: Register refuses a name twice
+	a, b := fmt.Sprintf("finalize-a%d", finalizeRuns), fmt.Sprintf("finalize-b%d", finalizeRuns)
+	calls := map[string]int{}
+	fail := errors.New("finalize failed")
+	for _, name := range []string{a, b} {
+		launch.Register(launch.Backend{Name: name, Open: func(context.Context, launch.Job) ([]comm.Communicator, error) { return nil, nil },
+			Finalize: func() error {
+				calls[name]++
+				if name == b {
+					return fail
+				}
+				return nil
+			}})
+	}
+	err := launch.Finalize()
+	if !errors.Is(err, fail) || !strings.Contains(err.Error(), "backend "+b+":") || strings.Contains(err.Error(), a) {
+		t.Errorf("Finalize: %v; want %s's error, naming it", err, b)
+	}
+	launch.Finalize()
+	if calls[a] != 2 || calls[b] != 2 {
+		t.Errorf("backends' Finalize called %v times; want 2 each", calls)
+	}
+}
+
+var finalizeRuns int

@@ -39,6 +39,11 @@ type Backend struct {
 	// Open starts the backend for job and returns this process's
 	// communicators: one for a launched backend, Job.Ranks otherwise.
 	Open func(ctx context.Context, job Job) ([]comm.Communicator, error)
+	// Finalize, if not nil, ends the backend in this process once its
+	// collectives are done, and is idempotent: mpi's closes its
+	// communicators and calls MPI_Finalize, which every process of an MPI
+	// job must call before it exits. The package's Finalize calls it.
+	Finalize func() error
 }
 
 // Job is what Open hands a backend.
@@ -169,4 +174,36 @@ func Open(ctx context.Context, backend string, o Options) ([]comm.Communicator, 
 		return nil, fmt.Errorf("launch: opening backend %s: %w", backend, err)
 	}
 	return detailed(backend, cs)
+}
+
+// Finalize ends every registered backend that has a Finalize function, at
+// the end of a program: mpi's closes its communicators and calls
+// MPI_Finalize, which every process of an MPI job must call before it
+// exits (mpirun counts an exit without it as a failure), whether the
+// program opened MPI through Open or NCCL's bootstrap did. A program that
+// reaches its backend only through Open and a blank import defers it once
+// Open has succeeded; deferred calls run last in, first out, so a Reducer
+// closed by a later defer is closed before it:
+//
+//	cs, err := launch.Open(ctx, "mpi", launch.Options{})
+//	if err != nil {
+//		return err
+//	}
+//	defer launch.Finalize()
+//
+// Communicators of a backend without a Finalize (inproc) are left to their
+// own Close. A backend may refuse to open after its Finalize (MPI cannot
+// be initialised twice in a process). Finalize returns the backends'
+// errors joined, and, as theirs, calling it again does nothing more.
+func Finalize() error {
+	var errs []error
+	for _, b := range Registered() {
+		if b.Finalize == nil {
+			continue
+		}
+		if err := b.Finalize(); err != nil {
+			errs = append(errs, fmt.Errorf("launch: finalizing backend %s: %w", b.Name, err))
+		}
+	}
+	return errors.Join(errs...)
 }

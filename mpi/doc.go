@@ -15,8 +15,9 @@
 // backend "mpi" with package launch, and a bootstrap for NCCL's unique id.
 //
 // Every process must call Finalize before it exits (mpirun treats an exit
-// without MPI_Finalize as a failure); MPI cannot be initialised again
-// afterwards.
+// without MPI_Finalize as a failure), or launch.Finalize, which calls it,
+// where the program reaches the backend only through launch.Open; MPI
+// cannot be initialised again afterwards.
 //
 // # One goroutine makes the MPI calls
 //

@@ -13,9 +13,10 @@ import (
 
 // The backend registers itself with package launch in every build; in a
 // binary without the mpi tag, opening it says how to build it.
+// launch.Finalize calls Finalize.
 func init() {
 	launch.Register(launch.Backend{Name: "mpi", Launched: true, About: "one process per rank, Open MPI",
-		NotBuilt: notBuilt, Open: openJob})
+		NotBuilt: notBuilt, Open: openJob, Finalize: Finalize})
 	launch.RegisterBootstrap("mpi", openBootstrap)
 }
 

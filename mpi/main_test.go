@@ -19,6 +19,7 @@ import (
 	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/internal/mpitest"
+	"github.com/ddpgo/ddpgo/launch"
 	"github.com/ddpgo/ddpgo/mpi"
 )
 
@@ -27,10 +28,13 @@ import (
 // the binary is a 1-rank world (MPI's singleton start-up), and
 // TestUnderMpirun starts the same binary under mpirun with more ranks.
 
+// TestMain ends MPI through launch.Finalize, as a program that reaches the
+// backend only through launch.Open does: without MPI_Finalize, mpirun
+// fails the jobs of TestUnderMpirun.
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if err := mpi.Finalize(); err != nil {
-		fmt.Fprintln(os.Stderr, "mpi.Finalize:", err)
+	if err := launch.Finalize(); err != nil {
+		fmt.Fprintln(os.Stderr, "launch.Finalize:", err)
 		code = 1
 	}
 	os.Exit(code)

@@ -18,7 +18,17 @@ func Open(Options) (comm.Communicator, error) {
 	return nil, fmt.Errorf("%w: %s", ErrNotBuilt, howToBuild)
 }
 
-// Finalize has nothing to finalize in this binary.
+// Finalize ends the backend in this process: it closes every open
+// communicator, stops the goroutine that makes the MPI calls and calls
+// MPI_Finalize, which every process of an MPI job must call before it
+// exits (mpirun counts an exit without it as a failure); Open then fails
+// with ErrFinalized, as MPI cannot be initialised again. Call it once every
+// collective has completed, on every path out of main, errors included; a
+// program that reaches the backend only through launch.Open calls
+// launch.Finalize, which calls this. Finalize is idempotent.
+//
+// This documentation comes from a build without the mpi tag, in which
+// there is nothing to finalize and Finalize returns nil.
 func Finalize() error { return nil }
 
 // notBuilt says why this binary cannot run the backend (launch.Backend).

@@ -210,10 +210,12 @@ func (e *engine) mainThread(errc chan<- error) {
 }
 
 // Finalize closes every open communicator, stops the owner goroutine and,
-// if the backend initialised MPI, calls MPI_Finalize, which mpirun expects
-// of every process before it exits. After Finalize, Open fails with
-// ErrFinalized. Finalize is idempotent; call it once every collective has
-// completed, typically at the end of main (or TestMain).
+// if the backend initialised MPI, calls MPI_Finalize, which every process
+// of an MPI job must call before it exits (mpirun counts an exit without
+// it as a failure). After Finalize, Open fails with ErrFinalized. Finalize
+// is idempotent; call it once every collective has completed, on every
+// path out of main (or TestMain); a program that reaches the backend only
+// through launch.Open calls launch.Finalize, which calls this.
 func Finalize() error {
 	rtMu.Lock()
 	e := rt
