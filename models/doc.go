@@ -17,10 +17,12 @@
 // in the reverse order. Three manifests are built in: "resnet50"
 // (torchvision), "bert-base" and "gpt2-small" (lm_head tied to the token
 // embedding, so not listed). Load accepts a built-in name or a file path.
+// docs/models.md describes the format for people writing one, and how to
+// export one from a PyTorch or a GoMLX model.
 //
 // Parse validates everything a benchmark relies on and reports the file,
 // the line and the JSON field at fault, for example
-// `my.json:7: params[3].shape[1]: dimension 0 of "fc.weight" is not positive`.
+// `my.json:7: params[3].shape[1]: "fc.weight" has a dimension of size 0; every size must be at least 1`.
 // Sizes are checked without overflow: no parameter and no manifest may
 // hold more than MaxNumel (2^40) elements.
 package models

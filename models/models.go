@@ -182,7 +182,7 @@ func (m *Manifest) validate(data []byte) error {
 		n := int64(1)
 		for k, d := range p.Shape {
 			if d <= 0 {
-				return badParam(i, fmt.Sprintf(".shape[%d]", k), "dimension %d of %q is not positive", d, p.Name)
+				return badParam(i, fmt.Sprintf(".shape[%d]", k), "%q has a dimension of size %d; every size must be at least 1", p.Name, d)
 			}
 			// Compared by division, so that no product wraps around
 			// before it is compared ([2^40, 2^40] would be 0 mod 2^64).
