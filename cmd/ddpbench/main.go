@@ -7,7 +7,10 @@
 // Built with -tags mpi, --backend mpi runs one rank per process under
 // mpirun (mpirun -np 2 ddpbench run --backend mpi): every process runs its
 // rank, and rank 0 prints the whole job's results, gathered through the
-// communicator. --backend nccl runs one rank per GPU: --ranks ranks of
+// communicator. run's table ends with each rank's process id and host; its
+// JSON and sweep's carry them (rank_hosts, hosts), the library the backend
+// runs on (library) and, on mpi, what the backend chose for Open MPI, as
+// the table's header says it (transport). --backend nccl runs one rank per GPU: --ranks ranks of
 // this process when no launcher started it, else one rank per process
 // under mpirun or torchrun, as mpi does; its buffers and gradients are in
 // device memory, and its outputs name the library loaded (set

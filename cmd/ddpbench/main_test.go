@@ -349,6 +349,19 @@ func TestRunOutputs(t *testing.T) {
 		if sum != j.GradBytes || len(j.Buckets) < 2 {
 			t.Errorf("buckets %v do not add up to %d", j.Buckets, j.GradBytes)
 		}
+		if j.Hosts != 1 || len(j.RankHosts) != 2 || j.RankHosts[1].Rank != 1 || j.RankHosts[1].PID != os.Getpid() || j.Transport != nil {
+			t.Errorf("hosts %d, rank hosts %+v, transport %+v; want both ranks in this process, no transport", j.Hosts, j.RankHosts, j.Transport)
+		}
+	})
+	t.Run("table", func(t *testing.T) {
+		code, stdout, stderr := run(t, append([]string{"run"}, common...)...)
+		if code != 0 {
+			t.Fatalf("status %d: %s", code, stderr)
+		}
+		host, _ := os.Hostname()
+		if !strings.Contains(stdout, fmt.Sprintf("\nrank       pid  host\n   0  %8d  %s\n   1  %8d  %s\n", os.Getpid(), host, os.Getpid(), host)) {
+			t.Errorf("no rank table naming this process for both ranks:\n%s", stdout)
+		}
 	})
 	t.Run("powersgd", func(t *testing.T) {
 		code, stdout, stderr := run(t, append([]string{"run", "--format", "json", "--compression", "powersgd", "--powersgd-rank", "2",

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -45,6 +46,17 @@ func TestMPIEndToEnd(t *testing.T) {
 	var rj runJSON
 	if err := json.Unmarshal([]byte(out), &rj); err != nil || rj.Ranks != 2 || rj.Backend != "mpi" || rj.Steps != 4 {
 		t.Errorf("run json under mpirun: %+v, %v\n%s", rj, err, out)
+	}
+	// What the table's header and rank table show, the JSON carries: the
+	// library, the hosts, what the backend chose, and each rank's process.
+	if !strings.HasPrefix(rj.Library, "Open MPI") || rj.Hosts != 1 || rj.Transport == nil || rj.Transport.Hosts != 1 ||
+		len(rj.RankHosts) != 2 || rj.RankHosts[1].Rank != 1 || rj.RankHosts[0].PID == rj.RankHosts[1].PID || rj.RankHosts[0].Host == "" {
+		t.Errorf("run json under mpirun: library %q, hosts %d, transport %+v, rank hosts %+v; want Open MPI's library, 1 host, "+
+			"the backend's choices and each rank's own process", rj.Library, rj.Hosts, rj.Transport, rj.RankHosts)
+	}
+	out, _ = job("run", "--backend", "mpi", "--model", model, "--steps", "2", "--warmup", "1", "--compute", "none")
+	if !strings.Contains(out, "Open MPI") || !regexp.MustCompile(`(?m)^ +1 +\d+  \S+$`).MatchString(out) {
+		t.Errorf("run under mpirun: want the library in the header and rank 1 in the rank table:\n%s", out)
 	}
 	for _, f := range []string{"t.rank0.json", "t.rank1.json"} {
 		if st, err := os.Stat(filepath.Join(dir, f)); err != nil || st.Size() == 0 {

@@ -13,9 +13,10 @@ import (
 // runRecord is one run's configuration and result: a row of the run and
 // sweep outputs.
 type runRecord struct {
-	o   runOpts
-	res *bench.Result
-	gpu *gpuSummary // GPU telemetry over the measured steps, or nil
+	o     runOpts
+	res   *bench.Result
+	gpu   *gpuSummary  // GPU telemetry over the measured steps, or nil
+	hosts []bench.Host // where each rank ran (rankHosts)
 }
 
 // runCSVHeader names the CSV columns of run and sweep. Times are in
@@ -56,7 +57,7 @@ func (r runRecord) csv() []string {
 	rec = append(rec, fmt.Sprint(res.WireBytes), fmt.Sprint(res.GradBytes), fmt.Sprint(len(res.Buckets)),
 		strings.Join(sizes, " "), fmt.Sprint(res.Overflows), fmtFloat(res.AllocsPerStep))
 	rec = append(rec, r.gpu.csv()...)
-	return append(rec, o.backend.library, o.backend.standIn)
+	return append(rec, r.library(), o.backend.standIn)
 }
 
 // distJSON is a Dist in the JSON output.
@@ -79,7 +80,7 @@ type runJSON struct {
 	Parameters       int64    `json:"parameters"`
 	Ranks            int      `json:"ranks"`
 	Backend          string   `json:"backend"`
-	Library          string   `json:"library,omitempty"`  // the library loaded (nccl)
+	Library          string   `json:"library,omitempty"`  // the library the backend runs on (mpi, nccl)
 	StandIn          string   `json:"stand_in,omitempty"` // not empty: the test stand-in, not NCCL, no GPU
 	BucketCapMB      float64  `json:"bucket_cap_mb"`
 	FirstBucketMB    float64  `json:"first_bucket_mb"`
@@ -108,13 +109,20 @@ type runJSON struct {
 	// GPUTelemetry is NVML's view of the ranks' GPUs over the measured
 	// steps (a device backend with NVML); absent otherwise.
 	GPUTelemetry *telemetryJSON `json:"gpu_telemetry,omitempty"`
+	// Hosts is the number of hosts the ranks ran on and RankHosts each
+	// rank's host and process: the rank table.
+	Hosts     int            `json:"hosts"`
+	RankHosts []rankHostJSON `json:"rank_hosts"`
+	// Transport is what the mpi backend chose for Open MPI, as the
+	// table's header says it; absent for other backends.
+	Transport *transportJSON `json:"transport,omitempty"`
 }
 
 func (r runRecord) json() runJSON {
 	o, res := r.o, r.res
-	return runJSON{
+	j := runJSON{
 		RunID: o.runID, Model: o.model.Model, ModelSource: o.model.Source, Tensors: len(o.model.Params), Parameters: o.model.Numel(),
-		Ranks: o.ranks, Backend: o.backend.Name, Library: o.backend.library, StandIn: o.backend.standIn, BucketCapMB: o.bucketCapMB, FirstBucketMB: o.firstMB,
+		Ranks: o.ranks, Backend: o.backend.Name, Library: r.library(), StandIn: o.backend.standIn, BucketCapMB: o.bucketCapMB, FirstBucketMB: o.firstMB,
 		Compression: o.compression, GradAsBucketView: o.bucketView, ZeroGrad: o.zeroGrad, Compute: o.compute.String(), RateParamsPerSec: o.rate,
 		ComputeTargetMS: res.ComputeTarget * 1e3, Steps: res.Steps, StepsRequested: o.steps, Warmup: res.Warmup,
 		Interrupted: res.Interrupted, QuantileSteps: res.Sampled,
@@ -122,7 +130,25 @@ func (r runRecord) json() runJSON {
 		Overlap: toJSON(res.OverlapRatio, 1), BusBW: toJSON(res.BusBW, 1),
 		BytesPerStep: res.WireBytes, GradBytes: res.GradBytes, Buckets: res.Buckets,
 		Overflows: res.Overflows, AllocsPerStep: res.AllocsPerStep, GPUTelemetry: r.gpu.json(),
+		Hosts: distinctHosts(r.hosts), RankHosts: rankHostsJSON(r.hosts),
 	}
+	if o.backend.Name == "mpi" {
+		if j.Transport = mpiTransport(mpi.LibraryInfo()); j.Transport != nil {
+			j.Hosts = j.Transport.Hosts
+		}
+	}
+	return j
+}
+
+// library names the library the backend runs on: the one nccl loaded, or
+// MPI's once it is initialised; "" for the others.
+func (r runRecord) library() string {
+	if r.o.backend.Name == "mpi" {
+		if i := mpi.LibraryInfo(); i.Initialized {
+			return i.Library
+		}
+	}
+	return r.o.backend.library
 }
 
 // writeRunResults writes one run (as an object in json) or several (a
@@ -293,6 +319,7 @@ func (r runRecord) table() string {
 	if r.gpu != nil {
 		b.WriteString("\n" + r.gpu.table("", "over the measured steps"))
 	}
+	b.WriteString(rankTable(r.hosts))
 	return b.String()
 }
 

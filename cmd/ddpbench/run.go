@@ -338,6 +338,10 @@ func runAction(c *cli.Context) error {
 		out, errOut = io.Discard, io.Discard // rank 0 prints the group's results
 	}
 
+	hosts, err := rankHosts(c.Context, g)
+	if err != nil {
+		return err
+	}
 	cfg := o.benchConfig(g.comms)
 	if o.backend.DeviceMemory {
 		if cfg.Pools, err = g.devicePools(4 * o.model.Numel()); err != nil {
@@ -411,7 +415,7 @@ func runAction(c *cli.Context) error {
 			return err
 		}
 	}
-	if err := writeRunResults(out, o.format, []runRecord{{o: o, res: res, gpu: tel.summary()}}); err != nil {
+	if err := writeRunResults(out, o.format, []runRecord{{o: o, res: res, gpu: tel.summary(), hosts: hosts}}); err != nil {
 		return err
 	}
 	if res.Interrupted {

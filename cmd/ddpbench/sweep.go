@@ -73,6 +73,10 @@ func sweepAction(c *cli.Context) error {
 	if g.quietRank() {
 		out, errOut = io.Discard, io.Discard // rank 0 prints the group's results
 	}
+	hosts, err := rankHosts(c.Context, g)
+	if err != nil {
+		return err
+	}
 	o.bucketCapMB = caps[0] // for the notes, which do not depend on it
 	o.notes(errOut)
 	bar := newProgress(errOut, "sweep", len(caps)*(o.steps+o.warmup), o.format == "table")
@@ -98,7 +102,7 @@ func sweepAction(c *cli.Context) error {
 			return fmt.Errorf("bucket cap %g MiB: %w", capMB, timeoutHint(err, o.timeout))
 		}
 		if res.Steps > 0 {
-			recs = append(recs, runRecord{o: ro, res: res})
+			recs = append(recs, runRecord{o: ro, res: res, hosts: hosts})
 		}
 		if res.Interrupted {
 			stopped = err
