@@ -17,7 +17,7 @@
 GO ?= go
 HAVE_MPI := $(shell pkg-config --exists ompi-c 2>/dev/null && command -v mpirun >/dev/null && echo yes)
 
-.PHONY: test test-gomlx test-mpi test-net lint lint-mpi mpi-deps ptxas-deps cuda-dev-deps peers-deps compare fuzz soak gpu-check-bin
+.PHONY: test quick test-gomlx test-mpi test-net lint lint-mpi mpi-deps ptxas-deps cuda-dev-deps peers-deps compare fuzz soak gpu-check-bin
 
 test: lint
 	$(GO) test -race -tags invariants ./...
@@ -29,6 +29,17 @@ test: lint
 	@$(MAKE) --no-print-directory test-gomlx
 	@$(MAKE) --no-print-directory test-mpi
 	@$(MAKE) --no-print-directory test-net
+
+# The developer's loop, a few times quicker than make test: lint, the core
+# (the reducer and the packages under it) under the race detector and the
+# invariants tag, and every other package without them, all in short mode:
+# no 2^32 fp16 walk, no 8 MiB conformance cases, no jobs under mpirun, no
+# network faults, no GoMLX integration. make test is the whole suite, and
+# what CI runs.
+CORE := ./fp16/ ./allocator/ ./bucket/ ./comm/... ./inproc/ ./hooks/ ./ddp/... ./sampler/ ./launch/ ./internal/reduce/ ./internal/lowrank/
+quick: lint
+	$(GO) test -short -race -tags invariants $(CORE)
+	$(GO) test -short $$({ $(GO) list ./...; $(GO) list $(CORE); } | sort | uniq -u)
 
 # The GoMLX integration, a module of its own (integrations/gomlx): it builds
 # without cgo; its trainer's tests run under the race detector, its

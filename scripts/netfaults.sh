@@ -100,7 +100,7 @@ finish() {
 # rank_pid HOST: the pid of the ddpbench rank running on HOST.
 rank_pid() {
 	local p
-	for p in $(ip netns pids "ddplab-$1"); do
+	for p in $(ip netns pids "${NETLAB_PREFIX:-ddplab}-$1"); do
 		if [[ $(cat "/proc/$p/comm" 2>/dev/null) == ddpbench ]]; then
 			echo "$p"
 			return
