@@ -256,8 +256,8 @@ func TestAssignDoesNotAliasInput(t *testing.T) {
 }
 
 func TestAssignAllocs(t *testing.T) {
-	_, small := loadModel(t, "resnet50.json")
-	_, large := loadModel(t, "bert_base.json")
+	_, small := loadModel(t, "resnet50")
+	_, large := loadModel(t, "bert-base")
 	limits := []int{defaultFirstBucketBytes, defaultBucketCap}
 	for _, ts := range [][]Tensor{small, large} {
 		order := make([]int, len(ts))
@@ -281,7 +281,7 @@ func TestAssignAllocs(t *testing.T) {
 }
 
 func BenchmarkAssignBERT(b *testing.B) {
-	_, ts := loadModel(b, "bert_base.json")
+	_, ts := loadModel(b, "bert-base")
 	ready := make([]int, len(ts))
 	for i := range ready {
 		ready[i] = len(ts) - 1 - i

@@ -1,7 +1,6 @@
 package bucket
 
 import (
-	"encoding/json"
 	"fmt"
 	"math"
 	"os"
@@ -10,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/models"
 )
 
 const (
@@ -21,39 +20,18 @@ const (
 	defaultBucketCap = 25 * mib
 )
 
-// model is a parameter manifest of a public architecture, in registration
-// (forward) order, as nn.Module.named_parameters() lists it.
-type model struct {
-	Model  string `json:"model"`
-	Source string `json:"source"`
-	DType  string `json:"dtype"`
-	Params []struct {
-		Name  string `json:"name"`
-		Shape []int  `json:"shape"`
-	} `json:"params"`
-}
-
-func loadModel(tb testing.TB, file string) (model, []Tensor) {
+// loadModel returns a built-in model manifest (package models: the
+// parameters of public architectures in registration order, as
+// nn.Module.named_parameters() lists them) and its parameters as tensors.
+func loadModel(tb testing.TB, name string) (*models.Manifest, []Tensor) {
 	tb.Helper()
-	data, err := os.ReadFile(filepath.Join("testdata", file))
+	m, err := models.Builtin(name)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	var m model
-	if err := json.Unmarshal(data, &m); err != nil {
-		tb.Fatalf("%s: %v", file, err)
-	}
-	dt, err := comm.ParseDType(m.DType)
-	if err != nil {
-		tb.Fatalf("%s: %v", file, err)
-	}
 	ts := make([]Tensor, len(m.Params))
 	for i, p := range m.Params {
-		n := 1
-		for _, d := range p.Shape {
-			n *= d
-		}
-		ts[i] = Tensor{Numel: n, DType: dt}
+		ts[i] = Tensor{Numel: p.Numel(), DType: m.Elem}
 	}
 	return m, ts
 }
@@ -80,7 +58,7 @@ func greedy(ts []Tensor, order []int, limits []int) []int {
 
 func TestModels(t *testing.T) {
 	for _, tc := range []struct {
-		file   string
+		model  string
 		params int
 		numel  int
 		// Bucket counts for limits [1 MiB, 25 MiB]. ResNet-50: fc alone
@@ -90,11 +68,11 @@ func TestModels(t *testing.T) {
 		// bucket, plus the pooler (first) and the embeddings (last).
 		initial, rebuilt int
 	}{
-		{"resnet50.json", 161, 25_557_032, 5, 5},
-		{"bert_base.json", 199, 109_482_240, 14, 14},
+		{"resnet50", 161, 25_557_032, 5, 5},
+		{"bert-base", 199, 109_482_240, 14, 14},
 	} {
-		t.Run(tc.file, func(t *testing.T) {
-			m, ts := loadModel(t, tc.file)
+		t.Run(tc.model, func(t *testing.T) {
+			m, ts := loadModel(t, tc.model)
 			total := 0
 			for _, tn := range ts {
 				total += tn.Numel
@@ -154,7 +132,7 @@ func TestModels(t *testing.T) {
 			}
 			writeLayout(&out, "rebuild: reverse registration ready order, limits [1 MiB, 25 MiB]", m, rebuilt)
 
-			checkGolden(t, filepath.Join("testdata", strings.TrimSuffix(tc.file, ".json")+".golden"), out.String())
+			checkGolden(t, filepath.Join("testdata", tc.model+".golden"), out.String())
 		})
 	}
 }
@@ -183,7 +161,7 @@ func checkAgainstGreedy(t *testing.T, what string, ts []Tensor, bs []Bucket, ord
 	}
 }
 
-func writeLayout(w *strings.Builder, title string, m model, bs []Bucket) {
+func writeLayout(w *strings.Builder, title string, m *models.Manifest, bs []Bucket) {
 	fmt.Fprintf(w, "\n%s: %d buckets\n", title, len(bs))
 	for k, b := range bs {
 		first, last := m.Params[b.Tensors[0]].Name, m.Params[b.Tensors[len(b.Tensors)-1]].Name

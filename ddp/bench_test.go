@@ -2,9 +2,7 @@ package ddp
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"os"
 	"runtime"
 	"slices"
 	"sync"
@@ -15,28 +13,17 @@ import (
 	"github.com/ddpgo/ddpgo/comm/commtest"
 	"github.com/ddpgo/ddpgo/hooks"
 	"github.com/ddpgo/ddpgo/internal/testutil"
+	"github.com/ddpgo/ddpgo/models"
 )
 
-// loadManifest reads a model manifest (name and shape of every parameter,
-// in registration order) from testdata.
-func loadManifest(t testing.TB, path string) []Param {
+// loadManifest returns the parameters of a built-in model manifest
+// (package models: name and shape of every parameter, in registration
+// order).
+func loadManifest(t testing.TB, name string) []Param {
 	t.Helper()
-	data, err := os.ReadFile(path)
+	m, err := models.Builtin(name)
 	if err != nil {
 		t.Fatal(err)
-	}
-	var m struct {
-		Source string `json:"source"`
-		Params []struct {
-			Name  string `json:"name"`
-			Shape []int  `json:"shape"`
-		} `json:"params"`
-	}
-	if err := json.Unmarshal(data, &m); err != nil {
-		t.Fatalf("%s: %v", path, err)
-	}
-	if m.Source == "" || len(m.Params) == 0 {
-		t.Fatalf("%s: no source or no parameters", path)
 	}
 	ps := make([]Param, len(m.Params))
 	for i, p := range m.Params {
@@ -212,7 +199,7 @@ func TestStepAllocs(t *testing.T) {
 		t.Skip("ResNet-50 sized buckets")
 	}
 	testutil.NoLeak(t)
-	params := loadManifest(t, "testdata/resnet50.json")
+	params := loadManifest(t, "resnet50")
 	for _, ranks := range allocRanks {
 		for _, w := range wires {
 			for _, noZero := range []bool{false, true} {
@@ -251,7 +238,7 @@ func TestStepAllocs(t *testing.T) {
 // shapes, 2 ranks in process, negligible backward compute, 25 MiB buckets.
 // It reports the median step time and allocations per step.
 func BenchmarkStepResNet50(b *testing.B) {
-	params := loadManifest(b, "testdata/resnet50.json")
+	params := loadManifest(b, "resnet50")
 	type variant struct {
 		name string
 		opts func() Options
@@ -501,7 +488,7 @@ func optimizerStep(states map[*Reducer]*sgdState, overlap bool, timed *[2]time.D
 // link's speed is set, from a measurement of the optimizer, so that one
 // step's transfers take as long as its optimizer.
 func BenchmarkOptimizerOverlap(b *testing.B) {
-	params := loadManifest(b, "testdata/resnet50.json")
+	params := loadManifest(b, "resnet50")
 	for _, link := range []bool{false, true} {
 		name := "inproc"
 		if link {

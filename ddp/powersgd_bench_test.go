@@ -23,7 +23,7 @@ import (
 //
 //	go test -run - -bench PowerSGDResNet50 -benchtime 20x ./ddp/
 func BenchmarkPowerSGDResNet50(b *testing.B) {
-	params := loadManifest(b, "testdata/resnet50.json")
+	params := loadManifest(b, "resnet50")
 	type variant struct {
 		name string
 		hook func() hooks.Hook

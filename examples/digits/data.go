@@ -2,8 +2,8 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"compress/gzip"
-	_ "embed"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +11,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/ddpgo/ddpgo/testdata/digits"
 )
 
 // Pixels is the number of inputs of one example (an 8x8 image) and
@@ -19,9 +21,6 @@ const (
 	Pixels  = 64
 	Classes = 10
 )
-
-//go:embed testdata/digits.csv.gz
-var embeddedDigits []byte
 
 // errFormat is returned (wrapped, with the line number) for a malformed row.
 var errFormat = errors.New("digits: malformed data")
@@ -42,7 +41,7 @@ func (d *dataset) row(i int) []float32 { return d.x[i*Pixels : (i+1)*Pixels] }
 func loadDigits(path string) (*dataset, error) {
 	var r io.Reader
 	if path == "" {
-		r = strings.NewReader(string(embeddedDigits))
+		r = bytes.NewReader(digits.CSVGz)
 	} else {
 		f, err := os.Open(path)
 		if err != nil {

@@ -3,10 +3,10 @@
 // one process per rank under mpirun: the usage example of ddpgo.
 //
 // The data are the 1797 8x8 images of the UCI "Optical Recognition of
-// Handwritten Digits" set (embedded; see testdata/README.md), split 80/20
-// into training and test sets by a seeded shuffle. The model is a
-// perceptron with one hidden ReLU layer (64-128-10) trained with softmax
-// cross-entropy and SGD with momentum.
+// Handwritten Digits" set (embedded from the repository's testdata/digits;
+// see its README.md), split 80/20 into training and test sets by a seeded
+// shuffle. The model is a perceptron with one hidden ReLU layer
+// (64-128-10) trained with softmax cross-entropy and SGD with momentum.
 //
 // Every rank holds a replica of the model and takes its shard of every
 // epoch from package sampler (PyTorch's DistributedSampler): the ranks'

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"compress/gzip"
-	_ "embed"
 	"encoding/csv"
 	"errors"
 	"fmt"
@@ -12,6 +11,7 @@ import (
 	"os"
 	"strconv"
 
+	digitsdata "github.com/ddpgo/ddpgo/testdata/digits"
 	"github.com/gomlx/gomlx/pkg/core/tensors"
 )
 
@@ -20,9 +20,6 @@ const (
 	side    = 8
 	classes = 10
 )
-
-//go:embed testdata/digits.csv.gz
-var embedded []byte
 
 // digits is a set of examples: pixels scaled to [0, 1], row-major, and
 // their labels.
@@ -43,7 +40,7 @@ func (d *digits) tensors() (inputs, labels []*tensors.Tensor) {
 // load reads the data set: path, or the embedded copy if path is empty;
 // gzipped or plain CSV rows of 64 pixels in 0..16 and a label.
 func load(path string) (*digits, error) {
-	raw := embedded
+	raw := digitsdata.CSVGz
 	if path != "" {
 		var err error
 		if raw, err = os.ReadFile(path); err != nil {

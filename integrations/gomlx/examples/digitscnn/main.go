@@ -7,7 +7,8 @@
 // pool 2x2, dense 64, ReLU, dense 10) runs on GoMLX's pure-Go backend,
 // simplego, so the in-process build needs no cgo. The data are the 1797
 // images of the UCI "Optical Recognition of Handwritten Digits" set
-// (embedded; see testdata/README.md), split 80/20 by a seeded shuffle.
+// (embedded from the repository's testdata/digits; see its README.md),
+// split 80/20 by a seeded shuffle.
 // Each rank takes its shard of every epoch from ddptrain.Dataset (package
 // sampler's order), so N ranks compute what one process computes on the
 // global batch, up to float32 rounding.
