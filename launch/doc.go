@@ -13,7 +13,9 @@
 //	cs, err := launch.Open(ctx, "mpi", launch.Options{})   // one rank per process
 //	cs, err := launch.Open(ctx, "inproc", launch.Options{Ranks: 4}) // 4 ranks in this process
 //	cs, err := launch.Open(ctx, "nccl", launch.Options{Ranks: 4})   // either: see below
-//	defer launch.Finalize()                                         // once Open has succeeded
+//
+// with `defer launch.Finalize()` before the first Open, so that it runs on
+// every path out of the program, and last.
 //
 // A backend runs its ranks in this process (inproc), one rank per process
 // started by a launcher (Backend.Launched: mpi), or either way

@@ -181,20 +181,24 @@ func Open(ctx context.Context, backend string, o Options) ([]comm.Communicator, 
 // MPI_Finalize, which every process of an MPI job must call before it
 // exits (mpirun counts an exit without it as a failure), whether the
 // program opened MPI through Open or NCCL's bootstrap did. A program that
-// reaches its backend only through Open and a blank import defers it once
-// Open has succeeded; deferred calls run last in, first out, so a Reducer
-// closed by a later defer is closed before it:
+// reaches its backend only through Open and a blank import defers it
+// before Open, so that it runs on every path out, Open's failures included
+// (a failed Open may have initialised MPI), and last: deferred calls run
+// last in, first out, so a Reducer closed by a later defer is closed
+// first.
 //
+//	defer launch.Finalize()
 //	cs, err := launch.Open(ctx, "mpi", launch.Options{})
 //	if err != nil {
 //		return err
 //	}
-//	defer launch.Finalize()
 //
-// Communicators of a backend without a Finalize (inproc) are left to their
-// own Close. A backend may refuse to open after its Finalize (MPI cannot
-// be initialised twice in a process). Finalize returns the backends'
-// errors joined, and, as theirs, calling it again does nothing more.
+// A backend that was never opened has nothing to end. Communicators of a
+// backend without a Finalize (inproc) are left to their own Close. A
+// backend may refuse to open after its Finalize, opened before or not (MPI
+// cannot be initialised twice in a process). Finalize returns the
+// backends' errors joined, and, as theirs, calling it again does nothing
+// more.
 func Finalize() error {
 	var errs []error
 	for _, b := range Registered() {
