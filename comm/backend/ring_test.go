@@ -217,15 +217,20 @@ func TestWait(t *testing.T) {
 			want := errors.New("late")
 			res := make(chan error)
 			go func() { res <- r.ops.Wait(context.Background(), seq) }()
-			for r.ops.Waiting() == 0 {
+			// Parking comes after the waiter is registered, so once it
+			// has been called the waiter must be there.
+			for r.parked.Load() == 0 {
 				runtime.Gosched()
 			}
-			if r.parked.Load() != 1 {
-				t.Errorf("Parking called %d times before the park, want 1", r.parked.Load())
+			if n := r.ops.Waiting(); n != 1 {
+				t.Errorf("%d waiters registered when Parking was called, want 1", n)
 			}
 			r.ops.Complete(seq, want)
 			if err := <-res; err != want {
 				t.Errorf("Wait = %v, want %v", err, want)
+			}
+			if n := r.parked.Load(); n != 1 {
+				t.Errorf("Parking called %d times, want 1", n)
 			}
 			if n := r.ops.Waiting(); n != 0 {
 				t.Errorf("%d waiters left", n)
