@@ -40,11 +40,18 @@ func main() {
 	flag.Parse()
 	flag.Visit(func(f *flag.Flag) { cfg.RanksSet = cfg.RanksSet || f.Name == "ranks" })
 	err := run(os.Stdout, cfg)
-	// MPI must be finalized before the process exits, on every path; a
-	// no-op where MPI was not used.
-	err = errors.Join(err, mpi.Finalize())
+	// Said before MPI_Finalize: once a peer has left it with a failure,
+	// mpirun may end this process before it could say why.
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "digits:", err)
+	}
+	// MPI must be finalized before the process exits, on every path; a
+	// no-op where MPI was not used.
+	if ferr := mpi.Finalize(); ferr != nil {
+		fmt.Fprintln(os.Stderr, "digits:", ferr)
+		err = ferr
+	}
+	if err != nil {
 		os.Exit(1)
 	}
 }
