@@ -35,9 +35,10 @@ func (r *Reducer) BroadcastParameters(ctx context.Context, values [][]float32) e
 // a broadcast still in flight then keeps its block out of the pool until
 // it completes.
 func (r *Reducer) Broadcast(parent context.Context, root int, values []comm.Buffer) error {
-	if err := r.usable(); err != nil {
+	if err := r.enter(callBroadcast); err != nil {
 		return err
 	}
+	defer r.leave()
 	if r.state.Load() == syncing {
 		return fmt.Errorf("%w: rank %d: Broadcast during synced step %d", ErrStepInProgress, r.c.Rank(), r.stepNo)
 	}

@@ -99,10 +99,13 @@
 // every write into a gradient) must have returned before Wait is called:
 // Wait decides which parameters are missing. Once a parameter is marked
 // in a synced step, its gradient belongs to the communication goroutines
-// until its bucket is reduced: Grad fails with ErrBusy until then. Close
-// may be called from another goroutine to end a Wait that is blocked
-// (Wait then returns ErrClosed); it must not run concurrently with Begin,
-// Grad or Ready.
+// until its bucket is reduced: Grad fails with ErrBusy until then. One
+// goroutine at a time may be in Wait, WaitEach, Join or Broadcast: a
+// second call of any of them, or a Begin, made meanwhile from another
+// goroutine fails at once with ErrConcurrent and leaves the first alone.
+// Close may be called from another goroutine to end one of them that is
+// blocked (it then returns ErrClosed), and returns once it has; Close
+// must not run concurrently with Begin, Grad or Ready.
 //
 // Errors: Ready of a parameter already marked in the step
 // (ErrMarkedTwice), of an index out of range (ErrIndex, from Grad and

@@ -53,6 +53,13 @@ var (
 	// does not have (Grad, SetGrad or AddGrad of a parameter that is not
 	// float32; a value of the wrong dtype for Broadcast).
 	ErrDType = errors.New("ddp: wrong gradient dtype")
+	// ErrConcurrent: Wait, WaitEach, Join or Broadcast (or
+	// BroadcastParameters) was called while another goroutine was inside
+	// one of them, or Begin while one was; the error names both calls. A
+	// Reducer takes one such call at a time: the second fails at once,
+	// without touching the step or issuing a collective, and the first
+	// goes on.
+	ErrConcurrent = errors.New("ddp: another call is in progress")
 	// ErrClosed: the Reducer was closed.
 	ErrClosed = errors.New("ddp: reducer closed")
 )

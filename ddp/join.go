@@ -213,9 +213,10 @@ func (r *Reducer) joinedRanks() string {
 // Options.Timeout for each round, and on failure makes the Reducer fail
 // as Wait does. Gradients read after Join hold the last step's average.
 func (r *Reducer) Join(ctx context.Context) (int, error) {
-	if err := r.usable(); err != nil {
+	if err := r.enter(callJoin); err != nil {
 		return -1, err
 	}
+	defer r.leave()
 	if r.o.Join == JoinOff {
 		return -1, fmt.Errorf("%w: rank %d: Join needs Options.Join (JoinWorld, JoinActive or JoinThrow) on every rank", ErrOptions, r.c.Rank())
 	}

@@ -70,6 +70,8 @@ type Reducer struct {
 	err       error
 	failed    atomic.Bool
 	closed    atomic.Bool
+	inCall    atomic.Int32  // the blocking call in progress (calls.go)
+	left      chan struct{} // leave tells Close the call has returned
 	closeOnce sync.Once
 	closeErr  error
 
@@ -92,7 +94,7 @@ func New(ctx context.Context, c comm.Communicator, params []Param, o Options) (*
 		return nil, fmt.Errorf("ddp: nil communicator")
 	}
 	o = o.withDefaults()
-	r := &Reducer{c: c, o: o, hook: o.Hook, prevSync: true}
+	r := &Reducer{c: c, o: o, hook: o.Hook, prevSync: true, left: make(chan struct{}, 1)}
 	r.dog = comm.Watchdog{StallInterval: o.StallInterval, Timeout: o.Timeout, OnStall: o.OnStall}
 	r.reap.r = r
 	fatal, local := r.memory(params)
@@ -395,12 +397,26 @@ func (r *Reducer) Generation() uint64 { return r.layGen }
 // collective has completed (see Options.DrainTimeout), and Close then
 // returns an error wrapping ErrInFlight. It does not close the
 // communicator. Close is idempotent.
+//
+// Close may be called from another goroutine to end a Wait, WaitEach,
+// Join or Broadcast blocked there: it aborts the group, so that call
+// returns ErrClosed (or the abort), and Close returns only once that call
+// has (waiting at most Options.DrainTimeout), so no memory the call uses
+// goes back to the pool under it. A WaitEach callback must therefore not
+// call Close: Close would wait out DrainTimeout for the WaitEach it runs in.
 func (r *Reducer) Close() error {
 	r.closeOnce.Do(func() {
-		if r.state.Load() == syncing && !r.failed.Load() {
-			r.fail(fmt.Errorf("%w: rank %d closed during step %d", ErrClosed, r.c.Rank(), r.stepNo))
-		}
 		r.closed.Store(true)
+		call := r.inCall.Load()
+		if !r.failed.Load() {
+			switch {
+			case r.state.Load() == syncing:
+				r.fail(fmt.Errorf("%w: rank %d closed during step %d", ErrClosed, r.c.Rank(), r.stepNo))
+			case call != callNone:
+				r.fail(fmt.Errorf("%w: rank %d closed during %s, after step %d", ErrClosed, r.c.Rank(), callNames[call], r.stepNo))
+			}
+		}
+		r.awaitCall()
 		r.stopWorkers()
 		r.closeErr = r.release()
 	})

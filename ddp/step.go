@@ -43,6 +43,9 @@ func (r *Reducer) Begin(mode SyncMode) error {
 	if err := r.usable(); err != nil {
 		return err
 	}
+	if r.inCall.Load() != callNone {
+		return r.concurrent(callBegin)
+	}
 	if mode != Sync && mode != NoSync {
 		return fmt.Errorf("%w: rank %d: Begin(%v): want Sync or NoSync", ErrOptions, r.c.Rank(), mode)
 	}

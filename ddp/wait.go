@@ -19,7 +19,16 @@ import (
 // ends stands); on expiry, or when a collective fails, the Reducer aborts
 // the group, and it and every later call return that error until Close.
 // A Close from another goroutine ends a blocked Wait with ErrClosed.
-func (r *Reducer) Wait(ctx context.Context) error { return r.wait(ctx, nil) }
+//
+// One goroutine at a time may be in Wait, WaitEach, Join or Broadcast: a
+// second fails at once with ErrConcurrent, naming both calls.
+func (r *Reducer) Wait(ctx context.Context) error {
+	if err := r.enter(callWait); err != nil {
+		return err
+	}
+	defer r.leave()
+	return r.wait(ctx, nil)
+}
 
 // Reduced reports a bucket whose reduction has completed: the gradients
 // of its parameters hold the average over ranks.
@@ -41,8 +50,13 @@ type Reduced struct {
 // for every one, or with Wait's errors; after an error no further bucket
 // is reported. Options.Timeout bounds the whole call, each included. In
 // a no-sync step WaitEach only ends the step and never calls each. each
-// must not call Begin, Wait or WaitEach.
+// must not call Begin, Wait or WaitEach (they fail with ErrConcurrent),
+// nor Close.
 func (r *Reducer) WaitEach(ctx context.Context, each func(Reduced)) error {
+	if err := r.enter(callWaitEach); err != nil {
+		return err
+	}
+	defer r.leave()
 	return r.wait(ctx, each)
 }
 
