@@ -6,15 +6,59 @@
 // MASTER_ADDR:MASTER_PORT, every rank (rank 0 included) connects to it as
 // a client, and RANK and WORLD_SIZE say who is who (see FromEnv). A Store
 // offers Set, Get (which waits until the key exists), Wait (for several
-// keys) and Add (an atomic counter, for barriers and unique names), each
-// bounded by its context's deadline or, when the context has none, by the
-// Store's Timeout: nothing waits forever.
+// keys) and Add (an atomic counter, for barriers and unique names; it
+// refuses a sum past the range of int64), each bounded by its context's
+// deadline or, when the context has none, by the Store's Timeout: nothing
+// waits forever.
 //
 // The store holds a handful of small values for the life of a job; it is
-// not a database. Keys and values are at most 1 MiB each. A Server keeps
-// every key until it is closed.
+// not a database. Keys and values are at most 1 MiB each, and a Server
+// holds at most ServerOptions.MaxKeys keys and MaxBytes bytes (4096 and 64
+// MiB by default); a Set or Add past them fails. A Server keeps every key
+// until it is closed.
 //
-// Protocol: one request at a time per connection, each a frame
+// # What a client can cost the server
+//
+// A failed Accept (out of file descriptors, say) does not stop the
+// server: it backs off, 5 ms doubling up to 1 s, and accepts again. A
+// request must arrive within ServerOptions.RequestTimeout (30 s) of its
+// first byte, and its answer must leave within as long, or the connection
+// is dropped; a connection idle between requests is kept. The server's
+// memory for a key or value grows as its bytes arrive, so a length
+// announced and never sent costs nothing.
+//
+// # Who may talk to the store
+//
+// Like PyTorch's TCPStore, the store has no authentication by default:
+// anyone who can reach MASTER_ADDR:MASTER_PORT can read and write it, and
+// could give the ranks a NCCL unique id of their own. (Rank 0 listens on
+// MASTER_ADDR only, not on every interface as TCPStore does; 127.0.0.1
+// keeps a one-machine job on this machine.)
+//
+// Options.Secret (or, when it is empty, the variable DDPGO_STORE_SECRET,
+// SecretEnv, which a launcher exports to every rank) sets a job secret.
+// Each connection then begins with a handshake in which the client and the
+// server prove to each other that they know the secret (HMAC-SHA256 over
+// nonces of both; the secret itself never travels), and the server serves
+// no request on a connection that has not: another job, a stray client or
+// a scanner can no longer read or set a key such as ddpgo/nccl/unique-id,
+// and a rank refuses a server that does not know the secret (another
+// process listening on the port first). Use a long random secret, for
+// example from openssl rand -hex 32.
+//
+// What the secret does not protect: the traffic is plain TCP, so anyone
+// who can watch the network between the ranks reads the values (the NCCL
+// unique id among them), and anyone who can change it in transit can take
+// over a connection once it is authenticated; use a private network, or a
+// tunnel, for that. The secret is as safe as the environment it is in
+// (/proc/<pid>/environ is readable by the job's user and root). Without a
+// secret, the connections themselves are not limited in number: a client
+// that opens many and sends nothing holds a descriptor and a goroutine
+// each.
+//
+// # Protocol
+//
+// One request at a time per connection, each a frame
 //
 //	op (1 byte) | key length (4 bytes, big endian) | key | value length (4) | value | wait (8, nanoseconds)
 //
@@ -22,8 +66,13 @@
 //
 //	status (1 byte) | value length (4) | value
 //
-// where a status other than 0 carries an error message as its value. Get
-// and Wait are held by the server until the keys exist or the wait the
-// client sent has passed; the client also bounds the connection with the
-// same deadline, so a server that has died cannot hold it.
+// where a status other than 0 carries an error message as its value (3:
+// the secret is missing or wrong). Get and Wait are held by the server
+// until the keys exist or the wait the client sent has passed; the client
+// also bounds the connection with the same deadline, so a server that has
+// died cannot hold it. With a secret, a connection's first two requests
+// are the handshake: Hello (op 5) whose value is the client's 32-byte
+// nonce, answered by the server's nonce and its proof, HMAC(secret,
+// "ddpgo rendezvous server" | client nonce | server nonce); then Auth (op
+// 6) whose value is the client's proof, the same with "client".
 package rendezvous

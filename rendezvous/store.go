@@ -3,6 +3,9 @@ package rendezvous
 import (
 	"bufio"
 	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -30,6 +33,10 @@ var (
 	// ErrInvalid: a bad argument (key or value too large, bad address,
 	// bad environment).
 	ErrInvalid = errors.New("rendezvous: invalid argument")
+	// ErrAuth: the job's secret did not match: the server does not know
+	// this Store's secret, or the Store's secret (or its lack of one)
+	// is not the server's.
+	ErrAuth = errors.New("rendezvous: wrong secret")
 )
 
 const (
@@ -37,7 +44,13 @@ const (
 	opGet
 	opAdd
 	opWait
+	opHello // the secret's handshake (server.go)
+	opAuth
 )
+
+// SecretEnv is the environment variable that holds the job's secret when
+// Options.Secret is empty.
+const SecretEnv = "DDPGO_STORE_SECRET"
 
 // Options configures Open.
 type Options struct {
@@ -53,12 +66,19 @@ type Options struct {
 	// time a rank other than 0 keeps trying to reach rank 0's server.
 	// Zero means DefaultTimeout.
 	Timeout time.Duration
+	// Secret is the job's secret; empty means the value of SecretEnv,
+	// and if that is empty too, none. With a secret, rank 0's server
+	// serves only connections that prove they know it, and every rank
+	// checks that the server knows it too (package documentation, "Who
+	// may talk to the store"). Every rank must have the same secret.
+	Secret string
 }
 
 // FromEnv reads torchrun's variables: MASTER_ADDR (default "127.0.0.1"),
-// MASTER_PORT (required), RANK and WORLD_SIZE (required).
+// MASTER_PORT (required), RANK and WORLD_SIZE (required), and the job's
+// secret from SecretEnv (optional).
 func FromEnv() (Options, error) {
-	var o Options
+	o := Options{Secret: os.Getenv(SecretEnv)}
 	host := os.Getenv("MASTER_ADDR")
 	if host == "" {
 		host = "127.0.0.1"
@@ -119,12 +139,15 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 	if o.Timeout == 0 {
 		o.Timeout = DefaultTimeout
 	}
+	if o.Secret == "" {
+		o.Secret = os.Getenv(SecretEnv)
+	}
 	if o.Addr == "" {
 		return nil, fmt.Errorf("%w: Options.Addr is empty", ErrInvalid)
 	}
 	s := &Store{opts: o}
 	if o.Rank == 0 {
-		srv, err := Serve(o.Addr)
+		srv, err := ServeWith(o.Addr, ServerOptions{Secret: o.Secret})
 		if err != nil {
 			return nil, fmt.Errorf("rendezvous: rank 0: %w", err)
 		}
@@ -224,6 +247,14 @@ func (s *Store) dial(ctx context.Context) error {
 		c, err := d.DialContext(ctx, "tcp", s.opts.Addr)
 		if err == nil {
 			s.conn, s.r = c, bufio.NewReader(c)
+			if s.opts.Secret == "" {
+				return nil
+			}
+			if err := s.hello(ctx); err != nil {
+				s.conn.Close()
+				s.conn = nil
+				return fmt.Errorf("rendezvous: rank %d: the store at %s: %w", s.opts.Rank, s.opts.Addr, err)
+			}
 			return nil
 		}
 		if ctx.Err() != nil {
@@ -239,7 +270,35 @@ func (s *Store) dial(ctx context.Context) error {
 	}
 }
 
-var opNames = [...]string{opSet: "Set", opGet: "Get", opAdd: "Add", opWait: "Wait"}
+// hello proves to the server that this Store knows the secret, and checks
+// that the server knows it too (server.go has the handshake).
+func (s *Store) hello(ctx context.Context) error {
+	deadline, _ := ctx.Deadline()
+	s.conn.SetDeadline(deadline)
+	defer s.conn.SetDeadline(time.Time{})
+	client := make([]byte, nonceSize)
+	rand.Read(client)
+	v, err := s.roundTrip(opHello, "", client, 0)
+	if err != nil {
+		return fmt.Errorf("the secret's handshake: %w", err)
+	}
+	if len(v) != nonceSize+sha256.Size || !hmac.Equal(v[nonceSize:], proof(s.opts.Secret, "server", client, v[:nonceSize])) {
+		return fmt.Errorf("%w: the server does not know the job's secret: it is not this job's store", ErrAuth)
+	}
+	if _, err := s.roundTrip(opAuth, "", proof(s.opts.Secret, "client", client, v[:nonceSize]), 0); err != nil {
+		return err
+	}
+	return nil
+}
+
+var opNames = [...]string{opSet: "Set", opGet: "Get", opAdd: "Add", opWait: "Wait", opHello: "Hello", opAuth: "Auth"}
+
+func opName(op byte) string {
+	if int(op) < len(opNames) && opNames[op] != "" {
+		return opNames[op]
+	}
+	return fmt.Sprintf("operation %d", op)
+}
 
 func (s *Store) call(ctx context.Context, op byte, key string, value []byte) ([]byte, error) {
 	if len(key) > MaxSize || len(value) > MaxSize {
@@ -305,6 +364,8 @@ func (s *Store) roundTrip(op byte, key string, value []byte, wait time.Duration)
 		return v, nil
 	case statusTimeout:
 		return nil, serverTimeout(string(v))
+	case statusAuth:
+		return nil, fmt.Errorf("%w: %s", ErrAuth, v)
 	default:
 		return nil, errors.New(string(v))
 	}
@@ -314,6 +375,7 @@ const (
 	statusOK byte = iota
 	statusTimeout
 	statusError
+	statusAuth // the job's secret is missing or wrong
 )
 
 // serverTimeout is the server's report that a key did not appear in time;
