@@ -67,7 +67,8 @@
 //
 // The zeroing is lazy, so that Begin does not pay a serial pass over all
 // gradient memory (on ResNet-50 as long as the whole all-reduce) before
-// backward can start: Begin only marks every gradient stale, in O(1). The
+// backward can start: Begin only marks every gradient stale, in O(1)
+// (and plants a canary in each, one store per parameter: below). The
 // first Grad(i) or GradBuffer(i) of the accumulation window zeroes
 // parameter i's gradient and hands it out (its cache lines are then warm
 // for the caller's write); SetGrad overwrites it, and AddGrad on a stale
@@ -78,9 +79,15 @@
 // report that time. Every gradient thus reads as zero the first time the
 // caller looks at it, exactly as if Begin had zeroed them all. It follows
 // that a gradient must be fetched with Grad (or GradBuffer) in each
-// window before it is written: a write through a slice kept from an
-// earlier window, with no Grad since, is zeroed before the reduction.
-// (zero.go has the mechanism.)
+// window before it is written. A write through a slice kept from an
+// earlier window (or from an earlier layout, see below), with no Grad
+// since, would be zeroed before the reduction; instead Ready fails with
+// ErrStaleGrad, naming the parameter and leaving it unmarked, and so does
+// Wait for a parameter it would mark unused. (The zeroing Begin plants a
+// signalling NaN in each gradient's first element, which a store replaces
+// and += turns quiet, and Ready of a parameter with no Grad checks it: a
+// write that leaves the first element's bits as they were goes unseen.
+// zero.go and canary.go have the mechanism; host memory only.)
 //
 // Options.NoZeroGrad skips the zeroing in Grad: the gradients then hold
 // the last average until overwritten, so the first step of each

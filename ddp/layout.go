@@ -56,7 +56,7 @@ func (r *Reducer) adopt(bs []bucket.Bucket) error {
 	r.lay.Store(L)
 	r.layGen++
 	if old != nil {
-		if err := old.free(r.pool); err != nil {
+		if err := r.retire(old); err != nil {
 			return fmt.Errorf("ddp: returning the old bucket memory: %w", err)
 		}
 	}

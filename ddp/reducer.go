@@ -44,6 +44,7 @@ type Reducer struct {
 	byName  map[string]int         // parameter name -> index; -1 for a name shared by several
 	layGen  uint64                 // layouts adopted so far (Generation)
 	rebuilt bool                   // the rebuild (or the decision not to) is done
+	retired *layout                // the layout Begin replaced, until the step ends (canary.go)
 
 	state    atomic.Int32
 	prevSync bool // the last step was synced (or there was none): Begin zeroes
@@ -436,6 +437,10 @@ func (r *Reducer) release() error {
 	var blocks []allocator.Block
 	if L := r.lay.Load(); L != nil {
 		blocks = L.take()
+	}
+	if r.retired != nil {
+		blocks = append(blocks, r.retired.take()...)
+		r.retired = nil
 	}
 	blocks = append(blocks, r.bufs.blocks...)
 	r.bufs.blocks = nil

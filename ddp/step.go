@@ -71,8 +71,11 @@ func (r *Reducer) open(sync, shadow bool) error {
 	}
 	L := r.lay.Load()
 	if r.prevSync || shadow {
-		// zero_grad, lazily: every gradient becomes stale in O(1).
+		// zero_grad, lazily: every gradient becomes stale in O(1),
+		// and carries a canary against writes without Grad
+		// (canary.go).
 		r.gen.Add(1)
+		r.plantCanaries()
 	}
 	r.stepNo++
 	L.sched.reset()
@@ -208,8 +211,10 @@ func (r *Reducer) gradBuf(i int) comm.Buffer {
 // network: when i completes a bucket and every earlier bucket has launched,
 // the bucket's reduction starts on the rank's launcher goroutine.
 // Marking a parameter twice in a step, an index out of range, or Ready
-// outside a step are errors naming the parameter. Every Ready of a step
-// must return before Wait is called.
+// outside a step are errors naming the parameter, and so is a gradient
+// written through a slice kept from an earlier window without a Grad in
+// this one (ErrStaleGrad; the parameter stays unmarked). Every Ready of a
+// step must return before Wait is called.
 func (r *Reducer) Ready(i int) error {
 	if i < 0 || i >= len(r.params) {
 		return fmt.Errorf("%w: rank %d: Ready(%d): the reducer has %d parameters", ErrIndex, r.c.Rank(), i, len(r.params))
@@ -220,6 +225,9 @@ func (r *Reducer) Ready(i int) error {
 	st := r.state.Load()
 	if st == idle {
 		return fmt.Errorf("%w: rank %d: Ready of parameter %d (%q) outside a step: call Begin first", ErrNoStep, r.c.Rank(), i, r.params[i].Name)
+	}
+	if err := r.heldWrite("Ready", i); err != nil {
+		return err
 	}
 	L := r.lay.Load()
 	if err := L.sched.claim(i); err != nil {

@@ -106,6 +106,13 @@ func (r *Reducer) handleUnready(L *layout) error {
 	if r.o.FindUnusedParameters || (r.o.StaticGraph && !r.staticOK) {
 		for i := range r.params {
 			if !L.sched.isMarked(i) {
+				if err := r.heldWrite("Wait", i); err != nil {
+					return err
+				}
+			}
+		}
+		for i := range r.params {
+			if !L.sched.isMarked(i) {
 				r.markUnused(L, i)
 			}
 		}
@@ -269,6 +276,9 @@ func (r *Reducer) finish() {
 	}
 	s.Wall = time.Since(r.start)
 	s.finalize(r.lay.Load(), r.isUnused)
+	if err := r.dropRetired(); err != nil {
+		r.fail(fmt.Errorf("ddp: rank %d step %d: returning the replaced layout's memory: %w", r.c.Rank(), r.stepNo, err))
+	}
 	r.cur, r.last = r.last, r.cur
 	r.state.Store(idle)
 }
