@@ -16,9 +16,10 @@
 // PyTorch's named_parameters(); a backward pass produces gradients roughly
 // in the reverse order. Three manifests are built in: "resnet50"
 // (torchvision), "bert-base" and "gpt2-small" (lm_head tied to the token
-// embedding, so not listed). Load accepts a built-in name or a file path.
-// docs/models.md describes the format for people writing one, and how to
-// export one from a PyTorch or a GoMLX model.
+// embedding, so not listed). Load accepts a built-in name or the path of a
+// regular file of at most MaxFileSize (64 MiB) bytes. docs/models.md
+// describes the format for people writing one, and how to export one from a
+// PyTorch or a GoMLX model.
 //
 // Parse validates everything a benchmark relies on and reports the file,
 // the line and the JSON field at fault, for example

@@ -91,21 +91,76 @@ func Builtin(name string) (*Manifest, error) {
 	return Parse(name, data)
 }
 
+// MaxFileSize bounds a manifest file: 64 MiB, room for a million
+// parameters with long names.
+const MaxFileSize = 64 << 20
+
 // Load returns the built-in manifest called nameOrPath, or else parses
-// the file at that path.
+// the file at that path, which must be a regular file of at most
+// MaxFileSize bytes: a device such as /dev/zero would be read forever and
+// a FIFO would block.
 func Load(nameOrPath string) (*Manifest, error) {
 	if _, ok := builtinFiles[strings.ToLower(nameOrPath)]; ok {
 		return Builtin(nameOrPath)
 	}
-	data, err := os.ReadFile(nameOrPath)
+	data, err := readManifest(nameOrPath)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("%w %q: not built in (%s) and no such file",
 				ErrUnknownModel, nameOrPath, strings.Join(Names(), ", "))
 		}
-		return nil, fmt.Errorf("models: %w", err)
+		return nil, err
 	}
 	return Parse(nameOrPath, data)
+}
+
+// readManifest reads the manifest file at path, refusing what is not a
+// regular file (checked before opening it, since opening a FIFO blocks,
+// and again on the open file) and more than MaxFileSize bytes.
+func readManifest(path string) ([]byte, error) {
+	notRegular := func(fi os.FileInfo) error {
+		kind := "not a regular file"
+		switch m := fi.Mode(); {
+		case m.IsDir():
+			kind = "a directory"
+		case m&os.ModeDevice != 0:
+			kind = "a device"
+		case m&os.ModeNamedPipe != 0:
+			kind = "a named pipe (FIFO)"
+		case m&os.ModeSocket != 0:
+			kind = "a socket"
+		}
+		return fmt.Errorf("%w: %s is %s, not a regular file: a manifest is a JSON file", ErrInvalid, path, kind)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("models: %w", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, notRegular(fi)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("models: %w", err)
+	}
+	defer f.Close()
+	if fi, err = f.Stat(); err != nil {
+		return nil, fmt.Errorf("models: %w", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, notRegular(fi)
+	}
+	if fi.Size() > MaxFileSize {
+		return nil, fmt.Errorf("%w: %s holds %d bytes, more than a manifest may (%d)", ErrInvalid, path, fi.Size(), MaxFileSize)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("models: %w", err)
+	}
+	if len(data) > MaxFileSize {
+		return nil, fmt.Errorf("%w: %s holds more than the %d bytes a manifest may", ErrInvalid, path, MaxFileSize)
+	}
+	return data, nil
 }
 
 // Parse decodes and validates a manifest. file names the source in

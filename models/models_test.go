@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestBuiltinTotals(t *testing.T) {
@@ -199,4 +200,41 @@ func ExampleBuiltin() {
 	}
 	fmt.Println(m.Model, len(m.Params), m.Numel())
 	// Output: resnet50 161 25557032
+}
+
+// TestLoadRefusesNonManifests: Load refuses what is not a regular file (a
+// device it would read forever, a FIFO that would block it) and a file
+// over MaxFileSize, at once, naming the path.
+func TestLoadRefusesNonManifests(t *testing.T) {
+	dir := t.TempDir()
+	big := filepath.Join(dir, "big.json")
+	f, err := os.Create(big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(MaxFileSize + 1); err != nil { // sparse: no disk
+		t.Fatal(err)
+	}
+	f.Close()
+	cases := map[string]string{"large": big}
+	if _, err := os.Stat("/dev/zero"); err == nil {
+		cases["device"] = "/dev/zero"
+	}
+	if fifo := filepath.Join(dir, "fifo"); mkfifo(fifo) == nil {
+		cases["fifo"] = fifo
+	}
+	for name, path := range cases {
+		t.Run(name, func(t *testing.T) {
+			done := make(chan error, 1)
+			go func() { _, err := Load(path); done <- err }()
+			select {
+			case err := <-done:
+				if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), path) {
+					t.Fatalf("Load(%s): %v, want ErrInvalid naming it", path, err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("Load(%s) still reading after 10 s", path)
+			}
+		})
+	}
 }
