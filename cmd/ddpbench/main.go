@@ -45,6 +45,7 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -75,7 +76,9 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 // runMainContext is runMain with a context whose cancellation interrupts
 // the run: exit status 130, as a shell reports an interrupted command.
 func runMainContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if err := newApp(stdout, stderr).RunContext(ctx, args); err != nil {
+	app := newApp(stdout, stderr)
+	app.Metadata = map[string]any{"args": args} // for unexpectedArg
+	if err := app.RunContext(ctx, args); err != nil {
 		if ctx.Err() != nil {
 			var in interruptedError
 			if errors.As(err, &in) {
@@ -213,9 +216,13 @@ func dashes(name string) string {
 }
 
 // unexpectedArg is the error for a stray argument. The likeliest cause of
-// "false" or "true" is a boolean flag given its value after a space,
-// which the flag package does not accept: say so.
+// one right after a boolean flag, or of "false" or "true", is a boolean
+// flag given its value after a space, which the flag package does not
+// accept: say so, naming the flag.
 func unexpectedArg(c *cli.Context, arg, where string) error {
+	if flag := boolBefore(c, arg); flag != "" {
+		return usagef("unexpected argument %q after %s: a boolean flag takes its value after =, as %s=true or %s=false", arg, flag, flag, flag)
+	}
 	if _, err := strconv.ParseBool(arg); err == nil {
 		flag := "--FLAG"
 		for _, f := range c.Command.Flags {
@@ -227,6 +234,27 @@ func unexpectedArg(c *cli.Context, arg, where string) error {
 		return usagef("unexpected argument %q: a boolean flag takes its value after =, as %s=%s", arg, flag, arg)
 	}
 	return usagef("unexpected argument %q (%s)", arg, where)
+}
+
+// boolBefore returns the boolean flag (as typed) that arg follows on the
+// command line, if it follows one.
+func boolBefore(c *cli.Context, arg string) string {
+	args, _ := c.App.Metadata["args"].([]string)
+	for i := 1; i < len(args); i++ {
+		if args[i] == "--" {
+			break
+		}
+		if args[i] != arg || !strings.HasPrefix(args[i-1], "-") {
+			continue
+		}
+		name := strings.TrimLeft(args[i-1], "-")
+		for _, f := range c.Command.Flags {
+			if b, ok := f.(*cli.BoolFlag); ok && (b.Name == name || slices.Contains(b.Aliases, name)) {
+				return args[i-1]
+			}
+		}
+	}
+	return ""
 }
 
 // usagef returns a usageError for a flag value that parsed but is invalid.

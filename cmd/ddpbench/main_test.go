@@ -66,6 +66,7 @@ func TestErrors(t *testing.T) {
 		{[]string{"run", "--ranks"}, 2, []string{"--ranks needs a value (ddpbench run --help)"}},
 		{[]string{"run", "--grad-as-bucket-view", "false"}, 2, []string{`unexpected argument "false"`, "--grad-as-bucket-view=false"}},
 		{[]string{"run", "--zero-grad", "true"}, 2, []string{"--zero-grad=true"}},
+		{[]string{"run", "--grad-as-bucket-view", "maybe"}, 2, []string{`unexpected argument "maybe" after --grad-as-bucket-view`, "--grad-as-bucket-view=true or --grad-as-bucket-view=false"}},
 		{[]string{"run", "--grad-as-bucket-view=maybe"}, 2, []string{`--grad-as-bucket-view "maybe": not a valid boolean value`}},
 		{[]string{"sweep", "--bucket-cap-mb", "5"}, 2, []string{"unknown flag --bucket-cap-mb (ddpbench sweep --help"}},
 		{[]string{"run", "--max-in-flight", "-1"}, 2, []string{"--max-in-flight -1: want 0 (no bound) to 1048576"}},
@@ -192,6 +193,13 @@ func TestEnvVars(t *testing.T) {
 		if code != 2 || stderr != "ddpbench: --ranks 0: want 1..1024\n" {
 			t.Errorf("status %d, stderr %q", code, stderr)
 		}
+		t.Setenv("DDPBENCH_RANKS", "")
+		t.Setenv("DDPBENCH_MODEL", "nosuch")
+		code, _, stderr = run(t, "run")
+		if code != 2 || !strings.HasPrefix(stderr, `ddpbench: --model: models: unknown model "nosuch"`) || !strings.HasSuffix(stderr, "(from DDPBENCH_MODEL)\n") {
+			t.Errorf("status %d, stderr %q", code, stderr)
+		}
+		t.Setenv("DDPBENCH_MODEL", "")
 		t.Setenv("DDPBENCH_MINBYTES", "4X")
 		for _, args := range [][]string{{"collective"}, {"collective", "-b", "4X"}, {"collective", "--minbytes", "4X"}} {
 			_, _, stderr = run(t, args...)

@@ -129,7 +129,9 @@ func parseStepFlags(c *cli.Context) (runOpts, error) {
 	o.runID = uuid.NewString()
 	o.modelName = c.String("model")
 	if o.model, err = models.Load(o.modelName); err != nil {
-		return o, usageError{err} // the input is invalid: nothing ran
+		// The input is invalid: nothing ran. The flag's name lets
+		// runMain say when DDPBENCH_MODEL set it.
+		return o, usagef("--model: %w", err)
 	}
 	if o.model.Elem != comm.Float32 {
 		return o, usagef("--model %s: dtype %q: the reducer averages float32 gradients only (fp16 and bf16 are a --compression)",
