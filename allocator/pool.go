@@ -33,6 +33,13 @@ type Options struct {
 	// rounded up to the page size; 0 means DefaultSlabSize. Requests larger
 	// than SlabSize get a slab of their own.
 	SlabSize int
+	// Retire makes the slabs the pool gives back once it is closed
+	// retired rather than freed, where the Source is a Retirer (see
+	// there): for an owner whose Go views of blocks it cannot revoke
+	// (ddp's gradient slices), so that a view used after Close reads zeros
+	// instead of faulting. Each retired slab keeps its address space for
+	// the life of the process, and no memory.
+	Retire bool
 }
 
 // Stats is a snapshot of a pool's counters, cheap to take and free of
@@ -75,6 +82,7 @@ type Pool struct {
 	bigFree int32          // head of the list of free dedicated slabs' nodes
 
 	closed bool
+	retire bool // Options.Retire
 	st     Stats
 }
 
@@ -126,7 +134,7 @@ func New(o Options) (*Pool, error) {
 	if o.SlabSize < 0 {
 		return nil, fmt.Errorf("%w: Options.SlabSize %d is negative", ErrInvalid, o.SlabSize)
 	}
-	p := &Pool{src: o.Source, limit: o.Limit, page: os.Getpagesize(), freeNodes: none, bigFree: none}
+	p := &Pool{src: o.Source, limit: o.Limit, page: os.Getpagesize(), freeNodes: none, bigFree: none, retire: o.Retire}
 	if p.src == nil {
 		p.src = HostSource()
 	}
@@ -475,7 +483,13 @@ func (p *Pool) unmapSlab(s int32) {
 	// A failing munmap leaves the memory mapped but unreachable from the
 	// pool; nothing can be done about it here, and the slab is forgotten
 	// either way so it is never handed out again.
-	_ = p.src.Free(sl.region)
+	if rt, ok := p.src.(Retirer); ok && p.retire && p.closed {
+		if rt.Retire(sl.region) != nil {
+			_ = p.src.Free(sl.region)
+		}
+	} else {
+		_ = p.src.Free(sl.region)
+	}
 	p.st.Mapped -= int64(sl.region.Size)
 	p.st.Trimmed += int64(sl.region.Size)
 	p.st.Slabs--

@@ -476,3 +476,39 @@ func TestCheckDetectsUncoalesced(t *testing.T) {
 	p.checkLocked()
 	p.mu.Unlock()
 }
+
+// TestRetire: with Options.Retire, a view of a block kept past Put and
+// Close reads zeros and takes writes instead of faulting; the pool still
+// gives the slab back (Stats.Trimmed).
+func TestRetire(t *testing.T) {
+	p, err := New(Options{Retire: true, SlabSize: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := p.Get(8192)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := b.Bytes()
+	for i := range v {
+		v[i] = 7
+	}
+	if err := p.Put(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if st := p.Stats(); st.Mapped != 0 || st.Trimmed != 1<<20 {
+		t.Fatalf("after Close: %d bytes mapped, %d trimmed; want 0 and the slab", st.Mapped, st.Trimmed)
+	}
+	for i, x := range v {
+		if x != 0 {
+			t.Fatalf("byte %d of a retired block reads %d, want 0", i, x)
+		}
+	}
+	v[0] = 1
+	if v[0] != 1 {
+		t.Fatalf("a write into a retired block reads back %d", v[0])
+	}
+}

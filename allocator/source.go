@@ -26,3 +26,13 @@ type Source interface {
 	Name() string
 	Host() bool
 }
+
+// A Retirer is a Source that can retire a region instead of freeing it:
+// its addresses stay mapped, to fresh zero-filled memory that takes no
+// physical page until written, so that Go code still viewing it reads
+// zeros and writes harmlessly instead of faulting. The address space stays
+// reserved for the life of the process. HostSource is a Retirer; a pool
+// retires rather than frees only where Options.Retire asks.
+type Retirer interface {
+	Retire(Region) error
+}

@@ -34,5 +34,16 @@ func (hostSource) Free(r Region) error {
 	return nil
 }
 
+// Retire maps fresh private zero pages over r in one mmap (MAP_FIXED
+// replaces the old mapping atomically, so no other mapping can take the
+// addresses in between), without reserving swap for them.
+func (hostSource) Retire(r Region) error {
+	_, err := unix.MmapPtr(-1, 0, r.Addr, uintptr(r.Size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANON|unix.MAP_FIXED|unix.MAP_NORESERVE)
+	if err != nil {
+		return fmt.Errorf("allocator: host mmap of zero pages over %d bytes at %p: %w", r.Size, r.Addr, err)
+	}
+	return nil
+}
+
 func (hostSource) Name() string { return "host" }
 func (hostSource) Host() bool   { return true }

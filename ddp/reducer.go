@@ -155,7 +155,7 @@ func (r *Reducer) memory(params []Param) (fatal, local error) {
 		// The communicator's own host memory where it has one (package
 		// mpi: memory the ranks of one machine reduce in place).
 		var err error
-		if r.pool, err = allocator.New(allocator.Options{Source: comm.HostSourceOf(r.c), Limit: limit}); err != nil {
+		if r.pool, err = allocator.New(allocator.Options{Source: comm.HostSourceOf(r.c), Limit: limit, Retire: true}); err != nil {
 			return fmt.Errorf("creating the pool: %w", err), nil
 		}
 		r.ownPool = true
@@ -197,7 +197,7 @@ func (r *Reducer) memory(params []Param) (fatal, local error) {
 	if !caps.HostMemory {
 		return bad, nil
 	}
-	pool, err := allocator.New(allocator.Options{})
+	pool, err := allocator.New(allocator.Options{Retire: true})
 	if err != nil {
 		return fmt.Errorf("%w (and creating a host pool to tell the peers failed: %w)", bad, err), nil
 	}
@@ -405,6 +405,9 @@ func (r *Reducer) Generation() uint64 { return r.layGen }
 // has (waiting at most Options.DrainTimeout), so no memory the call uses
 // goes back to the pool under it. A WaitEach callback must therefore not
 // call Close: Close would wait out DrainTimeout for the WaitEach it runs in.
+//
+// Gradient slices and Buffers handed out before Close must not be used
+// after it: see Grad for what a late use does with each kind of memory.
 func (r *Reducer) Close() error {
 	r.closeOnce.Do(func() {
 		r.closed.Store(true)

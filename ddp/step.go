@@ -134,6 +134,16 @@ func (r *Reducer) open(sync, shadow bool) error {
 // reduction, as Wait or WaitEach report it), and with ErrClosed after
 // Close. Grad(i) may run concurrently with Grad and Ready of other
 // parameters.
+//
+// After Close, a slice Grad returned no longer holds a gradient. With the
+// Reducer's own pool of host memory (no Options.Pool, and a backend
+// without memory of its own, as inproc), its memory is retired, not
+// unmapped: the slice reads zeros and writes go nowhere, so a late use is
+// harmless (allocator.Options.Retire). With Options.Pool the memory goes
+// back to that pool and may be handed to someone else, and with the mpi
+// backend's shared memory it is unmapped, so that a late use faults (a
+// SIGSEGV that recover cannot catch): do not use a gradient slice after
+// Close.
 func (r *Reducer) Grad(i int) ([]float32, error) {
 	if err := r.gradOK("Grad", i); err != nil {
 		return nil, err
