@@ -46,7 +46,9 @@
 // waiting for a bucket) can name them too. Abort on any rank, or Close of
 // any rank, fails every pending and future operation of the group; an
 // operation that has already started moving data is allowed to finish
-// first, so no buffer is written after its Work has completed.
+// first, so no buffer is written after its Work has completed, and a
+// collective that every rank had published before the failure completes
+// on every rank, so that no two ranks get different verdicts on it.
 //
 // A rank may have at most 256 operations issued and not yet completed;
 // issuing one more waits until the oldest completes. A Work may be waited
