@@ -25,6 +25,10 @@ func TestGradErrors(t *testing.T) {
 			wantErr(t, err, ErrIndex, "rank 0: Grad(3)", "3 parameters")
 			_, err = r.GradBuffer(-1)
 			wantErr(t, err, ErrIndex, "rank 0: GradBuffer(-1)", "3 parameters")
+		} else {
+			// Rank 1 issues its bucket only after rank 0 has looked
+			// at its own on the wire.
+			<-issued
 		}
 		if err := r.Begin(Sync); err != nil {
 			return err
@@ -37,10 +41,8 @@ func TestGradErrors(t *testing.T) {
 		if rank == 0 {
 			// Rank 1 has issued nothing yet: the bucket stays on the wire.
 			_, err := r.Grad(2)
+			close(issued) // before a failed check could leave rank 1 waiting
 			wantErr(t, err, ErrBusy, `parameter "fc.bias"`, "bucket 0 is being reduced")
-			close(issued)
-		} else {
-			<-issued
 		}
 		if err := r.Wait(ctx); err != nil {
 			return err
