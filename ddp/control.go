@@ -69,6 +69,12 @@ func (r *Reducer) ctlBroadcast(ctx context.Context, what string, data []byte, dt
 // wait's context ended), the block stays out of the pool until it
 // completes, and the error wraps ErrInFlight too.
 func (r *Reducer) abandon(w comm.Work, blk allocator.Block, what string, err error) error {
+	if done, _ := w.Test(); !done {
+		// Abort with the cause first: settle's own abort names only the
+		// memory, and over MPI the first abort is the one the job ends
+		// with.
+		r.c.Abort(fmt.Errorf("ddp: rank %d: %s: %w", r.c.Rank(), what, err))
+	}
 	if serr := r.settle([]comm.Work{w}, []allocator.Block{blk}, what); serr != nil {
 		return fmt.Errorf("%w; %w", err, serr)
 	}
