@@ -194,7 +194,9 @@ func collectiveAction(c *cli.Context) error {
 		}
 		w.hosts = hosts
 	}
-	if err := w.header(); err != nil {
+	// Rank 0 writes the header; if it cannot, the ranks agree to stop
+	// before the first timed collective (agree).
+	if err := g.agree(c.Context, w.header(), o.cfg.Timeout, c.App.ErrWriter, rawArgs(c)); err != nil {
 		return err
 	}
 	sizes := o.cfg.Sizes()

@@ -77,28 +77,56 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 // the run: exit status 130, as a shell reports an interrupted command.
 func runMainContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	app := newApp(stdout, stderr)
-	app.Metadata = map[string]any{"args": args} // for unexpectedArg
+	app.Metadata = map[string]any{"args": args} // for unexpectedArg and rankError
 	if err := app.RunContext(ctx, args); err != nil {
-		if ctx.Err() != nil {
-			var in interruptedError
-			if errors.As(err, &in) {
-				fmt.Fprintf(stderr, "ddpbench: %s\n", in.msg)
-			} else {
-				fmt.Fprintf(stderr, "ddpbench: interrupted\n")
-			}
-			return 130
+		line, code := report(ctx, err, args)
+		if line != "" {
+			fmt.Fprintf(stderr, "ddpbench: %s\n", line)
 		}
-		msg := oneLine(err)
-		var u usageError
-		if errors.As(err, &u) {
-			fmt.Fprintf(stderr, "ddpbench: %s%s\n", msg, fromEnv(msg, args))
-			return 2
-		}
-		fmt.Fprintf(stderr, "ddpbench: %s\n", msg)
-		return 1
+		return code
 	}
 	return 0
 }
+
+// report returns the line that says what err is (without the program's
+// name; empty if it was said already) and the exit status it ends the
+// command with.
+func report(ctx context.Context, err error, args []string) (string, int) {
+	var re rankError
+	if errors.As(err, &re) {
+		if re.said {
+			return "", re.code
+		}
+		line, _ := report(ctx, re.err, args)
+		return fmt.Sprintf("rank %d of %d: %s", re.rank, re.size, line), re.code
+	}
+	if ctx.Err() != nil {
+		var in interruptedError
+		if errors.As(err, &in) {
+			return in.msg, 130
+		}
+		return "interrupted", 130
+	}
+	msg := oneLine(err)
+	var u usageError
+	if errors.As(err, &u) {
+		return msg + fromEnv(msg, args), 2
+	}
+	return msg, 1
+}
+
+// rankError is the error of one rank of a launched job, which ends with
+// code, the exit status of the rank at fault, on every rank. said: its
+// line was written already (or is not this rank's to write).
+type rankError struct {
+	rank, size int
+	code       int
+	said       bool
+	err        error
+}
+
+func (e rankError) Error() string { return fmt.Sprintf("rank %d of %d: %v", e.rank, e.size, e.err) }
+func (e rankError) Unwrap() error { return e.err }
 
 // flagAtStart matches the flag a usage error begins with: "--ranks" or
 // "-b/--minbytes".
@@ -162,7 +190,8 @@ const exitRule = `Exit status: 0 the benchmark ran and its results are right; 1 
 (wrong results, a timeout, a backend error, an output it could not write); 2 it did not
 run because its input is invalid (a flag, a DDPBENCH_ variable, a manifest file, an
 output path, more memory than the machine has); 130 interrupted (Ctrl-C), after printing
-what was measured so far.`
+what was measured so far. In a job of several processes (mpirun), a rank that fails before
+the run prints its error first and every rank exits with its status.`
 
 // usageError is invalid input, found before anything ran: exit status 2.
 type usageError struct{ err error }
@@ -236,10 +265,16 @@ func unexpectedArg(c *cli.Context, arg, where string) error {
 	return usagef("unexpected argument %q (%s)", arg, where)
 }
 
+// rawArgs returns the command line as runMain got it.
+func rawArgs(c *cli.Context) []string {
+	args, _ := c.App.Metadata["args"].([]string)
+	return args
+}
+
 // boolBefore returns the boolean flag (as typed) that arg follows on the
 // command line, if it follows one.
 func boolBefore(c *cli.Context, arg string) string {
-	args, _ := c.App.Metadata["args"].([]string)
+	args := rawArgs(c)
 	for i := 1; i < len(args); i++ {
 		if args[i] == "--" {
 			break

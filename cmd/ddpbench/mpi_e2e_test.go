@@ -3,9 +3,13 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -63,4 +67,47 @@ func TestMPIEndToEnd(t *testing.T) {
 			t.Errorf("--trace under mpirun: %s: %v", f, err)
 		}
 	}
+
+	// A rank that fails on its own after MPI started (here rank 1, which
+	// cannot bind its metrics port, the port plus its local rank) says
+	// so first, naming itself, and the job ends at once with its exit
+	// status (2: the input was invalid), not at --timeout.
+	port, busy := busyPortAbove(t)
+	defer busy.Close()
+	start := time.Now()
+	cmd := mpitest.Job(ctx, mpirun, 2, bin, "run", "--backend", "mpi", "--model", model, "--steps", "2", "--warmup", "0",
+		"--compute", "none", "--timeout", "2m", "--metrics-addr", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 2 || !strings.Contains(stderr.String(), "ddpbench: rank 1 of 2: --metrics-addr") ||
+		!strings.Contains(stderr.String(), "rank 1 failed before the run started") {
+		t.Errorf("a rank that cannot bind its metrics port: %v after %v; want exit status 2 and its error, naming rank 1, on every rank's behalf:\n%s",
+			err, time.Since(start).Round(time.Second), stderr.String())
+	}
+	if d := time.Since(start); d > time.Minute {
+		t.Errorf("the job took %v to end after rank 1 failed; want seconds (--timeout is 2m)", d.Round(time.Second))
+	}
+}
+
+// busyPortAbove returns a port p whose successor p+1 it holds open, so
+// that rank 1 of a job on this machine given --metrics-addr with port p
+// cannot listen.
+func busyPortAbove(t *testing.T) (int, net.Listener) {
+	t.Helper()
+	for range 20 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := ln.Addr().(*net.TCPAddr).Port - 1
+		if free, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p))); err == nil {
+			free.Close()
+			return p, ln
+		}
+		ln.Close()
+	}
+	t.Fatal("no free pair of ports")
+	return 0, nil
 }

@@ -340,33 +340,38 @@ func runAction(c *cli.Context) error {
 		out, errOut = io.Discard, io.Discard // rank 0 prints the group's results
 	}
 
-	hosts, err := rankHosts(c.Context, g)
-	if err != nil {
-		return err
-	}
 	cfg := o.benchConfig(g.comms)
+	// What this process sets up for itself may fail on one rank of a
+	// launched job alone: the ranks agree on it before the first
+	// collective (agree).
+	var setup error
 	if o.backend.DeviceMemory {
-		if cfg.Pools, err = g.devicePools(4 * o.model.Numel()); err != nil {
-			return err
-		}
+		cfg.Pools, setup = g.devicePools(4 * o.model.Numel())
 	}
-	if o.metricsAddr != "" {
+	if o.metricsAddr != "" && setup == nil {
 		pools := cfg.Pools
 		if pools == nil {
-			if pools, err = newPools(len(g.comms), 4*o.model.Numel(), comm.HostSourceOf(g.comms[0])); err != nil {
-				return err
-			}
+			pools, setup = newPools(len(g.comms), 4*o.model.Numel(), comm.HostSourceOf(g.comms[0]))
 			defer closePools(pools)
 			cfg.Pools = pools
 		}
-		// Every process serves its own ranks; a launched job's ranks on one
-		// machine listen on the port plus their local rank.
-		onStep, stop, err := serveMetrics(g.rankAddr(o.metricsAddr), pools, g.rank, c.App.ErrWriter)
-		if err != nil {
-			return err
+		if setup == nil {
+			// Every process serves its own ranks; a launched job's ranks
+			// on one machine listen on the port plus their local rank.
+			var onStep func(int, bool, *ddp.StepStats)
+			var stop func()
+			if onStep, stop, setup = serveMetrics(g.rankAddr(o.metricsAddr), pools, g.rank, c.App.ErrWriter); setup == nil {
+				defer stop()
+				cfg.OnStep = onStep
+			}
 		}
-		defer stop()
-		cfg.OnStep = onStep
+	}
+	if err := g.agree(c.Context, setup, o.timeout, c.App.ErrWriter, rawArgs(c)); err != nil {
+		return err
+	}
+	hosts, err := rankHosts(c.Context, g)
+	if err != nil {
+		return err
 	}
 	if o.trace != "" {
 		cfg.TraceSteps = o.traceSteps

@@ -73,6 +73,15 @@ func sweepAction(c *cli.Context) error {
 	if g.quietRank() {
 		out, errOut = io.Discard, io.Discard // rank 0 prints the group's results
 	}
+	// Device pools are made once, for every cap; a rank that cannot make
+	// them tells its peers before the first collective (agree).
+	var setup error
+	if o.backend.DeviceMemory {
+		_, setup = g.devicePools(4 * o.model.Numel())
+	}
+	if err := g.agree(c.Context, setup, o.timeout, c.App.ErrWriter, rawArgs(c)); err != nil {
+		return err
+	}
 	hosts, err := rankHosts(c.Context, g)
 	if err != nil {
 		return err
