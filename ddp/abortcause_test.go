@@ -58,3 +58,33 @@ func TestAbortNamesCause(t *testing.T) {
 		}
 	})
 }
+
+// TestWaitNamesCause: a Wait ended by a context cancelled with a cause
+// (the signal that interrupted the program) names it, with the step and
+// bucket, and still matches context.Canceled.
+func TestWaitNamesCause(t *testing.T) {
+	testutil.NoLeak(t)
+	synctest.Test(t, func(t *testing.T) {
+		g, cs := commtest.NewFakeGroup(1)
+		g.HangSeq = 2 // the step's bucket
+		r, err := New(context.Background(), cs[0], threeParams, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		if err := r.Begin(Sync); err != nil {
+			t.Fatal(err)
+		}
+		for i := range threeParams {
+			if err := r.Ready(i); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ctx, cancel := context.WithCancelCause(context.Background())
+		cancel(errors.New("received SIGTERM"))
+		err = r.Wait(ctx)
+		if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "received SIGTERM") || !strings.Contains(err.Error(), "step 1: waiting for bucket 0") {
+			t.Fatalf("Wait: %v; want the step, the bucket and the context's cause", err)
+		}
+	})
+}

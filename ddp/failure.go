@@ -63,6 +63,16 @@ func bounded(parent context.Context, d time.Duration) (context.Context, context.
 	return ctx, cancel, explain
 }
 
+// ctxErr is ctx's error, with its cause (context.WithCancelCause: the
+// signal that interrupted a program, say) where it has one.
+func ctxErr(ctx context.Context) error {
+	err, cause := ctx.Err(), context.Cause(ctx)
+	if cause == nil || cause == err || errors.Is(cause, err) {
+		return cause
+	}
+	return fmt.Errorf("%w: %w", err, cause)
+}
+
 func (r *Reducer) usable() error {
 	if r.closed.Load() {
 		return ErrClosed

@@ -176,7 +176,7 @@ func (r *Reducer) waitDone(ctx context.Context, L *layout, each func(Reduced)) e
 			default:
 			}
 			k := int(r.reduced.Load())
-			return r.fail(fmt.Errorf("ddp: rank %d step %d: waiting for bucket %d of %d (%s): %w", r.c.Rank(), r.stepNo, k, len(L.buckets), L.describe(k, r.params), ctx.Err()))
+			return r.fail(fmt.Errorf("ddp: rank %d step %d: waiting for bucket %d of %d (%s): %w", r.c.Rank(), r.stepNo, k, len(L.buckets), L.describe(k, r.params), ctxErr(ctx)))
 		case <-r.timer.C:
 			now := time.Now()
 			report, expired := watch.Check(now)
