@@ -173,6 +173,19 @@ func (a *aggregator) stop() {
 	a.mu.Unlock()
 }
 
+// summarize fills res's statistics with those of the measured steps every
+// rank has completed so far; it may run while ranks still add steps.
+func (a *aggregator) summarize(res *Result) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	res.Steps = a.folded
+	s := a.s
+	res.Sampled = len(s.rows)
+	res.StepTime, res.IterTime, res.ComputeTime = s.dist(qWall), s.dist(qIter), s.dist(qCompute)
+	res.CommTime, res.OverlapRatio, res.BusBW = s.dist(qComm), s.dist(qOverlap), s.dist(qBusBW)
+	res.Overflows, res.WireBytes = a.overflows, a.lastBytes
+}
+
 // steps returns the number of measured steps every rank completed.
 func (a *aggregator) steps() int {
 	a.mu.Lock()

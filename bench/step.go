@@ -130,6 +130,14 @@ type Config struct {
 	// standard logger).
 	StallInterval time.Duration
 	OnStall       func(comm.Stall)
+	// OnInterrupt, if not nil, is called once, on a goroutine of its
+	// own, as soon as ctx ends during the run, with the statistics of the
+	// measured steps every rank completed so far (Interrupted set, no
+	// Trace, no allocation count); the ranks stop only once it has
+	// returned. For a job of one rank per process (mpirun), where
+	// stopping a rank mid-collective ends the whole job (MPI's abort)
+	// before Run could return, and with it the chance to print them.
+	OnInterrupt func(*Result)
 }
 
 // Dist summarizes one quantity over the measured steps: its quantiles
@@ -298,6 +306,32 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			"gathering the step's statistics from every rank, between steps")
 	}
 
+	// With OnInterrupt, the ranks watch run, which ends only once
+	// OnInterrupt has had the statistics: stopping may end the process.
+	run, unwatch := ctx, func() {}
+	if cfg.OnInterrupt != nil {
+		var stopRun context.CancelCauseFunc
+		run, stopRun = context.WithCancelCause(context.WithoutCancel(ctx))
+		part := *res // copied now: Run writes res once the ranks are done
+		reported := make(chan struct{})
+		stop := context.AfterFunc(ctx, func() {
+			defer close(reported)
+			part.Interrupted = true
+			part.Trace = nil
+			agg.summarize(&part)
+			part.Buckets = bucketSizes(reducers[0])
+			cfg.OnInterrupt(&part)
+			stopRun(context.Cause(ctx))
+		})
+		unwatch = sync.OnceFunc(func() {
+			if !stop() {
+				<-reported // it ran: let it finish first
+			}
+			stopRun(nil)
+		})
+		defer unwatch()
+	}
+
 	// Two phases separated by a process-local rendezvous, so that the
 	// allocation count covers exactly the measured steps.
 	var warm, measured sync.WaitGroup
@@ -321,11 +355,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 				}
 				defer release()
 			}
-			err := d.steps(ctx, cfg.Warmup, nil, nil)
+			err := d.steps(run, cfg.Warmup, nil, nil)
 			warm.Done()
 			measured.Wait()
 			if err == nil {
-				err = d.steps(ctx, cfg.Steps, agg, res.Trace)
+				err = d.steps(run, cfg.Steps, agg, res.Trace)
 			}
 			if err != nil {
 				agg.stop()
@@ -339,28 +373,41 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	runtime.ReadMemStats(&m0)
 	measured.Done()
 	wg.Wait()
+	unwatch()
 	runtime.ReadMemStats(&m1)
 	res.Interrupted = ctx.Err() != nil
 	if err := firstErr(errs); err != nil && !res.Interrupted {
 		return nil, err
 	}
-	res.Steps = agg.steps()
+	agg.summarize(res)
 	res.Trace = res.Trace[:min(len(res.Trace), res.Steps)]
-	s := agg.s
-	res.Sampled = len(s.rows)
-	res.StepTime, res.IterTime, res.ComputeTime = s.dist(qWall), s.dist(qIter), s.dist(qCompute)
-	res.CommTime, res.OverlapRatio, res.BusBW = s.dist(qComm), s.dist(qOverlap), s.dist(qBusBW)
-	res.Overflows, res.WireBytes = agg.overflows, agg.lastBytes
 	if res.Steps > 0 {
 		res.AllocsPerStep = float64(m1.Mallocs-m0.Mallocs) / float64(res.Steps)
 	}
-	for _, b := range reducers[0].Buckets() {
-		res.Buckets = append(res.Buckets, int64(b.Bytes))
-	}
+	res.Buckets = bucketSizes(reducers[0])
 	if res.Interrupted {
-		return res, fmt.Errorf("bench: interrupted after %d of %d measured steps: %w", res.Steps, cfg.Steps, ctx.Err())
+		return res, fmt.Errorf("bench: interrupted after %d of %d measured steps: %w", res.Steps, cfg.Steps, interruption(ctx))
 	}
 	return res, nil
+}
+
+// bucketSizes returns the sizes of red's buckets.
+func bucketSizes(red *ddp.Reducer) []int64 {
+	var out []int64
+	for _, b := range red.Buckets() {
+		out = append(out, int64(b.Bytes))
+	}
+	return out
+}
+
+// interruption is why ctx ended: its cause where it has one (a signal,
+// say), which wraps ctx.Err() or is wrapped with it.
+func interruption(ctx context.Context) error {
+	err, cause := ctx.Err(), context.Cause(ctx)
+	if cause == nil || cause == err || errors.Is(cause, err) {
+		return cause
+	}
+	return fmt.Errorf("%w: %w", err, cause)
 }
 
 func firstErr(errs []error) error {
@@ -468,8 +515,8 @@ func (d *driver) steps(ctx context.Context, k int, agg *aggregator, trace [][]dd
 	measured := agg != nil
 	for s := range k {
 		// Wait need not look at ctx when nothing is left to wait for.
-		if err := ctx.Err(); err != nil {
-			return err
+		if ctx.Err() != nil {
+			return interruption(ctx)
 		}
 		t := time.Now()
 		if err := d.step(ctx); err != nil {
@@ -539,7 +586,7 @@ func (d *driver) step(ctx context.Context) error {
 	for j, i := range d.order {
 		if d.deadlines != nil {
 			if err := d.await(ctx, start, d.deadlines[j]); err != nil {
-				return err
+				return fmt.Errorf("in the simulated backward, %d of %d gradients marked ready: %w", j, len(d.order), err)
 			}
 		}
 		// Producing the gradient is part of the compute being simulated:
@@ -584,13 +631,13 @@ func (d *driver) await(ctx context.Context, start time.Time, at time.Duration) e
 			return nil
 		case <-done:
 			d.timer.Stop()
-			return ctx.Err()
+			return interruption(ctx)
 		}
 	}
 	for time.Since(start) < at {
 		select {
 		case <-done:
-			return ctx.Err()
+			return interruption(ctx)
 		default:
 		}
 	}

@@ -56,13 +56,13 @@ import (
 func main() {
 	// The first interrupt cancels the run, which then stops its ranks,
 	// erases the progress bar and exits; a second one kills at once.
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancelCause(context.Background())
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 	go func() {
-		<-sig
+		s := <-sig
 		signal.Stop(sig)
-		cancel()
+		cancel(interruptCause(s))
 	}()
 	os.Exit(runMainContext(ctx, os.Args, os.Stdout, os.Stderr))
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -89,6 +91,61 @@ func TestMPIEndToEnd(t *testing.T) {
 	if d := time.Since(start); d > time.Minute {
 		t.Errorf("the job took %v to end after rank 1 failed; want seconds (--timeout is 2m)", d.Round(time.Second))
 	}
+
+	// Ctrl-C goes to mpirun, which ends every rank with SIGTERM a second
+	// later: rank 0 prints the statistics of the steps completed, marked,
+	// and the reason, before the job ends (with mpirun's own status).
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(freePorts(t)))
+	cmd = mpitest.Job(ctx, mpirun, 2, bin, "run", "--backend", "mpi", "--model", model, "--steps", "1000000", "--warmup", "1",
+		"--compute-time", "20ms", "--timeout", "2m", "--metrics-addr", addr)
+	var so, se strings.Builder
+	cmd.Stdout, cmd.Stderr = &so, &se
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for stepsServed(addr) < 4 && ctx.Err() == nil { // the warmup and a few measured steps
+		time.Sleep(50 * time.Millisecond)
+	}
+	cmd.Process.Signal(os.Interrupt)
+	err = cmd.Wait()
+	if !strings.Contains(so.String(), "INTERRUPTED after") || !strings.Contains(se.String(), "ddpbench: rank 0 of 2: interrupted (") ||
+		!strings.Contains(se.String(), "SIGTERM") {
+		t.Errorf("Ctrl-C under mpirun (%v): want rank 0's statistics so far, marked, and the reason:\nstdout:\n%s\nstderr:\n%s", err, so.String(), se.String())
+	}
+}
+
+// freePorts returns a port p such that p and p+1 are free.
+func freePorts(t *testing.T) int {
+	t.Helper()
+	for range 20 {
+		p, busy := busyPortAbove(t)
+		busy.Close()
+		if ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p+1))); err == nil {
+			ln.Close()
+			return p
+		}
+	}
+	t.Fatal("no free pair of ports")
+	return 0
+}
+
+// stepsServed returns the steps rank 0 has completed, from its metrics.
+func stepsServed(addr string) int {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	steps := 0
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, "ddpgo_steps_total{") { // synced and not
+			f := strings.Fields(line)
+			n, _ := strconv.ParseFloat(f[len(f)-1], 64)
+			steps += int(n)
+		}
+	}
+	return steps
 }
 
 // busyPortAbove returns a port p whose successor p+1 it holds open, so

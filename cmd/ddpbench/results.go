@@ -17,6 +17,9 @@ type runRecord struct {
 	res   *bench.Result
 	gpu   *gpuSummary  // GPU telemetry over the measured steps, or nil
 	hosts []bench.Host // where each rank ran (rankHosts)
+	// early: printed as an interrupt came, before the run ended (its
+	// allocations were not counted).
+	early bool
 }
 
 // runCSVHeader names the CSV columns of run and sweep. Times are in
@@ -315,7 +318,11 @@ func (r runRecord) table() string {
 	if o.compression == "fp16" || o.compression == "bf16" {
 		fmt.Fprintf(b, "%-24s %d\n", o.compression+" overflows", res.Overflows)
 	}
-	fmt.Fprintf(b, "%-24s %.1f\n", "allocations per step", res.AllocsPerStep)
+	if r.early {
+		fmt.Fprintf(b, "%-24s %s\n", "allocations per step", "not counted (interrupted)")
+	} else {
+		fmt.Fprintf(b, "%-24s %.1f\n", "allocations per step", res.AllocsPerStep)
+	}
 	if r.gpu != nil {
 		b.WriteString("\n" + r.gpu.table("", "over the measured steps"))
 	}

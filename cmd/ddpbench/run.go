@@ -8,6 +8,7 @@ import (
 	"math"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/ddpgo/ddpgo/allocator"
@@ -373,6 +374,7 @@ func runAction(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	watchPeers(g, hosts)
 	if o.trace != "" {
 		cfg.TraceSteps = o.traceSteps
 	}
@@ -408,7 +410,31 @@ func runAction(c *cli.Context) error {
 	if onBackward != nil {
 		cfg.OnBackward = func(int) { onBackward() }
 	}
+	// In a launched job an interrupt may end the process before Run
+	// returns (stopping one rank mid-collective ends the job), so rank 0
+	// prints the steps completed as soon as it comes.
+	var said atomic.Bool
+	if g.launched && g.size > 1 {
+		cfg.OnInterrupt = func(part *bench.Result) {
+			if g.quietRank() {
+				time.Sleep(interruptGrace)
+				return
+			}
+			bar.stop()
+			what := fmt.Sprintf("the results above cover the %d of %d measured steps completed", part.Steps, o.steps)
+			if part.Steps == 0 {
+				what = fmt.Sprintf("before the first of %d measured steps completed: nothing to report", o.steps)
+			} else {
+				writeRunResults(out, o.format, []runRecord{{o: o, res: part, hosts: hosts, early: true}})
+			}
+			fmt.Fprintf(c.App.ErrWriter, "ddpbench: rank %d of %d: interrupted (%v): %s\n", g.rank, g.size, context.Cause(c.Context), what)
+			said.Store(true)
+		}
+	}
 	res, err := bench.Run(c.Context, cfg)
+	if said.Load() {
+		return rankError{rank: g.rank, size: g.size, code: 130, said: true, err: err}
+	}
 	tel.stop()
 	bar.stop()
 	if err != nil && (res == nil || !res.Interrupted) {
