@@ -385,7 +385,9 @@ func TestMissingRankNamed(t *testing.T) {
 	var wg sync.WaitGroup
 	for rank := range 3 {
 		wg.Go(func() {
-			o := Options{Timeout: 400 * time.Millisecond, StallInterval: 100 * time.Millisecond, KeepLayout: true}
+			// Timeout bounds New's check too: 2 s, so that a rank that a
+			// loaded machine starts late does not fail the check.
+			o := Options{Timeout: 2 * time.Second, StallInterval: 500 * time.Millisecond, KeepLayout: true}
 			if rank < 2 {
 				o.OnStall = func(s comm.Stall) {
 					mu.Lock()

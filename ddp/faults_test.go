@@ -92,7 +92,9 @@ func TestRankLeavesStep(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			cs := newTestGroup(t, 3)
-			o := Options{Timeout: 300 * time.Millisecond, StallInterval: time.Hour, KeepLayout: true}
+			// Timeout bounds New's check too: 2 s, so that a rank that a
+			// loaded machine starts late does not fail the check.
+			o := Options{Timeout: 2 * time.Second, StallInterval: time.Hour, KeepLayout: true}
 			if tt.close {
 				o.Timeout = time.Minute // the abort, not the deadline, must end the step
 			}
