@@ -23,7 +23,7 @@ import (
 // the all-reduce (once it completes a peer may exit, and mpirun then ends
 // this process before it could say it), and every rank returns a
 // rankError with the failed rank's exit status (the highest failed rank's,
-// if several failed), which only rank 0 of the others mentions.
+// if several failed), which only rank 0 of the others mentions, at once.
 func (g *group) agree(ctx context.Context, setup error, timeout time.Duration, w io.Writer, args []string) error {
 	if !g.launched || g.size == 1 {
 		return setup
@@ -63,8 +63,13 @@ func (g *group) agree(ctx context.Context, setup error, timeout time.Duration, w
 		return rankError{rank: g.rank, size: g.size, code: code, said: true, err: setup}
 	case word != 0:
 		failed := int(word&(1<<rankBits-1)) - 1
-		return rankError{rank: g.rank, size: g.size, code: int(word >> rankBits), said: g.rank != 0,
-			err: fmt.Errorf("rank %d failed before the run started (its error is above); every rank stops", failed)}
+		err := fmt.Errorf("rank %d failed before the run started (its error is above); every rank stops", failed)
+		if g.rank == 0 {
+			// Said now, not on the way out: the failed rank may leave
+			// MPI_Finalize first, and mpirun then ends this process.
+			fmt.Fprintf(w, "ddpbench: rank %d of %d: %v\n", g.rank, g.size, err)
+		}
+		return rankError{rank: g.rank, size: g.size, code: int(word >> rankBits), said: true, err: err}
 	}
 	return nil
 }
