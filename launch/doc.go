@@ -48,10 +48,15 @@
 // communicator with package comm/checked (PyTorch's
 // TORCH_DISTRIBUTED_DEBUG=DETAIL).
 //
-// The package's four roles have a file each: env.go reads the launcher's
+// Agree, before a job's first collective, tells every rank whether some
+// rank failed to get ready (an output file it cannot create, a port it
+// cannot bind), so that the job ends at once, naming that rank, rather
+// than at a deadline with the ranks waiting for it.
+//
+// The package's five roles have a file each: env.go reads the launcher's
 // environment, registry.go holds the backends and Open, bootstrap.go the
-// bootstraps, detail.go the DETAIL wrapping; inproc.go registers the
-// embedded backend.
+// bootstraps, detail.go the DETAIL wrapping, agree.go Agree; inproc.go
+// registers the embedded backend.
 //
 // # Bootstrap
 //
