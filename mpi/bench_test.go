@@ -29,7 +29,7 @@ import (
 //	mpirun -np 2 --oversubscribe --mca btl self,vader /tmp/mpi.test -test.run TestSweep -mpi.sweep=blocking,nonblocking -mpi.csv=/tmp/ddpgo_mpi.csv
 var (
 	sweepModes  = flag.String("mpi.sweep", "", "run the all-reduce sweep for these progress modes (blocking, nonblocking, raw: blocking MPI calls made back to back by the owner, the backend's floor, or shared: blocking, on buffers from the communicator's shared memory; comma-separated)")
-	sweepShared = flag.Int("mpi.sharedmin", 0, "with -mpi.sweep=shared, the size from which all-reduces run in shared memory (0: the backend's)")
+	sweepDirect = flag.Int("mpi.directmin", 0, "with -mpi.sweep=shared, the size from which all-reduces read and write the buffers in place rather than staged (0: the backend's)")
 	sweepCSV    = flag.String("mpi.csv", "", "append the sweep's rows to this CSV file (rank 0)")
 	sweepLabel  = flag.String("mpi.label", "", "label of the sweep's CSV rows")
 	sweepBudget = flag.Duration("mpi.budget", 300*time.Millisecond, "time per size and mode")
@@ -58,6 +58,9 @@ func TestSweep(t *testing.T) {
 	var rows []string
 	rank := 0
 	for _, mode := range strings.Split(*sweepModes, ",") {
+		if mode == "shared" && *sweepDirect > 0 {
+			defer mpi.SetDirectMin(mpi.SetDirectMin(*sweepDirect))
+		}
 		c, err := mpi.Open(mpi.Options{Blocking: mode == "blocking" || mode == "raw" || mode == "shared"})
 		if err != nil {
 			t.Fatal(err)
@@ -70,9 +73,6 @@ func TestSweep(t *testing.T) {
 				t.Fatalf("-mpi.sweep=shared: the communicator offers no shared memory (Info.SharedMemory %v)", mpi.LibraryInfo().SharedMemory)
 			}
 			get = allocFrom(newPool(t, src))
-			if *sweepShared > 0 {
-				defer mpi.SetSharedMin(mpi.SetSharedMin(*sweepShared))
-			}
 		}
 		for _, inPlace := range []bool{false, true} {
 			for _, bytes := range sizes {

@@ -62,12 +62,19 @@ type communicator struct {
 	large    C.MPI_Comm
 	hasLarge bool
 	largeOps atomic.Uint64 // operations run on large, for tests
-	// shm: blocking, and every rank on one machine: all-reduces of
-	// buffers from HostSource run in shared memory (ddpshm.c).
-	shm    bool
-	shmOff bool          // owner-only: a rank could not map a peer's memory; MPI runs every all-reduce
-	shmOps atomic.Uint64 // all-reduces run in shared memory, for tests
-	opts   Options
+	// shm: blocking, and every rank on one machine: all-reduces run in
+	// shared memory, through the control segment ctl (ddpctl.c), staged
+	// below directMin bytes and in place in the buffers from HostSource
+	// from there (ddpshm.c).
+	shm       bool
+	ctl       *C.ddp_ctl
+	ctlMu     sync.Mutex // orders freeing ctl after the goroutines that may touch it at any time (Abort, reports)
+	directMin int
+	inl       atomic.Uint64 // the inline all-reduce: sequence number<<2 | inlPosted or inlClaimed
+	running   atomic.Uint64 // the operation the owner runs in shared memory now (0: none)
+	shmOps    atomic.Uint64 // all-reduces run in shared memory, for tests
+	stagedOps atomic.Uint64 // of which staged
+	opts      Options
 
 	mu      sync.Mutex // serialises issuing
 	closed  bool
@@ -84,8 +91,9 @@ type communicator struct {
 	// owner-only
 	received, started     uint64 // the last operation taken from the queue, and given to MPI (or failed)
 	posted                int    // operations given to MPI and not yet finished (0 or 1)
-	failed                error  // the first MPI error; the communicator is unusable after it
 	closeMarked, released bool
+
+	failed atomic.Pointer[error] // the first MPI error, or a peer's failure; the communicator is unusable after it
 
 	freed    chan struct{} // closed once the MPI communicator is freed
 	closeErr error         // set before freed is closed
@@ -104,6 +112,7 @@ type desc struct {
 	recv    unsafe.Pointer
 	root    int // root, or peer for Send and Recv
 	inplace bool
+	inline  bool  // a staged all-reduce posted by the issuing goroutine
 	err     error // an argument error: the operation fails without reaching MPI
 	scratch allocator.Block
 }
@@ -208,7 +217,7 @@ func (c *communicator) Barrier() comm.Work {
 // written afterwards.
 func (c *communicator) Abort(err error) {
 	fmt.Fprintf(os.Stderr, "mpi: rank %d of %d (world rank %d) aborts the job: %v\n", c.rank, c.size, c.e.worldRank, err)
-	c.e.abortJob(c.opts.abortCode())
+	c.e.abortJob(c.opts.abortCode(), err.Error())
 }
 
 // Close fails the operations MPI has not been given yet with
@@ -251,32 +260,76 @@ func (c *communicator) issue(d *desc) comm.Work {
 	// The watchdog's timeout bounds Reserve's wait for the slot.
 	seq := c.ops.Reserve(c)
 	d.seq = seq
+	// A staged all-reduce issued while nothing else of the communicator
+	// is pending is posted here, with no hand-off to the owner (see
+	// staged.go); the owner skips it.
+	d.inline = c.staged(d) && (seq == 1 || c.ops.Done(seq-1)) && c.failed.Load() == nil
 	*c.ops.Op(seq) = *d
 	s := &c.stamps[seq%backend.RingSize]
 	s.issued.Store(now())
 	s.kind.Store(uint32(d.kind))
 	c.ops.Publish(seq)
+	if d.inline {
+		c.inl.Store(seq<<2 | inlPosted)
+		c.post(d)
+		c.mu.Unlock()
+		return comm.NewWork(c, seq)
+	}
 	c.e.q <- ref{c: c, seq: seq}
 	c.mu.Unlock()
 	return comm.NewWork(c, seq)
 }
 
+// fail makes c unusable after err, the first failure wins.
+func (c *communicator) fail(err error) {
+	c.failed.CompareAndSwap(nil, &err)
+}
+
 // TestOp reports whether operation id has completed, and its error.
 func (c *communicator) TestOp(id uint64) (bool, error) { return c.ops.Test(id) }
 
-// WaitOp waits until operation id has completed or ctx is done.
-func (c *communicator) WaitOp(ctx context.Context, id uint64) error { return c.ops.Wait(ctx, id) }
+// WaitOp waits until operation id has completed or ctx is done. A staged
+// all-reduce posted inline is finished by the waiter itself.
+func (c *communicator) WaitOp(ctx context.Context, id uint64) error {
+	if c.inl.Load()>>2 == id {
+		if done, err := c.waitInline(ctx, id); done {
+			return err
+		}
+	}
+	return c.ops.Wait(ctx, id)
+}
 
-// ringHooks is how the communicator takes part in its ring's Wait (see
-// backend.Config).
+// ringHooks is how the communicator takes part in its ring's Test and
+// Wait (see backend.Config).
 type ringHooks communicator
+
+// Advance finishes an inline all-reduce whose peers have all posted.
+func (h *ringHooks) Advance(id uint64) { (*communicator)(h).advance(id) }
 
 // WaitError says how long a Wait waited for operation id, and what it is.
 func (h *ringHooks) WaitError(id uint64, cause error) error {
-	s := &h.stamps[id%backend.RingSize]
+	c := (*communicator)(h)
+	detail := ""
+	if c.running.Load() == id {
+		if ranks, who := c.missing(); len(ranks) == 1 {
+			detail = who + " has not joined it"
+		} else if len(ranks) > 1 {
+			detail = who + " have not joined it"
+		}
+	}
+	return c.waitError(id, cause, detail)
+}
+
+// waitError is the error of a Wait for operation id that cause ended;
+// detail, if any, says who it waits for.
+func (c *communicator) waitError(id uint64, cause error, detail string) error {
+	s := &c.stamps[id%backend.RingSize]
 	waited := time.Duration(now() - s.issued.Load())
-	return fmt.Errorf("mpi: rank %d: waited %v for %s #%d, which is still in flight (its buffers stay in use): %w",
-		h.rank, waited.Round(time.Millisecond), comm.Kind(s.kind.Load()), id, cause)
+	if detail != "" {
+		detail += ": "
+	}
+	return fmt.Errorf("mpi: rank %d: waited %v for %s #%d, which is still in flight (its buffers stay in use): %s%w",
+		c.rank, waited.Round(time.Millisecond), comm.Kind(s.kind.Load()), id, detail, cause)
 }
 
 // watch is the communicator's watchdog: it reports the oldest incomplete
@@ -324,10 +377,14 @@ func (c *communicator) watch() {
 		n := time.Now()
 		report, expired := w.Check(n)
 		st := comm.Stall{Rank: c.rank, Seq: low, Kind: kind, Waited: w.Waited(n)}
+		if c.running.Load() == low || c.inl.Load()>>2 == low {
+			// An all-reduce in shared memory knows who it waits for.
+			st.Missing, st.Detail = c.missing()
+		}
 		if deadline && expired {
 			fmt.Fprintf(os.Stderr, "mpi: %v (Options.Timeout %v): ending the job with MPI_Abort, since MPI cannot cancel the operation\n",
 				st.TimeoutError(), dog.Timeout)
-			c.e.abortJob(c.opts.abortCode())
+			c.e.abortJob(c.opts.abortCode(), st.TimeoutError().Error())
 		}
 		if stalls && report {
 			dog.Report(st)

@@ -229,6 +229,53 @@ __attribute__((optimize("O3", "fp-contract=off"))) static void bf16_avg2(void *i
 		b[i] = float_to_bf16(bf16_to_float(a[i]) * 0.5f + bf16_to_float(b[i]) * 0.5f);
 }
 
+// ---- reductions without MPI ----------------------------------------------
+//
+// ddp_reduce_local is MPI_Reduce_local(in, inout, n, ddp_type(dt),
+// ddp_op(op, dt)) computed here: the same arithmetic as MPI's predefined
+// operations (a sum, or the larger or smaller operand) and the backend's
+// own, so that shared memory reduces as MPI would, and from any thread:
+// MPI_THREAD_SERIALIZED allows MPI calls on the owner thread alone.
+// Integer sums wrap, as MPI's do.
+
+#define LOCAL_LOOP(T, EXPR)                                \
+	do {                                                   \
+		const T *a = in;                                   \
+		T *b = inout;                                      \
+		for (int i = 0; i < n; i++) {                      \
+			T x = a[i], y = b[i];                          \
+			b[i] = (EXPR);                                 \
+		}                                                  \
+	} while (0)
+
+#define LOCAL_OPS(T, SUMT)                                                         \
+	do {                                                                           \
+		switch (op) {                                                              \
+		case DDP_MAX: LOCAL_LOOP(T, y > x ? y : x); return;                        \
+		case DDP_MIN: LOCAL_LOOP(T, y < x ? y : x); return;                        \
+		default: LOCAL_LOOP(T, (T)((SUMT)x + (SUMT)y)); return;                    \
+		}                                                                          \
+	} while (0)
+
+__attribute__((optimize("O3", "fp-contract=off"))) void ddp_reduce_local(int dt, int op, const void *in, void *inout, int n) {
+	if (n <= 0)
+		return;
+	if (op == DDP_AVG2) {
+		void (*f)(void *, void *, int *, MPI_Datatype *) = dt == DDP_F32 ? f32_avg2 : dt == DDP_F64 ? f64_avg2 : dt == DDP_F16 ? f16_avg2 : bf16_avg2;
+		f((void *)in, inout, &n, NULL);
+		return;
+	}
+	switch (dt) {
+	case DDP_F32: LOCAL_OPS(float, float);
+	case DDP_F64: LOCAL_OPS(double, double);
+	case DDP_I32: LOCAL_OPS(int32_t, uint32_t);
+	case DDP_I64: LOCAL_OPS(int64_t, uint64_t);
+	case DDP_U8: LOCAL_OPS(uint8_t, uint8_t);
+	}
+	void (*f)(void *, void *, int *, MPI_Datatype *) = op == DDP_MAX ? half_max : op == DDP_MIN ? half_min : dt == DDP_F16 ? f16_sum : bf16_sum;
+	f((void *)in, inout, &n, NULL);
+}
+
 int ddp_has_f16c(void) {
 	__builtin_cpu_init();
 	return __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");

@@ -89,6 +89,91 @@ extern int ddp_got[DDP_MAXREQ];
 MPI_Datatype ddp_type(int dt);
 MPI_Op ddp_op(int op, int dt);
 
+// ddp_reduce_local computes MPI_Reduce_local(in, inout, n, ddp_type(dt),
+// ddp_op(op, dt)) without calling MPI, so on any thread.
+void ddp_reduce_local(int dt, int op, const void *in, void *inout, int n);
+
+// The control segment (ddpctl.c): one per communicator whose ranks share
+// a machine, mapped by every rank at Open.
+#define DDP_CTL_INLINE 40 // the bytes of input a header carries itself
+// One header: a cache line, so that a staged all-reduce of up to
+// DDP_CTL_INLINE bytes moves one line from each rank to the others.
+struct hdr {
+	uint32_t word; // k*4 + phase: what the rank has published
+	int32_t count;
+	uint8_t dt, op, esize, direct; // direct: the peers' buffers are read in place
+	int32_t ok; // phase 2 of a direct all-reduce: this rank mapped every peer's buffers
+	int32_t pad[2];
+	unsigned char data[DDP_CTL_INLINE];
+};
+_Static_assert(sizeof(struct hdr) == 64, "a header is one cache line");
+
+typedef struct ddp_ctl {
+	unsigned char *seg;
+	size_t len, stride, stage;
+	int rank, size;
+	uint32_t k; // the all-reduces this rank has published
+	long long spin_ns, liveness_ns;
+	// What the last wait or judgement found, for its caller: the rank
+	// waited for (lag) and its state (DDP_PEER_*), or the first rank
+	// whose call differs, with its count, dtype and op (peer).
+	int lag, lag_state;
+	int peer[4];
+	uint32_t target;  // the word being waited for (0: none); atomic
+	uint64_t sleeps;  // waits that slept, for tests
+	struct {
+		int32_t pid;
+		uint64_t start;
+	} peers[];
+} ddp_ctl;
+
+// Results of waits (beside MPI_SUCCESS and DDP_ERR_MISMATCH) and states of
+// a peer (ddp_ctl.lag_state).
+#define DDP_PENDING (-1001)
+#define DDP_WAIT_TIMEOUT (-1002)
+enum { DDP_PEER_RUNNING = 1, DDP_PEER_STOPPED, DDP_PEER_GONE = -1003, DDP_PEER_ABORTED = -1004 };
+
+// ddp_ctl_open maps a new control segment with staging buffers of stage
+// bytes for every rank of c (all on this machine) into *out, or leaves it
+// NULL on every rank when one rank could not map it; collective over c.
+// spin_ns is how long a wait polls before it sleeps.
+int ddp_ctl_open(MPI_Comm c, int rank, int size, int stage, long long spin_ns, ddp_ctl **out);
+void ddp_ctl_free(ddp_ctl *x);
+
+// ddp_ctl_post publishes this rank's next staged all-reduce: its call and
+// a copy of its input. ddp_ctl_poll finishes it if every rank has
+// published it (DDP_PENDING otherwise): judges the calls (MPI_SUCCESS or
+// DDP_ERR_MISMATCH, ddp_ctl.peer naming the first rank that differs) and
+// writes this rank's result into recv. ddp_ctl_complete waits for the
+// peers first, up to timeout_ns (-1: no limit), polling first if spin:
+// DDP_WAIT_TIMEOUT, DDP_PEER_GONE or DDP_PEER_ABORTED, with ddp_ctl.lag
+// the rank it waited for, end a wait that fails. Post, poll and complete
+// of one communicator are never called at once.
+void ddp_ctl_post(ddp_ctl *x, int op, int dt, int esize, int count, uintptr_t send);
+int ddp_ctl_poll(ddp_ctl *x, uintptr_t recv);
+int ddp_ctl_complete(ddp_ctl *x, uintptr_t recv, long long timeout_ns, int spin);
+
+// For the direct all-reduce (ddpshm.c): a rank's header and descriptor
+// area of parity p, publishing phase word t, waiting until every rank has
+// published t, and the judgement of the calls.
+struct hdr *ddp_ctl_hdr(const ddp_ctl *x, int r, int p);
+void *ddp_ctl_desc(const ddp_ctl *x, int r, int p);
+void ddp_ctl_publish(ddp_ctl *x, int p, uint32_t t);
+int ddp_ctl_wait(ddp_ctl *x, int p, uint32_t t, long long timeout_ns, int spin);
+int ddp_ctl_judge(ddp_ctl *x, int p);
+
+// ddp_ctl_abort marks the job aborted by this rank, with cause, and wakes
+// every rank that sleeps in a wait; any thread. ddp_ctl_abort_cause is
+// the cause the aborting rank gave.
+void ddp_ctl_abort(ddp_ctl *x, const char *cause);
+const char *ddp_ctl_abort_cause(const ddp_ctl *x);
+
+// ddp_ctl_missing lists the ranks that have not published what this rank
+// waits for now, and their states (DDP_PEER_*); -1 if it waits for
+// nothing. Any thread. ddp_ctl_pid is rank r's process id.
+int ddp_ctl_missing(ddp_ctl *x, int *ranks, int max, int *states);
+int ddp_ctl_pid(const ddp_ctl *x, int r);
+
 // Shared memory (ddpshm.c). ddp_shm_alloc maps size bytes of a new memfd
 // shared (on failure NULL, errno in *err); ddp_shm_free unmaps one and
 // closes its file (-1 and errno in *err on failure). Both may run on any
@@ -101,21 +186,19 @@ int ddp_shm_free(void *p, size_t size, int *err);
 int ddp_shm_prepare(int size);
 
 // ddp_shm_allreduce all-reduces count elements (esize bytes each) of send
-// into recv over c, whose ranks all run on this machine, by reading and
-// writing the ranks' buffers directly, where every rank's buffers lie in
-// slabs of ddp_shm_alloc and every rank could map its peers'.
-// ddp_shm_taken says whether it did; if not, the ranks all leave the call
-// to MPI, and ddp_shm_broken says that a rank could not map a peer's
-// memory, so that they all leave every later call to MPI too. It returns
-// DDP_ERR_MISMATCH on every rank where the ranks' counts, dtypes or ops
-// differ; ddp_shm_peer then holds the first rank that differs from this
-// one, and its count, dtype and op. Collective over c; on the owner
-// thread.
-int ddp_shm_allreduce(MPI_Comm c, int rank, int size, int op, int dt, int esize, int count,
-                      uintptr_t send, uintptr_t recv);
+// into recv over x's ranks by reading and writing the ranks' buffers
+// directly, where every rank's buffers lie in slabs of ddp_shm_alloc and
+// every rank could map its peers'. The ranks agree and wait through x's
+// control segment, with no MPI call. ddp_shm_taken says whether it did;
+// if not, the ranks all leave the call to MPI, and ddp_shm_broken says
+// that a rank could not map a peer's memory, so that they all leave every
+// later call to MPI too. It returns DDP_ERR_MISMATCH on every rank where
+// the ranks' calls differ (x->peer says how), and DDP_PEER_GONE or
+// DDP_PEER_ABORTED when a peer exited or aborted the job while this rank
+// waited for it (x->lag names it). On the owner thread.
+int ddp_shm_allreduce(ddp_ctl *x, int op, int dt, int esize, int count, uintptr_t send, uintptr_t recv);
 extern int ddp_shm_taken, ddp_shm_broken;
 #define DDP_ERR_MISMATCH (-1000)
-extern int ddp_shm_peer[4];
 // ddp_shm_failure is why the first call that could not map a peer's
 // memory fell back to MPI ("" if none did); ddp_shm_mapped counts the
 // peers' slabs mapped here, and ddp_shm_detach_all unmaps them.

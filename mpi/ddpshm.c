@@ -108,20 +108,21 @@ int ddp_shm_free(void *p, size_t size, int *err) {
 	return rc;
 }
 
-// A descriptor is what a rank tells its peers about one call: its
-// buffers, and the call itself, which must be the same on every rank.
+// A descriptor is what a rank tells its peers about the buffers of one
+// call, in its part of the control segment (the call itself is in its
+// header there).
 struct desc {
 	int32_t ok; // 1: both buffers lie in this process's slabs
 	int32_t pid;
 	uint64_t boot;  // the machine (boot_id), 0 if unknown
 	uint64_t frees; // this process's slabs freed so far
-	int32_t count, dt, op, esize;
 	struct part {
 		int32_t fd;
 		int32_t pad;
 		uint64_t id, ino, base, size, off;
 	} send, recv;
 };
+_Static_assert(sizeof(struct desc) <= 128, "a descriptor fits its two lines of the control segment");
 
 // find fills part with the slab holding [p, p+bytes); 0 if none does.
 // slab_mu is held.
@@ -293,27 +294,23 @@ static void fused2_f32(const float *x0, const float *x1, float *d0, float *d1, l
 	}
 }
 
-static struct desc *descs;
 static void **srcs, **dsts;
 static uint64_t *seen_frees; // each rank's frees at its last call
 static int ndescs;
 static int32_t pid; // this process's, taken once (getpid is a system call)
 static char failure[256];
+static int broken; // a rank could not map a peer's memory: every later call goes to MPI
 
 const char *ddp_shm_failure(void) { return failure; }
-
-int ddp_shm_peer[4];
 
 int ddp_shm_taken, ddp_shm_broken;
 
 int ddp_shm_prepare(int size) {
 	pid = getpid();
 	ddp_boot_id(); // read once here, on the owner thread
+	broken = 0;
 	if (size <= ndescs)
 		return 0;
-	struct desc *d = realloc(descs, size * sizeof *d);
-	if (d != NULL)
-		descs = d;
 	void **s = realloc(srcs, size * sizeof *s);
 	if (s != NULL)
 		srcs = s;
@@ -323,7 +320,7 @@ int ddp_shm_prepare(int size) {
 	uint64_t *f = realloc(seen_frees, size * sizeof *f);
 	if (f != NULL)
 		seen_frees = f;
-	if (d == NULL || s == NULL || t == NULL || f == NULL)
+	if (s == NULL || t == NULL || f == NULL)
 		return -1;
 	for (int k = ndescs; k < size; k++)
 		seen_frees[k] = UINT64_MAX;
@@ -331,82 +328,101 @@ int ddp_shm_prepare(int size) {
 	return 0;
 }
 
-int ddp_shm_allreduce(MPI_Comm c, int rank, int size, int op, int dt, int esize, int count,
-                      uintptr_t send, uintptr_t recv) {
+// phase publishes phase ph of all-reduce k and waits until every rank has
+// published it too; the wait has no deadline (the communicator's watchdog
+// has one), and fails only when a peer has exited or aborted the job.
+static int phase(ddp_ctl *x, uint32_t k, int ph) {
+	int p = k & 1;
+	uint32_t t = k * 4 + ph;
+	ddp_ctl_publish(x, p, t);
+	__atomic_store_n(&x->target, t, __ATOMIC_RELEASE);
+	int rc = ddp_ctl_wait(x, p, t, -1, 1);
+	__atomic_store_n(&x->target, 0, __ATOMIC_RELEASE);
+	return rc;
+}
+
+int ddp_shm_allreduce(ddp_ctl *x, int op, int dt, int esize, int count, uintptr_t send, uintptr_t recv) {
 	ddp_shm_taken = 0;
 	ddp_shm_broken = 0;
 	calls++;
+	int rank = x->rank, size = x->size;
 	if (size > ndescs)
 		return MPI_ERR_INTERN; // Open prepares for the communicator's size
+	uint32_t k = ++x->k;
+	int p = k & 1;
 	size_t bytes = (size_t)count * esize;
-	struct desc mine = {0};
-	mine.pid = pid;
-	mine.boot = ddp_boot_id();
-	mine.count = count;
-	mine.dt = dt;
-	mine.op = op;
-	mine.esize = esize;
+	struct hdr *h = ddp_ctl_hdr(x, rank, p);
+	h->count = count;
+	h->dt = (uint8_t)dt;
+	h->op = (uint8_t)op;
+	h->esize = (uint8_t)esize;
+	h->direct = 1;
+	h->ok = 0;
+	struct desc *mine = ddp_ctl_desc(x, rank, p);
+	memset(mine, 0, sizeof *mine);
+	mine->pid = pid;
+	mine->boot = ddp_boot_id();
 	pthread_mutex_lock(&slab_mu);
-	mine.frees = frees;
-	mine.ok = mine.boot != 0 && find(send, bytes, &mine.send) && find(recv, bytes, &mine.recv);
+	mine->frees = frees;
+	mine->ok = mine->boot != 0 && find(send, bytes, &mine->send) && find(recv, bytes, &mine->recv);
 	pthread_mutex_unlock(&slab_mu);
-	// The all-gather is also where every rank's input becomes final: a
-	// rank enters it only once its buffer holds its contribution.
-	int rc = MPI_Allgather(&mine, sizeof mine, MPI_BYTE, descs, sizeof mine, MPI_BYTE, c);
+	// A rank publishes its call only once its input is in place, so after
+	// this phase every input is final.
+	int rc = phase(x, k, 1);
 	if (rc != MPI_SUCCESS)
 		return rc;
-	// Every rank sees the same descriptors, so every rank makes the same
-	// decisions from them: all fail a call the ranks disagree on, and all
-	// leave the call to MPI if one rank's buffers are not all shared (or
-	// the ranks are not on one machine).
-	for (int k = 0; k < size; k++)
-		if (descs[k].count != count || descs[k].dt != dt || descs[k].op != op || descs[k].esize != esize) {
-			ddp_shm_peer[0] = k;
-			ddp_shm_peer[1] = descs[k].count;
-			ddp_shm_peer[2] = descs[k].dt;
-			ddp_shm_peer[3] = descs[k].op;
-			return DDP_ERR_MISMATCH;
-		}
-	for (int k = 0; k < size; k++)
-		if (!descs[k].ok || descs[k].boot != mine.boot)
+	// Every rank reads the same headers and descriptors, so every rank
+	// decides alike: all fail a call the ranks disagree on, and all leave
+	// the call to MPI if one rank's buffers are not all shared (or the
+	// ranks are not on one machine), or once a rank could not map.
+	if ((rc = ddp_ctl_judge(x, p)) != MPI_SUCCESS)
+		return rc;
+	if (broken)
+		return MPI_SUCCESS;
+	for (int j = 0; j < size; j++) {
+		const struct desc *d = ddp_ctl_desc(x, j, p);
+		if (!d->ok || d->boot != mine->boot)
 			return MPI_SUCCESS;
+	}
 	int ok = 1;
-	for (int k = 0; k < size; k++) {
-		if (k == rank) {
-			srcs[k] = (void *)send;
-			dsts[k] = (void *)recv;
+	for (int j = 0; j < size; j++) {
+		if (j == rank) {
+			srcs[j] = (void *)send;
+			dsts[j] = (void *)recv;
 			continue;
 		}
-		unsigned char *s = attach(descs[k].pid, &descs[k].send, bytes);
-		unsigned char *d = s ? attach(descs[k].pid, &descs[k].recv, bytes) : NULL;
-		if (s == NULL || d == NULL) {
+		const struct desc *d = ddp_ctl_desc(x, j, p);
+		unsigned char *s = attach(d->pid, &d->send, bytes);
+		unsigned char *t = s ? attach(d->pid, &d->recv, bytes) : NULL;
+		if (s == NULL || t == NULL) {
 			if (failure[0] == 0)
 				snprintf(failure, sizeof failure, "rank %d could not map rank %d's memory (/proc/%d/fd/%d): %s",
-				         rank, k, (int)descs[k].pid, (int)(s ? descs[k].recv.fd : descs[k].send.fd), strerror(errno));
+				         rank, j, (int)d->pid, (int)(s ? d->recv.fd : d->send.fd), strerror(errno));
 			ok = 0;
 			break;
 		}
-		srcs[k] = s + descs[k].send.off;
-		dsts[k] = d + descs[k].recv.off;
-		if (descs[k].frees != seen_frees[k]) {
-			drop_stale(descs[k].pid);
-			seen_frees[k] = descs[k].frees;
+		srcs[j] = s + d->send.off;
+		dsts[j] = t + d->recv.off;
+		if (d->frees != seen_frees[j]) {
+			drop_stale(d->pid);
+			seen_frees[j] = d->frees;
 		}
 	}
 	// Whether a mapping worked is each rank's own news: the ranks agree,
 	// so that all map every peer or all leave the call to MPI. A failure
-	// is not passing: they then leave every later call to MPI too
-	// (ddp_shm_broken), without trying again.
-	rc = MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, c);
-	if (rc != MPI_SUCCESS)
+	// is not passing: they then leave every later call to MPI too,
+	// without trying again.
+	h->ok = ok;
+	if ((rc = phase(x, k, 2)) != MPI_SUCCESS)
 		return rc;
+	for (int j = 0; j < size; j++)
+		ok &= ddp_ctl_hdr(x, j, p)->ok;
 	if (!ok) {
+		broken = 1;
 		ddp_shm_broken = 1;
 		return MPI_SUCCESS;
 	}
 	ddp_shm_taken = 1;
-	MPI_Datatype t = ddp_type(dt);
-	MPI_Op o = ddp_op(op, dt);
 	// Rank r reduces elements [lo, hi), slices cut at 64-byte multiples of
 	// the buffers (so that no two ranks write one cache line where the
 	// buffers are 64-byte aligned, as pool blocks are).
@@ -414,7 +430,6 @@ int ddp_shm_allreduce(MPI_Comm c, int rank, int size, int op, int dt, int esize,
 	long lo = (long)((int64_t)count * rank / size) / per * per;
 	long hi = rank == size - 1 ? count : (long)((int64_t)count * (rank + 1) / size) / per * per;
 	long step = CHUNK / esize;
-	int red = MPI_SUCCESS;
 	if (size == 2 && dt == DDP_F32 && (op == DDP_SUM || op == DDP_AVG2)) {
 		// The common case, in one pass without the chunk: the same
 		// arithmetic as MPI_SUM and the pair average (both commutative, so
@@ -426,30 +441,19 @@ int ddp_shm_allreduce(MPI_Comm c, int rank, int size, int op, int dt, int esize,
 		}
 		lo = hi;
 	}
-	for (long i = lo; i < hi && red == MPI_SUCCESS; i += step) {
+	for (long i = lo; i < hi; i += step) {
 		long n = hi - i < step ? hi - i : step;
 		size_t off = (size_t)i * esize, nb = (size_t)n * esize;
 		memcpy(chunk, (unsigned char *)srcs[0] + off, nb);
-		for (int k = 1; k < size; k++) {
-			// MPI_Reduce_local(in, inout): inout = in op inout, so the
-			// chunk holds x_k op (... op x_0): the ranks' contributions
-			// are combined in rank order.
-			if ((red = MPI_Reduce_local((unsigned char *)srcs[k] + off, chunk, (int)n, t, o)) != MPI_SUCCESS)
-				break;
-		}
-		if (red == MPI_SUCCESS)
-			for (int k = 0; k < size; k++)
-				memcpy((unsigned char *)dsts[k] + off, chunk, nb);
+		// ddp_reduce_local(in, inout): inout = in op inout, so the chunk
+		// holds x_k op (... op x_0): the ranks' contributions are combined
+		// in rank order, as the staged all-reduce combines them.
+		for (int j = 1; j < size; j++)
+			ddp_reduce_local(dt, op, (unsigned char *)srcs[j] + off, chunk, (int)n);
+		for (int j = 0; j < size; j++)
+			memcpy((unsigned char *)dsts[j] + off, chunk, nb);
 	}
-	// The closing all-reduce is a barrier: past it every slice is in every
-	// buffer, and no rank reads or writes another's buffer any more. It
-	// also tells every rank whether some rank's reduction failed (a rank
-	// whose slice is not in the buffers), so that all fail the call.
-	int bad = red != MPI_SUCCESS;
-	rc = MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, c);
-	if (red != MPI_SUCCESS)
-		return red;
-	if (rc != MPI_SUCCESS)
-		return rc;
-	return bad ? MPI_ERR_OTHER : MPI_SUCCESS;
+	// The last phase is a barrier: past it every slice is in every buffer,
+	// and no rank reads or writes another's buffer any more.
+	return phase(x, k, 3);
 }

@@ -114,9 +114,7 @@
 // mismatched calls hang, or fail in MPI (MPI_ERR_TRUNCATE), or, for a
 // message shorter than its receive, fail with comm.ErrMismatch, as do
 // all-reduces in shared memory (below) whose counts, dtypes or ops
-// differ, where every rank's call is of 16 KiB or more (one below that
-// goes to MPI_Allreduce while the others wait in the all-gather: a hang
-// until the deadline).
+// differ, of any size.
 //
 // When a process dies, Open MPI 4.1's runtime (mpirun and its daemons)
 // sees it and kills every other process of the job; they see no error of
@@ -169,73 +167,85 @@
 //
 // # Shared memory
 //
-// On one machine the ranks of an all-reduce can read each other's buffers
-// instead of copying them through MPI. A blocking communicator whose ranks
-// all run on one machine (the host count below is 1) offers a source of
-// such memory, HostSource (comm.HostSourcer): each slab a memfd mapped
-// shared. A ddp Reducer given no pool takes its buckets from it, and so
-// does ddpbench. An all-reduce of at least 16 KiB whose buffers, on every
-// rank, lie in those slabs then runs in three steps, each rank on its own
-// slice of the elements:
+// On one machine the ranks of an all-reduce can read each other's memory
+// instead of copying it through MPI. A blocking communicator whose ranks
+// all run on one machine (the host count below is 1) maps a control
+// segment at Open: one memfd, made by rank 0 and mapped by every rank
+// through /proc/<pid>/fd (the ranks agree, with MPI, that all could map
+// it; if one could not, the communicator has no shared memory). For each
+// rank it holds a header per all-reduce (a cache line: a number, the call,
+// flags and up to 40 bytes of input), two staging buffers, and the rank's
+// process id. Every all-reduce of the communicator then runs there, with
+// no MPI call unless it falls back to MPI:
 //
-//  1. MPI_Allgather of each rank's descriptor of the call (count, dtype,
-//     op) and of its buffers (process id, the memfd's descriptor number
-//     and inode, offsets, boot id). A rank enters it only once its input
-//     is in place, so after it every input is final. Every rank sees the
-//     same descriptors and decides alike: ranks that disagree on the
-//     count, dtype or op all fail the call with comm.ErrMismatch (the
-//     communicator stays usable); if one rank's buffers are not all
-//     shared, or the boot ids differ, all leave the call to
+//  1. Each rank numbers its all-reduces 1, 2, 3... and publishes its call
+//     (count, dtype, op) in its header, then waits until every rank has
+//     published the same number. Every rank reads the same calls and
+//     decides alike: ranks that disagree on the count, dtype or op all
+//     fail the call with comm.ErrMismatch, naming the first rank that
+//     differs (the communicator stays usable).
+//  2. An all-reduce of less than Info.SharedMemoryMin bytes (16 KiB) is
+//     staged: each rank copied its input into its header or staging
+//     buffer before it published, and computes its own result from every
+//     rank's staged input, combining them in rank order with the
+//     reductions MPI uses (the backend's operations for 16-bit floats and
+//     the pair averages, C for the others), so every rank gets the same
+//     bits, which are MPI_Reduce_local's. A rank writes only its own
+//     buffers, and nobody waits for anyone to finish reading: a rank
+//     stages its next input into the other buffer, and reuses this one
+//     only once every rank has published the call after next, which it
+//     does only once it has finished this one.
+//  3. A larger all-reduce reads and writes the ranks' buffers in place,
+//     where every rank's buffers lie in memory of HostSource
+//     (comm.HostSourcer), each slab a memfd mapped shared: a ddp Reducer
+//     given no pool takes its buckets from it, and so does ddpbench. The
+//     headers then carry each rank's buffers (the memfd's descriptor
+//     number, inode and offsets, the boot id). If one rank's buffers are
+//     not all shared, or the boot ids differ, all leave the call to
 //     MPI_Allreduce. Otherwise each rank maps the peers' slabs it has not
 //     met before (through /proc/<pid>/fd/<fd>, checked against the inode
-//     and size) and keeps them mapped, and an MPI_Allreduce of whether
-//     that worked lets every rank take the same path: if one rank could
-//     not map, all leave this call and every later one of the
-//     communicator to MPI (Info.SharedMemoryFailure says why, on that
-//     rank).
-//  2. Each rank reduces its slice (cut at 64-byte multiples) from every
-//     rank's buffer, 64 KiB at a time through a chunk that stays in cache,
-//     with MPI_Reduce_local and the backend's operations (the 16-bit sums,
-//     the pair averages), combining the ranks' contributions in rank
-//     order, and writes the result into every rank's buffer: the slice is
-//     read once from each rank and written once to each. Two ranks' float32
-//     sums and averages (ddp's gradients) skip MPI_Reduce_local: each
-//     64 KiB block is reduced into one rank's buffer and copied to the
-//     other's while in cache, with the same arithmetic. Every element is
-//     computed once, so every rank gets the same bits.
-//  3. An MPI_Allreduce of whether any rank's reduction failed, which is
-//     also the barrier: past it every slice is in every buffer, no rank
-//     reads or writes another's buffer any more, and every rank fails the
-//     call if one rank could not reduce its slice.
+//     and size) and keeps them mapped, and publishes whether that worked;
+//     if one rank could not map, all leave this call and every later one
+//     of the communicator's in-place kind to MPI (Info.SharedMemoryFailure
+//     says why, on that rank). Each rank then reduces its slice (cut at
+//     64-byte multiples) from every rank's buffer, 64 KiB at a time
+//     through a chunk that stays in cache, in rank order with the same
+//     reductions as above, and writes the result into every rank's
+//     buffer: the slice is read once from each rank and written once to
+//     each. Two ranks' float32 sums and averages (ddp's gradients) reduce
+//     each 64 KiB block into one rank's buffer and copy it to the other's
+//     while in cache, with the same arithmetic. Every element is computed
+//     once. A last published number is the barrier: past it every slice is
+//     in every buffer, and no rank reads or writes another's buffer any
+//     more.
 //
-// MPI carries every message; only the reduction touches the peers'
-// memory. A peer writes into a rank's buffer only between that rank's
-// entry into step 1 and its exit from step 3, so no memory is written
-// after a successful operation completes. After an MPI error the
-// communicator is unusable, as always (see Errors and failures): a peer
-// may then still be in step 2. A slab this process frees (its pool trims
-// or closes) is unmapped here, and its pages live on only in the peers'
-// mappings, which no operation uses any more. Each descriptor carries the
-// count of slabs its process has freed; when it changes, the peers drop
-// their mappings of that process's slabs that the call does not use (and
-// map again later any still alive). A peer also drops a mapping when a
-// later slab of the process overlaps its address range, when it holds
-// 256, and when its communicator is released. Pages a process never
-// touched are not allocated by the peers' mappings (no MAP_POPULATE).
-// Each slab holds a file descriptor while it is mapped.
+// When an all-reduce is issued while nothing else of its communicator is
+// pending, the issuing goroutine stages it itself (no hand-off to the
+// owner), and the first of these finishes it: a Test or Wait of its Work,
+// or the owner when a later operation of the communicator (or Close)
+// reaches it. Otherwise the owner runs it in turn.
 //
-// Only blocking mode takes this path (the agreement is blocking MPI
-// calls). Between machines it is off: the host count (below) is more than
-// 1, and the boot ids in the descriptors keep ranks wrongly named one host
-// (DDPGO_MPI_HOST) apart. DDPGO_MPI_SHM=0 on any rank turns it off for
-// all; Info.SharedMemory says whether the last communicator opened has
-// it. An all-reduce of 16 KiB or more on memory of another source pays for
-// the all-gather before it goes to MPI (a few microseconds). The direct
-// stores are made visible to the peers by the MPI call after them (x86
-// orders stores; a weakly ordered CPU relies on MPI's own barriers).
-// Below 16 KiB all-reduces stay on MPI_Allreduce: there the three MPI
-// calls cost about as much as a whole small MPI_Allreduce, so the
-// threshold is a choice, not a measured crossover (docs/mpi.md).
+// A peer writes into a rank's buffer only during an in-place all-reduce,
+// between that rank's publication of its call and the barrier, so no
+// memory is written after an operation completes. A slab this process
+// frees (its pool trims or closes) is unmapped here, and its pages live on
+// only in the peers' mappings, which no operation uses any more. Each
+// header carries the count of slabs its process has freed; when it
+// changes, the peers drop their mappings of that process's slabs that the
+// call does not use (and map again later any still alive). A peer also
+// drops a mapping when a later slab of the process overlaps its address
+// range, when it holds 256, and when its communicator is released. Pages
+// a process never touched are not allocated by the peers' mappings (no
+// MAP_POPULATE). Each slab holds a file descriptor while it is mapped.
+//
+// Only blocking mode takes this path. Between machines it is off: the
+// host count (below) is more than 1, and the boot ids keep ranks wrongly
+// named one host (DDPGO_MPI_HOST) apart. DDPGO_MPI_SHM=0 on any rank turns
+// it off for all; Info.SharedMemory says whether the last communicator
+// opened has it. An all-reduce of 16 KiB or more on memory of another
+// source pays for the exchange of calls before it goes to MPI (a
+// microsecond or so). The headers' numbers are published with sequentially
+// consistent stores, after the data they announce.
 //
 // # Between hosts
 //

@@ -141,6 +141,9 @@ func (e *engine) take(r ref) {
 		return // a wake-up
 	case r.seq == 0:
 		c.closeMarked = true
+		// Inline all-reduces were never queued: the owner finishes those
+		// still pending before it frees the communicator.
+		c.received = max(c.received, c.ops.Issued())
 	default:
 		c.received = r.seq
 	}
@@ -164,14 +167,22 @@ func (e *engine) pump(c *communicator) {
 func (e *engine) start(c *communicator, seq uint64) {
 	d := c.ops.Op(seq)
 	switch {
+	case d.seq != seq:
+		return // an inline all-reduce, completed long enough ago that its slot holds a later operation
+	case d.inline:
+		e.takeOver(c, seq)
+		return
 	case d.err != nil:
 		c.ops.Complete(seq, c.opErr(d, d.err))
 		return
 	case c.closing.Load():
 		c.ops.Complete(seq, c.opErr(d, fmt.Errorf("%w: closed before MPI was given the operation", errClosed())))
 		return
-	case c.failed != nil:
-		c.ops.Complete(seq, c.opErr(d, fmt.Errorf("%w: the communicator is unusable after an earlier failure: %w", errAborted(), c.failed)))
+	case c.failed.Load() != nil:
+		c.ops.Complete(seq, c.opErr(d, fmt.Errorf("%w: the communicator is unusable after an earlier failure: %w", errAborted(), *c.failed.Load())))
+		return
+	case c.staged(d):
+		e.runStaged(c, seq, d)
 		return
 	}
 	send, recv := d.send, d.recv
@@ -198,20 +209,26 @@ func (e *engine) start(c *communicator, seq uint64) {
 	if pairAvg(c, d) {
 		op = C.DDP_AVG2
 	}
-	if c.shm && !c.shmOff && blocking && d.kind == kindAllReduce && d.count*dtypeSize(d.dt) >= sharedMin {
+	if c.ctl != nil && blocking && d.kind == kindAllReduce {
 		if d.inplace {
 			send = recv
 		}
-		rc := C.ddp_shm_allreduce(c.h, C.int(c.rank), C.int(c.size), op, C.int(d.dt), C.int(dtypeSize(d.dt)),
+		c.running.Store(seq)
+		rc := C.ddp_shm_allreduce(c.ctl, op, C.int(d.dt), C.int(dtypeSize(d.dt)),
 			C.int(d.count), C.uintptr_t(uintptr(send)), C.uintptr_t(uintptr(recv)))
+		c.running.Store(0)
 		switch {
 		case rc == C.DDP_ERR_MISMATCH:
-			// Every rank saw the same descriptors and fails the call; the
+			// Every rank saw the same calls and fails this one; the
 			// communicator stays usable.
-			p := C.ddp_shm_peer
 			c.posted--
-			c.ops.Complete(seq, c.opErr(d, fmt.Errorf("%w: rank %d all-reduces %d elements of %s (%s), rank %d %d of %s (%s)",
-				errMismatch(), c.rank, d.count, d.dt, opName(op), int(p[0]), int(p[1]), comm.DType(p[2]), opName(C.int(p[3])))))
+			c.ops.Complete(seq, c.mismatch(d))
+			return
+		case rc == C.DDP_PEER_GONE || rc == C.DDP_PEER_ABORTED:
+			c.posted--
+			err := c.opErr(d, c.peerFailure(rc))
+			c.fail(err)
+			c.ops.Complete(seq, err)
 			return
 		case rc != C.MPI_SUCCESS || C.ddp_shm_taken != 0:
 			if C.ddp_shm_taken != 0 {
@@ -220,7 +237,6 @@ func (e *engine) start(c *communicator, seq uint64) {
 			e.finish(c, seq, int(rc), -1)
 			return
 		case C.ddp_shm_broken != 0:
-			c.shmOff = true
 			f := C.GoString(C.ddp_shm_failure())
 			rtMu.Lock()
 			if e.shmFailure == "" {
@@ -287,11 +303,8 @@ func (e *engine) finish(c *communicator, seq uint64, rc, got int) {
 	var err error
 	switch {
 	case rc != C.MPI_SUCCESS:
-		me := mpiError(rc)
-		err = c.opErr(d, me)
-		if c.failed == nil {
-			c.failed = err
-		}
+		err = c.opErr(d, mpiError(rc))
+		c.fail(err)
 	case d.kind == kindRecv && got != d.count:
 		err = c.opErr(d, fmt.Errorf("%w: rank %d received %d elements from rank %d, which posted a receive of %d", errMismatch(), c.rank, got, d.root, d.count))
 	default:
@@ -360,6 +373,10 @@ func (e *engine) release(c *communicator) {
 			// communicator may use them (one at most is in blocking
 			// mode, which shared memory needs).
 			C.ddp_shm_detach_all()
+			c.ctlMu.Lock()
+			C.ddp_ctl_free(c.ctl)
+			c.ctl = nil
+			c.ctlMu.Unlock()
 		}
 		if c.hasLarge {
 			c.hasLarge = false
@@ -442,8 +459,10 @@ func (e *engine) putScratch(c *communicator, b allocator.Block) {
 
 // abortJob ends the job with MPI_Abort: through the owner thread if it
 // answers within abortGrace, else from this thread. It does not return.
-func (e *engine) abortJob(code int) {
+// The peers waiting for this rank in shared memory learn the cause first.
+func (e *engine) abortJob(code int, cause string) {
 	if e.abortCode.CompareAndSwap(0, int32(code)) {
+		e.flagAbort(cause)
 		// MPI_Abort asks the runtime (mpirun and its daemons) to end the
 		// job, and can block for good when the runtime is out of reach:
 		// a host whose network is cut. The process then ends itself, and

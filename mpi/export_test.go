@@ -17,9 +17,16 @@ var ForcedAllReduce = forcedAllReduce
 // SharedOps is the number of all-reduces c ran in shared memory.
 func SharedOps(c comm.Communicator) uint64 { return c.(*communicator).shmOps.Load() }
 
-// SetSharedMin sets the size from which all-reduces run in shared memory
-// and returns the previous one.
-func SetSharedMin(n int) int { old := sharedMin; sharedMin = n; return old }
+// SetDirectMin sets the size from which all-reduces in shared memory read
+// the ranks' buffers in place, rather than staged, for the communicators
+// opened afterwards, and returns the previous one.
+func SetDirectMin(n int) int { old := directMin; directMin = n; return old }
+
+// StagedOps is the number of all-reduces c staged in shared memory.
+func StagedOps(c comm.Communicator) uint64 { return c.(*communicator).stagedOps.Load() }
+
+// CtlSleeps is the number of waits of c's control segment that slept.
+func CtlSleeps(c comm.Communicator) uint64 { return c.(*communicator).ctlSleeps() }
 
 // SharedMapped is the number of peers' slabs this process has mapped.
 var SharedMapped = sharedMapped

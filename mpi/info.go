@@ -35,7 +35,7 @@ func LibraryInfo() Info {
 		info.Hosts, info.LargeAllReduce = e.lastHosts, e.lastLarge
 		info.SharedMemory, info.SharedMemoryFailure = e.lastShared, e.shmFailure
 		if e.lastShared {
-			info.SharedMemoryMin = sharedMin
+			info.SharedMemoryMin = directMin
 		}
 	}
 	return info

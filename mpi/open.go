@@ -79,7 +79,15 @@ func Open(o Options) (comm.Communicator, error) {
 			if rc := C.ddp_allreduce_int(c.h, &want, 1, 0); rc != C.MPI_SUCCESS {
 				return c.openFailed(fmt.Errorf("mpi: world rank %d: agreeing on shared memory: %w", e.worldRank, mpiError(int(rc))))
 			}
-			c.shm = want == 1
+			if want == 1 {
+				// Every rank maps the control segment, or none does.
+				c.directMin = directMin
+				spin := spinFor(c.size)
+				if rc := C.ddp_ctl_open(c.h, r, n, C.int(max(c.directMin, 64)), C.longlong(spin), &c.ctl); rc != C.MPI_SUCCESS {
+					return c.openFailed(fmt.Errorf("mpi: world rank %d: mapping the control segment: %w", e.worldRank, mpiError(int(rc))))
+				}
+			}
+			c.shm = c.ctl != nil
 		}
 		large := ""
 		if c.hasLarge {

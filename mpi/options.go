@@ -102,10 +102,10 @@ type Info struct {
 	Hosts          int
 	LargeAllReduce string
 	// SharedMemory reports whether the last communicator opened runs its
-	// all-reduces of SharedMemoryMin bytes and more in memory its ranks
-	// map into each other, where their buffers come from its HostSource
-	// (blocking mode, every rank on one machine; see the package
-	// documentation).
+	// all-reduces in memory its ranks map into each other (blocking mode,
+	// every rank on one machine; see the package documentation): those
+	// below SharedMemoryMin bytes staged in its control segment, larger
+	// ones in place where every rank's buffers come from its HostSource.
 	// SharedMemoryFailure is why an all-reduce of this process could not
 	// map a peer's memory and left the call to MPI, once one could not.
 	SharedMemory        bool

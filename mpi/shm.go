@@ -53,10 +53,6 @@ func (c *communicator) HostSource() allocator.Source {
 	return sharedSource{}
 }
 
-// sharedMin is the size from which a blocking all-reduce on one machine
-// runs in shared memory, when the buffers allow it.
-var sharedMin = 16 << 10
-
 // sharedMapped is the number of peers' slabs this process has mapped; on
 // the owner (for tests).
 func sharedMapped() (n int) {

@@ -19,11 +19,25 @@ import (
 )
 
 // TestSharedMemory: a blocking communicator whose ranks all run on this
-// machine offers shared memory (comm.HostSourceOf), and its all-reduces of
-// buffers from it run there: every dtype, op and size of testAllReduce,
-// in place and not, exact. Buffers of other memory, on any rank, send
-// every rank's all-reduce to MPI.
+// machine offers shared memory (comm.HostSourceOf), and its all-reduces
+// run there: every dtype, op and size of testAllReduce, in place and not,
+// exact, both staged and in place in the buffers (every size but 0 with a
+// direct minimum of 1 byte). Buffers of other memory, on any rank, send
+// every rank's all-reduce of the direct kind to MPI.
 func TestSharedMemory(t *testing.T) {
+	for _, min := range []int{1, 0} {
+		t.Run(fmt.Sprintf("directmin=%d", min), func(t *testing.T) {
+			if min > 0 {
+				defer mpi.SetDirectMin(mpi.SetDirectMin(min))
+			}
+			testSharedMemory(t)
+		})
+	}
+}
+
+func testSharedMemory(t *testing.T) {
+	direct := mpi.SetDirectMin(0)
+	mpi.SetDirectMin(direct)
 	c := open(t, mpi.Options{Blocking: true})
 	src := comm.HostSourceOf(c)
 	info := mpi.LibraryInfo()
@@ -38,26 +52,30 @@ func TestSharedMemory(t *testing.T) {
 	}
 	p := newPool(t, src)
 	shared := allocFrom(p)
-	defer mpi.SetSharedMin(mpi.SetSharedMin(1))
 
-	before := mpi.SharedOps(c)
+	before, stagedBefore := mpi.SharedOps(c), mpi.StagedOps(c)
 	t.Run("AllReduce", func(t *testing.T) { testAllReduceWith(t, c, shared) })
-	// Every call with elements ran in shared memory.
-	calls := 0
+	// Every call ran in shared memory, staged below the direct minimum.
+	calls, staged := 0, 0
 	for _, dt := range comm.DTypes {
 		for range comm.Ops {
-			for _, count := range testSizes {
-				if count > 0 {
-					calls += 2
-				}
-			}
+			sizes := testSizes
 			if dt == comm.Float32 {
+				sizes = append(sizes, 1<<20+5)
+			}
+			for _, count := range sizes {
 				calls += 2
+				if count*dt.Size() < direct {
+					staged += 2
+				}
 			}
 		}
 	}
 	if got := mpi.SharedOps(c) - before; got != uint64(calls) {
 		t.Fatalf("rank %d: %d all-reduces ran in shared memory, want %d", c.Rank(), got, calls)
+	}
+	if got := mpi.StagedOps(c) - stagedBefore; got != uint64(staged) {
+		t.Fatalf("rank %d: %d all-reduces were staged, want %d (below %d bytes)", c.Rank(), got, staged, direct)
 	}
 	if mpi.SharedMapped() == 0 {
 		t.Fatalf("rank %d: no peer's memory is mapped", c.Rank())
@@ -133,24 +151,33 @@ func TestSharedMemory(t *testing.T) {
 	}
 
 	// Ranks that disagree on the count all fail with ErrMismatch, and the
-	// communicator goes on.
-	n := 1<<14 + 16*c.Rank()
-	b := shared(t, n, comm.Float32)
-	err = c.AllReduce(b, b, comm.Sum).Wait(context.Background())
+	// communicator goes on: counts that are all staged, all direct, and
+	// rank 0's staged where the others' are not.
 	other := (c.Rank() + 1) % c.Size() // the rank the error names: rank 0's nearest differing one
 	if c.Rank() != 0 {
 		other = 0
 	}
-	want := fmt.Sprintf("rank %d all-reduces %d elements of %s (%s), rank %d %d of", c.Rank(), n, comm.Float32, comm.Sum, other, 1<<14+16*other)
-	if !errors.Is(err, comm.ErrMismatch) || !strings.Contains(err.Error(), want) {
-		t.Fatalf("rank %d: all-reduces of different counts: %v; want ErrMismatch saying %q", c.Rank(), err, want)
+	for _, count := range []func(r int) int{
+		func(r int) int { return 1<<14 + 16*r },
+		func(r int) int { return 100 + r },
+		func(r int) int { return 1 + 1<<14*min(r, 1) },
+	} {
+		n := count(c.Rank())
+		b := shared(t, n, comm.Float32)
+		err = c.AllReduce(b, b, comm.Sum).Wait(context.Background())
+		want := fmt.Sprintf("rank %d all-reduces %d elements of %s (%s), rank %d %d of", c.Rank(), n, comm.Float32, comm.Sum, other, count(other))
+		if !errors.Is(err, comm.ErrMismatch) || !strings.Contains(err.Error(), want) {
+			t.Fatalf("rank %d: all-reduces of different counts: %v; want ErrMismatch saying %q", c.Rank(), err, want)
+		}
+		for _, n := range []int{1 << 14, 100} {
+			b = shared(t, n, comm.Float32)
+			fillBuf(b, func(j int) float64 { return value(comm.Float32, c.Rank(), j) })
+			testutil.MustWaitAll(t, c.AllReduce(b, b, comm.Sum))
+			checkBuf(t, "all_reduce after a mismatch", b, func(j int) float64 {
+				return reduceValues(comm.Float32, comm.Sum, c.Size(), j, func(q int) float64 { return value(comm.Float32, q, j) })
+			})
+		}
 	}
-	b = shared(t, 1<<14, comm.Float32)
-	fillBuf(b, func(j int) float64 { return value(comm.Float32, c.Rank(), j) })
-	testutil.MustWaitAll(t, c.AllReduce(b, b, comm.Sum))
-	checkBuf(t, "all_reduce after a mismatch", b, func(j int) float64 {
-		return reduceValues(comm.Float32, comm.Sum, c.Size(), j, func(q int) float64 { return value(comm.Float32, q, j) })
-	})
 }
 
 // TestSharedMemoryUnmappable: when one rank cannot map a peer's memory,

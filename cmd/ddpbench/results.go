@@ -250,7 +250,7 @@ func mpiTuning(i mpi.Info) string {
 		s += ", all-reduces from 1 MiB on the " + i.LargeAllReduce
 	}
 	if i.SharedMemory {
-		s += fmt.Sprintf(", all-reduces from %s in shared memory", fmtBytes(int64(i.SharedMemoryMin)))
+		s += fmt.Sprintf(", all-reduces in shared memory (in place from %s)", fmtBytes(int64(i.SharedMemoryMin)))
 	}
 	if i.SharedMemoryFailure != "" {
 		s += " (some left to MPI: " + i.SharedMemoryFailure + ")"

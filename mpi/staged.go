@@ -1,0 +1,318 @@
+//go:build mpi && cgo
+
+package mpi
+
+/*
+#include <stdlib.h>
+#include "ddpmpi.h"
+*/
+import "C"
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"time"
+	"unsafe"
+
+	"github.com/ddpgo/ddpgo/comm"
+)
+
+// Staged all-reduces: below directMin bytes, an all-reduce of a
+// communicator with a control segment (ddpctl.c) copies its input into the
+// segment and computes this rank's result from every rank's staged copy,
+// with no MPI call. When the communicator has nothing else pending, the
+// issuing goroutine posts the call itself, without a hand-off to the
+// owner, and the first of these finishes it: the issue, if every peer has
+// posted already; a Test or Wait of the Work; or the owner, when a later
+// operation of the communicator (or its Close) reaches it. Whoever
+// finishes it claims it first (c.inl), so one goroutine at a time touches
+// the segment's state for it.
+
+// directMin is the size from which an all-reduce in shared memory reads
+// and writes the ranks' buffers in place (when they lie in shared slabs);
+// smaller ones are staged. Read by Open.
+var directMin = 16 << 10
+
+// c.inl: the sequence number of the last all-reduce posted inline, times
+// 4, plus its state.
+const (
+	inlPosted  = 1 // posted; nobody is finishing it
+	inlClaimed = 2 // a goroutine is finishing it
+)
+
+// waitSlice bounds one sleep of a Wait in C, so that a context cancelled
+// without a deadline is seen.
+const waitSlice = 100 * time.Millisecond
+
+// spinFor is how long a wait of a control segment polls before it sleeps:
+// long enough to cover a peer that is running, short where the ranks
+// outnumber the processors this process may run on, since then the rank
+// waited for may need this one's processor. DDPGO_MPI_SPIN (a duration)
+// overrides it.
+func spinFor(ranks int) time.Duration {
+	if s := os.Getenv("DDPGO_MPI_SPIN"); s != "" {
+		if d, err := time.ParseDuration(s); err == nil && d >= 0 {
+			return d
+		}
+	}
+	if ranks > runtime.NumCPU() {
+		return 2 * time.Microsecond
+	}
+	return 50 * time.Microsecond
+}
+
+// staged reports whether d is an all-reduce that c stages.
+func (c *communicator) staged(d *desc) bool {
+	return c.ctl != nil && d.kind == kindAllReduce && d.err == nil && d.count*dtypeSize(d.dt) < c.directMin
+}
+
+// ctlOp is d's reduction as the C side takes it.
+func ctlOp(c *communicator, d *desc) C.int {
+	if pairAvg(c, d) {
+		return C.DDP_AVG2
+	}
+	return C.int(d.op)
+}
+
+// post publishes staged all-reduce d (this rank's input, copied). The
+// caller holds what orders c's operations: c.mu with every earlier
+// operation complete, or the owner.
+func (c *communicator) post(d *desc) {
+	send := d.send
+	if d.inplace {
+		send = d.recv
+	}
+	C.ddp_ctl_post(c.ctl, ctlOp(c, d), C.int(d.dt), C.int(dtypeSize(d.dt)), C.int(d.count), C.uintptr_t(uintptr(send)))
+}
+
+// advance finishes inline all-reduce seq if it is posted, unclaimed and
+// every rank has posted it; Test calls it (the ring's Advancer).
+func (c *communicator) advance(seq uint64) {
+	posted := seq<<2 | inlPosted
+	if c.inl.Load() != posted || !c.inl.CompareAndSwap(posted, seq<<2|inlClaimed) {
+		return
+	}
+	d := c.ops.Op(seq)
+	rc := C.ddp_ctl_poll(c.ctl, C.uintptr_t(uintptr(d.recv)))
+	if rc == C.DDP_PENDING {
+		c.inl.Store(posted)
+		c.ops.Notify() // a goroutine may wait for the claim (takeOver)
+		return
+	}
+	c.finishStaged(seq, d, rc)
+}
+
+// finishStaged completes staged all-reduce seq, which C finished with rc.
+func (c *communicator) finishStaged(seq uint64, d *desc, rc C.int) {
+	var err error
+	switch rc {
+	case C.MPI_SUCCESS:
+		c.e.after(c, d)
+		c.shmOps.Add(1)
+		c.stagedOps.Add(1)
+	case C.DDP_ERR_MISMATCH:
+		err = c.mismatch(d)
+	default:
+		err = c.opErr(d, c.peerFailure(rc))
+		c.fail(err)
+	}
+	c.ops.Complete(seq, err)
+}
+
+// mismatch is the error of all-reduce d, which the ranks disagree on
+// (every rank fails it; the communicator stays usable).
+func (c *communicator) mismatch(d *desc) error {
+	p := c.ctl.peer
+	op := ctlOp(c, d)
+	return c.opErr(d, fmt.Errorf("%w: rank %d all-reduces %d elements of %s (%s), rank %d %d of %s (%s)",
+		errMismatch(), c.rank, d.count, d.dt, opName(op), int(p[0]), int(p[1]), comm.DType(p[2]), opName(C.int(p[3]))))
+}
+
+// peerFailure says why a wait of the control segment failed: the rank it
+// waited for has exited, or has aborted the job.
+func (c *communicator) peerFailure(rc C.int) error {
+	r := int(c.ctl.lag)
+	pid := int(C.ddp_ctl_pid(c.ctl, c.ctl.lag))
+	if rc == C.DDP_PEER_ABORTED {
+		return fmt.Errorf("%w: rank %d aborted the job: %s", errAborted(), r, C.GoString(C.ddp_ctl_abort_cause(c.ctl)))
+	}
+	if rc == C.DDP_PEER_GONE {
+		return fmt.Errorf("%w: rank %d (process %d) has exited", errAborted(), r, pid)
+	}
+	return fmt.Errorf("mpi: rank %d: the control segment's wait failed (%d)", c.rank, int(rc))
+}
+
+// waitInline waits for inline all-reduce seq, finishing it itself when it
+// can claim it. It returns done false when seq is not (or no longer) the
+// inline all-reduce pending.
+func (c *communicator) waitInline(ctx context.Context, seq uint64) (done bool, err error) {
+	posted, claimed := seq<<2|inlPosted, seq<<2|inlClaimed
+	for first := true; ; first = false {
+		// Done rather than Test, whose Advance would poll the peers once
+		// more before the wait below does.
+		if c.ops.Done(seq) {
+			_, err := c.ops.Test(seq)
+			return true, err
+		}
+		switch st := c.inl.Load(); {
+		case st == posted && c.inl.CompareAndSwap(posted, claimed):
+			if err := c.completeStaged(ctx, seq, first); err != nil {
+				c.inl.Store(posted)
+				c.ops.Notify()
+				return true, err
+			}
+		case st == claimed:
+			// Another goroutine finishes it; wait until it has, or has
+			// let go.
+			err := c.ops.Await(ctx, seq, func() bool { return c.ops.Done(seq) || c.inl.Load() != claimed })
+			if err != nil {
+				return true, err
+			}
+		default:
+			return false, nil
+		}
+	}
+}
+
+// completeStaged waits, holding the claim of staged all-reduce seq, until
+// every rank has posted it or ctx ends, and finishes it. It returns the
+// error of a wait that ctx ended (the all-reduce then stays pending, and
+// the claim must be let go).
+func (c *communicator) completeStaged(ctx context.Context, seq uint64, spin bool) error {
+	d := c.ops.Op(seq)
+	deadline, hasDeadline := ctx.Deadline()
+	for {
+		slice := waitSlice
+		if hasDeadline {
+			slice = min(slice, max(time.Until(deadline), 0))
+		}
+		rc := C.ddp_ctl_complete(c.ctl, C.uintptr_t(uintptr(d.recv)), C.longlong(slice), boolInt(spin))
+		spin = false
+		if rc != C.DDP_WAIT_TIMEOUT {
+			c.finishStaged(seq, d, rc)
+			return nil
+		}
+		err := ctx.Err()
+		if err == nil && hasDeadline && !time.Now().Before(deadline) {
+			err = context.DeadlineExceeded
+		}
+		if err != nil {
+			if cause := context.Cause(ctx); cause != nil {
+				err = cause
+			}
+			return c.waitError(seq, err, c.laggard())
+		}
+	}
+}
+
+// laggard says which rank the last wait of the control segment waited
+// for, and in what state its process is.
+func (c *communicator) laggard() string {
+	return c.processes([]int{int(c.ctl.lag)}, []int{int(c.ctl.lag_state)}) + " has not joined it"
+}
+
+// processes names ranks with their processes and the state of each.
+func (c *communicator) processes(ranks, states []int) string {
+	var b strings.Builder
+	for i, r := range ranks {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "rank %d (process %d", r, int(C.ddp_ctl_pid(c.ctl, C.int(r))))
+		switch states[i] {
+		case C.DDP_PEER_STOPPED:
+			b.WriteString(", stopped")
+		case C.DDP_PEER_GONE:
+			b.WriteString(", exited")
+		}
+		b.WriteString(")")
+	}
+	return b.String()
+}
+
+// missing lists the ranks that have not joined the shared-memory
+// all-reduce this rank now waits for (nil if it waits for none), and
+// names their processes.
+func (c *communicator) missing() ([]int, string) {
+	c.ctlMu.Lock()
+	defer c.ctlMu.Unlock()
+	if c.ctl == nil {
+		return nil, ""
+	}
+	var ranks, states [64]C.int
+	n := int(C.ddp_ctl_missing(c.ctl, &ranks[0], C.int(len(ranks)), &states[0]))
+	if n < 0 {
+		return nil, ""
+	}
+	rs, ss := make([]int, n), make([]int, n)
+	for i := range n {
+		rs[i], ss[i] = int(ranks[i]), int(states[i])
+	}
+	if n == 0 {
+		return rs, ""
+	}
+	return rs, c.processes(rs, ss)
+}
+
+// takeOver finishes inline all-reduce seq on the owner, which a later
+// operation of c (or its Close) has reached: it claims it when nobody
+// has, and otherwise waits for the goroutine that did.
+func (e *engine) takeOver(c *communicator, seq uint64) {
+	posted, claimed := seq<<2|inlPosted, seq<<2|inlClaimed
+	for !c.ops.Done(seq) {
+		if c.inl.CompareAndSwap(posted, claimed) {
+			d := c.ops.Op(seq)
+			c.running.Store(seq)
+			rc := C.ddp_ctl_complete(c.ctl, C.uintptr_t(uintptr(d.recv)), -1, 1)
+			c.running.Store(0)
+			c.finishStaged(seq, d, rc)
+			return
+		}
+		_ = c.ops.Await(context.Background(), seq, func() bool { return c.ops.Done(seq) || c.inl.Load() != claimed })
+	}
+}
+
+// runStaged runs staged all-reduce seq on the owner: a call issued while
+// an earlier operation of c was pending.
+func (e *engine) runStaged(c *communicator, seq uint64, d *desc) {
+	c.post(d)
+	c.running.Store(seq)
+	rc := C.ddp_ctl_complete(c.ctl, C.uintptr_t(uintptr(d.recv)), -1, 1)
+	c.running.Store(0)
+	c.finishStaged(seq, d, rc)
+}
+
+// flagAbort marks every open communicator's control segment aborted, with
+// cause, so that the peers' waits end at once with an error naming this
+// rank, before MPI_Abort ends them.
+func (e *engine) flagAbort(cause string) {
+	e.mu.Lock()
+	open := make([]*communicator, 0, len(e.comms))
+	for c := range e.comms {
+		open = append(open, c)
+	}
+	e.mu.Unlock()
+	cs := C.CString(cause)
+	defer C.free(unsafe.Pointer(cs))
+	for _, c := range open {
+		c.ctlMu.Lock()
+		if c.ctl != nil {
+			C.ddp_ctl_abort(c.ctl, cs)
+		}
+		c.ctlMu.Unlock()
+	}
+}
+
+// ctlSleeps is the number of waits of c's control segment that slept, for
+// tests.
+func (c *communicator) ctlSleeps() uint64 {
+	c.ctlMu.Lock()
+	defer c.ctlMu.Unlock()
+	if c.ctl == nil {
+		return 0
+	}
+	return uint64(c.ctl.sleeps)
+}
