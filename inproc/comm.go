@@ -42,6 +42,7 @@ type Comm struct {
 	current atomic.Uint64 // sequence number of the operation the worker runs or ran last
 	passed  atomic.Uint64 // the worker is done with every operation up to this one
 	watch   atomic.Uint64 // a Wait has parked on this operation: the worker must watch it
+	taking  atomic.Uint64 // the collective joined inline that the worker waits in takeOver for
 	_       cpu.CacheLinePad
 	parked  atomic.Bool // the worker is blocked on wake
 	_       cpu.CacheLinePad
@@ -316,8 +317,7 @@ func (c *Comm) joinInline(d *desc) {
 	c.publish(d)
 	if c.g.published(d.num, 0) == c.g.n && c.inl.CompareAndSwap(d.seq, d.seq|inlClaimed) {
 		c.ops.Complete(d.seq, c.finishSmall(d, nil))
-		// The worker may be parked in takeOver, having lost the claim.
-		c.g.wake(c.rank)
+		c.wakeTaker(d.seq)
 	}
 }
 
@@ -334,10 +334,21 @@ func (c *Comm) tryFinish(id uint64) {
 	// Claimed: the operation stays pending until completed here, so its
 	// slot of the ring holds its call.
 	c.ops.Complete(id, c.finishSmall(c.ops.Op(id), nil))
-	// The worker may be parked in takeOver, having lost the claim: it
-	// parks only after setting parked and looking at the slot once more,
-	// so this wake cannot pass it by.
-	c.g.wake(c.rank)
+	c.wakeTaker(id)
+}
+
+// wakeTaker wakes the worker if it may be parked in takeOver waiting for
+// collective id, just completed, having lost the claim to finish it: it
+// sets taking, then parked, and looks at the slot after each, so this
+// cannot pass it by. A worker parked anywhere else is left alone: it
+// skips the completed collective when it next wakes, for a later
+// operation, a parked Wait, its tick, or the issue that finds it
+// RingSize/2 operations behind. (Waking it at every collective joined
+// inline cost a goroutine switch each, on the processors the ranks need.)
+func (c *Comm) wakeTaker(id uint64) {
+	if c.taking.Load() == id {
+		c.g.wake(c.rank)
+	}
 }
 
 // TestOp reports whether operation id has completed, and its error. It

@@ -62,7 +62,9 @@ func (c *Comm) takeOver(d *desc) {
 		return
 	}
 	// Another goroutine claimed it; it wakes the worker once done.
+	c.taking.Store(d.seq)
 	_ = c.await(done, nil)
+	c.taking.Store(0)
 }
 
 // rest waits, paced by sp, until ready() holds or, once parked, a tick

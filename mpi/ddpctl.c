@@ -16,15 +16,18 @@
 // published k-1, which each did only once it had completed k-2 and with
 // it every read of the buffers of parity p: two of each suffice.
 //
-// A rank that waits polls the words a while (spin_ns), then sleeps on
-// the word it waits for with futex(2), after counting itself in the
-// sleepers of that rank's header, which the publisher reads after its
-// store and wakes only when it is not zero. Sleeps are cut into slices
-// (liveness_ns) after each of which the waiter reads /proc/<pid>/stat of
-// the rank it waits for: a rank that has exited (or whose pid now names
-// another process) fails the wait at once, and one that is stopped is
-// named when the wait's deadline passes. A rank that aborts the job sets
-// the segment's abort word and wakes every sleeper first.
+// Every publication also adds one to the segment's count of arrivals, so
+// a rank that has published n words waits until the count reaches n times
+// the rank count. It polls the count a while (spin_ns), then sleeps on it
+// with futex(2), after counting itself in the sleepers, which the last
+// rank of a step to publish reads and wakes when they are not zero: a wait
+// sleeps once, whichever ranks are late, and wakes once. Sleeps are cut
+// into slices (liveness_ns) after each of which the waiter reads
+// /proc/<pid>/stat of the first rank whose word it lacks: a rank that has
+// exited (or whose pid now names another process) fails the wait at once,
+// and one that is stopped is named when the wait's deadline passes. A rank
+// that aborts the job sets the segment's abort word and wakes every
+// sleeper first.
 
 #define _GNU_SOURCE
 #include "ddpmpi.h"
@@ -47,11 +50,15 @@
 #define LINE 64
 #define PAGE 4096
 
-// The segment's first page: the abort word and its cause.
+// The segment's first page: the abort word and its cause, and the count
+// of every rank's publications with its sleepers, each on a line of its
+// own.
 struct head {
 	uint32_t abort; // 0, or 1 + the rank that aborted the job
 	int32_t pad;
 	char cause[248];
+	_Alignas(LINE) uint32_t arrivals; // the futex word
+	_Alignas(LINE) uint32_t sleepers;
 };
 
 // A rank's identity, for the liveness checks.
@@ -63,11 +70,9 @@ struct ident {
 
 // Each rank's part of the segment, page-aligned:
 //   [0, 2 lines)    the headers of parity 0 and 1
-//   [2, 3)          sleepers on each header's word (written by the peers)
 //   [3, 4)          identity
 //   [4, 8)          the descriptors of direct all-reduces, 2 lines a parity
 //   [8 lines, ...)  the staging buffers of parity 0 and 1
-#define OFF_SLEEP (2 * LINE)
 #define OFF_IDENT (3 * LINE)
 #define OFF_DESC (4 * LINE)
 #define OFF_STAGE PAGE
@@ -82,7 +87,6 @@ static inline int reached(uint32_t w, uint32_t t) { return (int32_t)(w - t) >= 0
 
 static unsigned char *part(const ddp_ctl *x, int r) { return x->seg + PAGE + (size_t)r * x->stride; }
 struct hdr *ddp_ctl_hdr(const ddp_ctl *x, int r, int p) { return (struct hdr *)(part(x, r) + p * LINE); }
-static uint32_t *sleepers(const ddp_ctl *x, int r, int p) { return (uint32_t *)(part(x, r) + OFF_SLEEP) + p; }
 static struct ident *ident(const ddp_ctl *x, int r) { return (struct ident *)(part(x, r) + OFF_IDENT); }
 void *ddp_ctl_desc(const ddp_ctl *x, int r, int p) { return part(x, r) + OFF_DESC + p * 2 * LINE; }
 static struct head *head(const ddp_ctl *x) { return (struct head *)x->seg; }
@@ -232,12 +236,15 @@ void ddp_ctl_free(ddp_ctl *x) {
 // ---- publishing and waiting ---------------------------------------------
 
 void ddp_ctl_publish(ddp_ctl *x, int p, uint32_t t) {
-	struct hdr *h = ddp_ctl_hdr(x, x->rank, p);
+	__atomic_store_n(&ddp_ctl_hdr(x, x->rank, p)->word, t, __ATOMIC_RELEASE);
 	// Sequentially consistent, with the sleeper's count below: either the
-	// sleeper sees the new word, or this sees the sleeper.
-	__atomic_store_n(&h->word, t, __ATOMIC_SEQ_CST);
-	if (__atomic_load_n(sleepers(x, x->rank, p), __ATOMIC_SEQ_CST) != 0)
-		futex(&h->word, FUTEX_WAKE, INT_MAX, NULL);
+	// sleeper sees the new count, or the last of a step to publish sees
+	// the sleeper and wakes it.
+	struct head *h = head(x);
+	uint32_t n = __atomic_add_fetch(&h->arrivals, 1, __ATOMIC_SEQ_CST);
+	x->step++;
+	if (n % (uint32_t)x->size == 0 && __atomic_load_n(&h->sleepers, __ATOMIC_SEQ_CST) != 0)
+		futex(&h->arrivals, FUTEX_WAKE, INT_MAX, NULL);
 }
 
 // all_reached reports whether every rank has published t in its header of
@@ -265,9 +272,14 @@ static int aborted(ddp_ctl *x) {
 	return 1;
 }
 
+// stepped reports whether every rank has published as often as this one.
+static int stepped(ddp_ctl *x) {
+	return reached(__atomic_load_n(&head(x)->arrivals, __ATOMIC_ACQUIRE), x->step * (uint32_t)x->size);
+}
+
 int ddp_ctl_wait(ddp_ctl *x, int p, uint32_t t, long long timeout_ns, int spin) {
 	x->lag_state = 0;
-	if (all_reached(x, p, t))
+	if (stepped(x))
 		return MPI_SUCCESS;
 	if (aborted(x))
 		return DDP_PEER_ABORTED;
@@ -277,7 +289,7 @@ int ddp_ctl_wait(ddp_ctl *x, int p, uint32_t t, long long timeout_ns, int spin) 
 		uint64_t end = start + (uint64_t)x->spin_ns;
 		for (unsigned i = 1;; i++) {
 			_mm_pause();
-			if (all_reached(x, p, t))
+			if (stepped(x))
 				return MPI_SUCCESS;
 			if (i % 64 == 0) {
 				uint64_t now = now_ns();
@@ -287,14 +299,19 @@ int ddp_ctl_wait(ddp_ctl *x, int p, uint32_t t, long long timeout_ns, int spin) 
 		}
 	}
 	x->sleeps++;
+	struct head *h = head(x);
+	uint32_t goal = x->step * (uint32_t)x->size;
 	uint64_t checked = start;
 	for (;;) {
 		if (aborted(x))
 			return DDP_PEER_ABORTED;
-		int r = x->lag;
 		uint64_t now = now_ns();
 		if (now - checked >= (uint64_t)x->liveness_ns || now >= deadline) {
+			// The rank to watch: the first that has not published t.
 			checked = now;
+			if (all_reached(x, p, t))
+				continue; // its count is on its way
+			int r = x->lag;
 			int s = proc_state(x->peers[r].pid, x->peers[r].start, NULL);
 			if (s == DDP_PEER_GONE) {
 				x->lag_state = s;
@@ -309,13 +326,12 @@ int ddp_ctl_wait(ddp_ctl *x, int p, uint32_t t, long long timeout_ns, int spin) 
 		if (left > (uint64_t)x->liveness_ns)
 			left = (uint64_t)x->liveness_ns;
 		struct timespec ts = {(time_t)(left / 1000000000u), (long)(left % 1000000000u)};
-		uint32_t *w = &ddp_ctl_hdr(x, r, p)->word, *s = sleepers(x, r, p);
-		__atomic_fetch_add(s, 1, __ATOMIC_SEQ_CST);
-		uint32_t v = __atomic_load_n(w, __ATOMIC_SEQ_CST);
-		if (!reached(v, t))
-			futex(w, FUTEX_WAIT, v, &ts);
-		__atomic_fetch_sub(s, 1, __ATOMIC_SEQ_CST);
-		if (all_reached(x, p, t))
+		__atomic_fetch_add(&h->sleepers, 1, __ATOMIC_SEQ_CST);
+		uint32_t v = __atomic_load_n(&h->arrivals, __ATOMIC_SEQ_CST);
+		if (!reached(v, goal))
+			futex(&h->arrivals, FUTEX_WAIT, v, &ts);
+		__atomic_fetch_sub(&h->sleepers, 1, __ATOMIC_SEQ_CST);
+		if (stepped(x))
 			return MPI_SUCCESS;
 	}
 }
@@ -328,10 +344,7 @@ void ddp_ctl_abort(ddp_ctl *x, const char *cause) {
 		// empty for a moment; it is only ever told, never relied on.
 		strncpy(h->cause, cause, sizeof h->cause - 1);
 	}
-	for (int r = 0; r < x->size; r++)
-		for (int p = 0; p < 2; p++)
-			if (__atomic_load_n(sleepers(x, r, p), __ATOMIC_SEQ_CST) != 0)
-				futex(&ddp_ctl_hdr(x, r, p)->word, FUTEX_WAKE, INT_MAX, NULL);
+	futex(&h->arrivals, FUTEX_WAKE, INT_MAX, NULL);
 }
 
 const char *ddp_ctl_abort_cause(const ddp_ctl *x) { return head(x)->cause; }
@@ -439,7 +452,7 @@ static int finish(ddp_ctl *x, uintptr_t recv) {
 }
 
 int ddp_ctl_poll(ddp_ctl *x, uintptr_t recv) {
-	if (!all_reached(x, x->k & 1, x->k * 4 + 1))
+	if (!stepped(x))
 		return DDP_PENDING;
 	return finish(x, recv);
 }

@@ -112,7 +112,8 @@ typedef struct ddp_ctl {
 	unsigned char *seg;
 	size_t len, stride, stage;
 	int rank, size;
-	uint32_t k; // the all-reduces this rank has published
+	uint32_t k;    // the all-reduces this rank has published
+	uint32_t step; // the words it has published (one per phase)
 	long long spin_ns, liveness_ns;
 	// What the last wait or judgement found, for its caller: the rank
 	// waited for (lag) and its state (DDP_PEER_*), or the first rank

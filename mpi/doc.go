@@ -39,9 +39,15 @@
 // which MPI_THREAD_SERIALIZED allows: when it is idle it parks, the
 // goroutine that issues next finds it runnable on its own processor, and
 // the hand-off in both directions is a goroutine switch, where a locked
-// thread would need an operating-system wake-up for each; nobody spins,
-// in the owner or in Wait, since a rank that spins takes the CPU its
-// peer needs (docs/mpi.md has the measurements).
+// thread would need an operating-system wake-up for each; the owner does
+// not spin, nor does Wait for an operation MPI runs, since a rank that
+// spins takes the CPU its peer needs (docs/mpi.md has the measurements).
+// Waits in shared memory (below) are another matter: they poll the
+// control segment for up to 50 us, which covers a peer that runs (CPU-bound
+// neighbours included), and then sleep on a futex of the segment, which
+// the last rank to arrive wakes; where the ranks outnumber the processors
+// the process may run on, they sleep at once (DDPGO_MPI_SPIN, a duration,
+// sets the polling time).
 //
 // # Blocking and non-blocking collectives
 //

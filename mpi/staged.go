@@ -48,10 +48,13 @@ const (
 const waitSlice = 100 * time.Millisecond
 
 // spinFor is how long a wait of a control segment polls before it sleeps:
-// long enough to cover a peer that is running, short where the ranks
-// outnumber the processors this process may run on, since then the rank
-// waited for may need this one's processor. DDPGO_MPI_SPIN (a duration)
-// overrides it.
+// 50 us where the ranks fit the processors this process may run on, long
+// enough to cover a peer that runs (and CPU-bound neighbours do not change
+// that: the peer still runs whenever this rank does); none where the ranks
+// outnumber them, since then the rank waited for may need this one's
+// processor, and even 1 us of polling doubled a 4 KiB all-reduce of 3
+// ranks on 2 cores (docs/mpi.md). DDPGO_MPI_SPIN (a duration) overrides
+// it.
 func spinFor(ranks int) time.Duration {
 	if s := os.Getenv("DDPGO_MPI_SPIN"); s != "" {
 		if d, err := time.ParseDuration(s); err == nil && d >= 0 {
@@ -59,7 +62,7 @@ func spinFor(ranks int) time.Duration {
 		}
 	}
 	if ranks > runtime.NumCPU() {
-		return 2 * time.Microsecond
+		return 0
 	}
 	return 50 * time.Microsecond
 }
