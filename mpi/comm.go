@@ -270,8 +270,10 @@ func (c *communicator) issue(d *desc) comm.Work {
 	s.kind.Store(uint32(d.kind))
 	c.ops.Publish(seq)
 	if d.inline {
-		c.inl.Store(seq<<2 | inlPosted)
+		// Posted before it is offered: a Test on another goroutine (the
+		// watchdog's) may claim and finish it as soon as it is.
 		c.post(d)
+		c.inl.Store(seq<<2 | inlPosted)
 		c.mu.Unlock()
 		return comm.NewWork(c, seq)
 	}
