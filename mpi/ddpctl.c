@@ -309,8 +309,11 @@ int ddp_ctl_wait(ddp_ctl *x, int p, uint32_t t, long long timeout_ns, int spin) 
 		if (now - checked >= (uint64_t)x->liveness_ns || now >= deadline) {
 			// The rank to watch: the first that has not published t.
 			checked = now;
+			// Every rank has published t, whatever the count says: a
+			// rank that died between its word and its count would
+			// otherwise hold this wait past its deadline.
 			if (all_reached(x, p, t))
-				continue; // its count is on its way
+				return MPI_SUCCESS;
 			int r = x->lag;
 			int s = proc_state(x->peers[r].pid, x->peers[r].start, NULL);
 			if (s == DDP_PEER_GONE) {

@@ -209,6 +209,10 @@ void ddp_shm_detach_all(void);
 // ddp_shm_test_fail makes every later mapping of a peer's slab fail (on
 // != 0), for tests.
 void ddp_shm_test_fail(int on);
+// ddp_shm_test_exit makes the process exit (code 3) in the middle of its
+// next direct all-reduce, once every rank has passed phase ph (2: the
+// buffers mapped, none yet reduced; 0: never), for tests.
+void ddp_shm_test_exit(int ph);
 
 // ddp_scale divides count elements of dt at buf by n (Avg after Sum).
 void ddp_scale(int dt, uintptr_t buf, int count, int n);

@@ -161,6 +161,10 @@ static int fail_attach; // tests: attach fails
 
 void ddp_shm_test_fail(int on) { fail_attach = on; }
 
+static int exit_after; // tests: the phase after which the process exits (0: none)
+
+void ddp_shm_test_exit(int ph) { exit_after = ph; }
+
 // attach returns part's slab of process pid mapped here, or NULL with
 // errno set; bytes from part's offset must lie in the slab.
 static void *attach(int32_t pid, const struct part *part, size_t bytes) {
@@ -415,6 +419,8 @@ int ddp_shm_allreduce(ddp_ctl *x, int op, int dt, int esize, int count, uintptr_
 	h->ok = ok;
 	if ((rc = phase(x, k, 2)) != MPI_SUCCESS)
 		return rc;
+	if (exit_after == 2)
+		_exit(3); // tests: a rank that dies while its peers read and write its buffers
 	for (int j = 0; j < size; j++)
 		ok &= ddp_ctl_hdr(x, j, p)->ok;
 	if (!ok) {

@@ -33,3 +33,6 @@ var SharedMapped = sharedMapped
 
 // FailMapping exposes failMapping.
 var FailMapping = failMapping
+
+// ExitMidCall exposes exitMidCall.
+var ExitMidCall = exitMidCall

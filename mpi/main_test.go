@@ -172,6 +172,11 @@ func childJobArgs(t *testing.T, np int, role string, mpirunOpts []string) ([]byt
 // otherwise.
 func TestChild(t *testing.T) {
 	role := os.Getenv("DDPGO_MPI_CHILD")
+	if f, ok := strings.CutPrefix(role, "fault:"); ok {
+		name, dir, _ := strings.Cut(f, ":")
+		faultChild(t, name, dir)
+		return
+	}
 	switch role {
 	case "":
 		t.Skip("runs only in a job started by another test")

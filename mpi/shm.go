@@ -73,3 +73,13 @@ func failMapping(on bool) {
 	}
 	e.call(func() error { C.ddp_shm_test_fail(C.int(boolInt(on))); return nil })
 }
+
+// exitMidCall makes this process exit (code 3) in the middle of its next
+// direct all-reduce, after phase ph, for tests.
+func exitMidCall(ph int) {
+	e, err := start()
+	if err != nil {
+		return
+	}
+	e.call(func() error { C.ddp_shm_test_exit(C.int(ph)); return nil })
+}
