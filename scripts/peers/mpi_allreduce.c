@@ -21,6 +21,9 @@
  * algbw = bytes / time and busbw = algbw * 2(n-1)/n (nccl-tests' bus
  * bandwidth for all-reduce), GB = 1e9 bytes.
  *
+ * BENCH_MAX_BYTES (default 256 MiB) ends the sizes earlier: 4096 times
+ * only 4 KiB.
+ *
  * Rank 0 appends one row per size and mode to CSV (results.csv by
  * default; the header is written when the file is new), labelled LABEL.
  */
@@ -56,6 +59,8 @@ int main(int argc, char **argv) {
 	const char *label = argc > 2 ? argv[2] : "default";
 	const char *b = getenv("BENCH_BUDGET_S");
 	double budget = b && atof(b) > 0 ? atof(b) : 0.6;
+	const char *m = getenv("BENCH_MAX_BYTES");
+	size_t lastBytes = m && atoll(m) >= (long long)minBytes && (size_t)atoll(m) <= maxBytes ? (size_t)atoll(m) : maxBytes;
 
 	float *send = NULL, *recv = NULL;
 	if (posix_memalign((void **)&send, 4096, maxBytes) || posix_memalign((void **)&recv, 4096, maxBytes)) {
@@ -86,7 +91,7 @@ int main(int argc, char **argv) {
 	const double busFactor = 2.0 * (size - 1) / size;
 
 	for (int inPlace = 0; inPlace <= 1; inPlace++) {
-		for (size_t bytes = minBytes; bytes <= maxBytes; bytes *= 4) {
+		for (size_t bytes = minBytes; bytes <= lastBytes; bytes *= 4) {
 			int count = (int)(bytes / sizeof(float));
 			float *out = recv;
 			/* Checked first: in place, the input is the output buffer. */

@@ -26,10 +26,19 @@ func main() {
 		os.Exit(2)
 	}
 	s := &summary{dir: os.Args[1]}
-	s.print(os.Stdout)
-	if _, err := os.Stat(filepath.Join(s.dir, "mpi_resnet50.json")); err == nil {
+	exists := func(f string) bool { _, err := os.Stat(filepath.Join(s.dir, f)); return err == nil }
+	// compare.sh's PARTS=allreduce leaves out the in-process rows and the
+	// step's other rows; the goals of the all-reduce need neither.
+	if exists("memcpy_bw.csv") {
+		s.print(os.Stdout)
+	}
+	if exists("mpi_resnet50.json") {
 		fmt.Println()
 		s.printMPI(os.Stdout)
+	}
+	if exists("go_inproc_loaded.txt") {
+		fmt.Println()
+		s.printGoals(os.Stdout)
 	}
 	if len(s.missing) > 0 {
 		fmt.Fprintf(os.Stderr, "summarize: could not read: %s\n", strings.Join(s.missing, "; "))
@@ -490,5 +499,108 @@ func (s *summary) printMPIRanks(w io.Writer) {
 			return fmt.Sprintf("%.2f / %.2f %s", ours, peer, unit)
 		}
 		fmt.Fprintf(w, "| %s | %s | %s |\n", sz.name, cell(3), cell(4))
+	}
+}
+
+// rounds is the number of interleaved rounds the run made (compare.sh's
+// ROUNDS), at least 1.
+func (s *summary) rounds() int {
+	n := 0
+	for s.csvHas("mpi_interleaved.csv", map[string]string{"label": fmt.Sprintf("vader_r%d", n+1), "mode": "inplace", "bytes": "4096"}) {
+		n++
+	}
+	return max(n, 1)
+}
+
+// peerBest is Open MPI's value of col in the rows labelled vader+suffix
+// and vader_tuned+suffix, the better of the two.
+func (s *summary) peerBest(col, suffix, mode, bytes string) float64 {
+	v := 0.0
+	for _, l := range []string{"vader", "vader_tuned"} {
+		x := s.csvValue("mpi_interleaved.csv", col, map[string]string{"label": l + suffix, "mode": mode, "bytes": bytes})
+		if v == 0 || (col == "median_us" && x < v) || (col != "median_us" && x > v) {
+			v = x
+		}
+	}
+	return v
+}
+
+// overRounds is the median over the rounds of f's value for the suffix
+// of each round (format: one %d, the round; without one, the suffix of
+// all).
+func overRounds(rounds int, format string, f func(suffix string) float64) float64 {
+	var v []float64
+	for r := 1; r <= rounds; r++ {
+		suffix := format
+		if strings.Contains(format, "%d") {
+			suffix = fmt.Sprintf(format, r)
+		}
+		v = append(v, f(suffix))
+	}
+	return median(v)
+}
+
+// printGoals prints the all-reduce's goals (docs/small-messages.md), each
+// a ratio of two figures of this run, and whether it is met.
+func (s *summary) printGoals(w io.Writer) {
+	rounds := s.rounds()
+	met := func(ok bool) string {
+		if ok {
+			return "met"
+		}
+		return "**not met**"
+	}
+	fmt.Fprintln(w, "| goal | ddpgo | Open MPI, better of vader and vader_tuned (same run) | ratio | goal | |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|")
+	time := func(what, format, mode string, goal float64) {
+		n := rounds
+		if !strings.Contains(format, "%d") {
+			n = 1 // one round, its suffix format itself
+		}
+		o := overRounds(n, format, func(suf string) float64 { return s.oursBest("median_us", suf, mode, "4096") })
+		p := overRounds(n, format, func(suf string) float64 { return s.peerBest("median_us", suf, mode, "4096") })
+		fmt.Fprintf(w, "| %s | %.2f us | %.2f us | %.2fx | <= %.1fx | %s |\n", what, o, p, o/p, goal, met(o/p <= goal))
+	}
+	for _, mode := range []string{"outofplace", "inplace"} {
+		name := map[string]string{"outofplace": "out of place", "inplace": "in place"}[mode]
+		time(fmt.Sprintf("4 KiB, 2 processes, %s (median of %d rounds)", name, rounds), "_r%d", mode, 0.5)
+	}
+	for _, np := range []int{3, 4} {
+		for _, mode := range []string{"outofplace", "inplace"} {
+			name := map[string]string{"outofplace": "out of place", "inplace": "in place"}[mode]
+			time(fmt.Sprintf("4 KiB, %d processes on the same cores, %s (one round)", np, name), fmt.Sprintf("_np%d", np), mode, 1)
+		}
+	}
+	// Under load: the inproc backend's goroutines, and the processes.
+	inproc := s.benchMedian("go_inproc_loaded.txt", `AllReduce/float32/2ranks/4KiB`, "us/op")
+	peerLoaded := overRounds(rounds, "_loaded_r%d", func(suf string) float64 { return s.peerBest("median_us", suf, "inplace", "4096") })
+	fmt.Fprintf(w, "| 4 KiB with two CPU-bound processes beside, in process (inproc, 2 goroutines; Open MPI in place) | %.2f us | %.2f us | %.2fx | <= 1.5x | %s |\n",
+		inproc, peerLoaded, inproc/peerLoaded, met(inproc/peerLoaded <= 1.5))
+	for _, mode := range []string{"outofplace", "inplace"} {
+		name := map[string]string{"outofplace": "out of place", "inplace": "in place"}[mode]
+		time(fmt.Sprintf("4 KiB with two CPU-bound processes beside, 2 processes, %s", name), "_loaded_r%d", mode, 1.5)
+	}
+	// Out of place against in place, and against Open MPI, from 64 KiB.
+	for _, sz := range mpiSizes[1:] {
+		bw := func(mode string) float64 {
+			return overRounds(rounds, "_r%d", func(suf string) float64 { return s.oursBest("busbw_GBps", suf, mode, sz.bytes) })
+		}
+		peer := func(mode string) float64 {
+			return overRounds(rounds, "_r%d", func(suf string) float64 { return s.peerBest("busbw_GBps", suf, mode, sz.bytes) })
+		}
+		oop, ip := bw("outofplace"), bw("inplace")
+		poop, pip := peer("outofplace"), peer("inplace")
+		fmt.Fprintf(w, "| %s busbw, 2 processes: out of place against in place | %.2f / %.2f GB/s | - | %.2fx | >= 0.9x | %s |\n",
+			sz.name, oop, ip, oop/ip, met(oop/ip >= 0.9))
+		fmt.Fprintf(w, "| %s busbw, 2 processes, against Open MPI (out of place / in place) | %.2f / %.2f GB/s | %.2f / %.2f GB/s | %.2fx / %.2fx | >= 2x | %s |\n",
+			sz.name, oop, ip, poop, pip, oop/poop, ip/pip, met(oop/poop >= 2 && ip/pip >= 2))
+	}
+	if s.jsonHas("mpi_resnet50_r1.json", "step_ms.median") {
+		step := overRounds(rounds, "mpi_resnet50_r%d.json", func(f string) float64 { return s.jsonValue(f, "step_ms.median") })
+		gloo := overRounds(rounds, "ddp_step_f_r%d.csv", func(f string) float64 {
+			return s.csvValue(f, "median_ms", map[string]string{"config": "f"})
+		})
+		fmt.Fprintf(w, "| ResNet-50 step over MPI, 2 processes, --compute none, against gloo's flat all-reduce (row f; median of %d launches each) | %.1f ms | gloo: %.1f ms | %.2fx | <= 0.2x | %s |\n",
+			rounds, step, gloo, step/gloo, met(step/gloo <= 0.2))
 	}
 }
