@@ -18,16 +18,17 @@
 //
 // Every publication also adds one to the segment's count of arrivals, so
 // a rank that has published n words waits until the count reaches n times
-// the rank count. It polls the count a while (spin_ns), then sleeps on it
-// with futex(2), after counting itself in the sleepers, which the last
-// rank of a step to publish reads and wakes when they are not zero: a wait
-// sleeps once, whichever ranks are late, and wakes once. Sleeps are cut
-// into slices (liveness_ns) after each of which the waiter reads
-// /proc/<pid>/stat of the first rank whose word it lacks: a rank that has
-// exited (or whose pid now names another process) fails the wait at once,
-// and one that is stopped is named when the wait's deadline passes. A rank
-// that aborts the job sets the segment's abort word and wakes every
-// sleeper first.
+// the rank count. It polls the count a while (spin_ns; where the ranks
+// outnumber the processors, it calls sched_yield between looks instead,
+// yield_ns), then sleeps on it with futex(2), after counting itself in the
+// sleepers, which the last rank of a step to publish reads and wakes when
+// they are not zero: a wait sleeps once, whichever ranks are late, and
+// wakes once. Sleeps are cut into slices (liveness_ns) after each of which
+// the waiter reads /proc/<pid>/stat of the first rank whose word it lacks:
+// a rank that has exited (or whose pid now names another process) fails
+// the wait at once, and one that is stopped is named when the wait's
+// deadline passes. A rank that aborts the job sets the segment's abort
+// word and wakes every sleeper first.
 
 #define _GNU_SOURCE
 #include "ddpmpi.h"
@@ -154,7 +155,7 @@ static int proc_state(int32_t pid, uint64_t start, uint64_t *startp) {
 
 static size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
-int ddp_ctl_open(MPI_Comm c, int rank, int size, int stage, long long spin_ns, ddp_ctl **out) {
+int ddp_ctl_open(MPI_Comm c, int rank, int size, int stage, long long spin_ns, long long yield_ns, ddp_ctl **out) {
 	*out = NULL;
 	struct {
 		int32_t ok, pid, fd, pad;
@@ -196,7 +197,8 @@ int ddp_ctl_open(MPI_Comm c, int rank, int size, int stage, long long spin_ns, d
 		x = calloc(1, sizeof *x + (size_t)size * sizeof x->peers[0]);
 		if (x != NULL) {
 			*x = (ddp_ctl){.seg = seg, .len = len, .stride = stride, .stage = (size_t)round_up(stage, LINE),
-			               .rank = rank, .size = size, .spin_ns = spin_ns, .liveness_ns = 50 * 1000000LL};
+			               .rank = rank, .size = size, .spin_ns = spin_ns, .yield_ns = yield_ns,
+			               .liveness_ns = 50 * 1000000LL};
 			struct ident *me = ident(x, rank);
 			me->pid = getpid();
 			proc_state(me->pid, 0, &me->start);
@@ -296,6 +298,22 @@ int ddp_ctl_wait(ddp_ctl *x, int p, uint32_t t, long long timeout_ns, int spin) 
 				if (now >= end || now >= deadline)
 					break;
 			}
+		}
+	}
+	if (spin && x->yield_ns > 0) {
+		// Where the ranks outnumber the processors, the rank waited for
+		// may be waiting for this one's: give it up at once, and again
+		// each time the scheduler comes back, a while before sleeping.
+		uint64_t end = start + (uint64_t)x->yield_ns;
+		for (;;) {
+			sched_yield();
+			if (stepped(x))
+				return MPI_SUCCESS;
+			if (aborted(x))
+				return DDP_PEER_ABORTED;
+			uint64_t now = now_ns();
+			if (now >= end || now >= deadline)
+				break;
 		}
 	}
 	x->sleeps++;

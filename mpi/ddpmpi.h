@@ -114,7 +114,7 @@ typedef struct ddp_ctl {
 	int rank, size;
 	uint32_t k;    // the all-reduces this rank has published
 	uint32_t step; // the words it has published (one per phase)
-	long long spin_ns, liveness_ns;
+	long long spin_ns, yield_ns, liveness_ns;
 	// What the last wait or judgement found, for its caller: the rank
 	// waited for (lag) and its state (DDP_PEER_*), or the first rank
 	// whose call differs, with its count, dtype and op (peer).
@@ -137,8 +137,9 @@ enum { DDP_PEER_RUNNING = 1, DDP_PEER_STOPPED, DDP_PEER_GONE = -1003, DDP_PEER_A
 // ddp_ctl_open maps a new control segment with staging buffers of stage
 // bytes for every rank of c (all on this machine) into *out, or leaves it
 // NULL on every rank when one rank could not map it; collective over c.
-// spin_ns is how long a wait polls before it sleeps.
-int ddp_ctl_open(MPI_Comm c, int rank, int size, int stage, long long spin_ns, ddp_ctl **out);
+// spin_ns is how long a wait polls before it sleeps, yield_ns how long it
+// then polls between calls to sched_yield.
+int ddp_ctl_open(MPI_Comm c, int rank, int size, int stage, long long spin_ns, long long yield_ns, ddp_ctl **out);
 void ddp_ctl_free(ddp_ctl *x);
 
 // ddp_ctl_post publishes this rank's next staged all-reduce: its call and

@@ -45,9 +45,10 @@
 // Waits in shared memory (below) are another matter: they poll the
 // control segment for up to 50 us, which covers a peer that runs (CPU-bound
 // neighbours included), and then sleep on a futex of the segment, which
-// the last rank to arrive wakes; where the ranks outnumber the processors
-// the process may run on, they sleep at once (DDPGO_MPI_SPIN, a duration,
-// sets the polling time).
+// the last rank to arrive wakes; where the ranks outnumber the machine's
+// processors, they call sched_yield between looks for up to 200 us
+// instead, handing the processor to the peer they wait for, before they
+// sleep (DDPGO_MPI_SPIN and DDPGO_MPI_YIELD, durations, set the two).
 //
 // # Blocking and non-blocking collectives
 //

@@ -82,8 +82,8 @@ func Open(o Options) (comm.Communicator, error) {
 			if want == 1 {
 				// Every rank maps the control segment, or none does.
 				c.directMin = directMin
-				spin := spinFor(c.size)
-				if rc := C.ddp_ctl_open(c.h, r, n, C.int(max(c.directMin, 64)), C.longlong(spin), &c.ctl); rc != C.MPI_SUCCESS {
+				spin, yield := waitFor(c.size)
+				if rc := C.ddp_ctl_open(c.h, r, n, C.int(max(c.directMin, 64)), C.longlong(spin), C.longlong(yield), &c.ctl); rc != C.MPI_SUCCESS {
 					return c.openFailed(fmt.Errorf("mpi: world rank %d: mapping the control segment: %w", e.worldRank, mpiError(int(rc))))
 				}
 			}

@@ -47,28 +47,39 @@ const (
 // without a deadline is seen.
 const waitSlice = 100 * time.Millisecond
 
-// spinFor is how long a wait of a control segment polls before it sleeps:
-// 50 us where the ranks fit the machine's online processors, long
-// enough to cover a peer that runs (and CPU-bound neighbours do not change
-// that: the peer still runs whenever this rank does); none where the ranks
-// outnumber them, since then the rank waited for may need this one's
-// processor, and even 1 us of polling doubled a 4 KiB all-reduce of 3
-// ranks on 2 cores (docs/mpi.md). DDPGO_MPI_SPIN (a duration) overrides
-// it.
-func spinFor(ranks int) time.Duration {
-	if s := os.Getenv("DDPGO_MPI_SPIN"); s != "" {
-		if d, err := time.ParseDuration(s); err == nil && d >= 0 {
-			return d
-		}
-	}
+// waitFor is how a wait of a control segment polls before it sleeps on
+// the futex. Where the ranks fit the machine's online processors, it spins
+// for 50 us, long enough to cover a peer that runs (and CPU-bound
+// neighbours do not change that: the peer still runs whenever this rank
+// does). Where the ranks outnumber them, the rank waited for may need this
+// one's processor: spinning, even for 1 us, doubled a 4 KiB all-reduce of 3
+// ranks on 2 cores, and sleeping at once cost 40 us an all-reduce, a
+// futex wake-up for every rank; so the wait calls sched_yield between
+// looks for up to 200 us, which hands the processor to a runnable peer at
+// once (7 us; docs/small-messages.md). DDPGO_MPI_SPIN and DDPGO_MPI_YIELD
+// (durations) override the two.
+func waitFor(ranks int) (spin, yield time.Duration) {
 	// The machine's, not this process's (runtime.NumCPU): mpirun binds
 	// each of 2 ranks to a core of its own, and a rank that counted only
 	// its own core slept in every wait, 40-100 us a 4 KiB all-reduce
 	// instead of 1.5.
 	if ranks > int(C.sysconf(C._SC_NPROCESSORS_ONLN)) {
-		return 0
+		yield = 200 * time.Microsecond
+	} else {
+		spin = 50 * time.Microsecond
 	}
-	return 50 * time.Microsecond
+	return envDuration("DDPGO_MPI_SPIN", spin), envDuration("DDPGO_MPI_YIELD", yield)
+}
+
+// envDuration is the duration in environment variable name, or def when it
+// is unset or not a duration of zero or more.
+func envDuration(name string, def time.Duration) time.Duration {
+	if s := os.Getenv(name); s != "" {
+		if d, err := time.ParseDuration(s); err == nil && d >= 0 {
+			return d
+		}
+	}
+	return def
 }
 
 // staged reports whether d is an all-reduce that c stages.
