@@ -30,6 +30,8 @@ import (
 var (
 	sweepModes  = flag.String("mpi.sweep", "", "run the all-reduce sweep for these progress modes (blocking, nonblocking, raw: blocking MPI calls made back to back by the owner, the backend's floor, or shared: blocking, on buffers from the communicator's shared memory; comma-separated)")
 	sweepDirect = flag.Int("mpi.directmin", 0, "with -mpi.sweep=shared, the size from which all-reduces read and write the buffers in place rather than staged (0: the backend's)")
+	sweepNTMin  = flag.Int("mpi.ntmin", -1, "with -mpi.sweep=shared, the size of a rank's slice from which two ranks' out-of-place all-reduces stream their outputs past the cache (-1: the backend's)")
+	sweepTouch  = flag.Bool("mpi.touch", false, "rewrite each rank's input before every timed all-reduce (untimed), as a backward pass writes its gradients: in place, the buffers then no longer stay in this core's cache from one call to the next")
 	sweepCSV    = flag.String("mpi.csv", "", "append the sweep's rows to this CSV file (rank 0)")
 	sweepLabel  = flag.String("mpi.label", "", "label of the sweep's CSV rows")
 	sweepBudget = flag.Duration("mpi.budget", 300*time.Millisecond, "time per size and mode")
@@ -60,6 +62,9 @@ func TestSweep(t *testing.T) {
 	for _, mode := range strings.Split(*sweepModes, ",") {
 		if mode == "shared" && *sweepDirect > 0 {
 			defer mpi.SetDirectMin(mpi.SetDirectMin(*sweepDirect))
+		}
+		if mode == "shared" && *sweepNTMin >= 0 {
+			defer mpi.SetNTMin(mpi.SetNTMin(*sweepNTMin))
 		}
 		c, err := mpi.Open(mpi.Options{Blocking: mode == "blocking" || mode == "raw" || mode == "shared"})
 		if err != nil {
@@ -160,6 +165,11 @@ func sweepOne(t *testing.T, c comm.Communicator, alloc func(testing.TB, int, com
 		}
 	} else {
 		for i := range tf {
+			if *sweepTouch {
+				for j := range f {
+					f[j] = float32(c.Rank() + 1)
+				}
+			}
 			tf[i] = run().Seconds()
 		}
 	}

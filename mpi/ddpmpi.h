@@ -214,6 +214,9 @@ void ddp_shm_test_fail(int on);
 // next direct all-reduce, once every rank has passed phase ph (2: the
 // buffers mapped, none yet reduced; 0: never), for tests.
 void ddp_shm_test_exit(int ph);
+// ddp_shm_set_nt_min sets the slice size from which the two-rank
+// out-of-place all-reduce streams its outputs, and returns the previous.
+long ddp_shm_set_nt_min(long n);
 
 // ddp_scale divides count elements of dt at buf by n (Avg after Sum).
 void ddp_scale(int dt, uintptr_t buf, int count, int n);

@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <immintrin.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -285,8 +286,45 @@ __attribute__((optimize("O3", "fp-contract=off"))) static void sum2_f32(float *r
 		d[i] = b[i] + a[i];
 }
 
-static void fused2_f32(const float *x0, const float *x1, float *d0, float *d1, long n, int avg) {
-	if (d0 == x0) {
+// sum2_nt_f32 writes b + a (or b*0.5 + a*0.5) into both d0 and d1, in one
+// pass, with non-temporal stores: for two ranks out of place, the one
+// kernel that moves only the bytes it must (read two buffers, write two).
+// With ordinary stores each output line is first read for ownership
+// (6 streams of memory traffic to 4), and a single-thread loop of sum2
+// then memcpy ran at 0.54x an in-place loop of the same sizes from 16 MiB
+// up (docs/small-messages.md). d0 and d1 are 16-byte aligned; the caller
+// fences (sfence) before it publishes.
+__attribute__((optimize("O3", "fp-contract=off"))) static void sum2_nt_f32(float *d0, float *d1, const float *a, const float *b,
+                                                                           long n, int avg) {
+	long i = 0;
+	const __m128 h = _mm_set1_ps(0.5f);
+	for (; i + 16 <= n; i += 16)
+		for (int j = 0; j < 16; j += 4) {
+			__m128 x = _mm_loadu_ps(b + i + j), y = _mm_loadu_ps(a + i + j);
+			__m128 v = avg ? _mm_add_ps(_mm_mul_ps(x, h), _mm_mul_ps(y, h)) : _mm_add_ps(x, y);
+			_mm_stream_ps(d0 + i + j, v);
+			_mm_stream_ps(d1 + i + j, v);
+		}
+	for (; i < n; i++)
+		d0[i] = d1[i] = avg ? b[i] * 0.5f + a[i] * 0.5f : b[i] + a[i];
+}
+
+// nt_min is the size of a rank's slice from which the two-rank
+// out-of-place kernel streams its outputs past the cache: below it, the
+// buffers stay in cache from one call to the next, and streaming them out
+// cost more than the reads for ownership it saves (docs/small-messages.md).
+static long nt_min = 1 << 20;
+
+long ddp_shm_set_nt_min(long n) {
+	long old = nt_min;
+	nt_min = n;
+	return old;
+}
+
+static void fused2_f32(const float *x0, const float *x1, float *d0, float *d1, long n, int avg, int nt) {
+	if (nt && d0 != x0 && d1 != x1 && ((uintptr_t)d0 & 15) == 0 && ((uintptr_t)d1 & 15) == 0) {
+		sum2_nt_f32(d0, d1, x0, x1, n, avg);
+	} else if (d0 == x0) {
 		acc2_f32(d0, x1, n, avg);
 		memcpy(d1, d0, n * sizeof *d0);
 	} else if (d1 == x1) {
@@ -440,11 +478,14 @@ int ddp_shm_allreduce(ddp_ctl *x, int op, int dt, int esize, int count, uintptr_
 		// The common case, in one pass without the chunk: the same
 		// arithmetic as MPI_SUM and the pair average (both commutative, so
 		// the same bits as x1 op x0).
+		int nt = (hi - lo) * (long)esize >= nt_min;
 		for (long i = lo; i < hi; i += step) {
 			long n = hi - i < step ? hi - i : step;
 			fused2_f32((const float *)srcs[0] + i, (const float *)srcs[1] + i, (float *)dsts[0] + i, (float *)dsts[1] + i,
-			           n, op == DDP_AVG2);
+			           n, op == DDP_AVG2, nt);
 		}
+		if (nt)
+			_mm_sfence(); // the streamed stores reach memory before phase 3 says so
 		lo = hi;
 	}
 	for (long i = lo; i < hi; i += step) {

@@ -74,6 +74,19 @@ func failMapping(on bool) {
 	e.call(func() error { C.ddp_shm_test_fail(C.int(boolInt(on))); return nil })
 }
 
+// setNTMin sets the size of a rank's slice from which a two-rank
+// out-of-place all-reduce in shared memory streams its outputs past the
+// cache, and returns the previous one; for tests and the sweep.
+func setNTMin(n int) int {
+	e, err := start()
+	if err != nil {
+		return 0
+	}
+	var old int
+	e.call(func() error { old = int(C.ddp_shm_set_nt_min(C.long(n))); return nil })
+	return old
+}
+
 // exitMidCall makes this process exit (code 3) in the middle of its next
 // direct all-reduce, after phase ph, for tests.
 func exitMidCall(ph int) {
