@@ -55,7 +55,7 @@
 // of every rank's publications with its sleepers, each on a line of its
 // own.
 struct head {
-	uint32_t abort; // 0, or 1 + the rank that aborted the job
+	uint32_t abort; // 0, or 1 + the rank that aborted the job (ABORTING while it writes the cause)
 	int32_t pad;
 	char cause[248];
 	_Alignas(LINE) uint32_t arrivals; // the futex word
@@ -75,6 +75,10 @@ struct ident {
 //   [4, 8)          the descriptors of direct all-reduces, 2 lines a parity
 //   [8 lines, ...)  the staging buffers of parity 0 and 1
 #define OFF_IDENT (3 * LINE)
+
+// The abort word's flag while the aborting rank writes its cause: waits
+// see the abort only once the cause is there to tell.
+#define ABORTING 0x80000000u
 #define OFF_DESC (4 * LINE)
 #define OFF_STAGE PAGE
 
@@ -267,7 +271,7 @@ static int all_reached(ddp_ctl *x, int p, uint32_t t) {
 // completes afterwards.
 static int aborted(ddp_ctl *x) {
 	uint32_t a = __atomic_load_n(&head(x)->abort, __ATOMIC_ACQUIRE);
-	if (a == 0 || a == (uint32_t)x->rank + 1)
+	if (a == 0 || (a & ABORTING) != 0 || a == (uint32_t)x->rank + 1)
 		return 0;
 	x->lag = (int)a - 1;
 	x->lag_state = DDP_PEER_ABORTED;
@@ -357,13 +361,22 @@ int ddp_ctl_wait(ddp_ctl *x, int p, uint32_t t, long long timeout_ns, int spin) 
 	}
 }
 
+static long long abort_delay_ns; // tests: a pause between claiming the abort and its cause
+
+void ddp_ctl_test_abort_delay(long long ns) { __atomic_store_n(&abort_delay_ns, ns, __ATOMIC_RELAXED); }
+
 void ddp_ctl_abort(ddp_ctl *x, const char *cause) {
 	struct head *h = head(x);
-	uint32_t zero = 0;
-	if (__atomic_compare_exchange_n(&h->abort, &zero, (uint32_t)x->rank + 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
-		// The cause is written after the word, so a reader may find it
-		// empty for a moment; it is only ever told, never relied on.
+	uint32_t zero = 0, me = (uint32_t)x->rank + 1;
+	if (__atomic_compare_exchange_n(&h->abort, &zero, ABORTING | me, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+		// The first to abort claims the word, writes the cause, then
+		// publishes: a peer that sees the abort reads the whole cause. If
+		// this rank dies in between, its peers' waits find it gone.
+		long long d = __atomic_load_n(&abort_delay_ns, __ATOMIC_RELAXED);
+		if (d > 0)
+			nanosleep(&(struct timespec){(time_t)(d / 1000000000), (long)(d % 1000000000)}, NULL);
 		strncpy(h->cause, cause, sizeof h->cause - 1);
+		__atomic_store_n(&h->abort, me, __ATOMIC_RELEASE);
 	}
 	futex(&h->arrivals, FUTEX_WAKE, INT_MAX, NULL);
 }

@@ -169,6 +169,9 @@ int ddp_ctl_judge(ddp_ctl *x, int p);
 // the cause the aborting rank gave.
 void ddp_ctl_abort(ddp_ctl *x, const char *cause);
 const char *ddp_ctl_abort_cause(const ddp_ctl *x);
+// ddp_ctl_test_abort_delay makes every later ddp_ctl_abort pause ns
+// between claiming the abort and writing its cause, for tests.
+void ddp_ctl_test_abort_delay(long long ns);
 
 // ddp_ctl_missing lists the ranks that have not published what this rank
 // waits for now, and their states (DDP_PEER_*); -1 if it waits for

@@ -39,5 +39,8 @@ var SharedMapped = sharedMapped
 // FailMapping exposes failMapping.
 var FailMapping = failMapping
 
+// SlowAbort exposes slowAbort.
+var SlowAbort = slowAbort
+
 // ExitMidCall exposes exitMidCall.
 var ExitMidCall = exitMidCall

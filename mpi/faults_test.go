@@ -34,7 +34,8 @@ const faultDeadline = 3 * time.Second
 //   - kill: it is killed (SIGKILL) before it joins a staged all-reduce;
 //   - exit: its process exits in the middle of a direct all-reduce, when
 //     every rank has mapped the others' buffers;
-//   - abort: it aborts the job (Abort) before it joins;
+//   - abort: it aborts the job (Abort) before it joins, slowly (the peers
+//     must see the abort only once its cause is written);
 //   - stop: it is stopped (SIGSTOP) before it joins: the waits end at
 //     their deadline naming it stopped, and once it is continued (by rank
 //     0, from the process id the error names) the same all-reduce
@@ -163,6 +164,9 @@ func faultChild(t *testing.T, fault, dir string) {
 		case "exit":
 			mpi.ExitMidCall(2)
 		case "abort":
+			// The peers poll while this rank writes its cause: they must
+			// see the abort only with the cause.
+			mpi.SlowAbort(50 * time.Millisecond)
 			c.Abort(errors.New("injected failure"))
 		case "stop", "stuck":
 			self(syscall.SIGSTOP)

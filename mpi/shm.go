@@ -10,6 +10,7 @@ import "C"
 import (
 	"fmt"
 	"syscall"
+	"time"
 
 	"github.com/ddpgo/ddpgo/allocator"
 )
@@ -86,6 +87,11 @@ func setNTMin(n int) int {
 	e.call(func() error { old = int(C.ddp_shm_set_nt_min(C.long(n))); return nil })
 	return old
 }
+
+// slowAbort makes this process's aborts pause for d between claiming the
+// control segment's abort word and writing the cause, for tests: a peer
+// must not see the abort before its cause.
+func slowAbort(d time.Duration) { C.ddp_ctl_test_abort_delay(C.longlong(d)) }
 
 // exitMidCall makes this process exit (code 3) in the middle of its next
 // direct all-reduce, after phase ph, for tests.
