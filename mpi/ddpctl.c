@@ -418,17 +418,6 @@ int ddp_ctl_judge(ddp_ctl *x, int p) {
 	return MPI_SUCCESS;
 }
 
-__attribute__((optimize("O3", "fp-contract=off"))) static void pair_f32(float *restrict d, const float *restrict a, const float *restrict b, long n, int avg) {
-	// b + a and b*0.5 + a*0.5: ddp_reduce_local(in b, inout a), bit for bit.
-	if (avg) {
-		for (long i = 0; i < n; i++)
-			d[i] = b[i] * 0.5f + a[i] * 0.5f;
-		return;
-	}
-	for (long i = 0; i < n; i++)
-		d[i] = b[i] + a[i];
-}
-
 void ddp_ctl_post(ddp_ctl *x, int op, int dt, int esize, int count, uintptr_t send) {
 	uint32_t k = ++x->k;
 	int p = k & 1;
@@ -483,7 +472,7 @@ static int finish(ddp_ctl *x, uintptr_t recv) {
 					_mm_prefetch((const char *)input(x, r, p, bytes) + i, _MM_HINT_T0);
 	void *d = (void *)recv;
 	if (x->size == 2 && me->dt == DDP_F32 && (me->op == DDP_SUM || me->op == DDP_AVG2)) {
-		pair_f32(d, input(x, 0, p, bytes), input(x, 1, p, bytes), n, me->op == DDP_AVG2);
+		ddp_sum2_f32(d, input(x, 0, p, bytes), input(x, 1, p, bytes), n, me->op == DDP_AVG2);
 		return MPI_SUCCESS;
 	}
 	// recv is this rank's own memory, never a staged copy: the inputs stay.

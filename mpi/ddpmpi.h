@@ -92,6 +92,9 @@ MPI_Op ddp_op(int op, int dt);
 // ddp_reduce_local computes MPI_Reduce_local(in, inout, n, ddp_type(dt),
 // ddp_op(op, dt)) without calling MPI, so on any thread.
 void ddp_reduce_local(int dt, int op, const void *in, void *inout, int n);
+// ddp_sum2_f32 writes b + a (or, avg, b*0.5 + a*0.5) into d, the same bits
+// as ddp_reduce_local(in b, inout a) of MPI_SUM (or the pair average).
+void ddp_sum2_f32(float *restrict d, const float *restrict a, const float *restrict b, long n, int avg);
 
 // The control segment (ddpctl.c): one per communicator whose ranks share
 // a machine, mapped by every rank at Open.

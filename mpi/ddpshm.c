@@ -262,9 +262,10 @@ static _Alignas(64) unsigned char chunk[CHUNK];
 // cache. Each rank's call may be in place or not, so d0 may be x0 and d1
 // may be x1; the two ranks' buffers are different memory, and a rank's
 // send and recv do not overlap otherwise (the contract). Writing both
-// outputs in one loop instead measured up to 4x slower on large buffers
-// (a 256 MiB all-reduce: 100 against 21-23 ms, 2 ranks), for a reason not
-// found.
+// outputs in one loop with ordinary stores measured up to 4x slower on
+// large buffers (a 256 MiB all-reduce: 100 against 21-23 ms, 2 ranks); with
+// non-temporal stores (sum2_nt_f32, below) it is the fastest from 1 MiB
+// slices.
 __attribute__((optimize("O3", "fp-contract=off"))) static void acc2_f32(float *restrict d, const float *restrict x, long n, int avg) {
 	if (avg) {
 		for (long i = 0; i < n; i++)
@@ -275,8 +276,10 @@ __attribute__((optimize("O3", "fp-contract=off"))) static void acc2_f32(float *r
 		d[i] = x[i] + d[i];
 }
 
-__attribute__((optimize("O3", "fp-contract=off"))) static void sum2_f32(float *restrict d, const float *restrict a, const float *restrict b,
-                                                                        long n, int avg) {
+// ddp_sum2_f32 writes b + a (or b*0.5 + a*0.5) into d: what
+// ddp_reduce_local(in b, inout a) computes, bit for bit.
+__attribute__((optimize("O3", "fp-contract=off"))) void ddp_sum2_f32(float *restrict d, const float *restrict a, const float *restrict b, long n,
+                                                                    int avg) {
 	if (avg) {
 		for (long i = 0; i < n; i++)
 			d[i] = b[i] * 0.5f + a[i] * 0.5f;
@@ -331,7 +334,7 @@ static void fused2_f32(const float *x0, const float *x1, float *d0, float *d1, l
 		acc2_f32(d1, x0, n, avg);
 		memcpy(d0, d1, n * sizeof *d0);
 	} else {
-		sum2_f32(d0, x0, x1, n, avg);
+		ddp_sum2_f32(d0, x0, x1, n, avg);
 		memcpy(d1, d0, n * sizeof *d0);
 	}
 }
