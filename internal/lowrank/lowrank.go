@@ -4,12 +4,15 @@
 // matrix is a dense row-major []float32, as a gradient lies in its bucket
 // and as PyTorch lays out P and Q.
 //
-// The kernels are pure Go and deterministic: each result is computed by one
-// fixed sequence of float32 operations, whatever the CPU, and every
+// The kernels are deterministic: each result is computed by one fixed
+// sequence of float32 operations, whatever the CPU, and every
 // product is rounded before it is added (an explicit conversion keeps the
 // compiler from fusing a multiply and an add on machines with FMA), so
 // ranks that run the same kernels on the same inputs agree bit for bit.
-// They never allocate. Ranks of 1 and multiples of 4 are the fastest: the
+// On amd64 with AVX2, Reconstruct runs an assembly kernel for ranks 1 and
+// 4 that performs the same multiplies and adds in the same order, without
+// FMA, so it gives the pure-Go kernel's bits (the build tag purego keeps
+// to pure Go). They never allocate. Ranks of 1 and multiples of 4 are the fastest: the
 // columns of a factor are taken four at a time, and the rest one at a
 // time.
 package lowrank
@@ -199,6 +202,12 @@ func Reconstruct(c, e, p, q []float32, n, m, r int) {
 	if e != nil && len(e) != n*m {
 		panic("lowrank: error matrix of the wrong size")
 	}
+	reconstruct(c, e, p, q, n, m, r)
+}
+
+// reconstructGo is the pure-Go Reconstruct, the reference of the assembly
+// kernels.
+func reconstructGo(c, e, p, q []float32, n, m, r int) {
 	for i := range n {
 		row := c[i*m : (i+1)*m : (i+1)*m]
 		var erow []float32
