@@ -5,16 +5,16 @@
 // and as PyTorch lays out P and Q.
 //
 // The kernels are deterministic: each result is computed by one fixed
-// sequence of float32 operations, whatever the CPU, and every
-// product is rounded before it is added (an explicit conversion keeps the
-// compiler from fusing a multiply and an add on machines with FMA), so
-// ranks that run the same kernels on the same inputs agree bit for bit.
-// On amd64 with AVX2, Reconstruct runs an assembly kernel for ranks 1 and
-// 4 that performs the same multiplies and adds in the same order, without
-// FMA, so it gives the pure-Go kernel's bits (the build tag purego keeps
-// to pure Go). They never allocate. Ranks of 1 and multiples of 4 are the fastest: the
-// columns of a factor are taken four at a time, and the rest one at a
-// time.
+// sequence of float32 operations, whatever the CPU, and every product is
+// rounded before it is added (an explicit conversion keeps the compiler
+// from fusing a multiply and an add on machines with FMA), so ranks that
+// run the same kernels on the same inputs agree bit for bit. On amd64 with
+// AVX2, Reconstruct (ranks 1 and 4), MulQ and MulTP (rank 4) run assembly
+// kernels that perform the same multiplies and adds in the same order,
+// without FMA, so they give the pure-Go kernels' bits (the build tag
+// purego keeps to pure Go). The kernels never allocate. Ranks of 1 and
+// multiples of 4 are the fastest: the columns of a factor are taken four
+// at a time, and the rest one at a time.
 package lowrank
 
 import "math"
@@ -24,6 +24,7 @@ func MulQ(p, c, q []float32, n, m, r int) {
 	check(len(p), n*r, len(c), n*m, len(q), m*r)
 	i := 0
 	if r == 4 {
+		i = mulQ4(p, c, q, n, m)
 		// Two rows at once: eight independent sums, so that the additions
 		// do not wait on each other, each in the order of one row alone.
 		for ; i+2 <= n; i += 2 {
@@ -133,6 +134,12 @@ func MulTP(q, c, p []float32, n, m, r int) {
 		c2 := c[(i+2)*m : (i+3)*m : (i+3)*m]
 		c3 := c[(i+3)*m : (i+4)*m : (i+4)*m]
 		k := 0
+		if r == 4 {
+			if j := axpy4(q, c, p, i, m); j > 0 {
+				axpy4x4(q[4*j:], 4, 0, c0[j:], c1[j:], c2[j:], c3[j:], p[i*4:i*4+4], p[i*4+4:i*4+8], p[i*4+8:i*4+12], p[i*4+12:i*4+16])
+				k = 4
+			}
+		}
 		for ; k+4 <= r; k += 4 {
 			axpy4x4(q, r, k, c0, c1, c2, c3, p[i*r+k:i*r+k+4], p[(i+1)*r+k:(i+1)*r+k+4], p[(i+2)*r+k:(i+2)*r+k+4], p[(i+3)*r+k:(i+3)*r+k+4])
 		}

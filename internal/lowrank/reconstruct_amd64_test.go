@@ -55,3 +55,51 @@ func TestReconstructKernelBits(t *testing.T) {
 		}
 	}
 }
+
+// pureGo runs f with the assembly kernels off.
+func pureGo(f func()) {
+	defer func(v bool) { useAVX2 = v }(useAVX2)
+	useAVX2 = false
+	f()
+}
+
+// TestProductKernelBits checks that MulQ and MulTP at rank 4 give the
+// pure-Go kernels' bits with the assembly on, over row counts around the
+// eight (MulQ) and four (MulTP) rows the kernels take at a time and
+// column counts around their blocks of eight.
+func TestProductKernelBits(t *testing.T) {
+	if !useAVX2 {
+		t.Skip("no AVX2: the products are the pure-Go kernels")
+	}
+	rng := rand.New(rand.NewPCG(27, 5))
+	sizes := [][2]int{{8, 1}, {8, 8}, {9, 7}, {16, 9}, {4, 16}, {5, 17}, {17, 33}, {23, 64}, {31, 100}, {64, 1031}}
+	for range 20 {
+		sizes = append(sizes, [2]int{1 + rng.IntN(40), 1 + rng.IntN(300)})
+	}
+	const r = 4
+	for _, s := range sizes {
+		n, m := s[0], s[1]
+		t.Run(fmt.Sprintf("%dx%d", n, m), func(t *testing.T) {
+			c, q, p := randMat(rng, n*m), randMat(rng, m*r), randMat(rng, n*r)
+			for i := range c {
+				c[i] *= float32(math.Ldexp(1, rng.IntN(20)-10))
+			}
+			gotP, wantP := make([]float32, n*r), make([]float32, n*r)
+			MulQ(gotP, c, q, n, m, r)
+			pureGo(func() { MulQ(wantP, c, q, n, m, r) })
+			gotQ, wantQ := make([]float32, m*r), make([]float32, m*r)
+			MulTP(gotQ, c, p, n, m, r)
+			pureGo(func() { MulTP(wantQ, c, p, n, m, r) })
+			for i := range wantP {
+				if math.Float32bits(gotP[i]) != math.Float32bits(wantP[i]) {
+					t.Fatalf("MulQ: p[%d] = %g, pure Go %g", i, gotP[i], wantP[i])
+				}
+			}
+			for i := range wantQ {
+				if math.Float32bits(gotQ[i]) != math.Float32bits(wantQ[i]) {
+					t.Fatalf("MulTP: q[%d] = %g, pure Go %g", i, gotQ[i], wantQ[i])
+				}
+			}
+		})
+	}
+}
