@@ -294,8 +294,8 @@ __attribute__((optimize("O3", "fp-contract=off"))) void ddp_sum2_f32(float *rest
 // kernel that moves only the bytes it must (read two buffers, write two).
 // With ordinary stores each output line is first read for ownership
 // (6 streams of memory traffic to 4), and a single-thread loop of sum2
-// then memcpy ran at 0.54x an in-place loop of the same sizes from 16 MiB
-// up (docs/small-messages.md). d0 and d1 are 16-byte aligned; the caller
+// then memcpy ran at 0.34-0.57x an in-place loop of the same sizes from
+// 16 MiB up (docs/small-messages.md). d0 and d1 are 16-byte aligned; the caller
 // fences (sfence) before it publishes.
 __attribute__((optimize("O3", "fp-contract=off"))) static void sum2_nt_f32(float *d0, float *d1, const float *a, const float *b,
                                                                            long n, int avg) {
