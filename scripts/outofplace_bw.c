@@ -1,7 +1,8 @@
 // outofplace_bw times, on one thread, the two-rank all-reduce's kernels
 // on buffers of one size: in place (d0 = x0 += x1, then x1 = d0), out of
 // place with ordinary stores (d0 = x0 + x1, then d1 = d0), and out of place
-// with non-temporal stores (d0 = d1 = x0 + x1 in one pass, streamed). It
+// with non-temporal stores (d0 = d1 = x0 + x1 in one pass, streamed; 16
+// bytes a store, and where the CPU has AVX-512, a whole line). It
 // shows where an out-of-place all-reduce loses: both move the same bytes,
 // but ordinary stores into buffers not in the cache read every line first,
 // and out of place touches twice the memory, so less of it stays in the
@@ -44,6 +45,14 @@ static void sum_nt(float *d0, float *d1, const float *a, const float *b, long n)
 	}
 }
 
+__attribute__((target("avx512f"))) static void sum_nt512(float *d0, float *d1, const float *a, const float *b, long n) {
+	for (long i = 0; i < n; i += 16) {
+		__m512 v = _mm512_add_ps(_mm512_load_ps(b + i), _mm512_load_ps(a + i));
+		_mm512_stream_ps(d0 + i, v);
+		_mm512_stream_ps(d1 + i, v);
+	}
+}
+
 static int cmp(const void *a, const void *b) {
 	double x = *(const double *)a, y = *(const double *)b;
 	return (x > y) - (x < y);
@@ -54,7 +63,8 @@ int main(int argc, char **argv) {
 		fprintf(stderr, "usage: outofplace_bw BYTES...\n");
 		return 2;
 	}
-	static const char *names[] = {"in place", "out of place", "out of place, streamed"};
+	static const char *names[] = {"in place", "out of place", "out of place, streamed", "streamed, AVX-512"};
+	int kernels = __builtin_cpu_supports("avx512f") ? 4 : 3;
 	printf("%12s  %-24s %12s %10s\n", "bytes", "kernel", "median_ms", "GB/s");
 	for (int a = 1; a < argc; a++) {
 		long bytes = atol(argv[a]) / CHUNK * CHUNK;
@@ -71,7 +81,7 @@ int main(int argc, char **argv) {
 		}
 		for (long i = 0; i < n; i++)
 			x0[i] = x1[i] = d0[i] = d1[i] = 1;
-		for (int k = 0; k < 3; k++) {
+		for (int k = 0; k < kernels; k++) {
 			double t[RUNS];
 			for (int r = 0; r < RUNS; r++) {
 				double t0 = now();
@@ -82,8 +92,10 @@ int main(int argc, char **argv) {
 					} else if (k == 1) {
 						sum(d0 + i, x0 + i, x1 + i, step);
 						memcpy(d1 + i, d0 + i, CHUNK);
-					} else {
+					} else if (k == 2) {
 						sum_nt(d0 + i, d1 + i, x0 + i, x1 + i, step);
+					} else {
+						sum_nt512(d0 + i, d1 + i, x0 + i, x1 + i, step);
 					}
 				}
 				_mm_sfence();
