@@ -313,8 +313,8 @@ __attribute__((optimize("O3", "fp-contract=off"))) static void sum2_nt_f32(float
 }
 
 // sum2_nt512_f32 is sum2_nt_f32 with AVX-512: each store a whole line,
-// which streams closer to the in-place loop's speed (64 MiB: 0.98-1.01x
-// against 0.88-0.90x with 16-byte stores, docs/small-messages.md). d0 and
+// which streams closer to the in-place loop's speed (64 MiB on one thread:
+// 1.05x against 0.92x with 16-byte stores, docs/small-messages.md). d0 and
 // d1 are 64-byte aligned.
 __attribute__((target("avx512f"), optimize("O3", "fp-contract=off"))) static void sum2_nt512_f32(float *d0, float *d1, const float *a,
                                                                                                const float *b, long n, int avg) {
