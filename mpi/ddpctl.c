@@ -463,7 +463,7 @@ static int finish(ddp_ctl *x, uintptr_t recv) {
 	if (bytes > DDP_CTL_INLINE)
 		claim(input(x, x->rank, p ^ 1, bytes), bytes);
 	// The peers' inputs are in their caches: ask for every line at once,
-	// rather than as the loop below reaches it (a few percent at 1-8 KiB,
+	// rather than as the loop below reaches it (about 4% at 4 KiB,
 	// docs/small-messages.md).
 	if (bytes > DDP_CTL_INLINE)
 		for (int r = 0; r < x->size; r++)

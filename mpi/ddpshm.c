@@ -330,8 +330,6 @@ __attribute__((target("avx512f"), optimize("O3", "fp-contract=off"))) static voi
 		d0[i] = d1[i] = avg ? b[i] * 0.5f + a[i] * 0.5f : b[i] + a[i];
 }
 
-static int has_avx512 = -1; // whether the CPU has AVX-512F, once asked
-
 // nt_min is the size of a rank's slice from which the two-rank
 // out-of-place kernel streams its outputs past the cache: below it, the
 // buffers stay in cache from one call to the next, and streaming them out
@@ -346,9 +344,7 @@ long ddp_shm_set_nt_min(long n) {
 
 static void fused2_f32(const float *x0, const float *x1, float *d0, float *d1, long n, int avg, int nt) {
 	if (nt && d0 != x0 && d1 != x1 && (((uintptr_t)d0 | (uintptr_t)d1) & 15) == 0) {
-		if (has_avx512 < 0)
-			has_avx512 = __builtin_cpu_supports("avx512f") != 0;
-		if (has_avx512 && (((uintptr_t)d0 | (uintptr_t)d1) & 63) == 0)
+		if (__builtin_cpu_supports("avx512f") && (((uintptr_t)d0 | (uintptr_t)d1) & 63) == 0)
 			sum2_nt512_f32(d0, d1, x0, x1, n, avg);
 		else
 			sum2_nt_f32(d0, d1, x0, x1, n, avg);
