@@ -95,6 +95,11 @@ void ddp_reduce_local(int dt, int op, const void *in, void *inout, int n);
 // ddp_sum2_f32 writes b + a (or, avg, b*0.5 + a*0.5) into d, the same bits
 // as ddp_reduce_local(in b, inout a) of MPI_SUM (or the pair average).
 void ddp_sum2_f32(float *restrict d, const float *restrict a, const float *restrict b, long n, int avg);
+// ddp_test_pair_kernel runs the float32 pair kernel of one vector width
+// (0 the baseline, 1 AVX2, 2 AVX-512F) into d: ddp_sum2_f32's, or with
+// acc the in-place one's (d = a + d, d a copy of b first); 0 if the CPU
+// lacks the width. For tests.
+int ddp_test_pair_kernel(int width, int acc, float *d, const float *a, const float *b, long n, int avg);
 
 // The control segment (ddpctl.c): one per communicator whose ranks share
 // a machine, mapped by every rank at Open.

@@ -256,17 +256,17 @@ int ddp_shm_mapped(void) { return nmaps; }
 
 static _Alignas(64) unsigned char chunk[CHUNK];
 
-// fused2_f32 writes x1 + x0 (or x1*0.5 + x0*0.5, rounded once: the pair
-// average of ddpmpi.c; both commutative, bit for bit) into d0 and d1, one
-// buffer by a reducing pass, the other by copying the block while it is in
-// cache. Each rank's call may be in place or not, so d0 may be x0 and d1
-// may be x1; the two ranks' buffers are different memory, and a rank's
-// send and recv do not overlap otherwise (the contract). Writing both
-// outputs in one loop with ordinary stores measured up to 4x slower on
-// large buffers (a 256 MiB all-reduce: 100 against 21-23 ms, 2 ranks); with
-// non-temporal stores (sum2_nt_f32, below) it is the fastest from 1 MiB
-// slices.
-__attribute__((optimize("O3", "fp-contract=off"))) static void acc2_f32(float *restrict d, const float *restrict x, long n, int avg) {
+// The two kernels below are compiled three times, for AVX-512F, for AVX2
+// and for the baseline, and run with the widest vectors the CPU has: with
+// the baseline's 16-byte loop, a two-rank staged all-reduce of 4 KiB took
+// about a quarter longer (scripts/staged_pair.c, docs/small-messages.md).
+// Lanes only: every width gives the same bits (fp-contract=off, no fused
+// multiply-add).
+#define KERNEL static inline __attribute__((always_inline))
+#define WIDE(t) __attribute__((target(t), optimize("O3", "fp-contract=off")))
+#define BASE __attribute__((optimize("O3", "fp-contract=off")))
+
+KERNEL void acc2_body(float *restrict d, const float *restrict x, long n, int avg) {
 	if (avg) {
 		for (long i = 0; i < n; i++)
 			d[i] = x[i] * 0.5f + d[i] * 0.5f;
@@ -276,10 +276,7 @@ __attribute__((optimize("O3", "fp-contract=off"))) static void acc2_f32(float *r
 		d[i] = x[i] + d[i];
 }
 
-// ddp_sum2_f32 writes b + a (or b*0.5 + a*0.5) into d: what
-// ddp_reduce_local(in b, inout a) computes, bit for bit.
-__attribute__((optimize("O3", "fp-contract=off"))) void ddp_sum2_f32(float *restrict d, const float *restrict a, const float *restrict b, long n,
-                                                                    int avg) {
+KERNEL void sum2_body(float *restrict d, const float *restrict a, const float *restrict b, long n, int avg) {
 	if (avg) {
 		for (long i = 0; i < n; i++)
 			d[i] = b[i] * 0.5f + a[i] * 0.5f;
@@ -287,6 +284,60 @@ __attribute__((optimize("O3", "fp-contract=off"))) void ddp_sum2_f32(float *rest
 	}
 	for (long i = 0; i < n; i++)
 		d[i] = b[i] + a[i];
+}
+
+WIDE("avx512f") static void acc2_512(float *restrict d, const float *restrict x, long n, int avg) { acc2_body(d, x, n, avg); }
+WIDE("avx2") static void acc2_256(float *restrict d, const float *restrict x, long n, int avg) { acc2_body(d, x, n, avg); }
+BASE static void acc2_128(float *restrict d, const float *restrict x, long n, int avg) { acc2_body(d, x, n, avg); }
+WIDE("avx512f") static void sum2_512(float *restrict d, const float *restrict a, const float *restrict b, long n, int avg) {
+	sum2_body(d, a, b, n, avg);
+}
+WIDE("avx2") static void sum2_256(float *restrict d, const float *restrict a, const float *restrict b, long n, int avg) {
+	sum2_body(d, a, b, n, avg);
+}
+BASE static void sum2_128(float *restrict d, const float *restrict a, const float *restrict b, long n, int avg) {
+	sum2_body(d, a, b, n, avg);
+}
+
+// acc2_f32 writes x + d (or x*0.5 + d*0.5) into d.
+static void acc2_f32(float *restrict d, const float *restrict x, long n, int avg) {
+	if (__builtin_cpu_supports("avx512f"))
+		acc2_512(d, x, n, avg);
+	else if (__builtin_cpu_supports("avx2"))
+		acc2_256(d, x, n, avg);
+	else
+		acc2_128(d, x, n, avg);
+}
+
+// ddp_sum2_f32 writes b + a (or b*0.5 + a*0.5) into d: what
+// ddp_reduce_local(in b, inout a) computes, bit for bit.
+void ddp_sum2_f32(float *restrict d, const float *restrict a, const float *restrict b, long n, int avg) {
+	if (__builtin_cpu_supports("avx512f"))
+		sum2_512(d, a, b, n, avg);
+	else if (__builtin_cpu_supports("avx2"))
+		sum2_256(d, a, b, n, avg);
+	else
+		sum2_128(d, a, b, n, avg);
+}
+
+int ddp_test_pair_kernel(int width, int acc, float *d, const float *a, const float *b, long n, int avg) {
+	if ((width == 2 && !__builtin_cpu_supports("avx512f")) || (width == 1 && !__builtin_cpu_supports("avx2")))
+		return 0;
+	if (acc) {
+		memcpy(d, b, (size_t)n * sizeof *d);
+		if (width == 2)
+			acc2_512(d, a, n, avg);
+		else if (width == 1)
+			acc2_256(d, a, n, avg);
+		else
+			acc2_128(d, a, n, avg);
+	} else if (width == 2)
+		sum2_512(d, a, b, n, avg);
+	else if (width == 1)
+		sum2_256(d, a, b, n, avg);
+	else
+		sum2_128(d, a, b, n, avg);
+	return 1;
 }
 
 // sum2_nt_f32 writes b + a (or b*0.5 + a*0.5) into both d0 and d1, in one
@@ -342,6 +393,16 @@ long ddp_shm_set_nt_min(long n) {
 	return old;
 }
 
+// fused2_f32 writes x1 + x0 (or x1*0.5 + x0*0.5, rounded once: the pair
+// average of ddpmpi.c; both commutative, bit for bit) into d0 and d1, one
+// buffer by a reducing pass, the other by copying the block while it is in
+// cache. Each rank's call may be in place or not, so d0 may be x0 and d1
+// may be x1; the two ranks' buffers are different memory, and a rank's
+// send and recv do not overlap otherwise (the contract). Writing both
+// outputs in one loop with ordinary stores measured up to 4x slower on
+// large buffers (a 256 MiB all-reduce: 100 against 21-23 ms, 2 ranks); with
+// non-temporal stores (sum2_nt_f32, above) it is the fastest from 1 MiB
+// slices.
 static void fused2_f32(const float *x0, const float *x1, float *d0, float *d1, long n, int avg, int nt) {
 	if (nt && d0 != x0 && d1 != x1 && (((uintptr_t)d0 | (uintptr_t)d1) & 15) == 0) {
 		if (__builtin_cpu_supports("avx512f") && (((uintptr_t)d0 | (uintptr_t)d1) & 63) == 0)

@@ -164,3 +164,52 @@ func TestPairAverages(t *testing.T) {
 		}
 	}
 }
+
+// TestPairKernelWidths checks the float32 pair kernels of the shared-memory
+// all-reduce (sum and pair average, out of place and in place) at every
+// vector width the CPU has against Go's float32 arithmetic, bit for bit
+// (NaNs by being NaN): ranks on CPUs of different widths must agree. Odd
+// lengths and unaligned inputs reach every tail.
+func TestPairKernelWidths(t *testing.T) {
+	if os.Getenv("OMPI_COMM_WORLD_SIZE") != "" {
+		t.Skip("no MPI involved: runs in the single-process run only")
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	edges := []float32{0, float32(math.Copysign(0, -1)), 1, -1, math.MaxFloat32, -math.MaxFloat32, 0x1p-149, 0x1p-126, float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN())}
+	const most = 4096 + 67
+	a, b := make([]float32, most+1), make([]float32, most+1)
+	for i := range a {
+		a[i], b[i] = math.Float32frombits(rng.Uint32()), math.Float32frombits(rng.Uint32())
+		if i < len(edges)*len(edges) {
+			a[i], b[i] = edges[i/len(edges)], edges[i%len(edges)]
+		}
+	}
+	ran := map[int]bool{}
+	for _, n := range []int{1, 7, 15, 16, 17, 63, 64, 65, 255, 1000, most} {
+		for _, off := range []int{0, 1} {
+			x, y := a[off:off+n], b[off:off+n]
+			for _, avg := range []bool{false, true} {
+				for _, acc := range []bool{false, true} {
+					for width := range 3 {
+						d := make([]float32, n)
+						if !pairKernel(width, acc, d, x, y, avg) {
+							continue
+						}
+						ran[width] = true
+						for i := range d {
+							want := y[i] + x[i]
+							if avg {
+								want = float32(y[i]*0.5) + float32(x[i]*0.5)
+							}
+							if math.Float32bits(d[i]) != math.Float32bits(want) && !(d[i] != d[i] && want != want) {
+								t.Fatalf("width %d, n %d, offset %d, average %v, in place %v: element %d of %g and %g is %g, want %g",
+									width, n, off, avg, acc, i, x[i], y[i], d[i], want)
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	t.Logf("vector widths run (0 baseline, 1 AVX2, 2 AVX-512F): %v", ran)
+}
