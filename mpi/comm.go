@@ -359,6 +359,14 @@ func (c *communicator) watch() {
 		case <-t.C:
 		}
 		issued := c.ops.Issued()
+		// Every operation a whole ring before the last issued has
+		// completed: its slot's next operation waited for it (Reserve).
+		// Without this jump a tick tested every operation since the last
+		// one, millions a second at 4 KiB, on the processor the issuing
+		// goroutine needs.
+		if issued > backend.RingSize {
+			low = max(low, issued-backend.RingSize+1)
+		}
 		for low <= issued {
 			if done, _ := c.TestOp(low); !done {
 				break
