@@ -192,15 +192,18 @@ func agree(t *testing.T, c comm.Communicator, x int64, op comm.Op) int64 {
 
 // BenchmarkRoundTrip measures the backend's own cost per collective: a
 // 4 KiB all-reduce in a 1-rank world, where MPI copies at most, issued and
-// waited for. It needs a 1-rank world (a benchmark's iteration count is
-// each process's own), so it is skipped under mpirun.
+// waited for; staged, through a control segment of its own (the shared
+// memory path's issue, post, completion and wait, with no peer to wait
+// for). It needs a 1-rank world (a benchmark's iteration count is each
+// process's own), so it is skipped under mpirun.
 func BenchmarkRoundTrip(b *testing.B) {
 	if underMpirun() {
 		b.Skip("1-rank world only")
 	}
-	for _, nb := range []bool{false, true} {
-		b.Run(fmt.Sprintf("nonblocking=%v", nb), func(b *testing.B) {
-			c, err := mpi.Open(mpi.Options{Blocking: !nb})
+	for _, mode := range []string{"blocking", "nonblocking", "staged"} {
+		b.Run(mode, func(b *testing.B) {
+			defer mpi.SetStagedAlone(mpi.SetStagedAlone(mode == "staged"))
+			c, err := mpi.Open(mpi.Options{Blocking: mode != "nonblocking"})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -213,6 +216,9 @@ func BenchmarkRoundTrip(b *testing.B) {
 				}
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/1e3, "us/op")
+			if got := mpi.StagedOps(c); (got > 0) != (mode == "staged") {
+				b.Fatalf("%d all-reduces staged", got)
+			}
 		})
 	}
 }

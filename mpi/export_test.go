@@ -22,6 +22,9 @@ func SharedOps(c comm.Communicator) uint64 { return c.(*communicator).shmOps.Loa
 // opened afterwards, and returns the previous one.
 func SetDirectMin(n int) int { old := directMin; directMin = n; return old }
 
+// SetStagedAlone sets stagedAlone, returning the old value.
+func SetStagedAlone(on bool) bool { old := stagedAlone; stagedAlone = on; return old }
+
 // SetNTMin sets the size of a rank's slice from which a two-rank
 // out-of-place all-reduce in shared memory streams its outputs past the
 // cache, and returns the previous one.

@@ -69,7 +69,7 @@ func Open(o Options) (comm.Communicator, error) {
 			}
 			c.hasLarge = made != 0
 		}
-		if c.blocking && c.size >= 2 && c.hosts == 1 {
+		if c.blocking && (c.size >= 2 || stagedAlone) && c.hosts == 1 {
 			// Every rank must take the same path at every all-reduce:
 			// one that opted out opts every rank out.
 			want := C.int(1)

@@ -36,6 +36,11 @@ import (
 // smaller ones are staged. Read by Open.
 var directMin = 16 << 10
 
+// stagedAlone gives a 1-rank world a control segment too, so that a
+// benchmark can time the staged path's own cost in one process. Read by
+// Open; tests only.
+var stagedAlone bool
+
 // c.inl: the sequence number of the last all-reduce posted inline, times
 // 4, plus its state.
 const (
