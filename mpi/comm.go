@@ -271,9 +271,13 @@ func (c *communicator) issue(d *desc) comm.Work {
 	c.ops.Publish(seq)
 	if d.inline {
 		// Posted before it is offered: a Test on another goroutine (the
-		// watchdog's) may claim and finish it as soon as it is.
-		c.post(d)
-		c.inl.Store(seq<<2 | inlPosted)
+		// watchdog's) may claim and finish it as soon as it is. The last
+		// rank to post finishes it here, and offers nothing.
+		if rc := c.post(d); rc != C.DDP_PENDING {
+			c.finishStaged(seq, d, rc)
+		} else {
+			c.inl.Store(seq<<2 | inlPosted)
+		}
 		c.mu.Unlock()
 		return comm.NewWork(c, seq)
 	}

@@ -418,7 +418,7 @@ int ddp_ctl_judge(ddp_ctl *x, int p) {
 	return MPI_SUCCESS;
 }
 
-void ddp_ctl_post(ddp_ctl *x, int op, int dt, int esize, int count, uintptr_t send) {
+int ddp_ctl_post(ddp_ctl *x, int op, int dt, int esize, int count, uintptr_t send, uintptr_t recv) {
 	uint32_t k = ++x->k;
 	int p = k & 1;
 	size_t bytes = (size_t)count * esize;
@@ -434,6 +434,9 @@ void ddp_ctl_post(ddp_ctl *x, int op, int dt, int esize, int count, uintptr_t se
 	h->direct = 0;
 	__atomic_store_n(&x->target, k * 4 + 1, __ATOMIC_RELEASE);
 	ddp_ctl_publish(x, p, k * 4 + 1);
+	// The last rank to post finishes here: its caller then needs no
+	// second call (one cgo transition less an all-reduce, for that rank).
+	return ddp_ctl_poll(x, recv);
 }
 
 // claim asks for ownership of n bytes at p, the staging buffer this rank

@@ -151,15 +151,16 @@ int ddp_ctl_open(MPI_Comm c, int rank, int size, int stage, long long spin_ns, l
 void ddp_ctl_free(ddp_ctl *x);
 
 // ddp_ctl_post publishes this rank's next staged all-reduce: its call and
-// a copy of its input. ddp_ctl_poll finishes it if every rank has
-// published it (DDP_PENDING otherwise): judges the calls (MPI_SUCCESS or
+// a copy of its input; then it polls, as ddp_ctl_poll, and returns what
+// that returns. ddp_ctl_poll finishes it if every rank has published it
+// (DDP_PENDING otherwise): judges the calls (MPI_SUCCESS or
 // DDP_ERR_MISMATCH, ddp_ctl.peer naming the first rank that differs) and
 // writes this rank's result into recv. ddp_ctl_complete waits for the
 // peers first, up to timeout_ns (-1: no limit), polling first if spin:
 // DDP_WAIT_TIMEOUT, DDP_PEER_GONE or DDP_PEER_ABORTED, with ddp_ctl.lag
 // the rank it waited for, end a wait that fails. Post, poll and complete
 // of one communicator are never called at once.
-void ddp_ctl_post(ddp_ctl *x, int op, int dt, int esize, int count, uintptr_t send);
+int ddp_ctl_post(ddp_ctl *x, int op, int dt, int esize, int count, uintptr_t send, uintptr_t recv);
 int ddp_ctl_poll(ddp_ctl *x, uintptr_t recv);
 int ddp_ctl_complete(ddp_ctl *x, uintptr_t recv, long long timeout_ns, int spin);
 

@@ -100,15 +100,18 @@ func ctlOp(c *communicator, d *desc) C.int {
 	return C.int(d.op)
 }
 
-// post publishes staged all-reduce d (this rank's input, copied). The
-// caller holds what orders c's operations: c.mu with every earlier
-// operation complete, or the owner.
-func (c *communicator) post(d *desc) {
+// post publishes staged all-reduce d (this rank's input, copied), and
+// finishes it if every peer has posted it already: it returns C's result
+// then (for finishStaged), C.DDP_PENDING otherwise. The caller holds what
+// orders c's operations: c.mu with every earlier operation complete, or
+// the owner.
+func (c *communicator) post(d *desc) C.int {
 	send := d.send
 	if d.inplace {
 		send = d.recv
 	}
-	C.ddp_ctl_post(c.ctl, ctlOp(c, d), C.int(d.dt), C.int(dtypeSize(d.dt)), C.int(d.count), C.uintptr_t(uintptr(send)))
+	return C.ddp_ctl_post(c.ctl, ctlOp(c, d), C.int(d.dt), C.int(dtypeSize(d.dt)), C.int(d.count), C.uintptr_t(uintptr(send)),
+		C.uintptr_t(uintptr(d.recv)))
 }
 
 // advance finishes inline all-reduce seq if it is posted, unclaimed and
@@ -301,10 +304,12 @@ func (e *engine) takeOver(c *communicator, seq uint64) {
 // runStaged runs staged all-reduce seq on the owner: a call issued while
 // an earlier operation of c was pending.
 func (e *engine) runStaged(c *communicator, seq uint64, d *desc) {
-	c.post(d)
-	c.running.Store(seq)
-	rc := C.ddp_ctl_complete(c.ctl, C.uintptr_t(uintptr(d.recv)), -1, 1)
-	c.running.Store(0)
+	rc := c.post(d)
+	if rc == C.DDP_PENDING {
+		c.running.Store(seq)
+		rc = C.ddp_ctl_complete(c.ctl, C.uintptr_t(uintptr(d.recv)), -1, 1)
+		c.running.Store(0)
+	}
 	c.finishStaged(seq, d, rc)
 }
 

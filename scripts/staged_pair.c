@@ -1,9 +1,9 @@
 // staged_pair times the mpi backend's staged all-reduce (ddpctl.c) alone:
-// ddp_ctl_post then ddp_ctl_complete, float32 sums, called from C in a
-// loop on each rank, with no Go, no queue and no Work between them. It is
-// the floor under the sweep's small sizes, and what a change to the
-// control segment's protocol or kernels is measured with first
-// (docs/small-messages.md). Each call is timed with two clock readings,
+// ddp_ctl_post and, unless the post finished it, ddp_ctl_complete, float32
+// sums, called from C in a loop on each rank, with no Go, no queue and no
+// Work between them. It is the floor under the sweep's small sizes, and
+// what a change to the control segment's protocol or kernels is measured
+// with first (docs/small-messages.md). Each call is timed with two clock readings,
 // as the sweep and scripts/peers/mpi_allreduce.c time theirs; the median
 // of the slowest rank per call is printed.
 //
@@ -58,8 +58,9 @@ int main(int argc, char **argv) {
 			send[i] = (float)(rank + 1);
 		for (int i = 0; i < CALLS; i++) {
 			double t0 = now();
-			ddp_ctl_post(x, DDP_SUM, DDP_F32, 4, bytes / 4, (uintptr_t)send);
-			int rc = ddp_ctl_complete(x, (uintptr_t)recv, -1, 1);
+			int rc = ddp_ctl_post(x, DDP_SUM, DDP_F32, 4, bytes / 4, (uintptr_t)send, (uintptr_t)recv);
+			if (rc == DDP_PENDING)
+				rc = ddp_ctl_complete(x, (uintptr_t)recv, -1, 1);
 			t[i] = now() - t0;
 			if (rc != MPI_SUCCESS) {
 				fprintf(stderr, "rank %d: call %d: %d\n", rank, i, rc);
