@@ -228,9 +228,10 @@
 //
 // When an all-reduce is issued while nothing else of its communicator is
 // pending, the issuing goroutine stages it itself (no hand-off to the
-// owner), and the first of these finishes it: a Test or Wait of its Work,
-// or the owner when a later operation of the communicator (or Close)
-// reaches it. Otherwise the owner runs it in turn.
+// owner), and the first of these finishes it: the issue itself, when
+// every peer has posted it already; a Test or Wait of its Work; or the
+// owner when a later operation of the communicator (or Close) reaches it.
+// Otherwise the owner runs it in turn.
 //
 // A peer writes into a rank's buffer only during an in-place all-reduce,
 // between that rank's publication of its call and the barrier, so no
