@@ -7,6 +7,9 @@ import "github.com/ddpgo/ddpgo/comm"
 // RawAllReduceTimes exposes rawAllReduceTimes to the sweep.
 var RawAllReduceTimes = rawAllReduceTimes
 
+// RawStagedTimes exposes rawStagedTimes to the sweep.
+var RawStagedTimes = rawStagedTimes
+
 // LargeOps is the number of operations c ran on its second communicator
 // (see Open).
 func LargeOps(c comm.Communicator) uint64 { return c.(*communicator).largeOps.Load() }

@@ -2,10 +2,31 @@
 
 package mpi
 
-// #include "ddpmpi.h"
+/*
+#include <time.h>
+#include "ddpmpi.h"
+
+// ddp_staged_times times n staged float32 sum all-reduces of count
+// elements, from C: a post and, unless the post finished it, a complete.
+static int ddp_staged_times(ddp_ctl *x, uintptr_t send, uintptr_t recv, int count, double *t, int n) {
+	for (int i = 0; i < n; i++) {
+		struct timespec a, b;
+		clock_gettime(CLOCK_MONOTONIC, &a);
+		int rc = ddp_ctl_post(x, DDP_SUM, DDP_F32, 4, count, send, recv);
+		if (rc == DDP_PENDING)
+			rc = ddp_ctl_complete(x, recv, -1, 1);
+		clock_gettime(CLOCK_MONOTONIC, &b);
+		if (rc != MPI_SUCCESS)
+			return rc;
+		t[i] = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) * 1e-9;
+	}
+	return MPI_SUCCESS;
+}
+*/
 import "C"
 
 import (
+	"fmt"
 	"time"
 	"unsafe"
 
@@ -34,4 +55,44 @@ func rawAllReduceTimes(cm comm.Communicator, send, recv unsafe.Pointer, count in
 		}
 		return nil
 	})
+}
+
+// rawStagedTimes times len(times) float32 sum all-reduces of count
+// elements through c's control segment, staged, from the calling
+// goroutine with nothing else of c pending: each a post and, unless the
+// post finished it, a complete, with none of the backend's issue, ring or
+// Work between them. In C, the loop and its clock readings run in C (the
+// staged path's floor in this process); otherwise Go calls the two C
+// functions and reads the clock, adding cgo's transitions. The sweep
+// compares the two with the API (docs/small-messages.md).
+func rawStagedTimes(cm comm.Communicator, send, recv unsafe.Pointer, count int, times []float64, inC bool) error {
+	c := cm.(*communicator)
+	if c.ctl == nil || count*4 >= c.directMin {
+		return fmt.Errorf("mpi: rank %d: %d float32s are not staged (control segment %v, staged below %d bytes)", c.rank, count, c.ctl != nil, c.directMin)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if n := c.ops.Issued(); n > 0 && !c.ops.Done(n) {
+		return fmt.Errorf("mpi: rank %d: an operation is pending", c.rank)
+	}
+	s, r := C.uintptr_t(uintptr(send)), C.uintptr_t(uintptr(recv))
+	if inC {
+		if rc := C.ddp_staged_times(c.ctl, s, r, C.int(count), (*C.double)(unsafe.Pointer(&times[0])), C.int(len(times))); rc != C.MPI_SUCCESS {
+			return fmt.Errorf("mpi: rank %d: staged all-reduce: %d", c.rank, int(rc))
+		}
+		return nil
+	}
+	base := time.Now()
+	for i := range times {
+		t0 := time.Since(base)
+		rc := C.ddp_ctl_post(c.ctl, C.DDP_SUM, C.DDP_F32, 4, C.int(count), s, r)
+		if rc == C.DDP_PENDING {
+			rc = C.ddp_ctl_complete(c.ctl, r, -1, 1)
+		}
+		times[i] = (time.Since(base) - t0).Seconds()
+		if rc != C.MPI_SUCCESS {
+			return fmt.Errorf("mpi: rank %d: staged all-reduce: %d", c.rank, int(rc))
+		}
+	}
+	return nil
 }
