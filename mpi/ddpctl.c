@@ -434,8 +434,9 @@ int ddp_ctl_post(ddp_ctl *x, int op, int dt, int esize, int count, uintptr_t sen
 	h->direct = 0;
 	__atomic_store_n(&x->target, k * 4 + 1, __ATOMIC_RELEASE);
 	ddp_ctl_publish(x, p, k * 4 + 1);
-	// The last rank to post finishes here: its caller then needs no
-	// second call (one cgo transition less an all-reduce, for that rank).
+	// A rank that finds every rank posted (the last to post always does)
+	// finishes here: its caller then needs no second call (one cgo
+	// transition less an all-reduce, for that rank).
 	return ddp_ctl_poll(x, recv);
 }
 

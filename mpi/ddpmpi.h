@@ -93,7 +93,8 @@ MPI_Op ddp_op(int op, int dt);
 // ddp_op(op, dt)) without calling MPI, so on any thread.
 void ddp_reduce_local(int dt, int op, const void *in, void *inout, int n);
 // ddp_sum2_f32 writes b + a (or, avg, b*0.5 + a*0.5) into d, the same bits
-// as ddp_reduce_local(in b, inout a) of MPI_SUM (or the pair average).
+// as ddp_reduce_local(in b, inout a) of MPI_SUM (or the pair average), but
+// for which of two NaNs a sum returns.
 void ddp_sum2_f32(float *restrict d, const float *restrict a, const float *restrict b, long n, int avg);
 // ddp_test_pair_kernel runs the float32 pair kernel of one vector width
 // (0 the baseline, 1 AVX2, 2 AVX-512F) into d: ddp_sum2_f32's, or with

@@ -260,8 +260,11 @@ static _Alignas(64) unsigned char chunk[CHUNK];
 // and for the baseline, and run with the widest vectors the CPU has: with
 // the baseline's 16-byte loop, a two-rank staged all-reduce of 4 KiB took
 // about a quarter longer (scripts/staged_pair.c, docs/small-messages.md).
-// Lanes only: every width gives the same bits (fp-contract=off, no fused
-// multiply-add).
+// Lanes only, fp-contract=off (no fused multiply-add): every width gives
+// the same bits, but for which NaN a sum of two NaNs returns (x86 returns
+// its first operand's, and the compiler orders the operands of the vector
+// body and of the tail as it likes). Ranks that share memory run on one
+// CPU and pick the same kernel, so they agree bit for bit.
 #define KERNEL static inline __attribute__((always_inline))
 #define WIDE(t) __attribute__((target(t), optimize("O3", "fp-contract=off")))
 #define BASE __attribute__((optimize("O3", "fp-contract=off")))

@@ -64,16 +64,24 @@ func rawAllReduceTimes(cm comm.Communicator, send, recv unsafe.Pointer, count in
 // Work between them. In C, the loop and its clock readings run in C (the
 // staged path's floor in this process); otherwise Go calls the two C
 // functions and reads the clock, adding cgo's transitions. The sweep
-// compares the two with the API (docs/small-messages.md).
+// compares the two with the API (docs/small-messages.md). Its waits have
+// no deadline, and no watchdog sees them (nothing is in the ring).
 func rawStagedTimes(cm comm.Communicator, send, recv unsafe.Pointer, count int, times []float64, inC bool) error {
 	c := cm.(*communicator)
+	// c.mu keeps issues out and Close from releasing the segment.
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return fmt.Errorf("mpi: rank %d: %w", c.rank, comm.ErrClosed)
+	}
 	if c.ctl == nil || count*4 >= c.directMin {
 		return fmt.Errorf("mpi: rank %d: %d float32s are not staged (control segment %v, staged below %d bytes)", c.rank, count, c.ctl != nil, c.directMin)
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	if n := c.ops.Issued(); n > 0 && !c.ops.Done(n) {
 		return fmt.Errorf("mpi: rank %d: an operation is pending", c.rank)
+	}
+	if len(times) == 0 {
+		return nil
 	}
 	s, r := C.uintptr_t(uintptr(send)), C.uintptr_t(uintptr(recv))
 	if inC {

@@ -27,9 +27,10 @@ import (
 // issuing goroutine posts the call itself, without a hand-off to the
 // owner, and the first of these finishes it: the issue, if every peer has
 // posted already; a Test or Wait of the Work; or the owner, when a later
-// operation of the communicator (or its Close) reaches it. Whoever
-// finishes it claims it first (c.inl), so one goroutine at a time touches
-// the segment's state for it.
+// operation of the communicator (or its Close) reaches it. The issue
+// finishes it under c.mu before offering it (c.inl); the others claim it
+// first (c.inl), so one goroutine at a time touches the segment's state
+// for it.
 
 // directMin is the size from which an all-reduce in shared memory reads
 // and writes the ranks' buffers in place (when they lie in shared slabs);
