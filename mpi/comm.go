@@ -271,8 +271,9 @@ func (c *communicator) issue(d *desc) comm.Work {
 	c.ops.Publish(seq)
 	if d.inline {
 		// Posted before it is offered: a Test on another goroutine (the
-		// watchdog's) may claim and finish it as soon as it is. The last
-		// rank to post finishes it here, and offers nothing.
+		// watchdog's) may claim and finish it as soon as it is. A rank
+		// whose post finds every rank posted finishes it here, and offers
+		// nothing.
 		if rc := c.post(d); rc != C.DDP_PENDING {
 			c.finishStaged(seq, d, rc)
 		} else {

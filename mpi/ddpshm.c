@@ -259,7 +259,7 @@ static _Alignas(64) unsigned char chunk[CHUNK];
 // The two kernels below are compiled three times, for AVX-512F, for AVX2
 // and for the baseline, and run with the widest vectors the CPU has: with
 // the baseline's 16-byte loop, a two-rank staged all-reduce of 4 KiB took
-// about a quarter longer (scripts/staged_pair.c, docs/small-messages.md).
+// about a fifth longer (docs/small-messages.md).
 // Lanes only, fp-contract=off (no fused multiply-add): every width gives
 // the same bits, but for which NaN a sum of two NaNs returns (x86 returns
 // its first operand's, and the compiler orders the operands of the vector
@@ -302,44 +302,31 @@ BASE static void sum2_128(float *restrict d, const float *restrict a, const floa
 	sum2_body(d, a, b, n, avg);
 }
 
+// The kernels by width: 0 the baseline, 1 AVX2, 2 AVX-512F.
+static void (*const acc2_at[])(float *restrict, const float *restrict, long, int) = {acc2_128, acc2_256, acc2_512};
+static void (*const sum2_at[])(float *restrict, const float *restrict, const float *restrict, long, int) = {sum2_128, sum2_256, sum2_512};
+
+// width is the widest the CPU has.
+static int width(void) { return __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0; }
+
 // acc2_f32 writes x + d (or x*0.5 + d*0.5) into d.
-static void acc2_f32(float *restrict d, const float *restrict x, long n, int avg) {
-	if (__builtin_cpu_supports("avx512f"))
-		acc2_512(d, x, n, avg);
-	else if (__builtin_cpu_supports("avx2"))
-		acc2_256(d, x, n, avg);
-	else
-		acc2_128(d, x, n, avg);
-}
+static void acc2_f32(float *restrict d, const float *restrict x, long n, int avg) { acc2_at[width()](d, x, n, avg); }
 
 // ddp_sum2_f32 writes b + a (or b*0.5 + a*0.5) into d: what
-// ddp_reduce_local(in b, inout a) computes, bit for bit.
+// ddp_reduce_local(in b, inout a) computes, bit for bit but for which of
+// two NaNs a sum returns.
 void ddp_sum2_f32(float *restrict d, const float *restrict a, const float *restrict b, long n, int avg) {
-	if (__builtin_cpu_supports("avx512f"))
-		sum2_512(d, a, b, n, avg);
-	else if (__builtin_cpu_supports("avx2"))
-		sum2_256(d, a, b, n, avg);
-	else
-		sum2_128(d, a, b, n, avg);
+	sum2_at[width()](d, a, b, n, avg);
 }
 
-int ddp_test_pair_kernel(int width, int acc, float *d, const float *a, const float *b, long n, int avg) {
-	if ((width == 2 && !__builtin_cpu_supports("avx512f")) || (width == 1 && !__builtin_cpu_supports("avx2")))
+int ddp_test_pair_kernel(int w, int acc, float *d, const float *a, const float *b, long n, int avg) {
+	if (w < 0 || w > width())
 		return 0;
 	if (acc) {
 		memcpy(d, b, (size_t)n * sizeof *d);
-		if (width == 2)
-			acc2_512(d, a, n, avg);
-		else if (width == 1)
-			acc2_256(d, a, n, avg);
-		else
-			acc2_128(d, a, n, avg);
-	} else if (width == 2)
-		sum2_512(d, a, b, n, avg);
-	else if (width == 1)
-		sum2_256(d, a, b, n, avg);
-	else
-		sum2_128(d, a, b, n, avg);
+		acc2_at[w](d, a, n, avg);
+	} else
+		sum2_at[w](d, a, b, n, avg);
 	return 1;
 }
 
@@ -408,7 +395,7 @@ long ddp_shm_set_nt_min(long n) {
 // slices.
 static void fused2_f32(const float *x0, const float *x1, float *d0, float *d1, long n, int avg, int nt) {
 	if (nt && d0 != x0 && d1 != x1 && (((uintptr_t)d0 | (uintptr_t)d1) & 15) == 0) {
-		if (__builtin_cpu_supports("avx512f") && (((uintptr_t)d0 | (uintptr_t)d1) & 63) == 0)
+		if (width() == 2 && (((uintptr_t)d0 | (uintptr_t)d1) & 63) == 0)
 			sum2_nt512_f32(d0, d1, x0, x1, n, avg);
 		else
 			sum2_nt_f32(d0, d1, x0, x1, n, avg);

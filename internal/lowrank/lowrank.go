@@ -212,26 +212,26 @@ func Reconstruct(c, e, p, q []float32, n, m, r int) {
 	reconstruct(c, e, p, q, n, m, r)
 }
 
-// reconstructGo is the pure-Go Reconstruct, the reference of the assembly
-// kernels.
-func reconstructGo(c, e, p, q []float32, n, m, r int) {
+// reconstructGo is the pure-Go Reconstruct of columns j0 and up, the
+// reference of the assembly kernels and the finish of their rows.
+func reconstructGo(c, e, p, q []float32, n, m, r, j0 int) {
 	for i := range n {
-		row := c[i*m : (i+1)*m : (i+1)*m]
+		row := c[i*m+j0 : (i+1)*m : (i+1)*m]
 		var erow []float32
 		if e != nil {
-			erow = e[i*m : (i+1)*m : (i+1)*m]
+			erow = e[i*m+j0 : (i+1)*m : (i+1)*m]
 		}
 		pi := p[i*r : (i+1)*r : (i+1)*r]
 		switch r {
 		case 1:
 			s := pi[0]
-			q := q[:m]
+			q := q[j0:m]
 			for j := range row {
 				row[j] = float32(s * q[j])
 			}
 		case 4:
 			p0, p1, p2, p3 := pi[0], pi[1], pi[2], pi[3]
-			q := q[:4*m]
+			q := q[4*j0 : 4*m]
 			for j := range row {
 				x := q[4*j : 4*j+4 : 4*j+4]
 				v := float32(p0*x[0]) + float32(p1*x[1])
@@ -239,6 +239,7 @@ func reconstructGo(c, e, p, q []float32, n, m, r int) {
 				row[j] = v + float32(p3*x[3])
 			}
 		default:
+			q := q[j0*r : m*r]
 			for j := range row {
 				x := q[j*r : (j+1)*r : (j+1)*r]
 				v := float32(pi[0] * x[0])

@@ -14,6 +14,7 @@ var useAVX2 = cpu.X86.HasAVX2
 // time: their four columns of q, laid out one after the other (8 KiB of
 // stack at most), stay in the L1 cache while every row of c uses them, and
 // one call of the assembly, which cannot be preempted, stays short.
+// recon4AVX2 has it built in (qt's rows 2048 bytes apart).
 const span = 512
 
 // recon4AVX2 sets c[j] = ((p[0]*qt[j] + p[1]*qt[span+j]) + p[2]*qt[2*span+j])
@@ -39,51 +40,31 @@ func elem(s []float32, i int) unsafe.Pointer {
 
 func reconstruct(c, e, p, q []float32, n, m, r int) {
 	if !useAVX2 || m < 8 || (r != 1 && r != 4) {
-		reconstructGo(c, e, p, q, n, m, r)
+		reconstructGo(c, e, p, q, n, m, r, 0)
 		return
 	}
 	m8 := m &^ 7
 	if r == 1 {
-		q = q[:m]
 		for i := range n {
-			s := p[i]
 			for j := 0; j < m8; j += span {
-				recon1AVX2(elem(c, i*m+j), elem(e, i*m+j), elem(q, j), min(span, m8-j), s)
-			}
-			row := c[i*m : (i+1)*m : (i+1)*m]
-			for j := m8; j < m; j++ {
-				v := float32(s * q[j])
-				row[j] = v
-				if e != nil {
-					e[i*m+j] -= v
-				}
+				recon1AVX2(elem(c, i*m+j), elem(e, i*m+j), elem(q, j), min(span, m8-j), p[i])
 			}
 		}
-		return
-	}
-	var qt [4 * span]float32
-	for j0 := 0; j0 < m8; j0 += span {
-		w := min(span, m8-j0)
-		x := q[4*j0 : 4*(j0+w)]
-		for j := range w {
-			y := x[4*j : 4*j+4 : 4*j+4]
-			qt[j], qt[span+j], qt[2*span+j], qt[3*span+j] = y[0], y[1], y[2], y[3]
-		}
-		for i := range n {
-			recon4AVX2(elem(c, i*m+j0), elem(e, i*m+j0), unsafe.Pointer(&qt[0]), w, &p[4*i])
+	} else {
+		var qt [4 * span]float32
+		for j0 := 0; j0 < m8; j0 += span {
+			w := min(span, m8-j0)
+			x := q[4*j0 : 4*(j0+w)]
+			for j := range w {
+				y := x[4*j : 4*j+4 : 4*j+4]
+				qt[j], qt[span+j], qt[2*span+j], qt[3*span+j] = y[0], y[1], y[2], y[3]
+			}
+			for i := range n {
+				recon4AVX2(elem(c, i*m+j0), elem(e, i*m+j0), unsafe.Pointer(&qt[0]), w, &p[4*i])
+			}
 		}
 	}
-	for i := range n {
-		p0, p1, p2, p3 := p[4*i], p[4*i+1], p[4*i+2], p[4*i+3]
-		for j := m8; j < m; j++ {
-			x := q[4*j : 4*j+4 : 4*j+4]
-			v := float32(p0*x[0]) + float32(p1*x[1])
-			v += float32(p2 * x[2])
-			v = v + float32(p3*x[3])
-			c[i*m+j] = v
-			if e != nil {
-				e[i*m+j] -= v
-			}
-		}
+	if m8 < m {
+		reconstructGo(c, e, p, q, n, m, r, m8)
 	}
 }

@@ -39,7 +39,7 @@ func TestReconstructKernelBits(t *testing.T) {
 						wantE = append([]float32(nil), gotE...)
 					}
 					Reconstruct(got, gotE, p, q, n, m, r)
-					reconstructGo(want, wantE, p, q, n, m, r)
+					reconstructGo(want, wantE, p, q, n, m, r, 0)
 					for i := range want {
 						if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
 							t.Fatalf("c[%d] = %g, pure Go %g", i, got[i], want[i])

@@ -2,4 +2,4 @@
 
 package lowrank
 
-func reconstruct(c, e, p, q []float32, n, m, r int) { reconstructGo(c, e, p, q, n, m, r) }
+func reconstruct(c, e, p, q []float32, n, m, r int) { reconstructGo(c, e, p, q, n, m, r, 0) }
