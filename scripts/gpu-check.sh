@@ -121,7 +121,8 @@ while read -r verdict name secs; do
 	case $verdict in PASS:) v=PASS ;; FAIL:) v=FAIL ;; SKIP:) v=SKIP ;; *) continue ;; esac
 	case $name in */*/*) continue ;; esac
 	why=$secs
-	[ "$v" = SKIP ] && why=$(grep -B1 -- "--- SKIP: $name " "$OUT/nccl-test.log" | head -1 | sed 's/^ *[a-z_]*\.go:[0-9]*: //' | cut -c1-90)
+	# A skip's reason is the first log line after the test's "=== RUN".
+	[ "$v" = SKIP ] && why=$(awk -v n="$name" '$1 == "===" && $2 == "RUN" { on = ($3 == n); next } on && /^ +[a-z_]+\.go:[0-9]+: / { sub(/^ +[a-z_]+\.go:[0-9]+: /, ""); print; exit }' "$OUT/nccl-test.log" | cut -c1-90)
 	result "$v" "nccl/$name" "$why"
 done < <(grep -E -- '^ *--- (PASS|FAIL|SKIP): ' "$OUT/nccl-test.log" | sed 's/^ *--- //')
 if [ "$rc" != 0 ] && ! grep -qE -- '--- FAIL' "$OUT/nccl-test.log"; then
