@@ -20,8 +20,8 @@ import (
 //     the communicator's group job (it joins a thread; from 2.27 it also
 //     frees it), so even that call may not race another.
 //   - On a non-blocking communicator a launch may answer ncclInProgress
-//     (from 2.22 on, every group that holds a communicator of more than
-//     one rank does): NCCL's group job then enqueues from its own thread,
+//     (from 2.22 on, nearly every group that holds a communicator of more
+//     than one rank does): NCCL's group job then enqueues from its own thread,
 //     and until ncclCommGetAsyncError reports ncclSuccess no CUDA work may
 //     go on the communicator's stream and no call may use the
 //     communicator (2.22 to 2.25 fail it with ncclInvalidArgument). The
@@ -90,8 +90,12 @@ func (c *Comm) launch(ps []pending, group bool) {
 	c.dev.ncclMu.Lock()
 	res, _, err := c.d.launch(c.ctx, c.handle, c.stream, ops, post, events, group || len(live) > 1)
 	c.dev.ncclMu.Unlock()
+	if err == nil {
+		c.lib.launches.Add(1)
+	}
 	if err == nil && res == ResultInProgress {
 		c.deferred.Add(1)
+		c.lib.inProgress.Add(1)
 		if err = c.settle(); err == nil {
 			// The copies back and the events wait for the enqueue.
 			err = c.d.post(c.ctx, c.stream, post, events)

@@ -35,9 +35,9 @@
 // on its stream, holds the communicator's call lock on an OS thread
 // locked for the call (the calls of communicators on one device also take
 // turns): NCCL forbids overlapping calls. When a launch answers
-// ncclInProgress (on NCCL 2.22 and newer every launch of a communicator
-// of several ranks does: NCCL's group job enqueues it from another
-// thread) the launching call polls ncclCommGetAsyncError until it reports
+// ncclInProgress (on NCCL 2.22 and newer nearly every launch of a
+// communicator of several ranks does: NCCL's group job enqueues it from
+// another thread; Library.Launches counts them) the launching call polls ncclCommGetAsyncError until it reports
 // success, as PyTorch's ProcessGroupNCCL does, before it lets go: nothing
 // reaches NCCL or the stream meanwhile, so a Download or a kernel issued
 // after a collective runs after it, a group is launched as one group, and

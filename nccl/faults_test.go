@@ -39,6 +39,7 @@ func TestInProgress(t *testing.T) {
 	defer si.SetInProgress(0)
 	cs := newGroup(t, 2, nil)
 	bufs := [][]comm.Buffer{{floats(t, 8, 1), floats(t, 8, 2), floats(t, 8, 3)}, {floats(t, 8, 10), floats(t, 8, 20), floats(t, 8, 30)}}
+	launches0, inProgress0 := cs[0].lib.Launches()
 	runRanks(t, cs, func(r int, c *Comm) error {
 		var ws []comm.Work
 		for _, b := range bufs[r] {
@@ -62,6 +63,11 @@ func TestInProgress(t *testing.T) {
 				t.Errorf("rank %d buffer %d = %v, want %v", r, i, got, want)
 			}
 		}
+	}
+	// Per rank, three launches of one all-reduce and one of a group.
+	launches, inProgress := cs[0].lib.Launches()
+	if launches-launches0 != 8 || inProgress-inProgress0 != 8 {
+		t.Errorf("Library.Launches: %d launches, %d answered ncclInProgress; want 8 and 8", launches-launches0, inProgress-inProgress0)
 	}
 }
 

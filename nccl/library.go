@@ -6,6 +6,7 @@ import (
 	"os"
 	"sort"
 	"sync"
+	"sync/atomic"
 )
 
 // Libraries names the shared objects to load. An empty field means the
@@ -53,6 +54,22 @@ type Library struct {
 
 	mu   sync.Mutex
 	devs map[int]*device
+
+	// launches counts the launches of every communicator made from the
+	// Library (a group, or one operation, handed to NCCL) and inProgress
+	// those that answered ncclInProgress; see Launches.
+	launches, inProgress atomic.Uint64
+}
+
+// Launches returns how many launches the communicators made from l have
+// handed to NCCL (a group between ncclGroupStart and ncclGroupEnd, or one
+// operation), and how many of them answered ncclInProgress: NCCL enqueued
+// them from its own thread and the launch waited for that before it
+// returned (see the package doc). On NCCL 2.22 and newer nearly every
+// launch of a communicator of more than one rank answers it, not all
+// (docs/nccl-gpu.md has counts from a GPU).
+func (l *Library) Launches() (launches, inProgress uint64) {
+	return l.launches.Load(), l.inProgress.Load()
 }
 
 var (

@@ -35,7 +35,7 @@
 #   2 processes ddpbench run (fp16) and collective as two processes launched
 #               torchrun's way; on one GPU they pass for two hosts
 #               (NCCL_HOSTID) and meet over NCCL's socket transport, so the
-#               averages are two ranks' and every enqueue answers
+#               averages are two ranks' and nearly every enqueue answers
 #               ncclInProgress, as on a cluster
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -160,9 +160,9 @@ for comp in none fp16 bf16; do
 	name="run resnet50 --compression $comp"
 	if timeout 120 "$BIN/ddpbench" run --backend nccl --ranks "$ranks" --compression "$comp" --steps "$steps" --warmup 5 \
 		--format json >"$OUT/run-$comp.json" 2>"$OUT/run-$comp.err"; then
-		step=$(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(round(j["step_ms"]["median"],2), round(j["comm_ms"]["median"],3))' "$OUT/run-$comp.json" 2>/dev/null)
+		step=$(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); l=j.get("nccl_launches") or {}; print(round(j["step_ms"]["median"],2), round(j["comm_ms"]["median"],3), l.get("launches","?"), l.get("in_progress","?"))' "$OUT/run-$comp.json" 2>/dev/null)
 		set -- $step
-		result PASS "$name" "$ranks rank(s): averages right; step ${1:-?} ms, communication ${2:-?} ms (medians of $steps)"
+		result PASS "$name" "$ranks rank(s): averages right; step ${1:-?} ms, communication ${2:-?} ms (medians of $steps); ${4:-?} of ${3:-?} launches answered ncclInProgress"
 	else
 		result FAIL "$name" "exit $?: $(tail -2 "$OUT/run-$comp.err" | tr '\n' ' ' | cut -c1-120)"
 	fi
@@ -195,9 +195,9 @@ if [ "$standin" = 1 ]; then
 	result SKIP "2 processes: collective allreduce float" "the stand-in's ranks meet only inside one process"
 else
 	if twoproc run2 run --backend nccl --compression fp16 --steps 10 --warmup 3; then
-		step=$(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(j["ranks"], round(j["step_ms"]["median"],1), round(j["comm_ms"]["median"],1))' "$OUT/run2-0.json" 2>/dev/null)
+		step=$(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); l=j.get("nccl_launches") or {}; print(j["ranks"], round(j["step_ms"]["median"],1), round(j["comm_ms"]["median"],1), l.get("launches","?"), l.get("in_progress","?"))' "$OUT/run2-0.json" 2>/dev/null)
 		set -- $step
-		result PASS "2 processes: run resnet50 --compression fp16" "${1:-?} ranks: averages of 2 ranks right; step ${2:-?} ms, communication ${3:-?} ms"
+		result PASS "2 processes: run resnet50 --compression fp16" "${1:-?} ranks: averages of 2 ranks right; step ${2:-?} ms, communication ${3:-?} ms; rank 0: ${5:-?} of ${4:-?} launches answered ncclInProgress"
 	else
 		result FAIL "2 processes: run resnet50 --compression fp16" "exit $?: $(tail -2 "$OUT/run2-0.err" "$OUT/run2-1.err" | tr '\n' ' ' | cut -c1-200)"
 	fi

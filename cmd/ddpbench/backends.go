@@ -323,3 +323,24 @@ func backendUsage() string {
 func (b backend) standInBanner() string {
 	return "STAND-IN: " + b.standIn + "; these figures are not NCCL's and not a GPU's"
 }
+
+// launchesJSON counts a process's NCCL launches over a run, warmup
+// included: the groups or single operations handed to NCCL, and those
+// that answered ncclInProgress (nccl.Library.Launches).
+type launchesJSON struct {
+	Launches   uint64 `json:"launches"`
+	InProgress uint64 `json:"in_progress"`
+}
+
+// launchesSince returns a function that counts b's NCCL launches from
+// now; it returns nil for a backend other than nccl.
+func (b backend) launchesSince() func() *launchesJSON {
+	if b.lib == nil {
+		return func() *launchesJSON { return nil }
+	}
+	l0, p0 := b.lib.Launches()
+	return func() *launchesJSON {
+		l, p := b.lib.Launches()
+		return &launchesJSON{Launches: l - l0, InProgress: p - p0}
+	}
+}

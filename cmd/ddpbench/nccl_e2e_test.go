@@ -104,7 +104,8 @@ func TestNCCLRun(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("status %d: %s\n%s", code, stderr, out)
 	}
-	for _, want := range []string{standInMark, "2 ranks, nccl (one GPU per rank", "library: " + standInNCCL + " (", "gradients in device memory", "3 steps measured"} {
+	for _, want := range []string{standInMark, "2 ranks, nccl (one GPU per rank", "library: " + standInNCCL + " (", "gradients in device memory", "3 steps measured",
+		"NCCL launches of this process, warmup included: "} {
 		if !strings.Contains(out, want) {
 			t.Errorf("run table lacks %q:\n%s", want, out)
 		}
@@ -121,6 +122,12 @@ func TestNCCLRun(t *testing.T) {
 		}
 		if j.Backend != "nccl" || !strings.Contains(j.StandIn, "stand-in") || !strings.Contains(j.Library, standInNCCL) || j.Ranks != 2 || j.Steps != 3 {
 			t.Errorf("%s json: %+v", compression, j)
+		}
+		// As 2.26, the stand-in answers ncclInProgress to every launch of
+		// a non-blocking communicator; as 2.21, to none.
+		l, as221 := j.NCCLLaunches, standInNCCL == "NCCL 2.21.5"
+		if l == nil || l.Launches == 0 || as221 && l.InProgress != 0 || !as221 && l.InProgress != l.Launches {
+			t.Errorf("%s json: nccl_launches %+v; want launches, every one answering ncclInProgress (none as 2.21)", compression, l)
 		}
 	}
 

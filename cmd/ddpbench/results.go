@@ -20,6 +20,9 @@ type runRecord struct {
 	// early: printed as an interrupt came, before the run ended (its
 	// allocations were not counted).
 	early bool
+	// launches counts this process's NCCL launches over the run (nccl);
+	// nil for the other backends.
+	launches *launchesJSON
 }
 
 // runCSVHeader names the CSV columns of run and sweep. Times are in
@@ -119,6 +122,9 @@ type runJSON struct {
 	// Transport is what the mpi backend chose for Open MPI, as the
 	// table's header says it; absent for other backends.
 	Transport *transportJSON `json:"transport,omitempty"`
+	// NCCLLaunches counts this process's launches (nccl); absent for
+	// other backends.
+	NCCLLaunches *launchesJSON `json:"nccl_launches,omitempty"`
 }
 
 func (r runRecord) json() runJSON {
@@ -133,7 +139,7 @@ func (r runRecord) json() runJSON {
 		Overlap: toJSON(res.OverlapRatio, 1), BusBW: toJSON(res.BusBW, 1),
 		BytesPerStep: res.WireBytes, GradBytes: res.GradBytes, Buckets: res.Buckets,
 		Overflows: res.Overflows, AllocsPerStep: res.AllocsPerStep, GPUTelemetry: r.gpu.json(),
-		Hosts: distinctHosts(r.hosts), RankHosts: rankHostsJSON(r.hosts),
+		Hosts: distinctHosts(r.hosts), RankHosts: rankHostsJSON(r.hosts), NCCLLaunches: r.launches,
 	}
 	if o.backend.Name == "mpi" {
 		if j.Transport = mpiTransport(mpi.LibraryInfo()); j.Transport != nil {
@@ -291,6 +297,9 @@ func (r runRecord) table() string {
 	fmt.Fprintf(b, "%d steps measured after %d warmup", res.Steps, res.Warmup)
 	if res.Sampled < res.Steps {
 		fmt.Fprintf(b, "; quantiles from a uniform sample of %s of them (memory stays fixed), means from all", groupDigits(int64(res.Sampled)))
+	}
+	if l := r.launches; l != nil {
+		fmt.Fprintf(b, "\nNCCL launches of this process, warmup included: %d, of which %d answered ncclInProgress", l.Launches, l.InProgress)
 	}
 	fmt.Fprintf(b, "\n\n%-24s %10s %10s %10s\n", "", "median", "p10", "p90")
 	row := func(name string, d bench.Dist, scale float64, prec int) {

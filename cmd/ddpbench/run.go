@@ -431,6 +431,7 @@ func runAction(c *cli.Context) error {
 			said.Store(true)
 		}
 	}
+	launches := o.backend.launchesSince()
 	res, err := bench.Run(c.Context, cfg)
 	if said.Load() {
 		return rankError{rank: g.rank, size: g.size, code: 130, said: true, err: err}
@@ -448,7 +449,7 @@ func runAction(c *cli.Context) error {
 			return err
 		}
 	}
-	if err := writeRunResults(out, o.format, []runRecord{{o: o, res: res, gpu: tel.summary(), hosts: hosts}}); err != nil {
+	if err := writeRunResults(out, o.format, []runRecord{{o: o, res: res, gpu: tel.summary(), hosts: hosts, launches: launches()}}); err != nil {
 		return err
 	}
 	if res.Interrupted {

@@ -106,12 +106,13 @@ func sweepAction(c *cli.Context) error {
 				bar.add(1)
 			}
 		}
+		launches := o.backend.launchesSince()
 		res, err := bench.Run(c.Context, cfg)
 		if err != nil && (res == nil || !res.Interrupted) {
 			return fmt.Errorf("bucket cap %g MiB: %w", capMB, timeoutHint(err, o.timeout))
 		}
 		if res.Steps > 0 {
-			recs = append(recs, runRecord{o: ro, res: res, hosts: hosts})
+			recs = append(recs, runRecord{o: ro, res: res, hosts: hosts, launches: launches()})
 		}
 		if res.Interrupted {
 			stopped = err
