@@ -279,3 +279,44 @@ func TestLibraryInfo(t *testing.T) {
 	}
 	t.Logf("%+v", info)
 }
+
+// TestStagedDoneAtIssue: a staged all-reduce that its issue finishes (in a
+// 1-rank world with a control segment of its own, every one is) has
+// completed when AllReduce returns and took no ring slot: its Work is the
+// zero Work, and the next operation that needs the ring gets its first
+// slot.
+func TestStagedDoneAtIssue(t *testing.T) {
+	if underMpirun() {
+		t.Skip("1-rank world only")
+	}
+	defer mpi.SetStagedAlone(mpi.SetStagedAlone(true))
+	c, err := mpi.Open(mpi.Options{Blocking: true}) // shared memory is for blocking communicators
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	send, recv := alloc(t, 1000, comm.Float32), alloc(t, 1000, comm.Float32)
+	for i := range send.AsFloat32() {
+		send.AsFloat32()[i] = float32(i)
+	}
+	for i := range 3 {
+		w := c.AllReduce(send, recv, comm.Sum)
+		if done, err := w.Test(); !done || err != nil || w.ID() != 0 {
+			t.Fatalf("all-reduce %d: done %v, %v, id %d; want complete, the zero Work", i, done, err, w.ID())
+		}
+		for j, v := range recv.AsFloat32() {
+			if v != float32(j) {
+				t.Fatalf("all-reduce %d: recv[%d] = %v, want %v", i, j, v, float32(j))
+			}
+		}
+		clear(recv.AsFloat32())
+	}
+	if n := mpi.StagedOps(c); n != 3 {
+		t.Errorf("%d all-reduces staged, want 3", n)
+	}
+	if w := c.Barrier(); w.ID() != 1 {
+		t.Errorf("the barrier after them has id %d, want 1 (the ring's first slot)", w.ID())
+	} else if err := w.Wait(t.Context()); err != nil {
+		t.Error(err)
+	}
+}

@@ -72,8 +72,8 @@ type communicator struct {
 	directMin int
 	inl       atomic.Uint64 // the inline all-reduce: sequence number<<2 | inlPosted or inlClaimed
 	running   atomic.Uint64 // the operation the owner runs in shared memory now (0: none)
-	shmOps    atomic.Uint64 // all-reduces run in shared memory, for tests
-	stagedOps atomic.Uint64 // of which staged
+	shmOps    atomic.Uint64 // all-reduces run in shared memory in place, for tests
+	stagedOps atomic.Uint64 // and staged
 	opts      Options
 
 	mu      sync.Mutex // serialises issuing
@@ -257,13 +257,23 @@ func (c *communicator) issue(d *desc) comm.Work {
 		c.mu.Unlock()
 		return comm.FailedWork(&comm.OpError{Rank: c.rank, Kind: d.kind, Count: d.count, DType: d.dt, Err: comm.ErrClosed})
 	}
+	// A staged all-reduce issued while nothing else of the communicator
+	// is pending is posted here, with no hand-off to the owner (see
+	// staged.go); the owner skips it. If the post finishes it (every
+	// peer had posted it) and it succeeded, it is complete before it
+	// needs a ring slot: its Work is the zero Work, and nothing else of
+	// the backend sees it.
+	rc := C.int(C.DDP_PENDING)
+	if d.inline = c.staged(d) && c.failed.Load() == nil && c.idle(); d.inline {
+		if rc = c.post(d); rc == C.MPI_SUCCESS {
+			c.stagedDone(d)
+			c.mu.Unlock()
+			return comm.Work{}
+		}
+	}
 	// The watchdog's timeout bounds Reserve's wait for the slot.
 	seq := c.ops.Reserve(c)
 	d.seq = seq
-	// A staged all-reduce issued while nothing else of the communicator
-	// is pending is posted here, with no hand-off to the owner (see
-	// staged.go); the owner skips it.
-	d.inline = c.staged(d) && (seq == 1 || c.ops.Done(seq-1)) && c.failed.Load() == nil
 	*c.ops.Op(seq) = *d
 	s := &c.stamps[seq%backend.RingSize]
 	s.issued.Store(now())
@@ -271,10 +281,9 @@ func (c *communicator) issue(d *desc) comm.Work {
 	c.ops.Publish(seq)
 	if d.inline {
 		// Posted before it is offered: a Test on another goroutine (the
-		// watchdog's) may claim and finish it as soon as it is. A rank
-		// whose post finds every rank posted finishes it here, and offers
-		// nothing.
-		if rc := c.post(d); rc != C.DDP_PENDING {
+		// watchdog's) may claim and finish it as soon as it is. A post
+		// that failed it completes it here, and offers nothing.
+		if rc != C.DDP_PENDING {
 			c.finishStaged(seq, d, rc)
 		} else {
 			c.inl.Store(seq<<2 | inlPosted)

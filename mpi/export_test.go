@@ -18,7 +18,9 @@ func LargeOps(c comm.Communicator) uint64 { return c.(*communicator).largeOps.Lo
 var ForcedAllReduce = forcedAllReduce
 
 // SharedOps is the number of all-reduces c ran in shared memory.
-func SharedOps(c comm.Communicator) uint64 { return c.(*communicator).shmOps.Load() }
+func SharedOps(c comm.Communicator) uint64 {
+	return c.(*communicator).shmOps.Load() + c.(*communicator).stagedOps.Load()
+}
 
 // SetDirectMin sets the size from which all-reduces in shared memory read
 // the ranks' buffers in place, rather than staged, for the communicators

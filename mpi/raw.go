@@ -77,7 +77,7 @@ func rawStagedTimes(cm comm.Communicator, send, recv unsafe.Pointer, count int, 
 	if c.ctl == nil || count*4 >= c.directMin {
 		return fmt.Errorf("mpi: rank %d: %d float32s are not staged (control segment %v, staged below %d bytes)", c.rank, count, c.ctl != nil, c.directMin)
 	}
-	if n := c.ops.Issued(); n > 0 && !c.ops.Done(n) {
+	if !c.idle() {
 		return fmt.Errorf("mpi: rank %d: an operation is pending", c.rank)
 	}
 	if len(times) == 0 {
