@@ -72,8 +72,8 @@ type communicator struct {
 	directMin int
 	inl       atomic.Uint64 // the inline all-reduce: sequence number<<2 | inlPosted or inlClaimed
 	running   atomic.Uint64 // the operation the owner runs in shared memory now (0: none)
-	shmOps    atomic.Uint64 // all-reduces run in shared memory in place, for tests
-	stagedOps atomic.Uint64 // and staged
+	shmOps    atomic.Uint64 // all-reduces run in shared memory in place (direct), for tests
+	stagedOps atomic.Uint64 // all-reduces staged in shared memory, for tests
 	opts      Options
 
 	mu      sync.Mutex // serialises issuing
@@ -113,6 +113,7 @@ type desc struct {
 	root    int // root, or peer for Send and Recv
 	inplace bool
 	inline  bool  // a staged all-reduce posted by the issuing goroutine
+	done    bool  // one the issue finished, published complete: nothing left to run
 	err     error // an argument error: the operation fails without reaching MPI
 	scratch allocator.Block
 }
@@ -260,15 +261,22 @@ func (c *communicator) issue(d *desc) comm.Work {
 	// A staged all-reduce issued while nothing else of the communicator
 	// is pending is posted here, with no hand-off to the owner (see
 	// staged.go); the owner skips it. If the post finishes it (every
-	// peer had posted it) and it succeeded, it is complete before it
-	// needs a ring slot: its Work is the zero Work, and nothing else of
-	// the backend sees it.
+	// peer had posted it) and it succeeded, it is published complete
+	// (Ring.PublishDone): its number, and no stamp for the watchdog, no
+	// completion to wake anyone, a Wait that finds it done. idle comes
+	// before failed: an operation that fails sets failed before it
+	// completes, so a communicator found idle shows every failure of its
+	// operations.
 	rc := C.int(C.DDP_PENDING)
-	if d.inline = c.staged(d) && c.failed.Load() == nil && c.idle(); d.inline {
+	if d.inline = c.staged(d) && c.idle() && c.failed.Load() == nil; d.inline {
 		if rc = c.post(d); rc == C.MPI_SUCCESS {
 			c.stagedDone(d)
+			seq := c.ops.Reserve(c) // free: every earlier operation is complete
+			op := c.ops.Op(seq)     // what the owner reads of it when it walks past
+			op.seq, op.done = seq, true
+			c.ops.PublishDone(seq)
 			c.mu.Unlock()
-			return comm.Work{}
+			return comm.NewWork(c, seq)
 		}
 	}
 	// The watchdog's timeout bounds Reserve's wait for the slot.

@@ -229,7 +229,8 @@
 // When an all-reduce is issued while nothing else of its communicator is
 // pending, the issuing goroutine stages it itself (no hand-off to the
 // owner), and the first of these finishes it: the issue itself, when
-// every peer has posted it already; a Test or Wait of its Work; or the
+// every peer has posted it already (it is then published complete, with
+// its number: nothing is left to run); a Test or Wait of its Work; or the
 // owner when a later operation of the communicator (or Close) reaches it.
 // Otherwise the owner runs it in turn.
 //

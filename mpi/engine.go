@@ -169,6 +169,8 @@ func (e *engine) start(c *communicator, seq uint64) {
 	switch {
 	case d.seq != seq:
 		return // an inline all-reduce, completed long enough ago that its slot holds a later operation
+	case d.done:
+		return // finished at its issue
 	case d.inline:
 		e.takeOver(c, seq)
 		return

@@ -32,10 +32,10 @@ import (
 // with no MPI call. When the communicator has nothing else pending, the
 // issuing goroutine posts the call itself, without a hand-off to the
 // owner, and the first of these finishes it: the issue, if every peer has
-// posted already (then, unless it failed, it takes no ring slot and its
-// Work is the zero Work, complete); a Test or Wait of the Work; or the
-// owner, when a later operation of the communicator (or its Close)
-// reaches it. The issue
+// posted already (then, unless it failed, it is published complete:
+// Ring.PublishDone, with no watchdog stamp and no hand-off); a Test or
+// Wait of the Work; or the owner, when a later operation of the
+// communicator (or its Close) reaches it. The issue
 // finishes it under c.mu before offering it (c.inl); the others claim it
 // first (c.inl), so one goroutine at a time touches the segment's state
 // for it.
@@ -309,7 +309,9 @@ func (c *communicator) missing() ([]int, string) {
 // has, and otherwise waits for the goroutine that did.
 func (e *engine) takeOver(c *communicator, seq uint64) {
 	posted, claimed := seq<<2|inlPosted, seq<<2|inlClaimed
-	for !c.ops.Done(seq) {
+	// Ended, not Done: the issuer may reuse the slot of an inline
+	// all-reduce as soon as it completes, before the owner reaches it.
+	for !c.ops.Ended(seq) {
 		if c.inl.CompareAndSwap(posted, claimed) {
 			d := c.ops.Op(seq)
 			c.running.Store(seq)
@@ -318,7 +320,7 @@ func (e *engine) takeOver(c *communicator, seq uint64) {
 			c.finishStaged(seq, d, rc)
 			return
 		}
-		_ = c.ops.Await(context.Background(), seq, func() bool { return c.ops.Done(seq) || c.inl.Load() != claimed })
+		_ = c.ops.Await(context.Background(), seq, func() bool { return c.ops.Ended(seq) || c.inl.Load() != claimed })
 	}
 }
 

@@ -167,6 +167,26 @@ func (r *Ring[D]) Publish(seq uint64) {
 	r.issued.Store(seq)
 }
 
+// PublishDone publishes operation seq, reserved and with its descriptor
+// written, as complete without error: an operation its issuer ran whole
+// before publishing it. Test and Wait then find it done, and it keeps its
+// place in the issuer's count. No waiter can be parked on an operation not
+// yet published, so nothing is woken.
+func (r *Ring[D]) PublishDone(seq uint64) {
+	if invariants.Enabled && seq > RingSize && !r.Done(seq-RingSize) {
+		invariants.Violated("backend", "%s rank %d publishes operation #%d over #%d, which has not completed", r.name, r.rank, seq, seq-RingSize)
+	}
+	s := &r.slots[seq%RingSize]
+	if s.err.Load() != nil {
+		// As Complete does: a Test of the slot's last operation must see
+		// the slot change before that operation's error goes.
+		s.done.Store(seq | writing)
+		s.err.Store(nil)
+	}
+	s.done.Store(seq)
+	r.issued.Store(seq)
+}
+
 // Complete records the result of operation seq (err nil for success) and
 // wakes the goroutines parked in Wait. It reports whether it recorded it:
 // the first Complete of an operation wins and later ones do nothing, so
@@ -199,6 +219,12 @@ func (r *Ring[D]) Complete(seq uint64, err error) bool {
 // Done reports whether operation seq has completed with its result in
 // place, and its slot not yet reused.
 func (r *Ring[D]) Done(seq uint64) bool { return r.slots[seq%RingSize].done.Load() == seq }
+
+// Ended reports whether operation seq has completed, its slot perhaps
+// reused since (when Done no longer says so), or is completing now.
+func (r *Ring[D]) Ended(seq uint64) bool {
+	return r.slots[seq%RingSize].done.Load()&^writing >= seq
+}
 
 // Test reports whether operation id has completed, and its error: the
 // body of a backend's comm.Waiter TestOp. It calls the backend's

@@ -340,3 +340,53 @@ func TestAllocs(t *testing.T) {
 		t.Errorf("%v allocations per operation, want 0", n)
 	}
 }
+
+// TestPublishDone publishes operations as complete, among ordinary ones,
+// over slots whose last operation failed: each keeps its number and is
+// done without error, and the failed ones keep their errors. Ended says
+// an operation has completed even once its slot is reused, and not
+// before it completes.
+func TestPublishDone(t *testing.T) {
+	r := newRank(false)
+	errs := map[uint64]error{}
+	for i := range RingSize {
+		seq := r.issue()
+		var err error
+		if i%2 == 0 {
+			err = fmt.Errorf("op %d", seq)
+			errs[seq] = err
+		}
+		if r.ops.Ended(seq) {
+			t.Fatalf("Ended(%d) before it completed", seq)
+		}
+		r.ops.Complete(seq, err)
+	}
+	for i := range 2 * RingSize {
+		want := uint64(RingSize + i + 1)
+		seq := r.ops.Reserve(r)
+		*r.ops.Op(seq) = int(seq)
+		r.ops.PublishDone(seq)
+		if seq != want || r.ops.Issued() != want {
+			t.Fatalf("Reserve = %d, Issued %d after PublishDone; want %d", seq, r.ops.Issued(), want)
+		}
+		if done, err := r.ops.Test(want); !done || err != nil {
+			t.Fatalf("Test(%d) = %v, %v; want done, no error", want, done, err)
+		}
+		if err := r.ops.Wait(context.Background(), want); err != nil {
+			t.Fatalf("Wait(%d) = %v", want, err)
+		}
+	}
+	for seq, want := range errs {
+		if done, err := r.ops.Test(seq); !done || !errors.Is(err, want) {
+			t.Errorf("Test(%d) of a failed operation whose slot was reused = %v, %v; want %v", seq, done, err, want)
+		}
+	}
+	for seq := uint64(1); seq <= r.ops.Issued(); seq++ {
+		if !r.ops.Ended(seq) {
+			t.Fatalf("Ended(%d) = false for a completed operation (slot done %#x)", seq, r.ops.slots[seq%RingSize].done.Load())
+		}
+	}
+	if next := r.ops.Issued() + 1; r.ops.Ended(next) {
+		t.Errorf("Ended(%d) of an operation not yet issued", next)
+	}
+}
