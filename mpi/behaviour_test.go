@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/comm/backend"
 	"github.com/ddpgo/ddpgo/fp16"
 	"github.com/ddpgo/ddpgo/internal/testutil"
 	"github.com/ddpgo/ddpgo/mpi"
@@ -324,5 +325,53 @@ func TestStagedDoneAtIssue(t *testing.T) {
 		t.Errorf("the barrier after them has id %d, want 4", w.ID())
 	} else if err := w.Wait(t.Context()); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestWaitOldInline: a Wait on an all-reduce that was left pending at its
+// issue and finished long ago, after all-reduces finished at their issue
+// have reused its ring slot, returns its result at once (it waited for
+// ever: nothing resets the inline mark, and the slot no longer said
+// done). 2 ranks: rank 1 posts the first all-reduce late, so that rank 0's
+// is pending inline, then rank 0 posts every later one last.
+func TestWaitOldInline(t *testing.T) {
+	c := open(t, mpi.Options{Blocking: true}) // shared memory is for blocking communicators
+	if c.Size() != 2 {
+		t.Skip("2 ranks only")
+	}
+	b := alloc(t, 256, comm.Float32)
+	clear(b.AsFloat32())
+	ctx := t.Context()
+	if c.Rank() == 1 {
+		time.Sleep(50 * time.Millisecond)
+	}
+	first := c.AllReduce(b, b, comm.Sum)
+	if err := first.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if mpi.StagedOps(c) == 0 {
+		t.Skip("no control segment here (DDPGO_MPI_SHM=0, or no shared memory)") // every rank alike
+	}
+	for range backend.RingSize + 10 {
+		if c.Rank() == 0 {
+			time.Sleep(100 * time.Microsecond)
+		}
+		if err := c.AllReduce(b, b, comm.Sum).Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The case needs rank 0's first all-reduce to be the inline one still:
+	// on a busy machine rank 0 may have posted a later one first.
+	still := c.Rank() == 0 && mpi.InlineSeq(c) == first.ID()
+	if still {
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if err := first.Wait(wctx); err != nil {
+			t.Errorf("Wait on all-reduce #%d, finished %d operations ago: %v", first.ID(), backend.RingSize+10, err)
+		}
+	}
+	testutil.MustWaitAll(t, c.Barrier())
+	if c.Rank() == 0 && !still {
+		t.Skipf("rank 0's inline all-reduce is #%d, not the first (#%d): a later one was pending at its issue", mpi.InlineSeq(c), first.ID())
 	}
 }

@@ -165,12 +165,18 @@ func (e *engine) pump(c *communicator) {
 // start gives operation seq of c to MPI, or completes it at once when it
 // cannot run.
 func (e *engine) start(c *communicator, seq uint64) {
+	if c.ops.Ended(seq) {
+		// Completed already (at its issue, or inline by a Test or Wait):
+		// nothing to run, and its slot may hold a later operation, whose
+		// descriptor the issuer may be writing.
+		return
+	}
 	d := c.ops.Op(seq)
 	switch {
 	case d.seq != seq:
-		return // an inline all-reduce, completed long enough ago that its slot holds a later operation
+		return // an inline all-reduce completed since the check above, its slot reused
 	case d.done:
-		return // finished at its issue
+		return // finished at its issue (Ended says so first; kept as the descriptor's own word)
 	case d.inline:
 		e.takeOver(c, seq)
 		return

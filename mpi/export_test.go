@@ -17,6 +17,10 @@ func LargeOps(c comm.Communicator) uint64 { return c.(*communicator).largeOps.Lo
 // ForcedAllReduce exposes forcedAllReduce.
 var ForcedAllReduce = forcedAllReduce
 
+// InlineSeq is the sequence number c.inl names: the last all-reduce
+// posted inline that was left pending at its issue.
+func InlineSeq(c comm.Communicator) uint64 { return c.(*communicator).inl.Load() >> 2 }
+
 // SharedOps is the number of all-reduces c ran in shared memory.
 func SharedOps(c comm.Communicator) uint64 {
 	return c.(*communicator).shmOps.Load() + c.(*communicator).stagedOps.Load()

@@ -204,6 +204,12 @@ func (c *communicator) waitInline(ctx context.Context, seq uint64) (done bool, e
 			_, err := c.ops.Test(seq)
 			return true, err
 		}
+		// Complete, its slot reused since or its result being written:
+		// c.inl may still name it (nothing resets it), and the ring's
+		// Wait knows old results.
+		if c.ops.Ended(seq) {
+			return false, nil
+		}
 		switch st := c.inl.Load(); {
 		case st == posted && c.inl.CompareAndSwap(posted, claimed):
 			if err := c.completeStaged(ctx, seq, first); err != nil {
@@ -214,7 +220,7 @@ func (c *communicator) waitInline(ctx context.Context, seq uint64) (done bool, e
 		case st == claimed:
 			// Another goroutine finishes it; wait until it has, or has
 			// let go.
-			err := c.ops.Await(ctx, seq, func() bool { return c.ops.Done(seq) || c.inl.Load() != claimed })
+			err := c.ops.Await(ctx, seq, func() bool { return c.ops.Ended(seq) || c.inl.Load() != claimed })
 			if err != nil {
 				return true, err
 			}
@@ -310,7 +316,7 @@ func (c *communicator) missing() ([]int, string) {
 func (e *engine) takeOver(c *communicator, seq uint64) {
 	posted, claimed := seq<<2|inlPosted, seq<<2|inlClaimed
 	// Ended, not Done: the issuer may reuse the slot of an inline
-	// all-reduce as soon as it completes, before the owner reaches it.
+	// all-reduce as soon as it completes, while the owner waits here.
 	for !c.ops.Ended(seq) {
 		if c.inl.CompareAndSwap(posted, claimed) {
 			d := c.ops.Op(seq)

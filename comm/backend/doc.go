@@ -20,6 +20,10 @@
 //	r.Publish(seq)             // Issued() == seq: Test and Wait accept it
 //	// hand seq to the transport (a queue, a worker's wake-up), return comm.NewWork(backend, seq)
 //
+// An operation the issuer ran whole before publishing it (mpi's staged
+// all-reduce that every peer had posted) is published complete instead:
+// r.PublishDone(seq), its number kept, nothing to run or wake.
+//
 // Whoever runs the operation reads *r.Op(seq) after seeing it published
 // and calls r.Complete(seq, err) once, when the operation's buffers are
 // no longer touched. The descriptor stays valid until then: the slot is

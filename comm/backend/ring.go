@@ -134,8 +134,12 @@ func (r *Ring[D]) Init(c Config) {
 }
 
 // Op returns the descriptor of operation seq. The issuer writes it
-// between Reserve and Publish; whoever runs the operation reads it after
-// seeing seq published, until the operation completes.
+// between Reserve and Publish (or PublishDone); whoever runs the
+// operation reads it after seeing seq published, until the operation
+// completes. Once it has, the issuer may rewrite the slot for operation
+// seq+RingSize: a reader that comes later (an engine walking past
+// completed operations) must tell the two apart, by a sequence number in
+// the descriptor, or by Ended.
 func (r *Ring[D]) Op(seq uint64) *D { return &r.ops[seq%RingSize] }
 
 // Issued returns the sequence number of the last published operation.
@@ -146,7 +150,8 @@ func (r *Ring[D]) Issued() uint64 { return r.issued.Load() }
 // completed, which Reserve waits for through w, the backend's Waiter
 // (without a deadline: the backend's own watchdog bounds the wait). Only
 // the issuer calls it, under the lock that orders its issues, and
-// publishes the number with Publish before it reserves another.
+// publishes the number with Publish or PublishDone before it reserves
+// another.
 func (r *Ring[D]) Reserve(w comm.Waiter) uint64 {
 	seq := r.issued.Load() + 1
 	if seq > RingSize && !r.Done(seq-RingSize) {
@@ -171,7 +176,8 @@ func (r *Ring[D]) Publish(seq uint64) {
 // written, as complete without error: an operation its issuer ran whole
 // before publishing it. Test and Wait then find it done, and it keeps its
 // place in the issuer's count. No waiter can be parked on an operation not
-// yet published, so nothing is woken.
+// yet published, so nothing is woken. A Sticky backend must not call it
+// once it has failed: its operations from then on fail.
 func (r *Ring[D]) PublishDone(seq uint64) {
 	if invariants.Enabled && seq > RingSize && !r.Done(seq-RingSize) {
 		invariants.Violated("backend", "%s rank %d publishes operation #%d over #%d, which has not completed", r.name, r.rank, seq, seq-RingSize)
