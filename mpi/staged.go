@@ -35,10 +35,9 @@ import (
 // posted already (then, unless it failed, it is published complete:
 // Ring.PublishDone, with no watchdog stamp and no hand-off); a Test or
 // Wait of the Work; or the owner, when a later operation of the
-// communicator (or its Close) reaches it. The issue
-// finishes it under c.mu before offering it (c.inl); the others claim it
-// first (c.inl), so one goroutine at a time touches the segment's state
-// for it.
+// communicator (or its Close) reaches it. The issue finishes it under
+// c.mu before offering it (c.inl); the others claim it first (c.inl), so
+// one goroutine at a time touches the segment's state for it.
 
 // directMin is the size from which an all-reduce in shared memory reads
 // and writes the ranks' buffers in place (when they lie in shared slabs);
