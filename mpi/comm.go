@@ -113,7 +113,6 @@ type desc struct {
 	root    int // root, or peer for Send and Recv
 	inplace bool
 	inline  bool  // a staged all-reduce posted by the issuing goroutine
-	done    bool  // one the issue finished, published complete: nothing left to run
 	err     error // an argument error: the operation fails without reaching MPI
 	scratch allocator.Block
 }
@@ -262,8 +261,8 @@ func (c *communicator) issue(d *desc) comm.Work {
 	// is pending is posted here, with no hand-off to the owner (see
 	// staged.go); the owner skips it. If the post finishes it (every
 	// peer had posted it) and it succeeded, it is published complete
-	// (Ring.PublishDone): its number, and no stamp for the watchdog, no
-	// completion to wake anyone, a Wait that finds it done. idle comes
+	// (Ring.PublishDone): its number, and no descriptor, no stamp for the
+	// watchdog, no completion to wake anyone, a Wait that finds it done. idle comes
 	// before failed: an operation that fails sets failed before it
 	// completes, so a communicator found idle shows every failure of its
 	// operations.
@@ -272,9 +271,7 @@ func (c *communicator) issue(d *desc) comm.Work {
 		if rc = c.post(d); rc == C.MPI_SUCCESS {
 			c.stagedDone(d)
 			seq := c.ops.Reserve(c) // free: every earlier operation is complete
-			op := c.ops.Op(seq)     // what the owner reads of it when it walks past
-			op.seq, op.done = seq, true
-			c.ops.PublishDone(seq)
+			c.ops.PublishDone(seq)  // the owner, walking past it, sees it has Ended
 			c.mu.Unlock()
 			return comm.NewWork(c, seq)
 		}

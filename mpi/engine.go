@@ -175,8 +175,6 @@ func (e *engine) start(c *communicator, seq uint64) {
 	switch {
 	case d.seq != seq:
 		return // an inline all-reduce completed since the check above, its slot reused
-	case d.done:
-		return // finished at its issue (Ended says so first; kept as the descriptor's own word)
 	case d.inline:
 		e.takeOver(c, seq)
 		return
