@@ -375,7 +375,9 @@ __attribute__((target("avx512f"), optimize("O3", "fp-contract=off"))) static voi
 // out-of-place kernel streams its outputs past the cache: below it, the
 // buffers stay in cache from one call to the next, and streaming them out
 // cost more than the reads for ownership it saves (docs/small-messages.md).
-static long nt_min = 1 << 20;
+// From 512 KiB slices (a 1 MiB all-reduce) whole-line streaming was 9%
+// faster than ordinary stores, 16-byte streaming no slower.
+static long nt_min = 512 << 10;
 
 long ddp_shm_set_nt_min(long n) {
 	long old = nt_min;
