@@ -262,10 +262,10 @@ func (c *communicator) issue(d *desc) comm.Work {
 	// staged.go); the owner skips it. If the post finishes it (every
 	// peer had posted it) and it succeeded, it is published complete
 	// (Ring.PublishDone): its number, and no descriptor, no stamp for the
-	// watchdog, no completion to wake anyone, a Wait that finds it done. idle comes
-	// before failed: an operation that fails sets failed before it
-	// completes, so a communicator found idle shows every failure of its
-	// operations.
+	// watchdog, no completion to wake anyone, a Wait that finds it done.
+	// idle comes before failed: an operation that fails sets failed
+	// before it completes, so a communicator found idle shows every
+	// failure of its operations.
 	rc := C.int(C.DDP_PENDING)
 	if d.inline = c.staged(d) && c.idle() && c.failed.Load() == nil; d.inline {
 		if rc = c.post(d); rc == C.MPI_SUCCESS {

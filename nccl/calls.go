@@ -21,8 +21,8 @@ import (
 //     frees it), so even that call may not race another.
 //   - On a non-blocking communicator a launch may answer ncclInProgress
 //     (from 2.22 on, nearly every group that holds a communicator of more
-//     than one rank does): NCCL's group job then enqueues from its own thread,
-//     and until ncclCommGetAsyncError reports ncclSuccess no CUDA work may
+//     than one rank does): NCCL's group job then enqueues from its own
+//     thread, and until ncclCommGetAsyncError reports ncclSuccess no CUDA work may
 //     go on the communicator's stream and no call may use the
 //     communicator (2.22 to 2.25 fail it with ncclInvalidArgument). The
 //     launching call settles it before it lets go of the lock, polling

@@ -37,8 +37,9 @@
 // turns): NCCL forbids overlapping calls. When a launch answers
 // ncclInProgress (on NCCL 2.22 and newer nearly every launch of a
 // communicator of several ranks does: NCCL's group job enqueues it from
-// another thread; Library.Launches counts them) the launching call polls ncclCommGetAsyncError until it reports
-// success, as PyTorch's ProcessGroupNCCL does, before it lets go: nothing
+// another thread; Library.Launches counts them) the launching call polls
+// ncclCommGetAsyncError until it reports success, as PyTorch's
+// ProcessGroupNCCL does, before it lets go: nothing
 // reaches NCCL or the stream meanwhile, so a Download or a kernel issued
 // after a collective runs after it, a group is launched as one group, and
 // no group job outlives the thread that launched it (NCCL 2.14 to 2.26
