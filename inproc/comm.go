@@ -7,17 +7,13 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/cpu"
 
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/comm/backend"
+	"github.com/ddpgo/ddpgo/comm/shm"
 )
-
-// chunkBytes is the block size of the reduction loops: small enough that a
-// block of every input stays in L1 while it is reduced and copied out.
-const chunkBytes = 8 << 10
 
 // Comm is one rank's communicator. It implements comm.Communicator and
 // comm.Waiter; its methods may be called from any goroutine.
@@ -38,7 +34,6 @@ type Comm struct {
 	ops backend.Ring[desc]
 
 	_       cpu.CacheLinePad
-	arrived atomic.Uint64 // number of the last collective this rank published its call of
 	current atomic.Uint64 // sequence number of the operation the worker runs or ran last
 	passed  atomic.Uint64 // the worker is done with every operation up to this one
 	watch   atomic.Uint64 // a Wait has parked on this operation: the worker must watch it
@@ -46,10 +41,9 @@ type Comm struct {
 	_       cpu.CacheLinePad
 	parked  atomic.Bool // the worker is blocked on wake
 	_       cpu.CacheLinePad
-	// inl is the sequence number of the last collective the rank joined
-	// inline, with inlClaimed set once a goroutine has taken on finishing
-	// it; inlK is its collective number.
-	inl  atomic.Uint64
+	// inl is the last collective the rank joined inline, and who
+	// finishes it; inlK is its collective number.
+	inl  shm.Claim
 	inlK atomic.Uint64
 	_    cpu.CacheLinePad
 	// waitingFor is the collective whose calls the worker waits for, or 0.
@@ -61,21 +55,12 @@ type Comm struct {
 	closing  atomic.Bool
 	exited   chan struct{}
 
-	// owned by the worker goroutine
-	par        uint64 // parallel collectives joined
-	timer      *time.Timer
-	srcs, dsts []unsafe.Pointer
-	ptrs       []unsafe.Pointer
-	views      [][]byte // reinterpreted as [][]T by the kernels
-	tmp        unsafe.Pointer
-	tmpMem     []byte
+	// the rank's side of the group's segment (package shm): used by the
+	// goroutine that holds the rank's current collective (the worker, or
+	// the one that claimed a collective joined inline)
+	ep *shm.Endpoint
 
-	// headers and staging buffers of small collectives (see small.go):
-	// the headers made with the group, the buffers on first use, before
-	// the rank first publishes a call that needs them
-	hdr      [2]*header
-	stage    [2]unsafe.Pointer
-	stageMem []byte
+	timer *time.Timer // owned by the worker goroutine
 }
 
 func newComm(g *group, rank int) *Comm {
@@ -86,14 +71,8 @@ func newComm(g *group, rank int) *Comm {
 		exited: make(chan struct{}),
 		sends:  make([]uint64, g.n),
 		recvs:  make([]uint64, g.n),
-		srcs:   make([]unsafe.Pointer, g.n),
-		dsts:   make([]unsafe.Pointer, g.n),
-		ptrs:   make([]unsafe.Pointer, g.n),
-		views:  make([][]byte, g.n),
-		tmpMem: make([]byte, chunkBytes+64),
+		ep:     g.seg.Endpoint(rank),
 	}
-	off := (64 - int(uintptr(unsafe.Pointer(&c.tmpMem[0]))%64)) % 64
-	c.tmp = unsafe.Pointer(&c.tmpMem[off])
 	c.timer = time.NewTimer(time.Hour)
 	c.timer.Stop()
 	c.ops.Init(backend.Config{Backend: "inproc", Rank: rank, Spin: true, Hooks: (*ringHooks)(c)})
@@ -289,12 +268,6 @@ func (c *Comm) issue(d *desc) comm.Work {
 	return comm.NewWork(c, seq)
 }
 
-// inlClaimed marks Comm.inl once a goroutine has taken on finishing the
-// collective: the issuing goroutine when it publishes last, a Wait or
-// Test that finds every call published, or the rank's worker (see
-// takeOver).
-const inlClaimed = 1 << 63
-
 // idle reports whether operation seq would be the rank's only pending
 // one: every earlier operation has completed (operations complete in
 // issue order), so the issuing goroutine may join a collective itself.
@@ -313,9 +286,9 @@ func (c *Comm) idle(seq uint64) bool {
 // held.
 func (c *Comm) joinInline(d *desc) {
 	c.inlK.Store(d.num)
-	c.inl.Store(d.seq)
+	c.inl.Offer(d.seq)
 	c.publish(d)
-	if c.g.published(d.num, 0) == c.g.n && c.inl.CompareAndSwap(d.seq, d.seq|inlClaimed) {
+	if c.ep.Lagging(d.num, shm.Called, 0) == c.g.n && c.inl.Take(d.seq) {
 		c.ops.Complete(d.seq, c.finishSmall(d, nil))
 		c.wakeTaker(d.seq)
 	}
@@ -325,10 +298,10 @@ func (c *Comm) joinInline(d *desc) {
 // inline, every rank has published its call, and nobody has claimed it: a
 // bounded amount of work, which Wait and Test may do.
 func (c *Comm) tryFinish(id uint64) {
-	if c.inl.Load() != id {
+	if !c.inl.Offered(id) {
 		return
 	}
-	if c.g.published(c.inlK.Load(), 0) != c.g.n || !c.inl.CompareAndSwap(id, id|inlClaimed) {
+	if c.ep.Lagging(c.inlK.Load(), shm.Called, 0) != c.g.n || !c.inl.Take(id) {
 		return
 	}
 	// Claimed: the operation stays pending until completed here, so its

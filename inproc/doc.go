@@ -9,28 +9,24 @@
 // Ring, which keeps the failure log and the waiters too): issuing and
 // waiting allocate nothing.
 //
-// Every rank publishes its call of a collective (operation, count, dtype,
-// root) in a one-cache-line header of its own, and every rank, once all
-// have published, compares the calls itself: any difference fails the
-// collective on every rank with comm.ErrMismatch, naming the collective's
-// number, each rank's call and the ranks that disagree (every rank reads
-// the same calls and reaches the same verdict).
-//
-// A small collective (under 32 KiB per rank) has each rank stage its input
-// with its call, in its header when it fits and in a staging buffer of its
-// own otherwise, and compute its own output from the staged inputs: a
-// rank's buffers are touched by that rank only, and nobody waits for
-// another to finish. When the rank has nothing else pending, the issuing
-// goroutine publishes the call itself (no hand-off to the worker), and the
-// rank's part is done by the first of: the issuing goroutine if every
-// other rank has published already, a Wait or Test of the Work that finds
-// them all published, or the worker, which takes a collective over when a
-// later operation of the rank waits behind it, a Wait on it parks, the
-// group fails or a quarter of the stall interval passes. A large
-// collective runs on the workers: once every rank has published its buffer
-// addresses, every rank reduces 1/N of the elements, reading all N inputs
+// Collectives run on package comm/shm, the shared-memory engine, over a
+// segment on the Go heap: every rank publishes its call, the ranks judge
+// the calls alike (any difference fails the collective on every rank with
+// comm.ErrMismatch, naming the collective's number, each rank's call and
+// the ranks that disagree), and the data moves as shm's doc describes. A
+// collective under 32 KiB per rank is staged: each rank copies its input
+// with its call and computes its own output from the staged inputs, so
+// nobody waits for another to finish. When the rank has nothing else
+// pending, the issuing goroutine publishes the call itself (no hand-off to
+// the worker), and the rank's part is done by the first to claim it
+// (shm.Claim): the issuing goroutine if every other rank has published
+// already, a Wait or Test of the Work that finds them all published, or
+// the worker, which takes a collective over when a later operation of the
+// rank waits behind it, a Wait on it parks, the group fails or a quarter of
+// the stall interval passes. A larger collective is direct and runs on the
+// workers: every rank reduces 1/N of the elements, reading all N inputs
 // and writing the result into every output buffer (an in-place AllReduce
-// needs no second copy pass), followed by a completion barrier. Waits spin
+// needs no second copy pass), then waits until every rank has. Waits spin
 // briefly, yielding the processor, and then park on a channel, so small
 // collectives cost about two cache-line hand-offs between cores while idle
 // ranks burn no CPU.

@@ -1,6 +1,7 @@
 package inproc
 
 import (
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"golang.org/x/sys/cpu"
 
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/comm/shm"
 )
 
 // Options configures a group. The zero value gives the defaults.
@@ -46,16 +48,18 @@ func NewGroupWith(n int, o Options) ([]*Comm, error) {
 	if err := dog.Validate(); err != nil {
 		return nil, fmt.Errorf("inproc: Options: %w", err)
 	}
-	g := &group{n: n, dog: dog.WithDefaults(), boxes: make([]atomic.Pointer[mailbox], n*n)}
-	g.tick = max(g.dog.StallInterval/4, time.Millisecond)
-	for i := range g.slots {
-		g.slots[i].d = make([]desc, n)
+	seg, err := shm.NewHeap(shm.Layout{Ranks: n, Stage: parallelBytes})
+	if err != nil {
+		return nil, fmt.Errorf("inproc: %w", err)
 	}
-	hdrs := make([]header, 2*n)
+	g := &group{n: n, dog: dog.WithDefaults(), seg: seg, boxes: make([]atomic.Pointer[mailbox], n*n)}
+	g.tick = max(g.dog.StallInterval/4, time.Millisecond)
+	for i := range g.errs {
+		g.errs[i] = make([]error, n)
+	}
 	g.comms = make([]*Comm, n)
 	for r := range n {
 		g.comms[r] = newComm(g, r)
-		g.comms[r].hdr = [2]*header{&hdrs[2*r], &hdrs[2*r+1]}
 	}
 	for _, c := range g.comms {
 		go c.run()
@@ -63,81 +67,28 @@ func NewGroupWith(n int, o Options) ([]*Comm, error) {
 	return append([]*Comm(nil), g.comms...), nil
 }
 
-// slotCount is the number of collective descriptor slots. A rank can be at
-// most one collective ahead of the slowest rank, so two would do.
+// slotCount is the number of collectives whose invalid calls' errors are
+// kept. A rank can be at most one collective ahead of the slowest rank, so
+// two would do.
 const slotCount = 4
-
-// Gate modes: the low two bits of group.gate; the rest is the number of
-// the last parallel collective opened or cancelled.
-const (
-	modeCancel = 0 // a failing rank cancelled the collective
-	modeGo     = 3 // every rank does its share, then the finish barrier
-)
 
 type group struct {
 	n     int
 	dog   comm.Watchdog // stall reports and the timeout of every wait for peers
 	tick  time.Duration // how often an idle worker looks at collectives joined inline
 	comms []*Comm
+	seg   *shm.Segment // the ranks' headers, staging buffers and descriptors
 
-	_        cpu.CacheLinePad
-	gate     atomic.Uint64 // collective number << 2 | mode, of parallel collectives
-	_        cpu.CacheLinePad
-	fin      atomic.Uint64 // shares finished, over all ranks
 	_        cpu.CacheLinePad
 	sleepers atomic.Int32 // workers parked until calls are published
 	_        cpu.CacheLinePad
 	failed   atomic.Pointer[error]
 	_        cpu.CacheLinePad
 
-	slots [slotCount]collSlot
+	// errs[k%slotCount][r] is rank r's error of collective k when its
+	// call was invalid (its header says so)
+	errs  [slotCount][]error
 	boxes []atomic.Pointer[mailbox] // boxes[src*n+dst], made on first use
-}
-
-// collSlot holds the ranks' calls of a collective where the others need
-// more than a header says: the buffers of a parallel collective, the
-// error of an invalid call.
-type collSlot struct {
-	d []desc
-}
-
-// header is a rank's publication of its call of a collective: what must
-// agree across ranks, and for a small collective its staged input, here
-// when it fits and in the rank's staging buffer otherwise. Peers read the
-// rest once word holds the collective's number; the rank writes word
-// last. A rank has two, for collectives of odd and even numbers, each one
-// cache line, so a peer's one read brings the call and a small input.
-type header struct {
-	word  atomic.Uint64
-	kind  comm.Kind
-	op    comm.Op
-	dt    comm.DType
-	flags uint8
-	_     [4]byte
-	root  int64
-	count int64
-	seq   uint64
-	data  [inlineBytes]byte
-}
-
-// Header flags.
-const (
-	hdrInvalid = 1 << iota // the call is invalid: its error is in the collective's slot
-	hdrSmall               // the rank staged its input
-)
-
-// inlineBytes is the largest input staged in the header itself.
-const inlineBytes = 24
-
-// header must be exactly one cache line.
-var (
-	_ [64 - unsafe.Sizeof(header{})]byte
-	_ [unsafe.Sizeof(header{}) - 64]byte
-)
-
-// call is what a mismatch report says of h.
-func (h *header) call() comm.Call {
-	return comm.Call{Kind: h.kind, Op: h.op, DType: h.dt, Count: int(h.count), Root: int(h.root), Seq: h.seq}
 }
 
 // Mailbox states: the low two bits of mailbox.state; the rest is the
@@ -239,16 +190,7 @@ type desc struct {
 	// inline: the issuing goroutine joined the collective itself (see
 	// Comm.issue), not the rank's worker
 	inline bool
-	// Every rank writes its own desc into a collective's slot and reads
-	// the others': two cache lines each, so that no two ranks write one.
-	_ [54]byte
 }
-
-// desc must be exactly two cache lines (see its padding).
-var (
-	_ [128 - unsafe.Sizeof(desc{})]byte
-	_ [unsafe.Sizeof(desc{}) - 128]byte
-)
 
 // call is what a mismatch report says of d.
 func (d *desc) call() comm.Call {
@@ -256,51 +198,26 @@ func (d *desc) call() comm.Call {
 }
 
 // judge compares every rank's call of collective k, all published, and
-// returns nil if they agree, or the error every rank reports. Every rank
-// judges for itself and, reading the same calls, reaches the same verdict.
-func (g *group) judge(k uint64) error {
-	p := k % 2
-	h0 := g.comms[0].hdr[p]
-	agree := true
-	for _, c := range g.comms {
-		h := c.hdr[p]
-		if h.flags&hdrInvalid != 0 {
-			return g.invalid(k)
-		}
-		agree = agree && h.call().Matches(h0.call())
-	}
-	if agree {
+// returns nil if they agree, or the error every rank reports (package
+// shm's Judge, with the errors of invalid calls, which this package keeps).
+func (c *Comm) judge(k uint64) error {
+	v := c.ep.Judge(k)
+	if v == nil {
 		return nil
 	}
-	calls := make([]comm.Call, g.n)
-	for r, c := range g.comms {
-		calls[r] = c.hdr[p].call()
-	}
-	return comm.MismatchError(k, calls)
+	return c.g.invalid(k, v)
 }
 
-// invalid is the verdict on collective k when some ranks' calls are
-// invalid: it names them and their errors.
-func (g *group) invalid(k uint64) error {
-	var ranks []int
+// invalid is verdict v on collective k with the errors of the invalid
+// calls, which the group keeps, added.
+func (g *group) invalid(k uint64, v error) error {
+	var inv *shm.InvalidError
+	if !errors.As(v, &inv) {
+		return v
+	}
 	msg := ""
-	for r, c := range g.comms {
-		if c.hdr[k%2].flags&hdrInvalid != 0 {
-			ranks = append(ranks, r)
-			msg += fmt.Sprintf("; rank %d: %v", r, g.slots[k%slotCount].d[r].err)
-		}
+	for _, r := range inv.Ranks {
+		msg += fmt.Sprintf("; rank %d: %v", r, g.errs[k%slotCount][r])
 	}
-	return fmt.Errorf("%w: collective #%d: invalid call on rank(s) %v%s", comm.ErrInvalid, k, ranks, msg)
-}
-
-// published returns the first rank from rank from on that has not yet
-// published its call of collective k, or n if every one has.
-func (g *group) published(k uint64, from int) int {
-	p := k % 2
-	for r := from; r < g.n; r++ {
-		if g.comms[r].hdr[p].word.Load() != k {
-			return r
-		}
-	}
-	return g.n
+	return fmt.Errorf("%w: collective #%d: invalid call on rank(s) %v%s", comm.ErrInvalid, k, inv.Ranks, msg)
 }

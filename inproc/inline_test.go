@@ -24,7 +24,7 @@ func TestInlineTakeover(t *testing.T) {
 		t.Fatal("an idle rank's small all_reduce was not joined inline")
 	}
 	send := cs[0].Send(comm.Float32s(a[0]), 1) // sends the sum: it runs after the all-reduce
-	for cs[0].inl.Load() != w0.ID()|inlClaimed {
+	for !cs[0].inl.Taken(w0.ID()) {
 		runtime.Gosched() // the worker, woken by the Send, takes the all-reduce over
 	}
 	w1 := allReduceInPlace(cs[1], comm.Float32s(a[1]), comm.Sum)

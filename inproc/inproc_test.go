@@ -1,7 +1,6 @@
 package inproc
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"runtime"
@@ -10,7 +9,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/internal/testutil"
@@ -332,31 +330,6 @@ func TestSingleRank(t *testing.T) {
 	}
 }
 
-// TestSplit checks that the parts of a parallel collective cover every
-// element exactly once, on cache-line boundaries.
-func TestSplit(t *testing.T) {
-	for _, sz := range []int{1, 2, 4, 8} {
-		for _, parts := range []int{1, 2, 3, 4, 7} {
-			for _, count := range []int{0, 1, 15, 16, 17, 1000, 4099, 1 << 20} {
-				next := 0
-				for p := range parts {
-					lo, hi := split(count, sz, p, parts)
-					if lo != next || hi < lo {
-						t.Fatalf("split(%d, %d, %d, %d) = [%d, %d), want to start at %d", count, sz, p, parts, lo, hi, next)
-					}
-					if lo < count && (lo*sz)%64 != 0 {
-						t.Fatalf("split(%d, %d, %d, %d) starts at byte %d, not a cache line", count, sz, p, parts, lo*sz)
-					}
-					next = hi
-				}
-				if next != count {
-					t.Fatalf("split(%d, %d, *, %d) covers %d elements", count, sz, parts, next)
-				}
-			}
-		}
-	}
-}
-
 // TestLargeGroup checks that a group of many ranks starts, runs a
 // collective and a message exchange, and stops.
 func TestLargeGroup(t *testing.T) {
@@ -412,7 +385,7 @@ func TestAllocsWhenParked(t *testing.T) {
 		for range start {
 			// Wait until rank 0's worker has joined the collective and
 			// parked, and a Wait on rank 0 is parked.
-			for cs[0].arrived.Load() != cs[0].ops.Issued() || !cs[0].parked.Load() || cs[0].ops.Waiting() == 0 {
+			for cs[0].g.seg.Published(0) != cs[0].ops.Issued() || !cs[0].parked.Load() || cs[0].ops.Waiting() == 0 {
 				runtime.Gosched()
 			}
 			done <- cs[1].AllReduce(comm.Float32s(bufs[1]), comm.Float32s(bufs[1]), comm.Sum).Wait(ctx)
@@ -434,28 +407,6 @@ func TestAllocsWhenParked(t *testing.T) {
 	}
 	if a := testing.AllocsPerRun(50, step); a != 0 {
 		t.Errorf("%v allocations per all_reduce + Wait with the waiter and the worker parked, want 0", a)
-	}
-}
-
-// TestMemmove checks the piecewise copy against copy for sizes around the
-// piece size, with the destination before, after and overlapping the
-// source either way.
-func TestMemmove(t *testing.T) {
-	for _, n := range []int{0, 1, 100, maxMove - 1, maxMove, maxMove + 1, 2*maxMove + 77} {
-		for _, shift := range []int{-maxMove - 3, -5, 0, 5, maxMove + 3, 3 * maxMove} {
-			mem := make([]byte, n+2*maxMove+4*maxMove)
-			for i := range mem {
-				mem[i] = byte(i*7 + i>>8)
-			}
-			want := append([]byte(nil), mem...)
-			src := 2 * maxMove
-			dst := src + shift
-			copy(want[dst:dst+n], want[src:src+n])
-			memmove(unsafe.Pointer(&mem[dst]), unsafe.Pointer(&mem[src]), n)
-			if !bytes.Equal(mem, want) {
-				t.Fatalf("n=%d, dst-src=%d: differs from copy", n, shift)
-			}
-		}
 	}
 }
 

@@ -113,7 +113,7 @@ func TestMissing(t *testing.T) {
 	var c comm.Communicator = cs[0]
 	bufs := [][]int32{{1}, {2}, {3}}
 	first := []comm.Work{allReduceInPlace(cs[0], comm.Int32s(bufs[0]), comm.Sum), allReduceInPlace(cs[1], comm.Int32s(bufs[1]), comm.Sum)}
-	for cs[0].arrived.Load() < 1 || cs[1].arrived.Load() < 1 {
+	for cs[0].g.seg.Published(0) < 1 || cs[1].g.seg.Published(1) < 1 {
 		runtime.Gosched()
 	}
 	// Rank 0's barrier waits behind its all-reduce, which waits for rank 2;
@@ -142,7 +142,7 @@ func TestMissing(t *testing.T) {
 	}
 	last := allReduceInPlace(cs[2], comm.Int32s(bufs[2]), comm.Sum)
 	testutil.WaitAll(t, append(first, last)...)
-	for cs[1].current.Load() < 2 || cs[0].arrived.Load() < 2 {
+	for cs[1].current.Load() < 2 || cs[0].g.seg.Published(0) < 2 {
 		runtime.Gosched() // rank 1's worker has posted the message; rank 0 is in the barrier
 	}
 	if got := comm.MissingRanks(c, barrier); !slices.Equal(got, []int{1, 2}) {

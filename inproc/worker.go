@@ -6,7 +6,7 @@ import (
 
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/comm/backend"
-	"github.com/ddpgo/ddpgo/internal/invariants"
+	"github.com/ddpgo/ddpgo/comm/shm"
 )
 
 // run is the rank's worker: it executes operations in issue order.
@@ -56,7 +56,7 @@ func (c *Comm) takeOver(d *desc) {
 	if done() {
 		return
 	}
-	if c.inl.CompareAndSwap(d.seq, d.seq|inlClaimed) {
+	if c.inl.Take(d.seq) {
 		c.current.Store(d.seq)
 		c.ops.Complete(d.seq, c.finishSmall(d, c.awaitPublished(d)))
 		return
@@ -188,8 +188,8 @@ func (c *Comm) await(ready func() bool, w *desc) error {
 func (c *Comm) missing(d *desc) []int {
 	m := []int{}
 	if d.kind != comm.KindSend && d.kind != comm.KindRecv {
-		for r, p := range c.g.comms {
-			if p.arrived.Load() < d.num {
+		for r := range c.g.n {
+			if c.g.seg.Published(r) < d.num {
 				m = append(m, r)
 			}
 		}
@@ -247,29 +247,23 @@ func (c *Comm) collective(d *desc) error {
 	return c.parallel(d)
 }
 
-// publish publishes this rank's call d of collective k = d.num: the
-// buffers of a parallel collective and the error of an invalid call in
-// the collective's slot, the call in the rank's header, with the input of
-// a small collective staged, and then the header's word.
+// publish publishes this rank's call d of collective k = d.num (package
+// shm's Publish): the error of an invalid call kept in the group, the
+// input of a small collective staged, the buffers of a parallel one
+// described; then wakes the workers parked for the call.
 func (c *Comm) publish(d *desc) {
 	g := c.g
 	k := d.num
-	h := c.hdr[k%2]
-	if invariants.Enabled && h.word.Load() >= k {
-		invariants.Violated("inproc", "rank %d publishes collective #%d over #%d", c.rank, k, h.word.Load())
+	switch {
+	case d.err != nil:
+		g.errs[k%slotCount][c.rank] = d.err
+		c.ep.Publish(k, d.call(), shm.Invalid, nil, nil)
+	case d.small:
+		c.ep.Publish(k, d.call(), shm.Staged, d.send, nil)
+	default:
+		sd := shm.LocalDesc(d.send, d.recv)
+		c.ep.Publish(k, d.call(), shm.Direct, nil, &sd)
 	}
-	if !d.small || d.err != nil {
-		g.slots[k%slotCount].d[c.rank] = *d
-	}
-	h.kind, h.op, h.dt, h.root, h.count, h.seq, h.flags = d.kind, d.op, d.dt, int64(d.root), int64(d.count), d.seq, 0
-	if d.err != nil {
-		h.flags |= hdrInvalid
-	} else if d.small {
-		h.flags |= hdrSmall
-		c.stageIn(d, h)
-	}
-	c.arrived.Store(k)
-	h.word.Store(k)
 	if g.sleepers.Load() > 0 {
 		for r, p := range g.comms {
 			if p.waitingFor.Load() == k {
@@ -291,20 +285,20 @@ func (c *Comm) publish(d *desc) {
 func (c *Comm) awaitPublished(d *desc) error {
 	g := c.g
 	k := d.num
-	from := g.published(k, 0)
+	from := c.ep.Lagging(k, shm.Called, 0)
 	if from == g.n {
 		return nil
 	}
 	c.waitingFor.Store(k)
 	err := c.await(func() bool {
-		from = g.published(k, from)
+		from = c.ep.Lagging(k, shm.Called, from)
 		if from < g.n && testMissingCall != nil {
 			testMissingCall(c)
 		}
 		return from == g.n
 	}, d)
 	c.waitingFor.Store(0)
-	if err != nil && g.published(k, from) == g.n {
+	if err != nil && c.ep.Lagging(k, shm.Called, from) == g.n {
 		return nil
 	}
 	return err
@@ -322,10 +316,10 @@ func (c *Comm) finishSmall(d *desc, err error) error {
 	if err != nil {
 		return c.opErr(d, err)
 	}
-	if v := c.g.judge(d.num); v != nil {
+	if v := c.judge(d.num); v != nil {
 		return c.verdictErr(d, v)
 	}
-	c.ownPart(d)
+	c.ep.FinishStaged(d.num, d.recv)
 	return nil
 }
 
@@ -333,57 +327,43 @@ func (c *Comm) finishSmall(d *desc, err error) error {
 // first to see it opens the gate and every rank takes its share. A rank
 // whose wait fails first cancels the collective instead, so that nobody
 // writes its buffers after its Work has failed; whichever comes first
-// decides for every rank.
+// decides for every rank (package shm's Open and Cancel).
 func (c *Comm) parallel(d *desc) error {
 	g := c.g
 	k := d.num
 	if err := c.awaitPublished(d); err != nil {
-		for {
-			cur := g.gate.Load()
-			if cur>>2 >= k {
-				break // opened: this rank takes its share
-			}
-			if g.gate.CompareAndSwap(cur, k<<2|modeCancel) {
+		if cancelled, decided := c.ep.Cancel(k); cancelled {
+			if decided {
 				g.wakeAll()
-				return c.opErr(d, err)
 			}
+			return c.opErr(d, err)
 		}
-	} else if v := g.judge(k); v != nil {
+	} else if v := c.judge(k); v != nil {
 		return c.verdictErr(d, v)
 	}
-	for {
-		cur := g.gate.Load()
-		if cur>>2 >= k {
-			break
-		}
-		if g.gate.CompareAndSwap(cur, k<<2|modeGo) {
-			g.wakeAll()
-			break
-		}
-	}
-	if g.gate.Load() == k<<2|modeCancel {
+	open, decided := c.ep.Open(k)
+	if !open {
 		return c.opErr(d, g.failure())
 	}
-	return c.share(&g.slots[k%slotCount], d)
+	if decided {
+		g.wakeAll()
+	}
+	return c.share(d)
 }
 
-// share does this rank's part of a parallel collective and waits until
+// share does this rank's part of parallel collective d and waits until
 // every rank has done its part. The wait cannot be abandoned: every rank
 // past the gate finishes its part without waiting for anything.
-func (c *Comm) share(s *collSlot, d *desc) error {
+func (c *Comm) share(d *desc) error {
 	g := c.g
-	c.runPart(s.d, d, c.rank, g.n)
-	c.par++
-	target := c.par * uint64(g.n)
-	f := g.fin.Add(1)
-	if invariants.Enabled && !(f > target-uint64(g.n) && f <= target) {
-		invariants.Violated("inproc", "rank %d: finish count %d for parallel collective %d of %d ranks", c.rank, f, c.par, g.n)
-	}
-	if f == target {
+	k := d.num
+	c.ep.Share(k, shm.Local)
+	done := func() bool { return c.ep.Lagging(k, shm.Shared, 0) == g.n }
+	if done() {
 		g.wakeAll()
 		return nil
 	}
-	_ = c.await(func() bool { return g.fin.Load() >= target }, nil)
+	_ = c.await(done, nil)
 	return nil
 }
 
@@ -442,7 +422,7 @@ func (c *Comm) recv(d *desc) error {
 		v = fmt.Errorf("%w: message %d from rank %d to rank %d: send (seq %d): %v; recv (seq %d): %v", comm.ErrInvalid, k, p, c.rank, sd.seq, sd.err, d.seq, d.err)
 	default:
 		if v = comm.MessageMismatchError(k, p, c.rank, sd.call(), d.call()); v == nil {
-			memmove(d.recv, sd.send, d.count*d.dt.Size())
+			shm.Move(d.recv, sd.send, d.count*d.dt.Size())
 		}
 	}
 	b.verdict = v

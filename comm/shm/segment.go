@@ -1,0 +1,179 @@
+package shm
+
+import (
+	"fmt"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/ddpgo/ddpgo/comm"
+)
+
+// Sizes of the segment's parts.
+const (
+	line = 64
+	page = 4096
+	// InlineBytes is the largest input a header carries itself: a peer's
+	// one read of the header's line brings the call and the input.
+	InlineBytes = 24
+	// DescBytes is the size of a rank's descriptor of a direct
+	// collective's buffers (Desc).
+	DescBytes = 128
+	// offsets inside a rank's part
+	offDesc  = 4 * line
+	offStage = 8 * line
+)
+
+// Layout is the shape of a segment: how many ranks share it, and how large
+// each of a rank's two staging buffers is.
+type Layout struct {
+	Ranks int
+	// Stage is the size of a staging buffer: the largest input a staged
+	// collective may stage (every block of a ReduceScatter counted).
+	Stage int
+}
+
+// stageBytes is Stage rounded up to whole cache lines.
+func (l Layout) stageBytes() int { return roundUp(l.Stage, line) }
+
+// stride is the size of a rank's part, whole pages so that no two ranks'
+// parts share one.
+func (l Layout) stride() int { return roundUp(offStage+2*l.stageBytes(), page) }
+
+// Size is the number of bytes a segment of this layout takes.
+func (l Layout) Size() int { return page + l.Ranks*l.stride() }
+
+func (l Layout) validate() error {
+	if l.Ranks < 1 || l.Ranks > MaxRanks {
+		return fmt.Errorf("%w: shm: %d ranks, want 1 to %d", comm.ErrInvalid, l.Ranks, MaxRanks)
+	}
+	if l.Stage < 0 || l.Stage > MaxStage {
+		return fmt.Errorf("%w: shm: staging buffers of %d bytes, want 0 to %d", comm.ErrInvalid, l.Stage, MaxStage)
+	}
+	return nil
+}
+
+// Limits of a layout.
+const (
+	MaxRanks = 1 << 16
+	MaxStage = 1 << 30
+)
+
+func roundUp(n, to int) int { return (n + to - 1) / to * to }
+
+// Segment is the memory every rank of a group shares, as this process sees
+// it: the group's head (the gate of direct collectives) on the first page,
+// then one part per rank. A rank's part holds its two headers (parities 0
+// and 1) on the first two cache lines, its two descriptors of direct
+// collectives from offDesc, and its two staging buffers from offStage.
+// Whatever the memory is (the Go heap, or a file every process maps), the
+// segment only reads and writes it with ordinary and atomic loads and
+// stores.
+type Segment struct {
+	base   unsafe.Pointer
+	l      Layout
+	stride int    // l.stride()
+	stageB int    // l.stageBytes()
+	mem    []byte // the Go-heap memory of NewHeap, kept alive
+}
+
+// NewHeap returns a segment of layout l in this process's memory, for
+// ranks that are goroutines of one process.
+func NewHeap(l Layout) (*Segment, error) {
+	if err := l.validate(); err != nil {
+		return nil, err
+	}
+	mem := make([]byte, l.Size()+page)
+	off := (page - int(uintptr(unsafe.Pointer(&mem[0]))%page)) % page
+	s, err := Over(unsafe.Pointer(&mem[off]), l.Size(), l)
+	if err != nil {
+		return nil, err
+	}
+	s.mem = mem
+	return s, nil
+}
+
+// Over returns the segment of layout l at base, size bytes of zeroed,
+// page-aligned memory that every rank maps (each at its own address).
+func Over(base unsafe.Pointer, size int, l Layout) (*Segment, error) {
+	if err := l.validate(); err != nil {
+		return nil, err
+	}
+	if uintptr(base)%page != 0 || size < l.Size() {
+		return nil, fmt.Errorf("%w: shm: %d bytes at %p for a segment of %d bytes (%d ranks, %d-byte staging), page-aligned",
+			comm.ErrInvalid, size, base, l.Size(), l.Ranks, l.Stage)
+	}
+	return &Segment{base: base, l: l, stride: l.stride(), stageB: l.stageBytes()}, nil
+}
+
+// Layout returns the segment's layout.
+func (s *Segment) Layout() Layout { return s.l }
+
+// head is the group's part of the segment.
+type head struct {
+	// gate is the number of the last direct collective opened or
+	// cancelled, times 4, plus gateGo or gateCancel.
+	gate atomic.Uint64
+	_    [line - 8]byte
+}
+
+func (s *Segment) head() *head { return (*head)(s.base) }
+
+func (s *Segment) part(r int) unsafe.Pointer { return unsafe.Add(s.base, page+r*s.stride) }
+
+// header is rank r's header of parity k%2.
+func (s *Segment) header(r int, k uint64) *header {
+	return (*header)(unsafe.Add(s.part(r), int(k%2)*line))
+}
+
+// desc is rank r's descriptor of parity k%2.
+func (s *Segment) desc(r int, k uint64) *Desc {
+	return (*Desc)(unsafe.Add(s.part(r), offDesc+int(k%2)*DescBytes))
+}
+
+// stage is rank r's staging buffer of parity k%2.
+func (s *Segment) stage(r int, k uint64) unsafe.Pointer {
+	return unsafe.Add(s.part(r), offStage+int(k%2)*s.stageB)
+}
+
+// header is a rank's publication of its call of a collective: what must
+// agree across ranks, and for a staged collective its input when it fits.
+// Peers read the rest once word says the phase they wait for; the rank
+// writes word last. One cache line, so a peer's one read brings the call
+// and a small input.
+type header struct {
+	word  atomic.Uint64 // k<<2 | phase
+	kind  comm.Kind
+	op    comm.Op
+	dt    comm.DType
+	flags Flags
+	_     [4]byte
+	root  int64
+	count int64
+	seq   uint64
+	data  [InlineBytes]byte
+}
+
+// header must be exactly one cache line.
+var (
+	_ [line - unsafe.Sizeof(header{})]byte
+	_ [unsafe.Sizeof(header{}) - line]byte
+)
+
+// call is the call h publishes.
+func (h *header) call() comm.Call {
+	return comm.Call{Kind: h.kind, Op: h.op, DType: h.dt, Count: int(h.count), Root: int(h.root), Seq: h.seq}
+}
+
+// Desc is a rank's description of the buffers of a direct collective:
+// for ranks of one address space the addresses themselves (Local); an
+// adapter whose ranks are processes encodes what its Mapper needs to map
+// them.
+type Desc struct {
+	Send, Recv uintptr
+	Extra      [DescBytes - 16]byte
+}
+
+var (
+	_ [DescBytes - unsafe.Sizeof(Desc{})]byte
+	_ [unsafe.Sizeof(Desc{}) - DescBytes]byte
+)
