@@ -19,13 +19,32 @@
 //
 // # What a client can cost the server
 //
-// A failed Accept (out of file descriptors, say) does not stop the
-// server: it backs off, 5 ms doubling up to 1 s, and accepts again. A
-// request must arrive within ServerOptions.RequestTimeout (30 s) of its
-// first byte, and its answer must leave within as long, or the connection
-// is dropped; a connection idle between requests is kept. The server's
-// memory for a key or value grows as its bytes arrive, so a length
-// announced and never sent costs nothing.
+// Every connection begins with a greeting (Hello, and with a secret the
+// handshake below); until it has greeted, a connection costs little and
+// keeps no rank out:
+//
+//   - it must greet within ServerOptions.HandshakeTimeout (5 s) of its
+//     accept, or it is dropped;
+//   - each frame of the greeting is checked as it is read, its op first,
+//     then each length before the bytes it announces: the server reads at
+//     most 49 bytes of each of the (at most two) frames and allocates at
+//     most 32 for each, whatever the peer sends or announces;
+//   - at most ServerOptions.MaxPending (256) such connections are kept: a
+//     connection accepted past the cap closes the oldest of them, and so
+//     does an Accept that fails for want of file descriptors (EMFILE,
+//     ENFILE), which then accepts again at once. A Store whose connection
+//     is closed before its greeting is answered dials again, so a rank
+//     gets in however many connections that never greet are open (unless
+//     more than MaxPending new ones arrive while it greets), even when
+//     they hold every descriptor of the server's process.
+//
+// Any other failed Accept does not stop the server either: it backs off, 5
+// ms doubling up to 1 s, and accepts again. Once greeted, a request must
+// arrive within ServerOptions.RequestTimeout (30 s) of its first byte,
+// and its answer must leave within as long, or the connection is dropped;
+// a connection idle between requests is kept. The server's memory for a
+// key or value grows as its bytes arrive, so a length announced and never
+// sent costs nothing.
 //
 // # Who may talk to the store
 //
@@ -52,9 +71,9 @@
 // over a connection once it is authenticated; use a private network, or a
 // tunnel, for that. The secret is as safe as the environment it is in
 // (/proc/<pid>/environ is readable by the job's user and root). Without a
-// secret, the connections themselves are not limited in number: a client
-// that opens many and sends nothing holds a descriptor and a goroutine
-// each.
+// secret anyone can greet, so the limits above bind only connections that
+// do not: a client that greets on many connections and then idles holds a
+// descriptor and a goroutine on each.
 //
 // # Protocol
 //
@@ -70,9 +89,11 @@
 // the secret is missing or wrong). Get and Wait are held by the server
 // until the keys exist or the wait the client sent has passed; the client
 // also bounds the connection with the same deadline, so a server that has
-// died cannot hold it. With a secret, a connection's first two requests
-// are the handshake: Hello (op 5) whose value is the client's 32-byte
-// nonce, answered by the server's nonce and its proof, HMAC(secret,
-// "ddpgo rendezvous server" | client nonce | server nonce); then Auth (op
-// 6) whose value is the client's proof, the same with "client".
+// died cannot hold it. A connection's first request is the greeting,
+// Hello (op 5) with an empty key. Without a secret its value is empty, and
+// so is the answer. With one, its value is the client's 32-byte nonce,
+// answered by the server's nonce and its proof, HMAC(secret, "ddpgo
+// rendezvous server" | client nonce | server nonce); then Auth (op 6)
+// whose value is the client's proof, the same with "client". The server
+// serves nothing else before.
 package rendezvous

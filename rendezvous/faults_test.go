@@ -3,8 +3,10 @@ package rendezvous
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"net"
@@ -114,6 +116,9 @@ func emfileChild(t *testing.T) {
 	}
 	syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
 	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := rawGreet(c, ""); err != nil {
+		t.Fatalf("greeting on a connection made while the server was out of descriptors: %v", err)
+	}
 	if err := rawSet(c, "k", []byte("v")); err != nil {
 		t.Fatalf("Set on a connection made while the server was out of descriptors: %v", err)
 	}
@@ -121,27 +126,51 @@ func emfileChild(t *testing.T) {
 
 // rawSet sends a Set on c and reads its answer.
 func rawSet(c net.Conn, key string, value []byte) error {
-	b := []byte{opSet}
+	_, err := rawCall(c, opSet, key, value)
+	return err
+}
+
+// rawGreet greets on c as a Store with the given secret does.
+func rawGreet(c net.Conn, secret string) error {
+	if secret == "" {
+		_, err := rawCall(c, opHello, "", nil)
+		return err
+	}
+	client := bytes.Repeat([]byte{7}, nonceSize)
+	v, err := rawCall(c, opHello, "", client)
+	if err != nil {
+		return err
+	}
+	if len(v) != nonceSize+sha256.Size {
+		return fmt.Errorf("the server's hello: %d bytes", len(v))
+	}
+	_, err = rawCall(c, opAuth, "", proof(secret, "client", client, v[:nonceSize]))
+	return err
+}
+
+// rawCall sends one request on c and reads its answer.
+func rawCall(c net.Conn, op byte, key string, value []byte) ([]byte, error) {
+	b := []byte{op}
 	b = binary.BigEndian.AppendUint32(b, uint32(len(key)))
 	b = append(b, key...)
 	b = binary.BigEndian.AppendUint32(b, uint32(len(value)))
 	b = append(b, value...)
 	b = binary.BigEndian.AppendUint64(b, 0)
 	if _, err := c.Write(b); err != nil {
-		return err
+		return nil, err
 	}
 	var hdr [5]byte
 	if _, err := io.ReadFull(c, hdr[:]); err != nil {
-		return err
+		return nil, err
 	}
 	msg := make([]byte, binary.BigEndian.Uint32(hdr[1:]))
 	if _, err := io.ReadFull(c, msg); err != nil {
-		return err
+		return nil, err
 	}
 	if hdr[0] != statusOK {
-		return errors.New(string(msg))
+		return nil, errors.New(string(msg))
 	}
-	return nil
+	return msg, nil
 }
 
 // TestSlowRequestDropped: a request whose bytes trickle in (slow loris) is
@@ -164,6 +193,13 @@ func TestSlowRequestDropped(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
+	for _, c := range []net.Conn{idle, c} {
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		if err := rawGreet(c, ""); err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Time{})
+	}
 	// Set of a 1000-byte key, one byte every 20 ms: 20 s if it were let.
 	hdr := binary.BigEndian.AppendUint32([]byte{opSet}, 1000)
 	if _, err := c.Write(hdr); err != nil {
@@ -212,7 +248,7 @@ func TestAnnouncedLengthCostsNothing(t *testing.T) {
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
 	for range 100 {
-		if _, err := readBlock(bytes.NewReader(frame)); !errors.Is(err, io.ErrUnexpectedEOF) {
+		if _, err := readBlock(bytes.NewReader(frame), "key", MaxSize); !errors.Is(err, io.ErrUnexpectedEOF) {
 			t.Fatalf("a short block: %v, want io.ErrUnexpectedEOF", err)
 		}
 	}
@@ -313,14 +349,9 @@ func TestSecret(t *testing.T) {
 	}
 	t.Setenv(SecretEnv, "")
 
-	// No secret: the connection opens, the first request is refused.
-	stray, err := Open(ctx, Options{Addr: s0.Addr(), Rank: 5, Timeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stray.Close()
-	if err := stray.Set(ctx, "ddpgo/nccl/unique-id", []byte("evil")); !errors.Is(err, ErrAuth) || !strings.Contains(err.Error(), SecretEnv) {
-		t.Fatalf("Set without the secret: %v, want ErrAuth naming %s", err, SecretEnv)
+	// No secret: refused in Open, by the greeting.
+	if _, err := Open(ctx, Options{Addr: s0.Addr(), Rank: 5, Timeout: 10 * time.Second}); !errors.Is(err, ErrAuth) || !strings.Contains(err.Error(), SecretEnv) {
+		t.Fatalf("Open without the secret: %v, want ErrAuth naming %s", err, SecretEnv)
 	}
 	// A wrong secret: the client sees that the server does not know its
 	// secret, and never proves anything.
@@ -334,8 +365,8 @@ func TestSecret(t *testing.T) {
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(10 * time.Second))
-	if err := rawSet(c, "ddpgo/nccl/unique-id", []byte("evil")); err == nil {
-		t.Fatal("a raw Set without the handshake succeeded")
+	if err := rawSet(c, "ddpgo/nccl/unique-id", []byte("evil")); err == nil || !strings.Contains(err.Error(), "Set refused") {
+		t.Fatalf("a raw Set without the handshake: %v, want it refused", err)
 	}
 	if v, err := s1.Get(ctx, "ddpgo/nccl/unique-id"); err != nil || string(v) != "id" {
 		t.Fatalf("the id after the strays: %q, %v", v, err)

@@ -2,6 +2,7 @@ package rendezvous
 
 import (
 	"bufio"
+	"container/list"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -13,14 +14,17 @@ import (
 	"math"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 )
 
 // Defaults of ServerOptions.
 const (
-	DefaultRequestTimeout = 30 * time.Second
-	DefaultMaxKeys        = 4096
-	DefaultMaxBytes       = 64 << 20
+	DefaultRequestTimeout   = 30 * time.Second
+	DefaultHandshakeTimeout = 5 * time.Second
+	DefaultMaxPending       = 256
+	DefaultMaxKeys          = 4096
+	DefaultMaxBytes         = 64 << 20
 )
 
 // ServerOptions configures a Server; the zero value gives the defaults
@@ -31,11 +35,20 @@ type ServerOptions struct {
 	// documentation, "Who may talk to the store").
 	Secret string
 	// RequestTimeout bounds how long a request may take to arrive once
-	// its first byte has (and the secret's handshake, from the
-	// connection's start), and how long an answer may take to leave. A
+	// its first byte has, and how long an answer may take to leave. A
 	// connection that is slower is dropped. 0 means
 	// DefaultRequestTimeout. A connection idle between requests is kept.
 	RequestTimeout time.Duration
+	// HandshakeTimeout bounds a connection's greeting (Hello, and Auth
+	// with a secret) from its accept: a connection that has not greeted
+	// by then is dropped. 0 means DefaultHandshakeTimeout.
+	HandshakeTimeout time.Duration
+	// MaxPending caps the connections that have not greeted yet. A
+	// connection accepted past it closes the oldest of them, and so does
+	// an Accept that fails for want of file descriptors; a Store whose
+	// connection was closed that way dials again. 0 means
+	// DefaultMaxPending.
+	MaxPending int
 	// MaxKeys and MaxBytes bound what the store holds: the number of
 	// keys, and the bytes of keys and values together. A Set or Add that
 	// would pass either fails. 0 means DefaultMaxKeys, DefaultMaxBytes.
@@ -46,6 +59,12 @@ type ServerOptions struct {
 func (o ServerOptions) withDefaults() ServerOptions {
 	if o.RequestTimeout <= 0 {
 		o.RequestTimeout = DefaultRequestTimeout
+	}
+	if o.HandshakeTimeout <= 0 {
+		o.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	if o.MaxPending <= 0 {
+		o.MaxPending = DefaultMaxPending
 	}
 	if o.MaxKeys <= 0 {
 		o.MaxKeys = DefaultMaxKeys
@@ -68,10 +87,21 @@ type Server struct {
 	data    map[string][]byte
 	bytes   int64         // of the keys and values in data
 	changed chan struct{} // closed and replaced on every change
-	conns   map[net.Conn]struct{}
+	conns   map[*peer]struct{}
+	pending list.List // of the *peers that have not greeted, oldest first
+	evicted int       // connections closed to make room, for tests
 	closing chan struct{}
 	closed  bool
 	wg      sync.WaitGroup
+
+	// Test hook, set under mu before the event: an Accept.
+	onAccept func()
+}
+
+// peer is one accepted connection.
+type peer struct {
+	c    net.Conn
+	elem *list.Element // in Server.pending until it greets or is evicted; nil after
 }
 
 // Serve listens on addr (host:port; port 0 picks a free one) and serves
@@ -89,7 +119,7 @@ func ServeWith(addr string, o ServerOptions) (*Server, error) {
 
 // serveOn serves the store on ln.
 func serveOn(ln net.Listener, o ServerOptions) *Server {
-	s := &Server{ln: ln, o: o.withDefaults(), data: map[string][]byte{}, changed: make(chan struct{}), conns: map[net.Conn]struct{}{}, closing: make(chan struct{})}
+	s := &Server{ln: ln, o: o.withDefaults(), data: map[string][]byte{}, changed: make(chan struct{}), conns: map[*peer]struct{}{}, closing: make(chan struct{})}
 	s.wg.Add(1)
 	go s.accept()
 	return s
@@ -110,8 +140,8 @@ func (s *Server) Close() error {
 	s.closed = true
 	close(s.closing)
 	err := s.ln.Close()
-	for c := range s.conns {
-		c.Close()
+	for p := range s.conns {
+		p.c.Close()
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
@@ -122,7 +152,9 @@ func (s *Server) Close() error {
 // of file descriptors, a connection reset before it was accepted) does
 // not end it: like net/http's Server it backs off, 5 ms doubling up to
 // 1 s, and tries again, so that the ranks still to come can connect once
-// the cause has passed.
+// the cause has passed. Out of descriptors, it first closes the oldest
+// connection that has not greeted, if there is one, and tries again at
+// once: connections that never greet cannot keep a rank out.
 func (s *Server) accept() {
 	defer s.wg.Done()
 	var delay time.Duration
@@ -133,6 +165,9 @@ func (s *Server) accept() {
 			case <-s.closing:
 				return
 			default:
+			}
+			if outOfDescriptors(err) && s.evictOldest() {
+				continue
 			}
 			if delay == 0 {
 				delay = 5 * time.Millisecond
@@ -150,50 +185,112 @@ func (s *Server) accept() {
 			continue
 		}
 		delay = 0
+		p := &peer{c: c}
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
 			c.Close()
 			return
 		}
-		s.conns[c] = struct{}{}
+		var old *peer
+		if s.pending.Len() >= s.o.MaxPending {
+			old = s.unpend(s.pending.Front().Value.(*peer))
+		}
+		p.elem = s.pending.PushBack(p)
+		s.conns[p] = struct{}{}
 		s.wg.Add(1)
+		hook := s.onAccept
 		s.mu.Unlock()
-		go s.serve(c)
+		if old != nil {
+			old.c.Close()
+		}
+		if hook != nil {
+			hook()
+		}
+		go s.serve(p)
 	}
 }
 
-func (s *Server) serve(c net.Conn) {
+func outOfDescriptors(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)
+}
+
+// evictOldest closes the oldest connection that has not greeted, and
+// reports whether there was one. Its descriptor is free when it returns.
+func (s *Server) evictOldest() bool {
+	s.mu.Lock()
+	var old *peer
+	if e := s.pending.Front(); e != nil {
+		old = s.unpend(e.Value.(*peer))
+	}
+	s.mu.Unlock()
+	if old == nil {
+		return false
+	}
+	old.c.Close()
+	return true
+}
+
+// unpend takes p off the pending list to be closed; its own goroutine
+// then finds it gone when it would admit it. The caller holds s.mu.
+func (s *Server) unpend(p *peer) *peer {
+	s.pending.Remove(p.elem)
+	p.elem = nil
+	s.evicted++
+	return p
+}
+
+// admit moves p from the pending connections to the served ones; false
+// means it was evicted meanwhile.
+func (s *Server) admit(p *peer) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p.elem == nil {
+		return false
+	}
+	s.pending.Remove(p.elem)
+	p.elem = nil
+	return true
+}
+
+func (s *Server) serve(p *peer) {
+	c := p.c
 	defer s.wg.Done()
 	defer func() {
 		s.mu.Lock()
-		delete(s.conns, c)
+		delete(s.conns, p)
+		if p.elem != nil {
+			s.pending.Remove(p.elem)
+			p.elem = nil
+		}
 		s.mu.Unlock()
 		c.Close()
 	}()
-	r := bufio.NewReader(c)
 	var out []byte
+	admitted := false
 	reply := func(status byte, v []byte) bool {
 		out = answer(out[:0], status, v)
-		c.SetWriteDeadline(time.Now().Add(s.o.RequestTimeout))
+		if admitted {
+			c.SetWriteDeadline(time.Now().Add(s.o.RequestTimeout))
+		}
 		_, err := c.Write(out)
 		return err == nil
 	}
-	if s.o.Secret != "" {
-		// The handshake as a whole is bounded, from the start.
-		c.SetReadDeadline(time.Now().Add(s.o.RequestTimeout))
-		if status, err := s.handshake(r, reply); err != nil {
-			reply(status, []byte(err.Error()))
-			return
-		}
+	// The greeting as a whole is bounded, from the accept, and read
+	// without a buffer: the server reads no byte past a frame it refuses.
+	c.SetDeadline(time.Now().Add(s.o.HandshakeTimeout))
+	if !s.greet(p, reply) {
+		return
 	}
+	admitted = true
+	r := bufio.NewReader(c)
 	for {
 		c.SetReadDeadline(time.Time{}) // idle between requests
 		if _, err := r.Peek(1); err != nil {
 			return
 		}
 		c.SetReadDeadline(time.Now().Add(s.o.RequestTimeout))
-		op, key, value, wait, err := readRequest(r)
+		op, key, value, wait, err := readRequest(r, MaxSize)
 		if err != nil {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 				var ne net.Error
@@ -211,10 +308,11 @@ func (s *Server) serve(c net.Conn) {
 	}
 }
 
-// The secret's handshake: the client sends opHello with a nonce of its
-// own; the server answers with its nonce and a proof that it knows the
-// secret; the client checks it and sends opAuth with its own proof. Only
-// proofs travel, never the secret.
+// The greeting: every connection begins with opHello. Without a secret
+// its value is empty and the answer too. With one, the client sends a
+// nonce of its own; the server answers with its nonce and a proof that it
+// knows the secret; the client checks it and sends opAuth with its own
+// proof. Only proofs travel, never the secret.
 const nonceSize = 32
 
 func proof(secret string, who string, client, server []byte) []byte {
@@ -225,65 +323,128 @@ func proof(secret string, who string, client, server []byte) []byte {
 	return m.Sum(nil)
 }
 
-// handshake runs the server's side; on failure it returns the status and
-// the message to answer with.
-func (s *Server) handshake(r *bufio.Reader, reply func(byte, []byte) bool) (byte, error) {
-	op, _, client, _, err := readRequest(r)
+// greet runs the server's side of the greeting and admits p; on failure
+// it answers why, where there is someone to answer, and returns false.
+//
+// Every frame of the greeting is checked as it is read: its op before its
+// lengths, each length before the bytes it announces. A peer that has not
+// greeted makes the server read at most greetingFrame bytes of each of
+// its (at most two) frames, and allocate at most nonceSize for each.
+func (s *Server) greet(p *peer, reply func(byte, []byte) bool) bool {
+	refuse := func(status byte, format string, args ...any) bool {
+		reply(status, fmt.Appendf(nil, format, args...))
+		return false
+	}
+	client, err := readGreeting(p.c, opHello)
+	var op wrongOp
 	switch {
+	case errors.As(err, &op) && s.o.Secret != "":
+		return refuse(statusAuth, "%s refused: this store needs the job's secret (Options.Secret, or %s in the environment of every rank)", opName(byte(op)), SecretEnv)
+	case errors.As(err, &op):
+		return refuse(statusError, "rendezvous: %s before the greeting: a connection begins with Hello (is the client this version's rendezvous Store?)", opName(byte(op)))
+	case quiet(err):
+		return false
 	case err != nil:
-		return statusError, fmt.Errorf("rendezvous: the secret's handshake: %v", err)
-	case op != opHello:
-		return statusAuth, fmt.Errorf("%s refused: this store needs the job's secret (Options.Secret, or %s in the environment of every rank)", opName(op), SecretEnv)
-	case len(client) != nonceSize:
-		return statusError, fmt.Errorf("rendezvous: the secret's handshake: a nonce of %d bytes, want %d", len(client), nonceSize)
+		return refuse(statusError, "rendezvous: the greeting: %v", err)
+	case len(client) != 0 && len(client) != nonceSize:
+		return refuse(statusError, "rendezvous: the greeting: a nonce of %d bytes, want %d", len(client), nonceSize)
+	case s.o.Secret == "" && len(client) != 0:
+		// A client with a secret, and a server without one: not this
+		// job's store, or a store that anyone may write.
+		return refuse(statusAuth, "the store has no secret, and this client has one: is it the job's store? Give its server the same secret")
+	case s.o.Secret != "" && len(client) == 0:
+		return refuse(statusAuth, "the client has no secret; this store needs the job's secret (Options.Secret, or %s in the environment of every rank)", SecretEnv)
+	case s.o.Secret == "":
+		return s.admit(p) && reply(statusOK, nil)
 	}
 	server := make([]byte, nonceSize)
 	rand.Read(server)
 	if !reply(statusOK, append(server, proof(s.o.Secret, "server", client, server)...)) {
-		return statusError, errors.New("rendezvous: the secret's handshake: answering the hello failed")
+		return false
 	}
-	op, _, p, _, err := readRequest(r)
+	pr, err := readGreeting(p.c, opAuth)
 	switch {
+	case errors.As(err, &op) || err == nil && !hmac.Equal(pr, proof(s.o.Secret, "client", client, server)):
+		return refuse(statusAuth, "the client's secret is not the store's (Options.Secret, or %s in the environment of every rank)", SecretEnv)
+	case quiet(err):
+		return false
 	case err != nil:
-		return statusError, fmt.Errorf("rendezvous: the secret's handshake: %v", err)
-	case op != opAuth || !hmac.Equal(p, proof(s.o.Secret, "client", client, server)):
-		return statusAuth, fmt.Errorf("the client's secret is not the store's (Options.Secret, or %s in the environment of every rank)", SecretEnv)
+		return refuse(statusError, "rendezvous: the secret's handshake: %v", err)
 	}
-	if !reply(statusOK, nil) {
-		return statusError, errors.New("rendezvous: the secret's handshake: answering the proof failed")
-	}
-	return statusOK, nil
+	return s.admit(p) && reply(statusOK, nil)
 }
 
-func readRequest(r *bufio.Reader) (op byte, key string, value []byte, wait time.Duration, err error) {
-	if op, err = r.ReadByte(); err != nil {
+// quiet reports whether a read of the greeting failed because the peer
+// left, the connection was closed here, or the greeting's time is up: a
+// peer that has not greeted gets no answer then.
+func quiet(err error) bool {
+	var ne net.Error
+	return errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || errors.As(err, &ne) && ne.Timeout()
+}
+
+// greetingFrame is the most the server reads of one frame of the
+// greeting: op, two lengths, an empty key, a nonce or a proof (both
+// nonceSize bytes) and the wait.
+const greetingFrame = 1 + 4 + 4 + nonceSize + 8
+
+// wrongOp is the op of a greeting frame that is not the one expected.
+type wrongOp byte
+
+func (op wrongOp) Error() string { return opName(byte(op)) + " during the greeting" }
+
+// readGreeting reads one frame of the greeting, which must carry op want,
+// an empty key and a value of at most nonceSize bytes.
+func readGreeting(r io.Reader, want byte) ([]byte, error) {
+	var op [1]byte
+	if _, err := io.ReadFull(r, op[:]); err != nil {
+		return nil, err
+	}
+	if op[0] != want {
+		return nil, wrongOp(op[0])
+	}
+	_, v, _, err := readBody(r, 0, nonceSize)
+	return v, err
+}
+
+// readRequest reads one request whose key and value are at most max bytes
+// each.
+func readRequest(r io.Reader, max uint32) (op byte, key string, value []byte, wait time.Duration, err error) {
+	var b [1]byte
+	if _, err = io.ReadFull(r, b[:]); err != nil {
 		return
 	}
+	key, value, wait, err = readBody(r, max, max)
+	return b[0], key, value, wait, err
+}
+
+// readBody reads a frame after its op.
+func readBody(r io.Reader, maxKey, maxValue uint32) (key string, value []byte, wait time.Duration, err error) {
 	var k []byte
-	if k, err = readBlock(r); err != nil {
+	if k, err = readBlock(r, "key", maxKey); err != nil {
 		return
 	}
-	if value, err = readBlock(r); err != nil {
+	if value, err = readBlock(r, "value", maxValue); err != nil {
 		return
 	}
 	var w [8]byte
 	if _, err = io.ReadFull(r, w[:]); err != nil {
 		return
 	}
-	return op, string(k), value, time.Duration(binary.BigEndian.Uint64(w[:])), nil
+	return string(k), value, time.Duration(binary.BigEndian.Uint64(w[:])), nil
 }
 
-// readBlock reads a length and that many bytes. Memory grows as the bytes
-// arrive, never on the length's word alone: a client that announces a
-// large block and sends nothing costs nothing.
-func readBlock(r io.Reader) ([]byte, error) {
+// readBlock reads a length and that many bytes, refusing a length past
+// max before reading on. Memory grows as the bytes arrive, never on the
+// length's word alone: a client that announces a large block and sends
+// nothing costs nothing.
+func readBlock(r io.Reader, what string, max uint32) ([]byte, error) {
 	var n [4]byte
 	if _, err := io.ReadFull(r, n[:]); err != nil {
 		return nil, err
 	}
 	l := binary.BigEndian.Uint32(n[:])
-	if l > MaxSize {
-		return nil, fmt.Errorf("block of %d bytes (at most %d)", l, MaxSize)
+	if l > max {
+		return nil, fmt.Errorf("a %s of %d bytes (at most %d)", what, l, max)
 	}
 	b, err := io.ReadAll(io.LimitReader(r, int64(l)))
 	if err == nil && len(b) < int(l) {
@@ -340,10 +501,6 @@ func (s *Server) do(op byte, key string, value []byte, wait time.Duration) (byte
 			v = nil
 		}
 		return statusOK, v
-	case opHello:
-		// A client with a secret, and a server without one: not this
-		// job's store, or a store that anyone may write.
-		return statusAuth, []byte("the store has no secret, and this client has one: is it the job's store? Give its server the same secret")
 	}
 	return statusError, []byte(fmt.Sprintf("rendezvous: unknown operation %d", op))
 }

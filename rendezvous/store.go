@@ -130,8 +130,10 @@ type Store struct {
 }
 
 // Open returns rank o.Rank's Store. Rank 0 first starts the server on
-// o.Addr; every rank then connects, retrying until rank 0's server is up
-// or ctx (or o.Timeout) ends.
+// o.Addr; every rank then connects and greets, retrying until rank 0's
+// server is up and has greeted it, or ctx (or o.Timeout) ends. A wrong
+// secret, or a server that does not know this one, fails at once with
+// ErrAuth.
 func Open(ctx context.Context, o Options) (*Store, error) {
 	if o.Timeout < 0 {
 		return nil, fmt.Errorf("%w: Options.Timeout %v is negative", ErrInvalid, o.Timeout)
@@ -239,7 +241,9 @@ func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc)
 	return context.WithTimeout(ctx, s.opts.Timeout)
 }
 
-// dial connects, retrying while the server is not up yet.
+// dial connects and greets, retrying while the server is not up yet and
+// while it drops the connection before the greeting is done (a server
+// making room for new connections closes those that have not greeted).
 func (s *Store) dial(ctx context.Context) error {
 	var d net.Dialer
 	delay := 10 * time.Millisecond
@@ -247,15 +251,14 @@ func (s *Store) dial(ctx context.Context) error {
 		c, err := d.DialContext(ctx, "tcp", s.opts.Addr)
 		if err == nil {
 			s.conn, s.r = c, bufio.NewReader(c)
-			if s.opts.Secret == "" {
+			if err = s.greet(ctx); err == nil {
 				return nil
 			}
-			if err := s.hello(ctx); err != nil {
-				s.conn.Close()
-				s.conn = nil
+			s.conn.Close()
+			s.conn = nil
+			if !transient(err) {
 				return fmt.Errorf("rendezvous: rank %d: the store at %s: %w", s.opts.Rank, s.opts.Addr, err)
 			}
-			return nil
 		}
 		if ctx.Err() != nil {
 			return fmt.Errorf("%w: rank %d: connecting to the store at %s (served by rank 0): %v", ErrTimeout, s.opts.Rank, s.opts.Addr, err)
@@ -270,12 +273,27 @@ func (s *Store) dial(ctx context.Context) error {
 	}
 }
 
-// hello proves to the server that this Store knows the secret, and checks
-// that the server knows it too (server.go has the handshake).
-func (s *Store) hello(ctx context.Context) error {
+// transient reports whether a greeting failed on the way (the connection
+// dropped, reset or timed out) rather than by the server's answer.
+func transient(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+}
+
+// greet opens the connection with Hello. With a secret, it proves to the
+// server that this Store knows it, and checks that the server knows it
+// too (server.go has the handshake).
+func (s *Store) greet(ctx context.Context) error {
 	deadline, _ := ctx.Deadline()
 	s.conn.SetDeadline(deadline)
 	defer s.conn.SetDeadline(time.Time{})
+	if s.opts.Secret == "" {
+		v, err := s.roundTrip(opHello, "", nil, 0)
+		if err == nil && len(v) != 0 {
+			err = fmt.Errorf("the greeting: the server answered %d bytes, want none: is it the job's store?", len(v))
+		}
+		return err
+	}
 	client := make([]byte, nonceSize)
 	rand.Read(client)
 	v, err := s.roundTrip(opHello, "", client, 0)
@@ -286,7 +304,7 @@ func (s *Store) hello(ctx context.Context) error {
 		return fmt.Errorf("%w: the server does not know the job's secret: it is not this job's store", ErrAuth)
 	}
 	if _, err := s.roundTrip(opAuth, "", proof(s.opts.Secret, "client", client, v[:nonceSize]), 0); err != nil {
-		return err
+		return fmt.Errorf("the secret's handshake: %w", err)
 	}
 	return nil
 }
