@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -83,6 +84,11 @@ func emfileChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Close()
+	failed := make(chan struct{})
+	var once sync.Once
+	srv.mu.Lock()
+	srv.onAcceptError = func(error) { once.Do(func() { close(failed) }) }
+	srv.mu.Unlock()
 	var lim syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
 		t.Fatal(err)
@@ -110,7 +116,7 @@ func emfileChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	time.Sleep(100 * time.Millisecond) // the server's Accept fails meanwhile
+	<-failed // the server's Accept has failed for want of a descriptor
 	for _, f := range files {
 		f.Close()
 	}

@@ -94,8 +94,11 @@ type Server struct {
 	closed  bool
 	wg      sync.WaitGroup
 
-	// Test hook, set under mu before the event: an Accept.
-	onAccept func()
+	// Test hooks, set under mu before the event: an Accept, a failed
+	// Accept, and a Get or Wait about to be held.
+	onAccept      func()
+	onAcceptError func(error)
+	onHold        func(key string)
 }
 
 // peer is one accepted connection.
@@ -165,6 +168,12 @@ func (s *Server) accept() {
 			case <-s.closing:
 				return
 			default:
+			}
+			s.mu.Lock()
+			hook := s.onAcceptError
+			s.mu.Unlock()
+			if hook != nil {
+				hook(err)
 			}
 			if outOfDescriptors(err) && s.evictOldest() {
 				continue
@@ -549,12 +558,16 @@ func (s *Server) await(key string, wait time.Duration) ([]byte, bool) {
 		s.mu.Lock()
 		v, ok := s.data[key]
 		ch := s.changed
+		hook := s.onHold
 		s.mu.Unlock()
 		if ok {
 			return v, true
 		}
 		if t == nil {
 			t = time.NewTimer(wait)
+			if hook != nil {
+				hook(key)
+			}
 		}
 		select {
 		case <-ch:

@@ -38,10 +38,21 @@ func open(t *testing.T, n int) []*Store {
 	return ss
 }
 
+// held returns a channel that receives the key of every Get or Wait that
+// srv holds from now on.
+func held(srv *Server) <-chan string {
+	ch := make(chan string, 16)
+	srv.mu.Lock()
+	srv.onHold = func(key string) { ch <- key }
+	srv.mu.Unlock()
+	return ch
+}
+
 func TestSetGetAcrossRanks(t *testing.T) {
 	testutil.NoLeak(t)
 	ss := open(t, 3)
 	ctx := context.Background()
+	holding := held(ss[0].server)
 	got := make([][]byte, len(ss))
 	var wg sync.WaitGroup
 	for r := 1; r < len(ss); r++ {
@@ -53,7 +64,9 @@ func TestSetGetAcrossRanks(t *testing.T) {
 			got[r] = v
 		})
 	}
-	time.Sleep(20 * time.Millisecond) // the Gets are usually held by the server by now
+	for range len(ss) - 1 {
+		<-holding // the Gets are held by the server
+	}
 	id := bytes.Repeat([]byte{0xab, 0, 7}, 43)
 	if err := ss[0].Set(ctx, "id", id); err != nil {
 		t.Fatal(err)
@@ -162,7 +175,6 @@ func TestLateServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := ln.Addr().String()
-	ln.Close()
 	done := make(chan error, 1)
 	var s1 *Store
 	go func() {
@@ -170,7 +182,15 @@ func TestLateServer(t *testing.T) {
 		s1, err = Open(context.Background(), Options{Addr: addr, Rank: 1, Timeout: 10 * time.Second})
 		done <- err
 	}()
-	time.Sleep(100 * time.Millisecond) // rank 1 retries meanwhile
+	// Something that is not the store holds the port first: rank 1's
+	// first connection ends before its greeting is answered, and rank 1
+	// keeps trying, through refused connections once the port is free.
+	c, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	ln.Close()
 	s0, err := Open(context.Background(), Options{Addr: addr, Rank: 0})
 	if err != nil {
 		t.Skipf("port %s taken meanwhile: %v", addr, err)
@@ -194,12 +214,13 @@ func TestLateServer(t *testing.T) {
 func TestCloseFailsHeldCalls(t *testing.T) {
 	testutil.NoLeak(t)
 	ss := open(t, 2)
+	holding := held(ss[0].server)
 	errc := make(chan error, 1)
 	go func() {
 		_, err := ss[1].Get(context.Background(), "never")
 		errc <- err
 	}()
-	time.Sleep(30 * time.Millisecond)
+	<-holding
 	if err := ss[0].Close(); err != nil {
 		t.Fatal(err)
 	}
