@@ -126,6 +126,7 @@ FUZZ_TARGETS := \
 	internal/reduce:FuzzSumFloat32 internal/reduce:FuzzTwiceKernels internal/reduce:FuzzAvg \
 	comm:FuzzAnyNonfinite comm:FuzzHalfAdd comm/shm:FuzzInterleaving \
 	ddp:FuzzSchedule ddp:FuzzSequence models:FuzzParse cmd/ddpbench:FuzzParseSize \
+	rendezvous:FuzzServer \
 	trace/tracetest:FuzzValidate trace/tracetest:FuzzWriter
 
 fuzz:

@@ -296,6 +296,77 @@ func outOfDescriptorsChild(t *testing.T) {
 	t.Logf("%d idle connections; %d closed to make room", len(idle), evicted)
 }
 
+// FuzzServer sends arbitrary bytes to a server: from the start of a
+// connection to a server with a secret (mode 0: a peer that cannot
+// authenticate), after the secret's handshake (mode 1), and from the start
+// to a server without one (mode 2, where the bytes may greet). Nothing
+// panics, Close ends every connection, and in mode 0 the server reads at
+// most two greeting frames and drops the connection on its own.
+func FuzzServer(f *testing.F) {
+	hello := frame(opHello, "", nil)
+	f.Add([]byte{}, uint8(0))
+	f.Add(header(opHello, MaxSize, MaxSize), uint8(0))
+	f.Add(frame(opHello, strings.Repeat("k", 100), make([]byte, nonceSize)), uint8(0))
+	f.Add(frame(opHello, "", make([]byte, nonceSize)), uint8(0))
+	f.Add(append(frame(opHello, "", make([]byte, nonceSize)), frame(opAuth, "", make([]byte, nonceSize))...), uint8(0))
+	f.Add(frame(opSet, "k", []byte("v")), uint8(0))
+	f.Add(append(frame(opSet, "k", []byte("v")), frame(opGet, "k", nil)...), uint8(1))
+	f.Add(append(frame(opAdd, "n", make([]byte, 8)), frame(opAdd, "n", []byte{1})...), uint8(1))
+	f.Add(frame(opWait, "never", nil), uint8(1))
+	f.Add(header(opSet, MaxSize+1, 0), uint8(1))
+	f.Add(append(hello, frame(opSet, "k", []byte("v"))...), uint8(2))
+	f.Add(append(hello, hello...), uint8(2))
+	f.Add([]byte("GET / HTTP/1.1\r\n\r\n"), uint8(2))
+	f.Fuzz(func(t *testing.T, data []byte, mode uint8) {
+		mode %= 3
+		o := ServerOptions{Secret: "job"}
+		switch mode {
+		case 0:
+			o.HandshakeTimeout = 10 * time.Millisecond
+		case 2:
+			o.Secret = ""
+		}
+		ln := newPipeListener()
+		srv := serveOn(ln, o)
+		defer srv.Close()
+		holding := held(srv)
+		c := ln.dial()
+		defer c.Close()
+		if mode == 1 {
+			if err := rawGreet(c, o.Secret); err != nil {
+				t.Fatal(err)
+			}
+		}
+		drained := make(chan struct{})
+		go func() {
+			io.Copy(io.Discard, c)
+			close(drained)
+		}()
+		wrote := make(chan int, 1)
+		go func() {
+			n, _ := c.Write(data)
+			wrote <- n
+		}()
+		var n int
+		select {
+		case n = <-wrote:
+		case <-holding: // a Get or Wait held as long as the bytes asked
+		}
+		if mode == 0 {
+			select {
+			case <-drained:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("the server kept a connection that cannot authenticate open, after %d of %d bytes", n, len(data))
+			}
+			if n > 2*greetingFrame {
+				t.Fatalf("the server read %d bytes from a peer that cannot authenticate, more than two greeting frames (%d)", n, 2*greetingFrame)
+			}
+		}
+		srv.Close()
+		<-drained
+	})
+}
+
 // pipeListener serves in-memory connections (net.Pipe), which work in a
 // synctest bubble.
 type pipeListener struct {
