@@ -88,4 +88,13 @@
 // address space, a Mapper for processes); which collectives are Staged and
 // which Direct (a size threshold of the adapter's, at most Layout.Stage
 // for Staged); timeouts, stall reports and aborts.
+//
+// For ranks that are processes of one host (Linux), the package has the
+// pieces an adapter needs: a segment in a memfd that one rank creates
+// (Create) and the others map through /proc (Open); Futex, a wait that
+// polls, yields and then sleeps on the segment's futex word, which
+// Notify bumps after each publication, and that watches the process of
+// the rank it waits for (Ident: a peer that exits ends the wait at once,
+// one stopped is named at the deadline); and Abort, a cause every peer's
+// wait ends with. Their tests run ranks in two processes.
 package shm

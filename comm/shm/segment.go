@@ -74,6 +74,8 @@ type Segment struct {
 	stride int    // l.stride()
 	stageB int    // l.stageBytes()
 	mem    []byte // the Go-heap memory of NewHeap, kept alive
+	mapped []byte // the mapping of Create or Open
+	fd     int    // the memfd of Create until CloseFile; -1 otherwise
 }
 
 // NewHeap returns a segment of layout l in this process's memory, for
@@ -102,19 +104,39 @@ func Over(base unsafe.Pointer, size int, l Layout) (*Segment, error) {
 		return nil, fmt.Errorf("%w: shm: %d bytes at %p for a segment of %d bytes (%d ranks, %d-byte staging), page-aligned",
 			comm.ErrInvalid, size, base, l.Size(), l.Ranks, l.Stage)
 	}
-	return &Segment{base: base, l: l, stride: l.stride(), stageB: l.stageBytes()}, nil
+	return &Segment{base: base, l: l, stride: l.stride(), stageB: l.stageBytes(), fd: -1}, nil
 }
 
 // Layout returns the segment's layout.
 func (s *Segment) Layout() Layout { return s.l }
 
-// head is the group's part of the segment.
+// atomic32 is the futex word's type.
+type atomic32 = atomic.Uint32
+
+// head is the group's part of the segment, each word on a line of its
+// own.
 type head struct {
 	// gate is the number of the last direct collective opened or
 	// cancelled, times 4, plus gateGo or gateCancel.
 	gate atomic.Uint64
 	_    [line - 8]byte
+	// arrivals counts the publications of ranks that wait with Futex
+	// (Endpoint.Notify): the futex word their sleepers wait on.
+	arrivals atomic32
+	_        [line - 4]byte
+	// sleepers counts the ranks asleep on arrivals.
+	sleepers atomic.Uint32
+	_        [line - 4]byte
+	// abort is 0, or 1 + the rank that aborted the group, with
+	// abortWriting set while that rank writes cause.
+	abort atomic.Uint32
+	_     [4]byte
+	cause [causeBytes]byte
 }
+
+const causeBytes = 248
+
+var _ [page - unsafe.Sizeof(head{})]byte // the head fits its page
 
 func (s *Segment) head() *head { return (*head)(s.base) }
 
