@@ -95,6 +95,23 @@
 //  5. a second all-reduce carries all the bucket's Qs; Q /= N;
 //  6. M = P·Qᵀ, the same on every rank, and the error becomes what M lost.
 //
+// A NaN or an Inf in one element of one rank's gradient reaches every
+// rank's P, Q and average in that step; error feedback and warm start
+// would then carry it into every later step. So the hook keeps its state
+// out of such a step: Launch computes from the error and Q without
+// writing them (M += error is done in the gradient, Q is orthonormalized
+// in the scratch), and Finish writes them only if every reduced value of
+// the bucket (its uncompressed tensors, Ps and Qs) is finite. Otherwise
+// the bucket's average is non-finite, for the caller (a loss scaler) to
+// see and skip, every matrix of the bucket keeps the error and Q it had
+// before the step, and NonFinite counts the bucket. The reduced values
+// are the same bits on every rank, so every rank decides alike. Keeping
+// the state rather than restarting it makes a skipped step as if it had
+// not happened, for the buckets that saw the non-finite value; a bucket
+// that did not cannot know, when it finishes, of a later one that did,
+// and updates as in any step. Keeping it costs one copy of each
+// compressed matrix per step with error feedback.
+//
 // The second all-reduce needs the result of the first, and Launch must not
 // wait for the network, so the hook issues its collectives from a
 // goroutine of its own (started by Setup, stopped by Close), one bucket

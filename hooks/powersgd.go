@@ -113,6 +113,7 @@ type PowerSGDHook struct {
 	err   error // sticky: the group failed, or the options differ
 
 	before, after atomic.Int64 // elements before and after compression
+	nonfinite     atomic.Int64 // buckets whose average was not finite
 }
 
 // paramState is one compressed parameter's state, in one pool block: its
@@ -255,6 +256,12 @@ func (h *PowerSGDHook) Compression() (before, after int64) {
 	return h.before.Load(), h.after.Load()
 }
 
+// NonFinite returns the number of compressed buckets whose average came
+// out non-finite (a NaN or an Inf in some rank's gradient, or an overflow
+// of the products): the same on every rank. Such a bucket's matrices
+// kept their error and Q as they were before the step.
+func (h *PowerSGDHook) NonFinite() int64 { return h.nonfinite.Load() }
+
 // Launch prepares b and hands it to the issuer: in a compressed step, it
 // adds the error, computes the Ps and copies the uncompressed tensors into
 // the scratch. The issuer all-reduces the uncompressed tensors and the Ps,
@@ -291,7 +298,10 @@ func (h *PowerSGDHook) Launch(b *Bucket) (comm.Work, error) {
 
 // Finish turns the reduced Qs into the average: each compressed gradient
 // becomes P·Qᵀ (and its error what that lost), and the uncompressed
-// tensors are copied back from the scratch.
+// tensors are copied back from the scratch. If any of the bucket's reduced
+// values (uncompressed tensors, Ps, Qs) is not finite, the average is not
+// either, and every matrix of the bucket keeps its error and Q as they
+// were before the step (NonFinite counts it).
 func (h *PowerSGDHook) Finish(b *Bucket) error {
 	if err := h.check("Finish", b, h.Wire(b.Buf.DType), 0); err != nil {
 		return err
@@ -319,14 +329,30 @@ func (h *PowerSGDHook) Finish(b *Bucket) error {
 		copy(g[u.off:u.off+u.n], sc[u.at:u.at+u.n])
 	}
 	inv := 1 / float32(h.n)
+	qs := sc[pl.q0 : pl.q0+pl.nq]
+	for i, v := range qs {
+		qs[i] = v * inv
+	}
+	// The scratch holds the same bits on every rank, so every rank takes
+	// the same branch.
+	keep := !finite32(sc[:pl.nunc+pl.np]) || !finite32(qs)
+	if keep {
+		h.nonfinite.Add(1)
+	}
 	for _, t := range pl.comp {
 		st := t.st
-		q := sc[t.q : t.q+t.m*t.r]
-		for i, v := range q {
-			st.q[i] = v * inv
+		c := g[t.off : t.off+t.n*t.m] // M plus the error, from Launch
+		p, q := sc[t.p:t.p+t.n*t.r], sc[t.q:t.q+t.m*t.r]
+		if keep {
+			lowrank.Reconstruct(c, nil, p, q, t.n, t.m, t.r)
+			continue
 		}
+		copy(st.q, q)
 		st.warm = h.o.WarmStart
-		lowrank.Reconstruct(g[t.off:t.off+t.n*t.m], st.err, sc[t.p:t.p+t.n*t.r], st.q, t.n, t.m, t.r)
+		if st.err != nil {
+			copy(st.err, c)
+		}
+		lowrank.Reconstruct(c, st.err, p, st.q, t.n, t.m, t.r)
 	}
 	return nil
 }
@@ -380,27 +406,35 @@ func (h *PowerSGDHook) compressBucket(b *Bucket, pl *plan) error {
 			return err
 		}
 		t.st = st // for the issuer and Finish, which must not read h.params
-		if !st.warm {
+		// The state changes only in Finish, and only if the bucket's
+		// average is finite: Q is orthonormalized in the scratch, where
+		// the issuer later puts the new one, and the error is added to
+		// the gradient (which Finish overwrites), not the gradient to
+		// the error.
+		q := sc[t.q : t.q+t.m*t.r]
+		if st.warm {
+			copy(q, st.q)
+		} else {
 			h.pcg.Seed(h.o.Seed, uint64(t.param)<<40^h.step)
-			for i := range st.q {
-				st.q[i] = float32(h.rng.NormFloat64())
+			for i := range q {
+				q[i] = float32(h.rng.NormFloat64())
 			}
 		}
-		lowrank.Orthogonalize(st.q, t.m, t.r, h.o.OrthogonalizationEpsilon)
+		lowrank.Orthogonalize(q, t.m, t.r, h.o.OrthogonalizationEpsilon)
 		c := g[t.off : t.off+t.n*t.m]
 		p := sc[t.p : t.p+t.n*t.r]
 		if st.err == nil {
-			lowrank.MulQ(p, c, st.q, t.n, t.m, t.r)
+			lowrank.MulQ(p, c, q, t.n, t.m, t.r)
 			continue
 		}
-		// e += g, then P = e·Q, a block of rows at a time, so that the
+		// M += e, then P = M·Q, a block of rows at a time, so that the
 		// product reads rows the sum has just left in the cache.
 		rows := max(2, 32<<10/t.m)
 		for i := 0; i < t.n; i += rows {
 			k := min(rows, t.n-i)
-			e := st.err[i*t.m : (i+k)*t.m]
-			reduce.SumFloat32(e, e, c[i*t.m:(i+k)*t.m])
-			lowrank.MulQ(p[i*t.r:(i+k)*t.r], e, st.q, k, t.m, t.r)
+			mi := c[i*t.m : (i+k)*t.m]
+			reduce.SumFloat32(mi, st.err[i*t.m:(i+k)*t.m], mi)
+			lowrank.MulQ(p[i*t.r:(i+k)*t.r], mi, q, k, t.m, t.r)
 		}
 	}
 	h.before.Add(int64(b.Buf.Count))
@@ -631,10 +665,7 @@ func (h *PowerSGDHook) issue(j *job) (comm.Work, error) {
 	for _, t := range pl.comp {
 		p := sc[t.p : t.p+t.n*t.r]
 		lowrank.Orthogonalize(p, t.n, t.r, h.o.OrthogonalizationEpsilon)
-		c := g[t.off : t.off+t.n*t.m]
-		if t.st.err != nil {
-			c = t.st.err
-		}
+		c := g[t.off : t.off+t.n*t.m] // with the error added, by Launch
 		lowrank.MulTP(sc[t.q:t.q+t.m*t.r], c, p, t.n, t.m, t.r)
 	}
 	qs := s.Slice(pl.q0, pl.nq)
@@ -704,6 +735,16 @@ func (h *PowerSGDHook) checkOptions() error {
 		}
 	}
 	return nil
+}
+
+// finite32 reports whether every element of x is finite.
+func finite32(x []float32) bool {
+	for _, v := range x {
+		if math.Float32bits(v)&0x7f800000 == 0x7f800000 {
+			return false
+		}
+	}
+	return true
 }
 
 // scratch32 is b's scratch seen as float32 elements.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -475,4 +476,136 @@ func TestPowerSGDNoAlloc(t *testing.T) {
 		}
 		return nil
 	}))
+}
+
+// TestPowerSGDNonfinite puts one NaN, or one +Inf, in one element of one
+// rank's gradient for one step (in a compressed matrix, or in a vector
+// that travels beside it), with PyTorch's defaults (error feedback and
+// warm start on; compression from step 0), over three ranks. That step's
+// average must be non-finite on every rank, so that a loss scaler sees it;
+// the hook's state (every rank's errors and Qs) must come out of it as it
+// went in, and be counted; the steps after it must be the same bits on
+// every rank, and the same bits as a run that never had the bad step.
+func TestPowerSGDNonfinite(t *testing.T) {
+	const n, steps, bad, badRank = 3, 6, 3, 1
+	shapes := [][]int{{16, 24}, {16}, {8, 40}}
+	grads := make([][][]float32, steps) // [step][rank]
+	rng := rand.New(rand.NewPCG(11, 12))
+	for s := range grads {
+		for range n {
+			var g []float32
+			for _, sh := range shapes {
+				if len(sh) == 2 {
+					g = append(g, lowRankish(rng, sh[0], sh[1])...)
+				} else {
+					g = append(g, lowRankish(rng, 1, sh[0])...)
+				}
+			}
+			grads[s] = append(grads[s], g)
+		}
+	}
+	// run reduces steps (the step numbers of grads) and returns every
+	// rank's averages [rank][step] and each rank's state around the bad
+	// step (before, after), and the hook's count of non-finite matrices.
+	type state struct{ err, q []float32 }
+	run := func(at int, poison float32, steps []int) (out [][][]float32, around [][2][]state, counts []int64) {
+		out = make([][][]float32, n)
+		around = make([][2][]state, n)
+		counts = make([]int64, n)
+		noErrors(t, psgdGroup(t, n, func(int) PowerSGDOptions {
+			o := DefaultPowerSGDOptions()
+			o.StartIter = 0
+			return o
+		}, func(r int, h *PowerSGDHook, pool *allocator.Pool) error {
+			pb, err := newPSGDBucket(pool, h, 0, shapes)
+			if err != nil {
+				return err
+			}
+			defer pb.free(pool)
+			snapshot := func() []state {
+				var ss []state
+				for _, st := range h.params {
+					if st != nil {
+						ss = append(ss, state{slices.Clone(st.err), slices.Clone(st.q)})
+					}
+				}
+				return ss
+			}
+			for _, s := range steps {
+				copy(pb.g, grads[s][r])
+				if s == bad {
+					around[r][0] = snapshot()
+					if r == badRank {
+						pb.g[at] = poison
+					}
+				}
+				if err := reduceOnce(h, pb.b); err != nil {
+					return err
+				}
+				if s == bad {
+					around[r][1] = snapshot()
+				}
+				out[r] = append(out[r], slices.Clone(pb.g))
+			}
+			counts[r] = h.NonFinite()
+			return nil
+		}))
+		return out, around, counts
+	}
+	all := []int{0, 1, 2, 3, 4, 5}
+	without := []int{0, 1, 2, 4, 5}
+	clean, _, _ := run(0, 0, without)
+	for _, tc := range []struct {
+		name   string
+		at     int
+		poison float32
+	}{
+		{"NaN", 7, float32(math.NaN())},
+		{"Inf", 16*24 - 1, float32(math.Inf(1))},
+		{"NaN in a vector", 16*24 + 3, float32(math.NaN())},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			poison := tc.poison
+			out, around, counts := run(tc.at, poison, all)
+			for r := range n {
+				if finite32(out[r][bad]) {
+					t.Errorf("rank %d: the step with %v in it has a finite average", r, poison)
+				}
+				if counts[r] != 1 {
+					t.Errorf("rank %d: NonFinite() = %d, want 1", r, counts[r])
+				}
+				before, after := around[r][0], around[r][1]
+				if len(before) != 2 || len(after) != 2 {
+					t.Fatalf("rank %d: %d matrices' states before the bad step, %d after; want 2", r, len(before), len(after))
+				}
+				for k := range before {
+					if !slices.Equal(bitsOf(before[k].err), bitsOf(after[k].err)) || !slices.Equal(bitsOf(before[k].q), bitsOf(after[k].q)) {
+						t.Errorf("rank %d: matrix %d's state changed in the step with %v", r, k, poison)
+					}
+				}
+				for i, s := range all {
+					if s == bad {
+						continue
+					}
+					j := slices.Index(without, s)
+					for r0 := range n {
+						if !slices.Equal(bitsOf(out[r][i]), bitsOf(out[r0][i])) {
+							t.Fatalf("step %d: ranks %d and %d differ", s, r, r0)
+						}
+					}
+					if !slices.Equal(bitsOf(out[r][i]), bitsOf(clean[r][j])) {
+						t.Fatalf("rank %d, step %d: the average differs from a run without the bad step", r, s)
+					}
+				}
+			}
+		})
+	}
+}
+
+func bitsOf(x []float32) []uint32 {
+	b := make([]uint32, len(x))
+	for i, v := range x {
+		b[i] = math.Float32bits(v)
+	}
+	return b
 }
