@@ -2,13 +2,15 @@ package backend
 
 import (
 	"fmt"
+	"math"
+	"math/bits"
 
 	"github.com/ddpgo/ddpgo/comm"
 )
 
 // Rules are what a call is checked against: the comm contract for the
-// caller's rank in a group of Size ranks, and what only the backend knows
-// of the memory it carries.
+// caller's rank in a group of Size ranks (0 <= Rank < Size), and what
+// only the backend knows of the memory it carries.
 type Rules struct {
 	Rank, Size int
 	// HostOnly refuses device memory.
@@ -44,6 +46,7 @@ const (
 	TooMany            // A: the buffer, B: its count, above Rules.MaxCount
 	BadLoc             // A: the buffer, B: its location, neither host nor device
 	OtherDevice        // A: the buffer, B: its device, not Rules.Device
+	TooLarge           // A: the buffer, B: its count, whose bytes do not fit between its address and the end of memory
 )
 
 // Buffer numbers, the A of the reasons that name a buffer.
@@ -112,21 +115,21 @@ func (r *Rules) Check(call *comm.Call, send, recv *comm.Buffer) Invalid {
 		if recv.Count != send.Count || recv.DType != send.DType {
 			return Invalid{BadPair, int64(recv.Count), int64(recv.DType)}
 		}
-		if comm.Overlap(*send, *recv) {
+		if !comm.InPlace(*send, *recv) && intersect(send, recv) {
 			return Invalid{Reason: Overlapping}
 		}
 	case comm.KindAllGather:
-		if recv.Count != r.Size*send.Count || recv.DType != send.DType {
+		if !blocks(recv.Count, r.Size, send.Count) || recv.DType != send.DType {
 			return Invalid{BadGather, int64(recv.Count), int64(recv.DType)}
 		}
-		if send.Count > 0 && !OwnBlock(*send, *recv, r.Rank) && (comm.Overlap(*send, *recv) || comm.InPlace(*send, *recv)) {
+		if !OwnBlock(*send, *recv, r.Rank) && intersect(send, recv) {
 			return Invalid{Reason: Overlapping}
 		}
 	case comm.KindReduceScatter:
-		if send.Count != r.Size*recv.Count || send.DType != recv.DType {
+		if !blocks(send.Count, r.Size, recv.Count) || send.DType != recv.DType {
 			return Invalid{BadScatter, int64(send.Count), int64(send.DType)}
 		}
-		if recv.Count > 0 && !OwnBlock(*recv, *send, r.Rank) && (comm.Overlap(*send, *recv) || comm.InPlace(*send, *recv)) {
+		if !OwnBlock(*recv, *send, r.Rank) && intersect(send, recv) {
 			return Invalid{Reason: Overlapping}
 		}
 	}
@@ -142,6 +145,8 @@ func (r *Rules) buffer(i int, b *comm.Buffer) Invalid {
 		return Invalid{BadCount, int64(i), int64(b.Count)}
 	case b.Count > 0 && b.Addr == nil:
 		return Invalid{NilAddr, int64(i), int64(b.Count)}
+	case !fits(b):
+		return Invalid{TooLarge, int64(i), int64(b.Count)}
 	case b.Loc != comm.Host && b.Loc != comm.Device:
 		return Invalid{BadLoc, int64(i), int64(b.Loc)}
 	case r.OneDevice && b.Loc == comm.Device && b.Device != r.Device:
@@ -154,11 +159,42 @@ func (r *Rules) buffer(i int, b *comm.Buffer) Invalid {
 	return Invalid{}
 }
 
+// fits reports whether b's bytes can be counted in an int and end at or
+// before the last address: only then may its end be computed.
+func fits(b *comm.Buffer) bool {
+	size := b.DType.Size() // valid: buffer checked it first
+	return b.Count <= math.MaxInt/size &&
+		uintptr(b.Addr) <= ^uintptr(0)-uintptr(b.Count*size)
+}
+
+// blocks reports whether whole == size·part, exactly: the product is not
+// formed where it would overflow.
+func blocks(whole, size, part int) bool {
+	hi, lo := bits.Mul64(uint64(size), uint64(part))
+	return whole >= 0 && size >= 0 && part >= 0 && hi == 0 && lo == uint64(whole)
+}
+
+// intersect reports whether a and b, whose bytes fit (see fits), share a
+// byte. Host memory is one space whatever the buffers' Device fields say;
+// device memory is one space per device.
+func intersect(a, b *comm.Buffer) bool {
+	if a.Loc != b.Loc || a.Loc != comm.Host && a.Device != b.Device {
+		return false
+	}
+	na, nb := uintptr(a.Bytes()), uintptr(b.Bytes())
+	pa, pb := uintptr(a.Addr), uintptr(b.Addr)
+	return na > 0 && nb > 0 && pa < pb+nb && pb < pa+na
+}
+
 // OwnBlock reports whether part is exactly block rank of whole (blocks of
-// part's size): the in-place form of AllGather and ReduceScatter.
+// part's size, part not empty): the in-place form of AllGather and
+// ReduceScatter.
 func OwnBlock(part, whole comm.Buffer, rank int) bool {
-	return part.Loc == whole.Loc && part.Device == whole.Device &&
-		uintptr(part.Addr) == uintptr(whole.Addr)+uintptr(rank*part.Bytes())
+	hi, off := bits.Mul64(uint64(rank), uint64(part.Bytes()))
+	at, carry := bits.Add64(uint64(uintptr(whole.Addr)), off, 0)
+	return part.Count > 0 && rank >= 0 && hi == 0 && carry == 0 &&
+		part.Loc == whole.Loc && part.Device == whole.Device &&
+		uint64(uintptr(part.Addr)) == at
 }
 
 // Text says why a call is invalid in a group of size ranks, from call's
@@ -186,9 +222,9 @@ func (v Invalid) Text(call comm.Call, size int) string {
 	case BadPair:
 		return fmt.Sprintf("recv is %d x %s, send is %d x %s", v.A, comm.DType(v.B), call.Count, call.DType)
 	case BadGather:
-		return fmt.Sprintf("recv is %d x %s, want %d x %s", v.A, comm.DType(v.B), size*call.Count, call.DType)
+		return fmt.Sprintf("recv is %d x %s, want %s x %s", v.A, comm.DType(v.B), product(size, call.Count), call.DType)
 	case BadScatter:
-		return fmt.Sprintf("send is %d x %s, want %d x %s", v.A, comm.DType(v.B), size*call.Count, call.DType)
+		return fmt.Sprintf("send is %d x %s, want %s x %s", v.A, comm.DType(v.B), product(size, call.Count), call.DType)
 	case Overlapping:
 		if call.Kind == comm.KindAllGather || call.Kind == comm.KindReduceScatter {
 			return "send and recv overlap other than as this rank's block"
@@ -202,6 +238,8 @@ func (v Invalid) Text(call comm.Call, size int) string {
 		return fmt.Sprintf("%s has unknown location %d", bufName(v.A), v.B)
 	case OtherDevice:
 		return fmt.Sprintf("%s is memory of device %d, not the rank's", bufName(v.A), v.B)
+	case TooLarge:
+		return fmt.Sprintf("%s has count %d: its bytes do not fit between its address and the end of memory", bufName(v.A), v.B)
 	}
 	return fmt.Sprintf("reason %d", v.Reason)
 }
@@ -218,6 +256,15 @@ func (v Invalid) Err(call comm.Call, size int) error {
 
 func (v Invalid) err(call comm.Call, size int) error {
 	return fmt.Errorf("%w: %s: %s", comm.ErrInvalid, call.Kind, v.Text(call, size))
+}
+
+// product writes size·count, or "size·count" where the product overflows.
+func product(size, count int) string {
+	hi, lo := bits.Mul64(uint64(size), uint64(count))
+	if size < 0 || count < 0 || hi != 0 || lo > math.MaxInt {
+		return fmt.Sprintf("%d·%d", size, count)
+	}
+	return fmt.Sprint(lo)
 }
 
 func bufName(i int64) string {

@@ -71,12 +71,15 @@
 // # Arguments
 //
 // Rules.Check is the rulebook of the comm contract, the one every backend and
-// comm/checked enforce: valid dtype, counts and addresses; a valid op for
+// comm/checked enforce: valid dtype, counts and addresses, each buffer's
+// bytes within an int and ending before the end of memory; a valid op for
 // reductions; root and peer in range, and a peer other than the rank;
 // AllReduce and Reduce on root with matching send and recv, either the
-// same buffer or disjoint; AllGather and ReduceScatter with Size blocks,
-// disjoint or in place as the rank's own block; plus what Rules says of
-// the backend's memory (host only, a count limit). It returns an Invalid,
+// same buffer or sharing no byte; AllGather and ReduceScatter with exactly
+// Size blocks, sharing no byte or in place as the rank's own block; plus
+// what Rules says of the backend's memory (host only, a count limit). No
+// size is multiplied where the product could overflow, and host memory is
+// one space whatever a host buffer's Device says. It returns an Invalid,
 // a reason and two integers, which Text and Err turn into the same words
 // on every rank, so a wrapper can send another rank's reason in a few
 // bytes. Checking a valid call allocates nothing.
