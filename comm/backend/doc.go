@@ -32,6 +32,14 @@
 // pending therefore blocks its next issue until the oldest completes, and
 // its own watchdog (not the ring) bounds that wait.
 //
+// Breaking these rules is a backend's mistake, and panics in every build
+// (not only under the invariants tag): Publish or PublishDone of any
+// number but the one Reserve returned, Complete of an operation not yet
+// published or of #0, Complete(seq+RingSize) while seq is pending, and a
+// second Waiters.Drop of a channel. The checks compare words that the
+// call loads anyway, or that its caller has just loaded (Publish), and
+// Complete loads Issued once more.
+//
 // # Results
 //
 // Complete writes the result under a writing bit: the slot's done word

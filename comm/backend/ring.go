@@ -11,7 +11,6 @@ import (
 	"golang.org/x/sys/cpu"
 
 	"github.com/ddpgo/ddpgo/comm"
-	"github.com/ddpgo/ddpgo/internal/invariants"
 )
 
 // RingSize is the number of operations a rank may have issued and not yet
@@ -164,12 +163,27 @@ func (r *Ring[D]) Reserve(w comm.Waiter) uint64 {
 func wait(w comm.Waiter, id uint64) { _ = w.WaitOp(context.Background(), id) }
 
 // Publish makes operation seq, reserved and with its descriptor written,
-// visible: Issued returns it, and Test and Wait accept it.
+// visible: Issued returns it, and Test and Wait accept it. It panics
+// unless seq is the number Reserve returned: the one after Issued, its
+// slot free.
 func (r *Ring[D]) Publish(seq uint64) {
-	if invariants.Enabled && seq > RingSize && !r.Done(seq-RingSize) {
-		invariants.Violated("backend", "%s rank %d publishes operation #%d over #%d, which has not completed", r.name, r.rank, seq, seq-RingSize)
-	}
+	r.publishable(seq)
 	r.issued.Store(seq)
+}
+
+// publishable panics unless operation seq may be published now.
+func (r *Ring[D]) publishable(seq uint64) {
+	// Both words were loaded by Reserve just before: this costs two
+	// loads from the cache and a branch.
+	if issued := r.issued.Load(); seq != issued+1 || seq > RingSize && !r.Done(seq-RingSize) {
+		r.misuse("publishes operation #%d after #%d, over slot state %#x", seq, issued, r.slots[seq%RingSize].done.Load())
+	}
+}
+
+// misuse panics: a backend broke the ring's rules, and going on would
+// report wrong results.
+func (r *Ring[D]) misuse(format string, args ...any) {
+	panic(fmt.Sprintf("backend: %s rank %d: misuse of the ring: ", r.name, r.rank) + fmt.Sprintf(format, args...))
 }
 
 // PublishDone publishes operation seq, reserved and with its descriptor
@@ -177,11 +191,10 @@ func (r *Ring[D]) Publish(seq uint64) {
 // before publishing it. Test and Wait then find it done, and it keeps its
 // place in the issuer's count. No waiter can be parked on an operation not
 // yet published, so nothing is woken. A Sticky backend must not call it
-// once it has failed: its operations from then on fail.
+// once it has failed: its operations from then on fail. It panics as
+// Publish does.
 func (r *Ring[D]) PublishDone(seq uint64) {
-	if invariants.Enabled && seq > RingSize && !r.Done(seq-RingSize) {
-		invariants.Violated("backend", "%s rank %d publishes operation #%d over #%d, which has not completed", r.name, r.rank, seq, seq-RingSize)
-	}
+	r.publishable(seq)
 	s := &r.slots[seq%RingSize]
 	if s.err.Load() != nil {
 		// As Complete does: a Test of the slot's last operation must see
@@ -196,16 +209,27 @@ func (r *Ring[D]) PublishDone(seq uint64) {
 // Complete records the result of operation seq (err nil for success) and
 // wakes the goroutines parked in Wait. It reports whether it recorded it:
 // the first Complete of an operation wins and later ones do nothing, so
-// several goroutines may race to complete one operation. The operation's
-// slot must be free (see Reserve).
+// several goroutines may race to complete one operation. It panics for
+// an operation not yet published, or whose slot still holds an earlier
+// operation that has not completed (Complete(seq+RingSize) while seq is
+// pending): a backend's mistake, in every build.
 func (r *Ring[D]) Complete(seq uint64, err error) bool {
 	s := &r.slots[seq%RingSize]
 	old := s.done.Load()
 	if old&^writing >= seq {
+		if seq == 0 {
+			r.misuse("completes operation #0")
+		}
 		return false
 	}
-	if invariants.Enabled && (old&writing != 0 || seq > r.issued.Load()) {
-		invariants.Violated("backend", "%s rank %d completes operation #%d, published %d, over slot state %#x", r.name, r.rank, seq, r.issued.Load(), old)
+	// The slot's last operation must be the one RingSize before (none
+	// for the first RingSize), completed: Reserve waited for it.
+	prev := uint64(0)
+	if seq > RingSize {
+		prev = seq - RingSize
+	}
+	if old != prev || seq > r.issued.Load() {
+		r.misuse("completes operation #%d, published %d, over slot state %#x", seq, r.issued.Load(), old)
 	}
 	if !s.done.CompareAndSwap(old, seq|writing) {
 		return false

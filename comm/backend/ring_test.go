@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -389,4 +390,282 @@ func TestPublishDone(t *testing.T) {
 	if next := r.ops.Issued() + 1; r.ops.Ended(next) {
 		t.Errorf("Ended(%d) of an operation not yet issued", next)
 	}
+}
+
+// mustPanic reports f's panic message, failing t if f returns.
+func mustPanic(t *testing.T, what string, f func()) string {
+	t.Helper()
+	msg, ok := panicked(f)
+	if !ok {
+		t.Errorf("%s did not panic", what)
+	}
+	return msg
+}
+
+func panicked(f func()) (msg string, ok bool) {
+	defer func() {
+		if p := recover(); p != nil {
+			msg, ok = fmt.Sprint(p), true
+		}
+	}()
+	f()
+	return "", false
+}
+
+// TestMisuse: a backend that breaks the ring's rules gets a panic in
+// every build, not a success, and the ring is as it was.
+func TestMisuse(t *testing.T) {
+	r := newRank(false)
+	seq := r.issue()
+	if msg := mustPanic(t, "Complete before Publish", func() { r.ops.Complete(seq+1, nil) }); !strings.Contains(msg, "completes operation #2, published 1") {
+		t.Errorf("Complete before Publish: %q", msg)
+	}
+	mustPanic(t, "Complete(seq+RingSize) while seq is pending", func() { r.ops.Complete(seq+RingSize, nil) })
+	mustPanic(t, "Complete(0)", func() { r.ops.Complete(0, nil) })
+	mustPanic(t, "Publish twice", func() { r.ops.Publish(seq) })
+	mustPanic(t, "Publish skipping a number", func() { r.ops.Publish(seq + 2) })
+	for range RingSize - 1 {
+		r.ops.Complete(r.issue(), nil)
+	}
+	mustPanic(t, "Publish over a pending operation", func() { r.ops.Publish(seq + RingSize) })
+	mustPanic(t, "PublishDone over a pending operation", func() { r.ops.PublishDone(seq + RingSize) })
+	if r.ops.Issued() != RingSize {
+		t.Errorf("Issued() = %d after the misuses, want %d", r.ops.Issued(), RingSize)
+	}
+	if done, _ := r.ops.Test(seq); done {
+		t.Errorf("operation %d done after the misuses; nothing completed it", seq)
+	}
+	if !r.ops.Complete(seq, nil) || !r.ops.Done(seq) {
+		t.Errorf("operation %d could not complete after the misuses", seq)
+	}
+}
+
+// TestWaitersDropTwice: a second Drop of a channel panics, and the set
+// is as it was: a waiter registered since is counted and woken, and two
+// waiters never share a channel.
+func TestWaitersDropTwice(t *testing.T) {
+	var w Waiters
+	ch := w.Add()
+	w.Drop(ch)
+	mustPanic(t, "a second Drop", func() { w.Drop(ch) })
+	a := w.Add()
+	b := w.Add()
+	if a == b {
+		t.Fatal("two waiters share a channel")
+	}
+	if n := w.Len(); n != 2 {
+		t.Errorf("Len() = %d with two waiters, want 2", n)
+	}
+	w.Notify()
+	for i, c := range []chan struct{}{a, b} {
+		select {
+		case <-c:
+		default:
+			t.Errorf("Notify did not wake waiter %d", i)
+		}
+	}
+	w.Drop(a)
+	w.Drop(b)
+	mustPanic(t, "Drop of a channel not from Add", func() { w.Drop(make(chan struct{}, 1)) })
+	if n := w.Len(); n != 0 {
+		t.Errorf("Len() = %d, want 0", n)
+	}
+}
+
+// FuzzRing runs a sequence of ring and Waiters operations decoded from
+// the input, one byte for the operation and one for its argument, on one
+// goroutine, and compares every answer with a model: a map of the
+// operations' states and a list of registered channels. Misuses (the
+// operations the model knows to be wrong) must panic and change nothing.
+func FuzzRing(f *testing.F) {
+	f.Add([]byte{0, 0, 2, 0, 4, 1, 4, 2, 5, 1})
+	f.Add([]byte{0, 0, 0, 0, 1, 0, 2, 1, 2, 0, 3, 0, 6, 0, 6, 1, 6, 2, 6, 3, 6, 4, 7, 1, 7, 2})
+	f.Add([]byte{8, 0, 8, 0, 10, 0, 9, 0, 9, 0, 11, 0, 8, 0, 10, 0, 0, 0, 5, 1, 2, 255, 9, 1})
+	long := make([]byte, 0, 4*RingSize+40)
+	for i := range RingSize + 10 {
+		long = append(long, 0, 0, 2, byte(i)) // issue, complete (a failure when odd)
+	}
+	f.Add(append(long, 0, 0, 6, 2, 4, 3, 4, 200, 7, 9))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) > 1200 { // 600 operations: enough to reuse every slot
+			data = data[:1200]
+		}
+		r := newRank(false)
+		const (
+			pending = iota + 1
+			ok
+			failed
+		)
+		state := map[uint64]int{}
+		errs := map[uint64]error{}
+		var issued uint64
+		var chans, dropped []chan struct{}
+		canceled, cancel := context.WithCancel(context.Background())
+		cancel()
+		free := func(seq uint64) bool { return seq <= RingSize || state[seq-RingSize] > pending }
+		var open, ended []uint64                          // the operations pending, and completed
+		ids := func(pick byte, want int) (uint64, bool) { // the pick-th pending (or completed, want 0) operation
+			in := open
+			if want == 0 {
+				in = ended
+			}
+			if len(in) == 0 {
+				return 0, false
+			}
+			return in[int(pick)%len(in)], true
+		}
+		result := func(id uint64) (bool, error) { // what Test must say
+			switch {
+			case id == 0 || id > issued:
+				return true, comm.ErrInvalid
+			case state[id] == pending:
+				return false, nil
+			}
+			return true, errs[id]
+		}
+		same := func(err, want error) bool { return err == want || want == comm.ErrInvalid && errors.Is(err, want) }
+		for i := 0; i+1 < len(data); i += 2 {
+			op, arg := data[i]%12, data[i+1]
+			seq := issued + 1
+			switch op {
+			case 0, 1: // issue, or issue complete
+				if !free(seq) {
+					continue // Reserve would wait for an operation nobody completes
+				}
+				if got := r.ops.Reserve(r); got != seq {
+					t.Fatalf("Reserve = %d, want %d", got, seq)
+				}
+				*r.ops.Op(seq) = int(seq)
+				issued = seq
+				if op == 0 {
+					r.ops.Publish(seq)
+					state[seq] = pending
+					open = append(open, seq)
+				} else {
+					r.ops.PublishDone(seq)
+					state[seq], errs[seq] = ok, nil
+					ended = append(ended, seq)
+				}
+			case 2: // complete a pending operation
+				id, found := ids(arg, pending)
+				if !found {
+					continue
+				}
+				var err error
+				if arg&1 != 0 {
+					err = fmt.Errorf("op %d", id)
+				}
+				if !r.ops.Complete(id, err) {
+					t.Fatalf("Complete(%d) of a pending operation did not record", id)
+				}
+				state[id], errs[id] = ok, err
+				if err != nil {
+					state[id] = failed
+				}
+				open = slices.DeleteFunc(open, func(s uint64) bool { return s == id })
+				ended = append(ended, id)
+			case 3: // complete again
+				if id, found := ids(arg, 0); found && r.ops.Complete(id, errors.New("again")) {
+					t.Fatalf("a second Complete(%d) recorded", id)
+				}
+			case 4, 5: // Test, Wait with a context that has ended
+				id := uint64(arg) % (issued + 3)
+				done, want := result(id)
+				var err error
+				if op == 4 {
+					var got bool
+					if got, err = r.ops.Test(id); got != done {
+						t.Fatalf("Test(%d) done = %v, want %v", id, got, done)
+					}
+				} else if err = r.ops.Wait(canceled, id); !done {
+					want = context.Canceled
+					if !errors.Is(err, want) {
+						t.Fatalf("Wait(%d) of a pending operation, its context ended: %v", id, err)
+					}
+					continue
+				}
+				if !same(err, want) {
+					t.Fatalf("op %d: %v, want %v", id, err, want)
+				}
+			case 6: // misuse
+				var what string
+				var bad func()
+				switch arg % 5 {
+				case 0:
+					what, bad = "Complete before Publish", func() { r.ops.Complete(seq, nil) }
+				case 1:
+					id, found := ids(arg, pending)
+					if !found {
+						continue
+					}
+					what, bad = "Complete(seq+RingSize) while seq is pending", func() { r.ops.Complete(id+RingSize, nil) }
+				case 2:
+					if free(seq) {
+						what, bad = "Publish skipping a number", func() { r.ops.Publish(seq + 1) }
+					} else {
+						what, bad = "Publish over a pending operation", func() { r.ops.Publish(seq) }
+					}
+				case 3:
+					if issued == 0 {
+						continue
+					}
+					what, bad = "Publish twice", func() { r.ops.Publish(issued) }
+				case 4:
+					what, bad = "Complete(0)", func() { r.ops.Complete(0, nil) }
+				}
+				if _, p := panicked(bad); !p {
+					t.Fatalf("%s did not panic", what)
+				}
+				if r.ops.Issued() != issued {
+					t.Fatalf("%s moved Issued to %d from %d", what, r.ops.Issued(), issued)
+				}
+			case 7: // Done and Ended
+				id := uint64(arg) % (issued + 3)
+				ended := id >= 1 && state[id] > pending
+				if got := r.ops.Ended(id); id > 0 && got != ended {
+					t.Fatalf("Ended(%d) = %v, want %v", id, got, ended)
+				}
+				if got, want := r.ops.Done(id), ended && state[id+RingSize] <= pending; id > 0 && got != want {
+					t.Fatalf("Done(%d) = %v, want %v", id, got, want)
+				}
+			case 8: // a waiter registers
+				ch := r.ops.waiters.Add()
+				if slices.Contains(chans, ch) {
+					t.Fatal("Add returned a channel another waiter holds")
+				}
+				chans = append(chans, ch)
+			case 9: // a waiter leaves
+				if len(chans) == 0 {
+					continue
+				}
+				k := int(arg) % len(chans)
+				r.ops.waiters.Drop(chans[k])
+				dropped = append(dropped, chans[k])
+				chans = slices.Delete(chans, k, k+1)
+			case 10: // Notify wakes every waiter
+				r.ops.Notify()
+				for k, ch := range chans {
+					select {
+					case <-ch:
+					default:
+						t.Fatalf("Notify did not wake waiter %d of %d", k, len(chans))
+					}
+				}
+			case 11: // a channel dropped again
+				if len(dropped) == 0 {
+					continue
+				}
+				ch := dropped[int(arg)%len(dropped)]
+				if slices.Contains(chans, ch) {
+					continue // handed out again since: dropping it is legitimate
+				}
+				if _, p := panicked(func() { r.ops.waiters.Drop(ch) }); !p {
+					t.Fatal("a second Drop of a channel did not panic")
+				}
+			}
+			if n := r.ops.Waiting(); n != len(chans) {
+				t.Fatalf("Waiting() = %d, %d waiters registered", n, len(chans))
+			}
+		}
+	})
 }

@@ -1,6 +1,7 @@
 package backend
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -34,18 +35,21 @@ func (w *Waiters) Add() chan struct{} {
 	return ch
 }
 
-// Drop unregisters the waiter of ch and keeps ch for reuse.
+// Drop unregisters the waiter of ch and keeps ch for reuse. It panics if
+// ch is not registered (dropped twice, or not from Add): kept twice, the
+// channel would later be handed to two waiters, and Notify would wake
+// only one of them.
 func (w *Waiters) Drop(ch chan struct{}) {
 	w.mu.Lock()
-	for i, c := range w.chans {
-		if c == ch {
-			last := len(w.chans) - 1
-			w.chans[i] = w.chans[last]
-			w.chans[last] = nil
-			w.chans = w.chans[:last]
-			break
-		}
+	i := slices.Index(w.chans, ch)
+	if i < 0 {
+		w.mu.Unlock()
+		panic("backend: Waiters.Drop of a channel not registered (dropped twice, or not from Add)")
 	}
+	last := len(w.chans) - 1
+	w.chans[i] = w.chans[last]
+	w.chans[last] = nil
+	w.chans = w.chans[:last]
 	select {
 	case <-ch:
 	default:
