@@ -159,12 +159,12 @@ func (r *Rules) buffer(i int, b *comm.Buffer) Invalid {
 	return Invalid{}
 }
 
-// fits reports whether b's bytes can be counted in an int and end at or
-// before the last address: only then may its end be computed.
+// fits reports whether b's bytes (b.Count >= 0 of a valid dtype) can be
+// counted in an int, and its end, one past its last byte, is an address:
+// only then may the end be computed.
 func fits(b *comm.Buffer) bool {
-	size := b.DType.Size() // valid: buffer checked it first
-	return b.Count <= math.MaxInt/size &&
-		uintptr(b.Addr) <= ^uintptr(0)-uintptr(b.Count*size)
+	hi, n := bits.Mul64(uint64(b.Count), uint64(b.DType.Size()))
+	return hi == 0 && n <= math.MaxInt && uint64(uintptr(b.Addr)) <= uint64(^uintptr(0))-n
 }
 
 // blocks reports whether whole == size·part, exactly: the product is not
