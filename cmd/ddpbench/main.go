@@ -3,6 +3,12 @@
 // (collective) and the environment (info). With no arguments it runs
 // `ddpbench run` with defaults that finish in a few seconds.
 //
+// A command's flags follow it. Flags with no command are run's
+// (`ddpbench --ranks 3` is `ddpbench run --ranks 3`), and a command
+// written after them is refused, naming them, rather than run without
+// them. --version prints the module's version as the go command recorded
+// it and the Go toolchain.
+//
 // --backend inproc (the default) runs --ranks goroutines in this process.
 // Built with -tags mpi, --backend mpi runs one rank per process under
 // mpirun (mpirun -np 2 ddpbench run --backend mpi): every process runs its
@@ -45,6 +51,8 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
+	"runtime"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -78,7 +86,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 func runMainContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	app := newApp(stdout, stderr)
 	app.Metadata = map[string]any{"args": args} // for unexpectedArg and rankError
-	if err := app.RunContext(ctx, args); err != nil {
+	if err := app.RunContext(ctx, withCommand(args)); err != nil {
 		line, code := report(ctx, err, args)
 		if line != "" {
 			fmt.Fprintf(stderr, "ddpbench: %s\n", line)
@@ -157,18 +165,42 @@ func fromEnv(msg string, args []string) string {
 	return " (from " + env + ")"
 }
 
+// withCommand returns args with the default command, run, inserted when
+// none is given: "ddpbench" and "ddpbench --ranks 3" are "ddpbench run"
+// and "ddpbench run --ranks 3". The root has no flags of its own but
+// --help and --version, so a flag never stops at the root where a command
+// after it would not see it: "ddpbench --ranks 3 collective" becomes run's
+// command line, which refuses the stray command naming the flag
+// (flagBeforeCommand).
+func withCommand(args []string) []string {
+	if len(args) < 2 {
+		return append(slices.Clip(args), "run")
+	}
+	first := args[1]
+	if !strings.HasPrefix(first, "-") {
+		return args
+	}
+	name, _, _ := strings.Cut(strings.TrimLeft(first, "-"), "=")
+	for _, f := range []cli.Flag{cli.HelpFlag, cli.VersionFlag} {
+		if slices.Contains(f.Names(), name) {
+			return args
+		}
+	}
+	return slices.Concat(args[:1], []string{"run"}, args[1:])
+}
+
 func newApp(stdout, stderr io.Writer) *cli.App {
 	app := &cli.App{
 		Name:      "ddpbench",
 		Usage:     "benchmark ddpgo's data-parallel reducer and collectives",
 		UsageText: "ddpbench [run flags]\nddpbench command [flags]",
 		Description: "Without a command, ddpbench runs `run` (ResNet-50 gradients, 2 in-process ranks,\n" +
-			"20 ms of simulated backward per step).\n" +
+			"20 ms of simulated backward per step); flags go after their command.\n" +
 			"Every flag is also read from DDPBENCH_<FLAG> (upper case, dashes as underscores).\n\n" + exitRule,
+		Version:        version(),
 		Writer:         stdout,
 		ErrWriter:      stderr,
-		Flags:          runFlags(),
-		Action:         runAction,
+		Action:         unknownCommand,
 		OnUsageError:   onUsageError,
 		ExitErrHandler: func(*cli.Context, error) {}, // runMain reports and exits
 		Commands: []*cli.Command{
@@ -177,12 +209,100 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			collectiveCommand(),
 			infoCommand(),
 		},
-		HideVersion: true,
 	}
 	for _, c := range app.Commands {
 		c.OnUsageError = onUsageError
 	}
 	return app
+}
+
+// unknownCommand is the root's action, which withCommand leaves only a
+// first argument that names no command.
+func unknownCommand(c *cli.Context) error {
+	return usagef("unknown command %q (commands: %s; ddpbench --help)", c.Args().First(), commandNames(c.App))
+}
+
+// commandNames lists app's commands, help aside.
+func commandNames(app *cli.App) string {
+	var names []string
+	for _, c := range app.VisibleCommands() {
+		if c.Name != "help" {
+			names = append(names, c.Name)
+		}
+	}
+	return strings.Join(names, ", ")
+}
+
+// flagBeforeCommand is the error for a command written after flags that
+// withCommand gave to run ("ddpbench --backend mpi collective"): it names
+// those flags, which would otherwise have been ignored, and the command
+// line that gives them to the command. Nil when arg is not a command or no
+// flag came before it.
+func flagBeforeCommand(c *cli.Context, arg string) error {
+	raw := rawArgs(c)
+	cmd := c.App.Command(arg)
+	at := slices.Index(raw, arg)
+	if cmd == nil || at < 2 || !strings.HasPrefix(raw[1], "-") {
+		return nil
+	}
+	var flags []string
+	for _, a := range raw[1:at] {
+		name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if strings.HasPrefix(a, "-") && hasFlag(c.Command.Flags, name) {
+			flags = append(flags, dashes(name))
+		}
+	}
+	if len(flags) == 0 {
+		return nil
+	}
+	line := []string{"ddpbench", cmd.Name}
+	for _, a := range slices.Concat(raw[1:at], raw[at+1:]) {
+		line = append(line, shellWord(a))
+	}
+	return usagef("%s before the command %s: a command's flags go after it (%s)",
+		strings.Join(flags, ", "), cmd.Name, strings.Join(line, " "))
+}
+
+// hasFlag reports whether one of flags is called name.
+func hasFlag(flags []cli.Flag, name string) bool {
+	for _, f := range flags {
+		if slices.Contains(f.Names(), name) {
+			return true
+		}
+	}
+	return false
+}
+
+// shellWord quotes a for a shell when it is not a plain word.
+func shellWord(a string) string {
+	if a == "" || strings.ContainsAny(a, " \t\n'\"\\$`*?[]{}()<>|&;#~") {
+		return "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+	}
+	return a
+}
+
+// version is what --version prints after "ddpbench version": the main
+// module's version as the go command recorded it ((devel) when built in
+// a working tree, a tag or pseudo-version when installed with go install
+// module@version), the VCS revision where recorded, and the Go toolchain.
+func version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown (no build information), " + runtime.Version()
+	}
+	v := bi.Main.Version
+	if v == "" {
+		v = "(devel)"
+	}
+	for _, s := range bi.Settings {
+		switch {
+		case s.Key == "vcs.revision":
+			v += ", revision " + s.Value[:min(12, len(s.Value))]
+		case s.Key == "vcs.modified" && s.Value == "true":
+			v += " (modified)"
+		}
+	}
+	return fmt.Sprintf("%s, %s %s/%s", v, bi.GoVersion, runtime.GOOS, runtime.GOARCH)
 }
 
 // exitRule is the exit status rule, as --help prints it.

@@ -60,7 +60,14 @@ func TestErrors(t *testing.T) {
 		code int
 		want []string
 	}{
-		{[]string{"--bogus"}, 2, []string{"unknown flag --bogus (ddpbench --help lists the flags)"}},
+		{[]string{"--bogus"}, 2, []string{"unknown flag --bogus (ddpbench run --help lists the flags)"}},
+		// Flags before a command are run's (the default command), which
+		// refuses the command after them rather than ignore them.
+		{[]string{"--backend", "mpi", "collective", "-b", "4K", "-e", "16K"}, 2,
+			[]string{"--backend before the command collective: a command's flags go after it (ddpbench collective --backend mpi -b 4K -e 16K)"}},
+		{[]string{"--ranks", "3", "collective"}, 2, []string{"--ranks before the command collective", "(ddpbench collective --ranks 3)"}},
+		{[]string{"--ranks=3", "--zero-grad", "sweep"}, 2, []string{"--ranks, --zero-grad before the command sweep", "(ddpbench sweep --ranks=3 --zero-grad)"}},
+		{[]string{"--format", "json", "info"}, 2, []string{"--format before the command info"}},
 		{[]string{"run", "--bogus"}, 2, []string{"unknown flag --bogus (ddpbench run --help lists the flags)"}},
 		{[]string{"collective", "-x"}, 2, []string{"unknown flag -x (ddpbench collective --help lists the flags)"}},
 		{[]string{"run", "--ranks"}, 2, []string{"--ranks needs a value (ddpbench run --help)"}},
@@ -129,7 +136,7 @@ func TestErrors(t *testing.T) {
 		{[]string{"collective", "--op", "gather"}, 2, []string{`--op "gather"`}},
 		{[]string{"collective", "--op", "broadcast", "-r", "2"}, 2, []string{"-r/--root 2"}},
 		{[]string{"collective", "--op", "sendrecv", "--ranks", "1"}, 2, []string{"sendrecv needs --ranks >= 2"}},
-		{[]string{"nosuch"}, 2, []string{`"nosuch"`}},
+		{[]string{"nosuch"}, 2, []string{`unknown command "nosuch" (commands: run, sweep, collective, info; ddpbench --help)`}},
 		// Output paths are checked before the benchmark runs.
 		{[]string{"run", "--trace", missingDir}, 2, []string{fmt.Sprintf("--trace %q", missingDir), "no such file or directory"}},
 		{[]string{"run", "--trace", dir}, 2, []string{fmt.Sprintf("--trace %q: is a directory", dir)}},
@@ -923,5 +930,43 @@ func TestStallReported(t *testing.T) {
 		if n := strings.Count(stderr, fmt.Sprintf("ddpbench: stall: comm: rank %d has waited", rank)); n < 2 {
 			t.Errorf("rank %d reported %d stalls in 1.5 s at a 300 ms interval; stderr:\n%s", rank, n, stderr)
 		}
+	}
+}
+
+// TestVersion checks --version: the version the go command recorded and
+// the toolchain, no number of ddpbench's own.
+func TestVersion(t *testing.T) {
+	for _, flag := range []string{"--version", "-v"} {
+		code, stdout, stderr := run(t, flag)
+		if code != 0 || !strings.HasPrefix(stdout, "ddpbench version ") || !strings.Contains(stdout, runtime.Version()) || stderr != "" {
+			t.Errorf("%s: status %d, stdout %q, stderr %q; want the version and %s", flag, code, stdout, stderr, runtime.Version())
+		}
+	}
+}
+
+// TestRootHelp checks that the root's --help lists no flag under GLOBAL
+// OPTIONS but --help and --version: a flag written before a command
+// belongs to run, the command ddpbench runs without one.
+func TestRootHelp(t *testing.T) {
+	code, stdout, _ := run(t, "--help")
+	_, global, ok := strings.Cut(stdout, "GLOBAL OPTIONS:")
+	if code != 0 || !ok {
+		t.Fatalf("status %d, no GLOBAL OPTIONS:\n%s", code, stdout)
+	}
+	var flags []string
+	for _, line := range strings.Split(global, "\n") {
+		if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(f[0], "--") {
+			flags = append(flags, strings.TrimSuffix(f[0], ","))
+		}
+	}
+	if !slices.Equal(flags, []string{"--help", "--version"}) {
+		t.Errorf("global options %q, want [--help --version]:\n%s", flags, stdout)
+	}
+	// Run's flags still work without the command.
+	model := writeFile(t, "tiny.json", tinyModel)
+	code, stdout, stderr := run(t, "--ranks", "3", "--model", model, "--steps", "1", "--warmup", "0", "--compute", "none", "--format", "json")
+	var j runJSON
+	if err := json.Unmarshal([]byte(stdout), &j); code != 0 || err != nil || j.Ranks != 3 {
+		t.Errorf("ddpbench --ranks 3: status %d, ranks %d, %v, stderr %q", code, j.Ranks, err, stderr)
 	}
 }

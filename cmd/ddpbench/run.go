@@ -325,7 +325,10 @@ func parseRun(c *cli.Context) (runOpts, error) {
 
 func runAction(c *cli.Context) error {
 	if c.Args().Present() {
-		return unexpectedArg(c, c.Args().First(), "commands: run, sweep, collective, info")
+		if err := flagBeforeCommand(c, c.Args().First()); err != nil {
+			return err
+		}
+		return unexpectedArg(c, c.Args().First(), "commands: "+commandNames(c.App))
 	}
 	o, err := parseRun(c)
 	if err != nil {
