@@ -101,6 +101,11 @@ func lookupBackend(name string) (backend, error) {
 			return b, usagef("--backend %s: %s; built: %s", name, b.NotBuilt, strings.Join(builtBackends(), ", "))
 		}
 		b.launched = b.Launched
+		if !b.Launched {
+			if err := oneProcessOnly(name); err != nil {
+				return b, err
+			}
+		}
 		if b.InProcess {
 			_, err := launch.FromEnv()
 			b.launched = !errors.Is(err, launch.ErrNoLauncher)
@@ -113,6 +118,21 @@ func lookupBackend(name string) (backend, error) {
 		return b, nil
 	}
 	return backend{}, usagef("--backend %q: unknown (built: %s)", name, strings.Join(builtBackends(), ", "))
+}
+
+// oneProcessOnly refuses backend name, whose ranks are all goroutines of
+// one process (inproc), in a process that a launcher started as one of
+// several: each process would run a job of its own and print its results
+// as if it were alone, as torchrun's users would not expect. Slurm's
+// variables alone do not refuse it: a batch script sees its allocation's
+// task count and is one process.
+func oneProcessOnly(name string) error {
+	env, err := launch.FromEnv()
+	if err != nil || env.Size < 2 || env.Launcher == "slurm" {
+		return nil
+	}
+	return usagef("--backend %s runs every rank in this process, but %s started %d processes (this is rank %d): "+
+		"each would run a job of its own; use --backend mpi (or nccl), one rank per process", name, env.Launcher, env.Size, env.Rank)
 }
 
 // config is launch.Options.Config for b: its setup's, or nil.

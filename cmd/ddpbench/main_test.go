@@ -970,3 +970,40 @@ func TestRootHelp(t *testing.T) {
 		t.Errorf("ddpbench --ranks 3: status %d, ranks %d, %v, stderr %q", code, j.Ranks, err, stderr)
 	}
 }
+
+// TestInProcessUnderLauncher checks that a launcher's job of several
+// processes with the in-process backend is refused on every rank, naming
+// the launcher and the backend to use; Slurm's variables alone, which a
+// batch script sees, are not.
+func TestInProcessUnderLauncher(t *testing.T) {
+	for _, env := range [][]string{
+		{"OMPI_COMM_WORLD_RANK", "1", "OMPI_COMM_WORLD_SIZE", "2"},
+		{"PMI_RANK", "0", "PMI_SIZE", "3"},
+		{"RANK", "0", "WORLD_SIZE", "2", "MASTER_ADDR", "127.0.0.1", "MASTER_PORT", "29500"},
+	} {
+		t.Run(env[0], func(t *testing.T) {
+			model := writeFile(t, "tiny.json", tinyModel)
+			for i := 0; i < len(env); i += 2 {
+				t.Setenv(env[i], env[i+1])
+			}
+			for _, args := range [][]string{{"collective", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0"},
+				{"run", "--model", model, "--steps", "1", "--warmup", "0", "--compute", "none"},
+				{"sweep", "--backend", "inproc", "--model", model, "--caps", "1", "--steps", "1", "--warmup", "0", "--compute", "none"}} {
+				code, stdout, stderr := run(t, args...)
+				if code != 2 || stdout != "" || strings.Count(stderr, "\n") != 1 ||
+					!strings.Contains(stderr, "--backend inproc runs every rank in this process, but ") ||
+					!strings.Contains(stderr, "each would run a job of its own; use --backend mpi") {
+					t.Errorf("%v: status %d, stdout %q, stderr %q; want 2 and the reason", args, code, stdout, stderr)
+				}
+			}
+		})
+	}
+	t.Run("slurm", func(t *testing.T) {
+		t.Setenv("SLURM_PROCID", "0")
+		t.Setenv("SLURM_NTASKS", "4")
+		code, _, stderr := run(t, "collective", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0")
+		if code != 0 {
+			t.Errorf("inside a Slurm allocation: status %d, stderr %q; want the run", code, stderr)
+		}
+	})
+}

@@ -45,6 +45,20 @@ func TestMPIEndToEnd(t *testing.T) {
 		t.Errorf("collective json under mpirun: %+v, %v\n%s", cj, err, out)
 	}
 
+	// Without --backend mpi, each process would run an in-process job of
+	// its own: every rank refuses, with exit status 2.
+	{
+		cmd := mpitest.Job(ctx, mpirun, 2, bin, "collective", "-b", "1K", "-e", "1K")
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != 2 ||
+			!strings.Contains(stderr.String(), "--backend inproc runs every rank in this process, but openmpi started 2 processes") {
+			t.Errorf("collective without --backend mpi under mpirun: %v; want exit status 2 and the reason:\n%s", err, stderr.String())
+		}
+	}
+
 	model := writeFile(t, "tiny.json", `{"model":"tiny","params":[{"name":"a","shape":[300,256]},{"name":"b","shape":[256]},{"name":"c","shape":[10,256]}]}`)
 	trace := filepath.Join(dir, "t.json")
 	out, _ = job("run", "--backend", "mpi", "--model", model, "--bucket-cap-mb", "0.25", "--first-bucket-mb", "0.1",
