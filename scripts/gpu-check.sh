@@ -140,7 +140,7 @@ for spec in allreduce:float allreduce:half allreduce:bfloat16 allgather:float re
 	op=${spec%%:*} dt=${spec#*:}
 	{
 		name="collective $op $dt"
-		if timeout 120 "$BIN/ddpbench" collective --backend nccl --ranks "$ranks" --op "$op" -d "$dt" -b 8 -e "$maxbytes" -f 8 -n 5 -w 2 --check 1 \
+		if timeout 120 "$BIN/ddpbench" collective --backend nccl --ranks "$ranks" --collective "$op" -d "$dt" -b 8 -e "$maxbytes" -f 8 -n 5 -w 2 --check 1 \
 			--format json >"$OUT/coll-$op-$dt.json" 2>"$OUT/coll-$op-$dt.err"; then
 			wrong=$(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(j["wrong"], round(max(r["out_of_place"]["algbw_gbs"] for r in j["rows"]), 1))' "$OUT/coll-$op-$dt.json" 2>/dev/null)
 			set -- $wrong
@@ -201,7 +201,7 @@ else
 	else
 		result FAIL "2 processes: run resnet50 --compression fp16" "exit $?: $(tail -2 "$OUT/run2-0.err" "$OUT/run2-1.err" | tr '\n' ' ' | cut -c1-200)"
 	fi
-	if twoproc coll2 collective --backend nccl --op allreduce -b 8 -e 64M -f 8 -n 5 -w 2 --check 1; then
+	if twoproc coll2 collective --backend nccl --collective allreduce -b 8 -e 64M -f 8 -n 5 -w 2 --check 1; then
 		wrong=$(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(j["wrong"], j["ranks"], round(max(r["out_of_place"]["busbw_gbs"] for r in j["rows"]), 2))' "$OUT/coll2-0.json" 2>/dev/null)
 		set -- $wrong
 		if [ "${1:-x}" = 0 ]; then

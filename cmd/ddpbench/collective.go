@@ -23,16 +23,18 @@ func collectiveCommand() *cli.Command {
 			"-a as nccl-tests), algbw = size/time, busbw = algbw x the collective's factor, #wrong =\n" +
 			"elements that differ from the exact result (with -c 1). broadcast is in place in ddpgo's\n" +
 			"contract: its out-of-place column times a copy into the result buffer followed by the\n" +
-			"in-place call. sendrecv has no in-place form. Ctrl-C ends the sweep after the rows\n" +
-			"printed so far, with the footer marked interrupted.\n\n" + exitRule,
+			"in-place call. sendrecv has no in-place form. -o/--op is the reduction, as nccl-tests'\n" +
+			"-o; -o all runs the sweep once for each (sum, max, min, avg) in turn, which broadcast and\n" +
+			"allgather, reducing nothing, run once. Ctrl-C ends the sweep after the rows printed so\n" +
+			"far, with the footer marked interrupted.\n\n" + exitRule,
 		Flags: []cli.Flag{
-			stringFlag("op", "allreduce", "collective: allreduce, broadcast, reduce, allgather, reducescatter or sendrecv"),
+			stringFlag("collective", "allreduce", "the collective (nccl-tests' binary): allreduce, broadcast, reduce, allgather, reducescatter or sendrecv"),
 			stringFlag("minbytes", "4K", "smallest size (K, M, G suffixes)", "b"),
 			stringFlag("maxbytes", "256M", "largest size (K, M, G suffixes)", "e"),
 			intFlag("stepfactor", 4, "size multiplier between rows", "f"),
 			stringFlag("stepbytes", "", "size increment between rows instead of a factor (K, M, G suffixes)", "i"),
 			stringFlag("datatype", "float", "element type: float, half, bfloat16, double, int32, int64, uint8", "d"),
-			stringFlag("redop", "sum", "reduction: sum, avg, max, min", "o"),
+			stringFlag("op", "sum", "reduction: sum, max, min, avg, or all of them in turn (nccl-tests' prod has no counterpart in ddpgo)", "o"),
 			intFlag("root", 0, "root rank of broadcast and reduce", "r"),
 			intFlag("iters", 20, "timed iterations per size", "n"),
 			intFlag("warmup-iters", 5, "untimed iterations per size (nccl-tests' --warmup_iters; run's --warmup counts steps)", "w"),
@@ -50,7 +52,8 @@ func collectiveCommand() *cli.Command {
 
 // collectiveOpts is the parsed command line of collective.
 type collectiveOpts struct {
-	cfg       bench.CollectiveConfig
+	cfg       bench.CollectiveConfig // cfg.RedOp is ops[0]
+	ops       []comm.Op              // -o: one, or each in turn with -o all
 	ranks     int
 	backend   backend
 	format    string
@@ -60,8 +63,8 @@ type collectiveOpts struct {
 func parseCollective(c *cli.Context) (collectiveOpts, error) {
 	var o collectiveOpts
 	var err error
-	if o.cfg.Op, err = bench.ParseCollective(c.String("op")); err != nil {
-		return o, usagef("--op %q: want allreduce, broadcast, reduce, allgather, reducescatter or sendrecv", c.String("op"))
+	if o.cfg.Op, err = bench.ParseCollective(c.String("collective")); err != nil {
+		return o, usagef("--collective %q: want allreduce, broadcast, reduce, allgather, reducescatter or sendrecv", c.String("collective"))
 	}
 	if o.cfg.MinBytes, err = parseSize("-b/--minbytes", c.String("minbytes")); err != nil {
 		return o, err
@@ -87,9 +90,10 @@ func parseCollective(c *cli.Context) (collectiveOpts, error) {
 	if o.cfg.DType, err = comm.ParseDType(c.String("datatype")); err != nil {
 		return o, usagef("-d/--datatype %q: want float, half, bfloat16, double, int32, int64 or uint8", c.String("datatype"))
 	}
-	if o.cfg.RedOp, err = comm.ParseOp(c.String("redop")); err != nil {
-		return o, usagef("-o/--redop %q: want sum, avg, max or min", c.String("redop"))
+	if o.ops, err = parseRedOps(c.String("op"), o.cfg.Op); err != nil {
+		return o, err
 	}
+	o.cfg.RedOp = o.ops[0]
 	o.cfg.Root = c.Int("root")
 	o.cfg.Iters = c.Int("iters")
 	o.cfg.Warmup = c.Int("warmup-iters")
@@ -133,7 +137,7 @@ func parseCollective(c *cli.Context) (collectiveOpts, error) {
 		return o, usagef("-r/--root %d: want 0..%d with %d ranks", o.cfg.Root, o.ranks-1, o.ranks)
 	}
 	if o.cfg.Op == bench.SendRecv && o.ranks < 2 {
-		return o, usagef("--op sendrecv needs --ranks >= 2")
+		return o, usagef("--collective sendrecv needs --ranks >= 2")
 	}
 	// The largest size must move some data; smaller sizes are skipped
 	// (nccl-tests prints them with no data).
@@ -157,6 +161,51 @@ func parseCollective(c *cli.Context) (collectiveOpts, error) {
 	}
 	return o, nil
 }
+
+// allOps is nccl-tests' -o all, in its order, less prod.
+var allOps = []comm.Op{comm.Sum, comm.Max, comm.Min, comm.Avg}
+
+// parseRedOps parses -o/--op for collective op: the reduction, or with
+// "all" every reduction in turn, as nccl-tests does; a collective that
+// reduces nothing runs once (nccl-tests' broadcast and all_gather
+// ignore -o; its sendrecv loops over it, printing the op). A collective's
+// name, which --op took before it followed nccl-tests, is refused with
+// the flag that takes it now.
+func parseRedOps(s string, op bench.Collective) ([]comm.Op, error) {
+	var ops []comm.Op
+	switch s {
+	case "all":
+		ops = allOps
+	case "prod":
+		return nil, usagef("-o/--op prod: ddpgo's collectives have no product reduction; want sum, max, min, avg or all")
+	default:
+		r, err := comm.ParseOp(s)
+		if err != nil {
+			if _, cerr := bench.ParseCollective(s); cerr == nil {
+				return nil, usagef("-o/--op %q names a collective: -o/--op is the reduction, as nccl-tests' -o (sum, max, min, avg, all); "+
+					"the collective is --collective %s", s, s)
+			}
+			return nil, usagef("-o/--op %q: want sum, max, min, avg or all", s)
+		}
+		ops = []comm.Op{r}
+	}
+	if !op.Reduces() && op != bench.SendRecv {
+		ops = ops[:1]
+	}
+	return ops, nil
+}
+
+// redOpName is -o as given: a reduction, or all.
+func (o *collectiveOpts) redOpName() string {
+	if len(o.ops) > 1 {
+		return "all"
+	}
+	return o.cfg.RedOp.String()
+}
+
+// tests is the number of rows a whole sweep prints: a row per size per
+// reduction.
+func (o *collectiveOpts) tests() int { return len(o.cfg.Sizes()) * len(o.ops) }
 
 // minBytes is the smallest size for which op moves any data: one element,
 // or for all_gather and reduce_scatter one 16-byte-aligned slice per rank
@@ -199,8 +248,7 @@ func collectiveAction(c *cli.Context) error {
 	if err := g.agree(c.Context, w.header(), o.cfg.Timeout, c.App.ErrWriter, rawArgs(c)); err != nil {
 		return err
 	}
-	sizes := o.cfg.Sizes()
-	bar := newProgress(errOut, "collective", len(sizes), o.format == "table")
+	bar := newProgress(errOut, "collective", o.tests(), o.format == "table")
 	defer bar.stop()
 	// The GPUs are sampled over the sweep (each size's warmup and timed
 	// iterations); each row gets the samples taken while its size ran.
@@ -208,14 +256,24 @@ func collectiveAction(c *cli.Context) error {
 	defer tel.stop()
 	tel.start()
 	var werr error
-	rows, err := bench.RunCollective(c.Context, g.comms, o.cfg, func(r bench.CollectiveRow) {
-		seg := tel.cut()
-		w.rowGPU = append(w.rowGPU, seg)
-		bar.add(1)
-		if werr == nil {
-			bar.above(func() { werr = w.row(r) })
+	var rows []bench.CollectiveRow
+	for _, op := range o.ops {
+		cfg := o.cfg
+		cfg.RedOp = op
+		var opRows []bench.CollectiveRow
+		opRows, err = bench.RunCollective(c.Context, g.comms, cfg, func(r bench.CollectiveRow) {
+			seg := tel.cut()
+			w.rowGPU = append(w.rowGPU, seg)
+			bar.add(1)
+			if werr == nil {
+				bar.above(func() { werr = w.row(r) })
+			}
+		})
+		rows = append(rows, opRows...)
+		if err != nil {
+			break
 		}
-	})
+	}
 	tel.stop()
 	w.sweepGPU = tel.summary()
 	bar.stop()
@@ -231,7 +289,7 @@ func collectiveAction(c *cli.Context) error {
 		return err
 	}
 	if interrupted {
-		return interruptedError{msg: fmt.Sprintf("interrupted: %d of %d sizes measured", len(rows), len(sizes)), err: err}
+		return interruptedError{msg: fmt.Sprintf("interrupted: %d of %d sizes measured", len(rows), o.tests()), err: err}
 	}
 	if wrong := bench.WrongTotal(rows); wrong > 0 {
 		return fmt.Errorf("%w: %d wrong elements in %d of the %s sweep's tests", bench.ErrWrong, wrong, bench.WrongTests(rows), o.cfg.Op)
@@ -405,7 +463,7 @@ func (w *collectiveWriter) tableFooter(rows []bench.CollectiveRow) error {
 		check = "(check disabled)"
 	}
 	if w.interrupted {
-		if _, err := fmt.Fprintf(w.out, "# INTERRUPTED after %d of %d sizes: the footer covers those\n", len(rows), len(w.o.cfg.Sizes())); err != nil {
+		if _, err := fmt.Fprintf(w.out, "# INTERRUPTED after %d of %d sizes: the footer covers those\n", len(rows), w.o.tests()); err != nil {
 			return err
 		}
 	}
@@ -474,7 +532,7 @@ type collectiveJSON struct {
 	DeviceMemory     bool            `json:"device_memory,omitempty"`
 	Ranks            int             `json:"ranks"`
 	DType            string          `json:"dtype"`
-	RedOp            string          `json:"redop"`
+	RedOp            string          `json:"redop"` // -o: one reduction, or "all" (each row names its own)
 	Iters            int             `json:"iters"`
 	Warmup           int             `json:"warmup"`
 	Check            bool            `json:"check"`
@@ -493,6 +551,7 @@ type collectiveJSON struct {
 type collectiveRow struct {
 	Bytes      int64       `json:"size_bytes"`
 	Count      int         `json:"count"`
+	RedOp      string      `json:"redop"` // "none" for a collective that reduces nothing, as nccl-tests prints it
 	Root       int         `json:"root"`
 	OutOfPlace *timingJSON `json:"out_of_place"`
 	InPlace    *timingJSON `json:"in_place"`
@@ -524,11 +583,11 @@ func (w *collectiveWriter) jsonFooter(rows []bench.CollectiveRow) error {
 	cfg := &w.o.cfg
 	j := collectiveJSON{Op: cfg.Op.String(), Backend: w.o.backend.Name, Library: w.o.backend.library, StandIn: w.o.backend.standIn,
 		DeviceMemory: cfg.Device, Ranks: w.o.ranks, DType: cfg.DType.String(),
-		RedOp: cfg.RedOp.String(), Iters: cfg.Iters, Warmup: cfg.Warmup, Check: cfg.Check, Average: cfg.Average.NCCLTests(),
+		RedOp: w.o.redOpName(), Iters: cfg.Iters, Warmup: cfg.Warmup, Check: cfg.Check, Average: cfg.Average.NCCLTests(),
 		OutOfPlaceIsCopy: bench.EmulatedOutOfPlace(cfg.Op), AvgBusBW: bench.AvgBusBW(rows), Wrong: bench.WrongTotal(rows), FailedTests: bench.WrongTests(rows),
 		Interrupted: w.interrupted, Rows: []collectiveRow{}, GPUTelemetry: w.sweepGPU.json()}
 	for i, r := range rows {
-		row := collectiveRow{Bytes: r.Bytes, Count: r.Count, Root: r.Root, OutOfPlace: timingOut(r.OutOfPlace), InPlace: timingOut(r.InPlace)}
+		row := collectiveRow{Bytes: r.Bytes, Count: r.Count, RedOp: r.RedOp, Root: r.Root, OutOfPlace: timingOut(r.OutOfPlace), InPlace: timingOut(r.InPlace)}
 		if i < len(w.rowGPU) {
 			row.GPUTelemetry = w.rowGPU[i].json()
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/csv"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -101,7 +102,7 @@ func TestAvgBusBW(t *testing.T) {
 }
 
 func TestCollectiveCSVAndJSON(t *testing.T) {
-	code, stdout, stderr := run(t, "collective", "--op", "allgather", "-b", "1K", "-e", "16K", "-f", "4", "-n", "2", "-w", "1", "--format", "csv")
+	code, stdout, stderr := run(t, "collective", "--collective", "allgather", "-b", "1K", "-e", "16K", "-f", "4", "-n", "2", "-w", "1", "--format", "csv")
 	if code != 0 {
 		t.Fatalf("status %d: %s", code, stderr)
 	}
@@ -118,7 +119,7 @@ func TestCollectiveCSVAndJSON(t *testing.T) {
 		}
 	}
 
-	code, stdout, stderr = run(t, "collective", "--op", "sendrecv", "-b", "1K", "-e", "4K", "-n", "2", "-w", "1", "--format", "json")
+	code, stdout, stderr = run(t, "collective", "--collective", "sendrecv", "-b", "1K", "-e", "4K", "-n", "2", "-w", "1", "--format", "json")
 	if code != 0 {
 		t.Fatalf("status %d: %s", code, stderr)
 	}
@@ -157,5 +158,32 @@ func TestNCCLTestName(t *testing.T) {
 		if got := ncclTestName(op); got != want[op] {
 			t.Errorf("%s: %q, want %q", op, got, want[op])
 		}
+	}
+}
+
+// TestCollectiveAllOps checks -o all: as nccl-tests', each reduction in
+// turn (less prod, which ddpgo has not), every row naming its own; a
+// collective that reduces nothing runs once.
+func TestCollectiveAllOps(t *testing.T) {
+	code, stdout, stderr := run(t, "collective", "-o", "all", "-b", "1K", "-e", "4K", "-n", "2", "-w", "1", "--format", "json")
+	if code != 0 {
+		t.Fatalf("status %d: %s", code, stderr)
+	}
+	var j collectiveJSON
+	if err := json.Unmarshal([]byte(stdout), &j); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range j.Rows {
+		got = append(got, fmt.Sprintf("%s %d", r.RedOp, r.Bytes))
+	}
+	want := []string{"sum 1024", "sum 4096", "max 1024", "max 4096", "min 1024", "min 4096", "avg 1024", "avg 4096"}
+	if j.RedOp != "all" || j.Wrong != 0 || !slices.Equal(got, want) {
+		t.Errorf("-o all: redop %q, wrong %d, rows %q; want all, 0, %q", j.RedOp, j.Wrong, got, want)
+	}
+
+	code, stdout, stderr = run(t, "collective", "--collective", "allgather", "-o", "all", "-b", "1K", "-e", "4K", "-n", "2", "-w", "1")
+	if code != 0 || strings.Count(stdout, "    float    none") != 2 || strings.Contains(stdout, "    sum ") {
+		t.Errorf("allgather -o all: status %d, want its two sizes once, redop none:\n%s%s", code, stdout, stderr)
 	}
 }

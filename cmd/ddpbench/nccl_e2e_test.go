@@ -65,7 +65,7 @@ func TestNCCLCollective(t *testing.T) {
 	}
 
 	for _, op := range []string{"allgather", "reducescatter", "broadcast", "sendrecv"} {
-		code, out, stderr = run(t, "collective", "--backend", "nccl", "--ranks", "3", "--op", op, "-d", "bfloat16", "-b", "1K", "-e", "16K",
+		code, out, stderr = run(t, "collective", "--backend", "nccl", "--ranks", "3", "--collective", op, "-d", "bfloat16", "-b", "1K", "-e", "16K",
 			"-f", "4", "-n", "2", "-w", "1", "--format", "json")
 		var j collectiveJSON
 		if err := json.Unmarshal([]byte(out), &j); code != 0 || err != nil {
