@@ -5,7 +5,9 @@
 # the default, and 2.21's immediate one), and the pure-Go kernels forced
 # with the purego tag so both implementations are checked. The tests the
 # race detector makes meaningless (allocation counts) or too slow (the
-# digits example's accuracy) run once more without it. docs/testing.md
+# digits example's accuracy) run once more without it. A module outside
+# the repository is built against ddpgo by the README's recipe
+# (scripts/outside-module.sh). docs/testing.md
 # lists every test that skips, and why.
 #
 # The MPI backend (package mpi, build tag mpi, cgo) is tested where Open
@@ -27,6 +29,7 @@ test: lint
 	$(GO) test -run Exhaustive -count=1 ./fp16/
 	$(GO) test -run '^(TestAccuracy|TestPowerSGDAccuracy|TestRunAllocations)$$' -count=1 ./examples/digits/ ./bench/
 	@$(MAKE) --no-print-directory test-gomlx
+	scripts/outside-module.sh
 	@$(MAKE) --no-print-directory test-mpi
 	@$(MAKE) --no-print-directory test-net
 
