@@ -358,7 +358,11 @@ func (c *Comm) share(d *desc) error {
 	g := c.g
 	k := d.num
 	c.ep.Share(k, shm.Local)
-	done := func() bool { return c.ep.Lagging(k, shm.Shared, 0) == g.n }
+	from := 0
+	done := func() bool {
+		from = c.ep.Lagging(k, shm.Shared, from)
+		return from == g.n
+	}
 	if done() {
 		g.wakeAll()
 		return nil
