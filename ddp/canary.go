@@ -2,30 +2,27 @@ package ddp
 
 import (
 	"fmt"
+	"unsafe"
 
 	"github.com/ddpgo/ddpgo/comm"
 )
 
-// Writes through a slice kept from an earlier accumulation window
-// (ErrStaleGrad). The lazy zeroing (zero.go) treats a gradient with no
-// Grad, GradBuffer, SetGrad or AddGrad in the window as stale: whatever
-// its memory holds is the last average, which the launcher zeroes before
-// the bucket is launched. A caller that fetched Grad(i) once and writes
-// into that slice every step would lose every write that way, silently.
-//
-// So the zeroing Begin plants a canary in the first element of every
-// gradient: a signalling NaN, which a store replaces and arithmetic (+=)
-// turns into a quiet NaN. Ready of a stale parameter, and Wait before it
-// marks one unused, check that the canary is still there; if it is not,
-// the caller has written the gradient without fetching it, and the call
-// fails naming the parameter instead of zeroing the write. Grad (which
-// zeroes), SetGrad and AddGrad (which overwrite) remove the canary as
-// they make the gradient fresh. When Begin adopts a rebuilt layout, the
-// old layout's memory keeps canaries too, and stays out of the pool until
-// that step ends, so a slice kept across the change is caught the same
-// way. The cost is one store per parameter in Begin and one load in
-// Ready of a stale parameter. Device memory, which Go cannot address, and
-// NoZeroGrad, under which nothing is zeroed, have no canaries.
+// Writes through a slice of a replaced layout (ErrStaleGrad). Within one
+// layout no write through a slice the Reducer handed out is lost: Begin
+// zeroes that memory instead of leaving it to the lazy zeroing (zero.go).
+// When Begin adopts a rebuilt layout (Generation changes), every
+// parameter moves to new memory, and a slice kept from the old layout
+// points to memory that no longer holds a gradient. So that a write
+// through it is not lost silently, Begin fills every element of the old
+// layout's handed-out gradients with a canary, a signalling NaN that a
+// store replaces and arithmetic turns quiet, and keeps that memory out of
+// the pool until the step ends. Ready of such a parameter, and Wait
+// before it marks one unused, check every element of its old slot and
+// fail naming the parameter if one changed. The fill and the checks cost
+// one pass over the old layout's handed-out memory, once per layout
+// change. Device memory, which Go cannot address, and CopyGrads' slices,
+// which are the Reducer's own and do not move with the layout, have no
+// canaries.
 
 // Canaries by dtype: signalling NaNs.
 const (
@@ -35,73 +32,83 @@ const (
 	canaryBF16 uint16 = 0x7fa5
 )
 
-// canaries reports whether the Reducer plants canaries.
-func (r *Reducer) canaries() bool { return r.host && !r.o.NoZeroGrad }
-
-func setCanary(b comm.Buffer) {
+// fillCanary sets every element of b to its dtype's canary.
+func fillCanary(b comm.Buffer) {
 	if b.Count == 0 {
 		return
 	}
 	switch b.DType {
 	case comm.Float32:
-		*(*uint32)(b.Addr) = canary32
+		fill(unsafe.Slice((*uint32)(b.Addr), b.Count), canary32)
 	case comm.Float64:
-		*(*uint64)(b.Addr) = canary64
+		fill(unsafe.Slice((*uint64)(b.Addr), b.Count), canary64)
 	case comm.Float16:
-		*(*uint16)(b.Addr) = canary16
+		fill(unsafe.Slice((*uint16)(b.Addr), b.Count), canary16)
 	case comm.BFloat16:
-		*(*uint16)(b.Addr) = canaryBF16
+		fill(unsafe.Slice((*uint16)(b.Addr), b.Count), canaryBF16)
 	}
 }
 
-// hasCanary reports whether b's first element is still its canary.
-func hasCanary(b comm.Buffer) bool {
+// allCanary reports whether every element of b is still its canary.
+func allCanary(b comm.Buffer) bool {
 	if b.Count == 0 {
 		return true
 	}
 	switch b.DType {
 	case comm.Float32:
-		return *(*uint32)(b.Addr) == canary32
+		return all(unsafe.Slice((*uint32)(b.Addr), b.Count), canary32)
 	case comm.Float64:
-		return *(*uint64)(b.Addr) == canary64
+		return all(unsafe.Slice((*uint64)(b.Addr), b.Count), canary64)
 	case comm.Float16:
-		return *(*uint16)(b.Addr) == canary16
+		return all(unsafe.Slice((*uint16)(b.Addr), b.Count), canary16)
 	case comm.BFloat16:
-		return *(*uint16)(b.Addr) == canaryBF16
+		return all(unsafe.Slice((*uint16)(b.Addr), b.Count), canaryBF16)
 	}
 	return true
 }
 
-// plantCanaries marks every gradient's memory as the zeroing Begin leaves
-// it.
-func (r *Reducer) plantCanaries() {
-	if !r.canaries() {
-		return
-	}
-	if r.copies != nil {
-		for _, b := range r.copies {
-			setCanary(b)
-		}
-		return
-	}
-	for _, b := range r.lay.Load().bufs {
-		setCanary(b)
+func fill[T uint16 | uint32 | uint64](s []T, v T) {
+	for j := range s {
+		s[j] = v
 	}
 }
 
+func all[T uint16 | uint32 | uint64](s []T, v T) bool {
+	for _, x := range s {
+		if x != v {
+			return false
+		}
+	}
+	return true
+}
+
 // retire keeps the layout Begin has just replaced out of the pool until
-// the step ends, with canaries in its gradients.
+// the step ends, with canaries in the gradients it had handed out, and
+// starts the new layout with none handed out.
 func (r *Reducer) retire(old *layout) error {
 	if err := r.dropRetired(); err != nil {
 		return err
 	}
-	if !r.canaries() || r.copies != nil {
+	if r.copies != nil {
 		// CopyGrads' slices are the Reducer's own Go memory: they do
-		// not move with the layout.
+		// not move with the layout, and stay handed out.
 		return old.free(r.pool)
 	}
-	for _, b := range old.bufs {
-		setCanary(b)
+	if r.held == nil {
+		r.held = make([]bool, len(r.params))
+	}
+	kept := false
+	for i := range r.out {
+		r.held[i] = r.out[i].Swap(false) && r.host
+		kept = kept || r.held[i]
+	}
+	if !kept {
+		return old.free(r.pool)
+	}
+	for i, b := range old.bufs {
+		if r.held[i] {
+			fillCanary(b)
+		}
 	}
 	r.retired = old
 	return nil
@@ -117,23 +124,20 @@ func (r *Reducer) dropRetired() error {
 	return old.free(r.pool)
 }
 
-// heldWrite fails if stale parameter i was written through a slice kept
-// from an earlier window or layout; op names the call.
+// heldWrite fails if parameter i was written through a slice of the
+// layout that this step's Begin replaced; op names the call. The slot
+// gets its canaries back, so that the parameter can be written again
+// and marked.
 func (r *Reducer) heldWrite(op string, i int) error {
-	if !r.canaries() || !r.isStale(i) {
+	if r.retired == nil || !r.held[i] {
 		return nil
 	}
-	p := r.params[i].Name
-	if r.retired != nil && !hasCanary(r.retired.bufs[i]) {
-		return fmt.Errorf("%w: rank %d step %d: %s: parameter %d (%q) was written through a slice of the bucket layout that this step's Begin replaced (Generation is now %d), "+
-			"memory that no longer holds its gradient: call Grad(%d) in every window before writing, and fetch gradients again whenever Generation changes (package documentation, \"Views and the rebuild\")",
-			ErrStaleGrad, r.c.Rank(), r.stepNo, op, i, p, r.layGen, i)
+	b := r.retired.bufs[i]
+	if allCanary(b) {
+		return nil
 	}
-	if !hasCanary(r.gradBuf(i)) {
-		return fmt.Errorf("%w: rank %d step %d: %s: parameter %d (%q) was written through a slice kept from an earlier accumulation window, with no Grad(%d) since Begin; "+
-			"the Reducer zeroes such a gradient before reducing it (a lazy zero_grad), so the write would be lost: call Grad(%d) in every window before writing, "+
-			"or use SetGrad or AddGrad (package documentation, \"Zeroing\")",
-			ErrStaleGrad, r.c.Rank(), r.stepNo, op, i, p, i, i)
-	}
-	return nil
+	fillCanary(b)
+	return fmt.Errorf("%w: rank %d step %d: %s: parameter %d (%q) was written through a slice of the bucket layout that this step's Begin replaced (Generation is now %d), "+
+		"memory that no longer holds its gradient: fetch gradients again whenever Generation changes, Grad(%d) here (package documentation, \"Views and the rebuild\")",
+		ErrStaleGrad, r.c.Rank(), r.stepNo, op, i, r.params[i].Name, r.layGen, i)
 }

@@ -65,29 +65,37 @@
 //
 // # Zeroing
 //
-// The zeroing is lazy, so that Begin does not pay a serial pass over all
-// gradient memory (on ResNet-50 as long as the whole all-reduce) before
-// backward can start: Begin only marks every gradient stale, in O(1)
-// (and plants a canary in each, one store per parameter: below). The
-// first Grad(i) or GradBuffer(i) of the accumulation window zeroes
-// parameter i's gradient and hands it out (its cache lines are then warm
-// for the caller's write); SetGrad overwrites it, and AddGrad on a stale
-// gradient overwrites instead of adding, neither zeroing at all. A
-// parameter marked ready with no Grad in the window, by the caller or as
-// unused (below), is zeroed by the launcher just before its bucket is
-// launched, so Ready stays O(1); BucketStats.Zero and StepStats.ZeroComm
-// report that time. Every gradient thus reads as zero the first time the
-// caller looks at it, exactly as if Begin had zeroed them all. It follows
-// that a gradient must be fetched with Grad (or GradBuffer) in each
-// window before it is written. A write through a slice kept from an
-// earlier window (or from an earlier layout, see below), with no Grad
-// since, would be zeroed before the reduction; instead Ready fails with
-// ErrStaleGrad, naming the parameter and leaving it unmarked, and so does
-// Wait for a parameter it would mark unused. (The zeroing Begin plants a
-// signalling NaN in each gradient's first element, which a store replaces
-// and += turns quiet, and Ready of a parameter with no Grad checks it: a
-// write that leaves the first element's bits as they were goes unseen.
-// zero.go and canary.go have the mechanism; host memory only.)
+// The zeroing is lazy where it can be, so that Begin does not pay a
+// serial pass over all gradient memory (on ResNet-50 as long as the whole
+// all-reduce) before backward can start: Begin marks every gradient
+// stale, in O(1). The first Grad(i) or GradBuffer(i) of the accumulation
+// window zeroes parameter i's gradient and hands it out (its cache lines
+// are then warm for the caller's write); SetGrad overwrites it, and
+// AddGrad on a stale gradient overwrites instead of adding, neither
+// zeroing at all. A parameter marked ready with no Grad in the window, by
+// the caller or as unused (below), is zeroed by the launcher just before
+// its bucket is launched, so Ready stays O(1); BucketStats.Zero and
+// StepStats.ZeroComm report that time. Every gradient thus reads as zero
+// the first time the caller looks at it, exactly as if Begin had zeroed
+// them all.
+//
+// A gradient that Grad or GradBuffer has handed out is the exception:
+// the caller may keep the slice and write through it in a later window
+// without fetching it again, as PyTorch code keeps param.grad, which
+// gradient_as_bucket_view makes a view of the bucket. Zeroed lazily, such
+// a write would be lost: zeroed by the launcher, or mixed with the last
+// average. So the zeroing Begin zeroes every gradient it has handed out
+// in the current layout, and a kept slice takes the window's gradient,
+// whichever elements are written, with = or +=. That is the pass Grad
+// would make during the window, moved to Begin: a model that fetches its
+// gradients with Grad zeroes the same bytes as before, but ahead of
+// backward rather than interleaved with it; one that writes them with
+// SetGrad or AddGrad and never asks for a slice pays nothing; one that
+// reads them with Grad after Wait pays the pass in each zeroing Begin.
+// Detecting such writes instead of keeping them would cost no less: the
+// memory would have to be compared with what it held at Begin, which only
+// a pass at Begin can record (the caller may change the averages after
+// Wait, clipping them in place). zero.go has the mechanism.
 //
 // Options.NoZeroGrad skips the zeroing in Grad: the gradients then hold
 // the last average until overwritten, so the first step of each
@@ -147,9 +155,13 @@
 // effect at the next Begin, which increments Generation (whose gradients
 // start at zero, fresh memory, even with NoZeroGrad), so a slice taken
 // during the first step still shows the reduced gradient after Wait; after
-// that Begin it refers to memory returned to the pool (under the
+// that Begin it refers to memory that no longer holds a gradient. In the
+// step that Begin starts, a write through such a slice, at any element,
+// makes Ready (or Wait, for a parameter it would mark unused) fail with
+// ErrStaleGrad naming the parameter, instead of being lost (host memory;
+// canary.go); after that step the memory is back in the pool (under the
 // invariants build tag the pool poisons freed memory with NaNs, so stale
-// use shows): a model that caches gradient slices fetches them again when
+// use shows). A model that keeps gradient slices fetches them again when
 // Generation changes, that is, with the default options, once, at the
 // Begin of the second synced step. Options.KeepLayout disables the
 // rebuild. The initial layout assigns buckets over the parameters in

@@ -54,10 +54,10 @@ var (
 	// float32; a value of the wrong dtype for Broadcast).
 	ErrDType = errors.New("ddp: wrong gradient dtype")
 	// ErrStaleGrad: a gradient was written through a slice (or Buffer)
-	// kept from an earlier accumulation window, with no Grad, GradBuffer,
-	// SetGrad or AddGrad of it in this one; the lazy zeroing would have
-	// zeroed the write (package documentation, "Zeroing"). The error names
-	// the parameter; it is left unmarked, so fetching its gradient again,
+	// of the bucket layout that this step's Begin replaced (Generation
+	// changed), memory that no longer holds the gradient (package
+	// documentation, "Views and the rebuild"). The error names the
+	// parameter; it is left unmarked, so fetching its gradient again,
 	// writing it and calling Ready goes on with the step.
 	ErrStaleGrad = errors.New("ddp: gradient written through a stale slice")
 	// ErrConcurrent: Wait, WaitEach, Join or Broadcast (or

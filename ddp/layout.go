@@ -59,6 +59,12 @@ func (r *Reducer) adopt(bs []bucket.Bucket) error {
 		if err := r.retire(old); err != nil {
 			return fmt.Errorf("ddp: returning the old bucket memory: %w", err)
 		}
+	} else if r.copies == nil {
+		// The old memory went back to make room: nothing of the new
+		// layout is handed out yet.
+		for i := range r.out {
+			r.out[i].Store(false)
+		}
 	}
 	return nil
 }

@@ -45,6 +45,7 @@ type Reducer struct {
 	layGen  uint64                 // layouts adopted so far (Generation)
 	rebuilt bool                   // the rebuild (or the decision not to) is done
 	retired *layout                // the layout Begin replaced, until the step ends (canary.go)
+	held    []bool                 // the retired layout's parameters that were handed out
 
 	state    atomic.Int32
 	prevSync bool // the last step was synced (or there was none): Begin zeroes
@@ -56,8 +57,9 @@ type Reducer struct {
 	// Lazy zeroing: see zero.go.
 	gen      atomic.Uint32
 	fresh    []atomic.Uint32
-	static   []bool // StaticGraph: unused in the first synced step
-	staticOK bool   // static set known
+	out      []atomic.Bool // handed out by Grad or GradBuffer: Begin zeroes it (zero.go)
+	static   []bool        // StaticGraph: unused in the first synced step
+	staticOK bool          // static set known
 	reduced  atomic.Int32
 
 	cur, last *StepStats
@@ -280,6 +282,7 @@ func (r *Reducer) prepare(params []Param) error {
 	r.order = make([]atomic.Int32, n)
 	r.isUnused = make([]bool, n)
 	r.fresh = make([]atomic.Uint32, n)
+	r.out = make([]atomic.Bool, n)
 	r.static = make([]bool, n)
 	for i := range r.statsBuf {
 		s := &r.statsBuf[i]
@@ -387,8 +390,9 @@ func (r *Reducer) Index(name string) (int, error) {
 // layout rebuilt from the first (unless Options.KeepLayout, or the rebuilt
 // layout is the initial one). It changes only in Begin. Every slice or
 // Buffer that Grad and GradBuffer returned before the change refers to
-// memory returned to the pool: a model that keeps them fetches them again
-// when Generation changes.
+// memory that no longer holds a gradient (a write through it fails the
+// next Ready with ErrStaleGrad): a model that keeps them fetches them
+// again when Generation changes.
 func (r *Reducer) Generation() uint64 { return r.layGen }
 
 // Close stops the communication goroutines, closes the hook and returns the

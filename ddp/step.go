@@ -71,11 +71,10 @@ func (r *Reducer) open(sync, shadow bool) error {
 	}
 	L := r.lay.Load()
 	if r.prevSync || shadow {
-		// zero_grad, lazily: every gradient becomes stale in O(1),
-		// and carries a canary against writes without Grad
-		// (canary.go).
+		// zero_grad: every gradient becomes stale in O(1), and those
+		// handed out as slices are zeroed now (zero.go).
 		r.gen.Add(1)
-		r.plantCanaries()
+		r.zeroHandedOut()
 	}
 	r.stepNo++
 	L.sched.reset()
@@ -122,9 +121,9 @@ func (r *Reducer) open(sync, shadow bool) error {
 //
 // The slice stays valid, and Grad returns the same slice, as long as
 // Generation does not change (package documentation, "Views and the
-// rebuild"). Call Grad in every accumulation window before writing, even
-// if a slice is kept: the first Grad of a window is what zeroes the
-// gradient (package documentation, "Zeroing").
+// rebuild"). A kept slice may be written in a later window without
+// calling Grad again: Begin zeroes the gradients it has handed out
+// (package documentation, "Zeroing").
 //
 // Grad fails with ErrIndex for an index out of range (as Ready does), with
 // ErrDType for a parameter that is not float32 (use GradBuffer), with
@@ -159,6 +158,7 @@ func (r *Reducer) Grad(i int) ([]float32, error) {
 		clear(g)
 		r.fresh[i].Store(r.gen.Load())
 	}
+	r.out[i].Store(true)
 	return g, nil
 }
 
@@ -178,6 +178,7 @@ func (r *Reducer) GradBuffer(i int) (comm.Buffer, error) {
 		r.kern.Zero(b)
 		r.fresh[i].Store(r.gen.Load())
 	}
+	r.out[i].Store(true)
 	return b, nil
 }
 
@@ -222,9 +223,9 @@ func (r *Reducer) gradBuf(i int) comm.Buffer {
 // the bucket's reduction starts on the rank's launcher goroutine.
 // Marking a parameter twice in a step, an index out of range, or Ready
 // outside a step are errors naming the parameter, and so is a gradient
-// written through a slice kept from an earlier window without a Grad in
-// this one (ErrStaleGrad; the parameter stays unmarked). Every Ready of a
-// step must return before Wait is called.
+// written through a slice of the layout that this step's Begin replaced
+// (ErrStaleGrad; the parameter stays unmarked). Every Ready of a step
+// must return before Wait is called.
 func (r *Reducer) Ready(i int) error {
 	if i < 0 || i >= len(r.params) {
 		return fmt.Errorf("%w: rank %d: Ready(%d): the reducer has %d parameters", ErrIndex, r.c.Rank(), i, len(r.params))
