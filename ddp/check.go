@@ -2,11 +2,13 @@ package ddp
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"slices"
 
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/hooks"
 )
 
 // checkParams verifies that every rank has the same parameters: count,
@@ -16,10 +18,11 @@ import (
 // well); on a parameter mismatch every rank gathers every rank's descriptors and
 // names the first parameter and rank that differ from rank 0.
 //
-// A rank that failed to prepare its Reducer (bad is true) still takes part
-// in the AllGather, so that every other rank learns of it and fails too.
-// The exchanges go through pool memory (control.go).
-func (r *Reducer) checkParams(ctx context.Context, bad bool) error {
+// A rank that failed to prepare its Reducer (failed is not zero: what
+// failureOf makes of its error) still takes part in the AllGather, so that
+// every other rank learns of it, and of why where failureOf can tell, and
+// fails too. The exchanges go through pool memory (control.go).
+func (r *Reducer) checkParams(ctx context.Context, failed int64) error {
 	c, params, o := r.c, r.params, &r.o
 	n := c.Size()
 	sum, maxDims := fingerprint(params)
@@ -33,10 +36,6 @@ func (r *Reducer) checkParams(ctx context.Context, bad bool) error {
 	if o.KeepLayout {
 		keep = 1
 	}
-	failed := int64(0)
-	if bad {
-		failed = 1
-	}
 	const words = 11
 	mine := []int64{int64(len(params)), int64(sum), int64(maxDims),
 		int64(o.FirstBucketCap), int64(o.BucketCap), keep, word(hookName[:8]), word(hookName[8:]),
@@ -45,11 +44,16 @@ func (r *Reducer) checkParams(ctx context.Context, bad bool) error {
 	if err := r.ctlAllGather(ctx, "the parameter check", asBytes(mine), asBytes(all), comm.Int64); err != nil {
 		return fmt.Errorf("ddp: rank %d checking parameters across ranks: %w", c.Rank(), err)
 	}
-	if bad {
+	if failed != 0 {
 		return nil // the caller returns its own error
 	}
 	for r := range n {
-		if all[words*r+10] != 0 {
+		switch all[words*r+10] {
+		case 0:
+		case failedSharedHook:
+			return fmt.Errorf("ddp: rank %d: rank %d could not set up its hook %s: %w: one Hook value was given to several ranks of this process, and each rank needs its own (rank %d's error names the ranks)",
+				c.Rank(), r, o.Hook.Name(), hooks.ErrShared, r)
+		default:
 			return fmt.Errorf("%w: rank %d could not build its reducer (its own error says why: an unsupported parameter, bad options or no memory), so rank %d cannot proceed either",
 				ErrParamMismatch, r, c.Rank())
 		}
@@ -136,6 +140,26 @@ func (r *Reducer) checkParams(ctx context.Context, bad bool) error {
 		}
 	}
 	return fmt.Errorf("%w: fingerprints differ but no differing parameter was found (rank %d)", ErrParamMismatch, c.Rank())
+}
+
+// Failures New's check tells the peers of (see failureOf).
+const (
+	failedOther      int64 = 1
+	failedSharedHook int64 = 2 // hooks.ErrShared
+)
+
+// failureOf is what New's check tells the peers of a rank's failure to
+// prepare its Reducer: 0 for none; the cause where the peers should report
+// it rather than a mismatch (a Hook value shared between ranks fails on
+// the rank that set it up second, but the mistake is every rank's).
+func failureOf(err error) int64 {
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, hooks.ErrShared):
+		return failedSharedHook
+	}
+	return failedOther
 }
 
 // fingerprint hashes the count, dtypes and shapes of ps (not the names, as

@@ -275,5 +275,6 @@
 // flight. A hook works in two phases (launch, then
 // finish once the collective completes), which is what lets several
 // buckets be in flight. Each rank needs its own Hook value; the Reducer
-// closes it.
+// closes it. One value given to several ranks of a process fails New on
+// every rank with hooks.ErrShared.
 package ddp

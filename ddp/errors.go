@@ -26,7 +26,8 @@ var (
 	// ErrParamMismatch: the ranks were built with different parameters, or
 	// with options that would make them issue different collectives (hook,
 	// bucket caps, KeepLayout), or another rank could not build its
-	// Reducer at all (its own error says why).
+	// Reducer at all (its own error says why). A Hook value given to
+	// several ranks is reported as hooks.ErrShared on every rank instead.
 	ErrParamMismatch = errors.New("ddp: parameters differ between ranks")
 	// ErrGradSize: a gradient or value slice has the wrong length.
 	ErrGradSize = errors.New("ddp: wrong gradient size")

@@ -113,7 +113,7 @@ func New(ctx context.Context, c comm.Communicator, params []Param, o Options) (*
 		local = r.prepare(params)
 	}
 	cctx, cancel, explain := bounded(ctx, o.Timeout)
-	err := explain(r.checkParams(cctx, local != nil))
+	err := explain(r.checkParams(cctx, failureOf(local)))
 	cancel()
 	if err != nil && local == nil && !errors.Is(err, ErrParamMismatch) {
 		// The check's collective failed here (a cancelled context, a
