@@ -8,7 +8,13 @@ import "github.com/gomlx/gomlx/pkg/ml/context/checkpoints"
 // checkpoint loaded into rank 0's context before the first step
 // (checkpoints.Build or Load, then New with ctx.Reuse(), as with
 // train.Trainer) is broadcast with the rest of rank 0's variables,
-// whatever the number of ranks that saved it or that load it.
+// whatever the number of ranks that saved it. Load it on rank 0 only, or
+// on every rank: a checkpoint loaded on other ranks but not on rank 0
+// would be replaced by rank 0's fresh variables, so the first step fails
+// on every rank with ErrMismatch naming the ranks that loaded it. Load it
+// lazily, as checkpoints.Build does by default: Config.Immediate creates
+// the variables in an order of its own, which then differs from the
+// other ranks' (ErrMismatch too).
 func (t *Trainer) Save(h *checkpoints.Handler) error {
 	if t.c.Rank() != 0 {
 		return nil

@@ -76,11 +76,12 @@
 //   - Data: Dataset yields a rank's shard of an in-memory data set in the
 //     order of package sampler (PyTorch DistributedSampler's rule), as a
 //     train.Dataset.
-//   - Checkpoints: Save writes GoMLX's checkpoint on rank 0 only. Any number
-//     of ranks can load one, and only rank 0 need load it (checkpoints.Build
-//     on its context, then New with ctx.Reuse(), as with train.Trainer):
-//     the first step broadcasts rank 0's variables, optimizer state
-//     included.
+//   - Checkpoints: Save writes GoMLX's checkpoint on rank 0 only. Only rank
+//     0 need load one (checkpoints.Build on its context, then New with
+//     ctx.Reuse(), as with train.Trainer): the first step broadcasts rank
+//     0's variables, optimizer state included. Every rank may load it too;
+//     a load on other ranks without rank 0 is refused (ErrMismatch, naming
+//     them), since rank 0's fresh variables would replace it.
 //
 // # Failures
 //
@@ -96,7 +97,8 @@
 // an AccumulateStep, which communicates nothing, is sent in a synced step
 // that meets the peers' next TrainStep. The first step's failures (before
 // the Reducer exists) are exchanged by one all-gather, which also checks
-// that the ranks hold the same variables (ErrMismatch). Errors are sticky:
+// that the ranks hold the same variables and that no rank loaded a
+// checkpoint that rank 0's would replace (ErrMismatch). Errors are sticky:
 // every later call returns the first.
 //
 // # Backends

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -28,6 +29,15 @@ import (
 // fails the test if one returns an error or if they hang.
 func onRanks(t *testing.T, n int, f func(ctx context.Context, c comm.Communicator) error) {
 	t.Helper()
+	if err := errors.Join(rankErrors(t, n, f)...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// rankErrors runs f on each of n inproc ranks at once, with a deadline,
+// and returns each rank's error.
+func rankErrors(t *testing.T, n int, f func(ctx context.Context, c comm.Communicator) error) []error {
+	t.Helper()
 	comms, err := inproc.NewGroup(n)
 	if err != nil {
 		t.Fatal(err)
@@ -41,9 +51,7 @@ func onRanks(t *testing.T, n int, f func(ctx context.Context, c comm.Communicato
 		wg.Go(func() { errs[r] = f(ctx, c) })
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
+	return errs
 }
 
 // values returns every variable of ctx but the random-number state, by
@@ -188,6 +196,109 @@ func TestJoin(t *testing.T) {
 // saved variables, optimizer state included, bit for bit.
 func TestCheckpoint(t *testing.T) {
 	p := newLSQ(2, 6)
+	dir, saved := saveCheckpoint(t, p)
+	for _, n := range []int{3, 1} {
+		ctxs := make([]*mlctx.Context, n)
+		onRanks(t, n, func(ctx context.Context, c comm.Communicator) error {
+			r := c.Rank()
+			ctxs[r] = mlctx.New()
+			mctx := ctxs[r]
+			if r == 0 {
+				if _, err := checkpoints.Load(mctx).Dir(dir).Done(); err != nil {
+					return err
+				}
+				mctx = mctx.Reuse() // its variables exist: GoMLX's examples do the same
+			}
+			tr, err := ddptrain.New(c, newBackend(t), mctx, p.model(r), lsqLoss, optimizer("adam", 1), ddptrain.Options{})
+			if err != nil {
+				return err
+			}
+			defer tr.Close()
+			inputs, labels := p.tensors(0, lsqBatch/n)
+			return tr.Setup(ctx, nil, inputs, labels)
+		})
+		checkLoaded(t, n, ctxs, saved)
+	}
+}
+
+// TestCheckpointLoadedByOneRank: a checkpoint loaded on rank 1 of 2 and
+// not on rank 0 would be replaced by rank 0's fresh variables at the first
+// step: every rank fails with ErrMismatch naming rank 1, lazily loaded or
+// at once. Loaded on every rank, it is what every rank holds.
+func TestCheckpointLoadedByOneRank(t *testing.T) {
+	p := newLSQ(2, 6)
+	dir, saved := saveCheckpoint(t, p)
+	for _, tc := range []struct {
+		name      string
+		loads     func(rank int) bool
+		immediate bool
+		ok        bool
+	}{
+		{"rank 1", func(r int) bool { return r == 1 }, false, false},
+		{"rank 1/immediate", func(r int) bool { return r == 1 }, true, false},
+		{"every rank", func(int) bool { return true }, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctxs := make([]*mlctx.Context, 2)
+			errs := rankErrors(t, 2, func(ctx context.Context, c comm.Communicator) error {
+				r := c.Rank()
+				ctxs[r] = mlctx.New()
+				mctx := ctxs[r]
+				if tc.loads(r) {
+					cfg := checkpoints.Load(mctx).Dir(dir)
+					if tc.immediate {
+						cfg = cfg.Immediate()
+					}
+					if _, err := cfg.Done(); err != nil {
+						return err
+					}
+					mctx = mctx.Reuse()
+				}
+				tr, err := ddptrain.New(c, newBackend(t), mctx, p.model(r), lsqLoss, optimizer("adam", 1), ddptrain.Options{})
+				if err != nil {
+					return err
+				}
+				defer tr.Close()
+				inputs, labels := p.tensors(0, lsqBatch/2)
+				return tr.Setup(ctx, nil, inputs, labels)
+			})
+			if tc.ok {
+				if err := errors.Join(errs...); err != nil {
+					t.Fatal(err)
+				}
+				checkLoaded(t, 2, ctxs, saved)
+				return
+			}
+			for r, err := range errs {
+				if !errors.Is(err, ddptrain.ErrMismatch) || !strings.Contains(err.Error(), "rank 1 loaded") {
+					t.Errorf("rank %d: %v, want ErrMismatch naming rank 1's load", r, err)
+				}
+			}
+		})
+	}
+}
+
+// checkLoaded fails the test unless each of the n contexts holds the
+// saved variables.
+func checkLoaded(t *testing.T, n int, ctxs []*mlctx.Context, saved map[string][]byte) {
+	t.Helper()
+	for r := range n {
+		got := values(t, ctxs[r])
+		for name, want := range saved {
+			if name == "/optimizers/learning_rate" {
+				continue // read from the optimizer, not the checkpoint (as train.NewTrainer does)
+			}
+			if !slices.Equal(got[name], want) {
+				t.Errorf("%d ranks, rank %d: %s differs from the checkpoint's", n, r, name)
+			}
+		}
+	}
+}
+
+// saveCheckpoint trains p for 2 steps on 2 ranks and saves a checkpoint
+// (on rank 0: the other rank passes no handler); it returns its directory
+// and rank 0's variables.
+func saveCheckpoint(t *testing.T, p *lsq) (string, map[string][]byte) {
 	dir := filepath.Join(t.TempDir(), "ckpt")
 	var saved map[string][]byte
 	onRanks(t, 2, func(ctx context.Context, c comm.Communicator) error {
@@ -217,38 +328,7 @@ func TestCheckpoint(t *testing.T) {
 	if entries, err := os.ReadDir(dir); err != nil || len(entries) == 0 {
 		t.Fatalf("no checkpoint in %s: %v", dir, err)
 	}
-	for _, n := range []int{3, 1} {
-		ctxs := make([]*mlctx.Context, n)
-		onRanks(t, n, func(ctx context.Context, c comm.Communicator) error {
-			r := c.Rank()
-			ctxs[r] = mlctx.New()
-			mctx := ctxs[r]
-			if r == 0 {
-				if _, err := checkpoints.Load(mctx).Dir(dir).Done(); err != nil {
-					return err
-				}
-				mctx = mctx.Reuse() // its variables exist: GoMLX's examples do the same
-			}
-			tr, err := ddptrain.New(c, newBackend(t), mctx, p.model(r), lsqLoss, optimizer("adam", 1), ddptrain.Options{})
-			if err != nil {
-				return err
-			}
-			defer tr.Close()
-			inputs, labels := p.tensors(0, lsqBatch/n)
-			return tr.Setup(ctx, nil, inputs, labels)
-		})
-		for r := range n {
-			got := values(t, ctxs[r])
-			for name, want := range saved {
-				if name == "/optimizers/learning_rate" {
-					continue // read from the optimizer, not the checkpoint (as train.NewTrainer does)
-				}
-				if !slices.Equal(got[name], want) {
-					t.Errorf("%d ranks, rank %d: %s differs from the checkpoint's", n, r, name)
-				}
-			}
-		}
-	}
+	return dir, saved
 }
 
 // TestDataset checks that the ranks' batches of one step together hold

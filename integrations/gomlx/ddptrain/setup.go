@@ -151,11 +151,19 @@ func (t *Trainer) setup(ctx context.Context, spec any, inputs, labels []*tensors
 		return fmt.Errorf("ddptrain: rank %d: %w", rank, err)
 	}
 	t.pool = pool
+	loaded := t.loadedBefore()
+	loads := &countingLoader{Loader: t.ctx.Loader()}
+	if loads.Loader != nil {
+		t.ctx.SetLoader(loads)
+	}
 	built := catch(func() error { return t.build(spec, inputs, labels) })
+	if loads.Loader != nil {
+		t.ctx.SetLoader(loads.Loader)
+	}
 	if built != nil {
 		built = fmt.Errorf("%w: rank %d: building the graphs: %w", ErrGraph, rank, built)
 	}
-	if err := t.agree(ctx, built); err != nil {
+	if err := t.agree(ctx, built, loaded+loads.n); err != nil {
 		return err
 	}
 	params := make([]ddp.Param, 0, len(t.trainable)+1)
@@ -263,13 +271,16 @@ func (t *Trainer) optimizerGraph(ctx *mlctx.Context, grads []*graph.Node) {
 }
 
 // agree tells every rank whether every rank built its graphs (built is
-// this rank's failure, or nil) and holds the same variables, with one
-// all-gather of each rank's flag and fingerprint: a rank that failed, or
-// whose variables differ from rank 0's, is named on every rank, and none
-// goes on to build a Reducer its peers would wait in.
-func (t *Trainer) agree(ctx context.Context, built error) error {
+// this rank's failure, or nil), holds the same variables and loaded them
+// in a way the first step keeps (loaded counts the variables this rank
+// held or loaded before it), with one all-gather of each rank's flag,
+// fingerprint and count: a rank that failed, whose variables differ from
+// rank 0's, or that loaded variables that rank 0's would replace, is named
+// on every rank, and none goes on to build a Reducer its peers would wait
+// in.
+func (t *Trainer) agree(ctx context.Context, built error, loaded int) error {
 	rank, size := t.c.Rank(), t.c.Size()
-	const words = 3 // failed, fingerprint's high and low halves
+	const words = 4 // failed, fingerprint's high and low halves, loaded
 	send, err := t.pool.Get(8 * words)
 	if err != nil {
 		return errors.Join(built, fmt.Errorf("ddptrain: rank %d: %w", rank, err))
@@ -287,17 +298,22 @@ func (t *Trainer) agree(ctx context.Context, built error) error {
 		mine.AsInt64()[0] = 1
 	}
 	mine.AsInt64()[1], mine.AsInt64()[2] = int64(fp>>32), int64(fp&(1<<32-1))
+	mine.AsInt64()[3] = int64(loaded)
 	if err := t.collective(ctx, "agreeing that every rank built its graphs", t.c.AllGather(mine, all)); err != nil {
 		return errors.Join(built, err)
 	}
-	var failed, differ []int
+	var failed, differ, loaders []int
 	v := all.AsInt64()
 	for r := range size {
-		switch {
-		case v[words*r] != 0:
+		if v[words*r] != 0 {
 			failed = append(failed, r)
-		case v[words*r+1] != v[1] || v[words*r+2] != v[2]:
+			continue
+		}
+		if v[words*r+1] != v[1] || v[words*r+2] != v[2] {
 			differ = append(differ, r)
+		}
+		if v[words*r+3] != 0 {
+			loaders = append(loaders, r)
 		}
 	}
 	err = errors.Join(t.pool.Put(send), t.pool.Put(recv))
@@ -309,10 +325,43 @@ func (t *Trainer) agree(ctx context.Context, built error) error {
 		return errors.Join(built, err)
 	case len(failed) > 0:
 		return errors.Join(fmt.Errorf("%w: rank %d: %s failed to build the graphs (its own error says why)", ErrPeer, rank, rankList(failed)), err)
+	case len(loaders) > 0 && loaders[0] != 0:
+		return errors.Join(fmt.Errorf("%w: rank %d: %s loaded variables before the first step (a checkpoint: %d on rank %d) and rank 0 did not, "+
+			"but the first step gives every rank rank 0's variables, which would replace them: load the checkpoint on every rank, or on rank 0 only",
+			ErrMismatch, rank, rankList(loaders), v[words*loaders[0]+3], loaders[0]), err)
 	case len(differ) > 0:
 		return errors.Join(fmt.Errorf("%w: rank %d: the variables of %s differ from rank 0's (this rank holds %d)", ErrMismatch, rank, rankList(differ), t.ctx.NumVariables()), err)
 	}
 	return err
+}
+
+// loadedBefore counts the variables but the random-number state that the
+// context holds before the first step builds the graphs: loaded from a
+// checkpoint at once (checkpoints.Config.Immediate), or set by the caller.
+func (t *Trainer) loadedBefore() int {
+	n := 0
+	for v := range t.ctx.IterVariables() {
+		if !isRNG(v) {
+			n++
+		}
+	}
+	return n
+}
+
+// countingLoader counts the variables but the random-number state that
+// the context's Loader (a checkpoint loaded lazily, as checkpoints.Build
+// does by default) gives values to while the first step builds the graphs.
+type countingLoader struct {
+	mlctx.Loader
+	n int
+}
+
+func (l *countingLoader) LoadVariable(ctx *mlctx.Context, scope, name string) (*tensors.Tensor, bool) {
+	value, found := l.Loader.LoadVariable(ctx, scope, name)
+	if found && !(scope == mlctx.RootScope && name == mlctx.RNGStateVariableName) {
+		l.n++
+	}
+	return value, found
 }
 
 // fingerprint hashes the name, dtype, shape and role of every variable

@@ -26,7 +26,9 @@ var (
 	// panicked (building, compiling or running it).
 	ErrGraph = errors.New("ddptrain: graph failed")
 	// ErrMismatch: the ranks hold different variables (names, shapes or
-	// dtypes), so they cannot train one model.
+	// dtypes), so they cannot train one model, or some ranks loaded
+	// variables before the first step (a checkpoint) that rank 0 did not,
+	// whose values its broadcast would replace.
 	ErrMismatch = errors.New("ddptrain: ranks hold different variables")
 	// ErrUnsupported: a trainable variable of a dtype the hand-off does not
 	// carry (float32 and float64 only), an optimizer without
