@@ -97,13 +97,13 @@
 // a pass at Begin can record (the caller may change the averages after
 // Wait, clipping them in place). zero.go has the mechanism.
 //
-// Options.NoZeroGrad skips the zeroing in Grad: the gradients then hold
-// the last average until overwritten, so the first step of each
-// accumulation window that marks a parameter must write (=) its gradient,
-// as PyTorch's zero_grad(set_to_none=True) requires of autograd (SetGrad
-// overwrites, and AddGrad overwrites a gradient still holding the last
-// average, so both are always right), and Ready takes the caller's word
-// for it. A parameter that the caller leaves unmarked through a whole
+// Options.NoZeroGrad skips the zeroing, in Begin and in Grad: the
+// gradients then hold the last average until overwritten, so the first
+// step of each accumulation window that marks a parameter must write (=)
+// its gradient, as PyTorch's zero_grad(set_to_none=True) requires of
+// autograd (SetGrad overwrites, and AddGrad overwrites a gradient still
+// holding the last average, so both are always right), and Ready takes
+// the caller's word for it. A parameter that the caller leaves unmarked through a whole
 // window and the Reducer marks unused (below) is zeroed before it is
 // reduced, never reduced again with its stale average.
 //
