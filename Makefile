@@ -126,7 +126,7 @@ FUZZTIME ?= 60s
 FUZZ_TARGETS := \
 	bucket:FuzzAssign bucket:FuzzDecode \
 	fp16:FuzzConvert fp16:FuzzSum \
-	internal/reduce:FuzzSumFloat32 internal/reduce:FuzzTwiceKernels internal/reduce:FuzzAvg \
+	internal/reduce:FuzzSumFloat32 internal/reduce:FuzzTwiceKernels internal/reduce:FuzzTwiceNT internal/reduce:FuzzAvg \
 	comm:FuzzAnyNonfinite comm:FuzzHalfAdd comm/shm:FuzzInterleaving \
 	comm/backend:FuzzCheck comm/backend:FuzzRing \
 	ddp:FuzzSchedule ddp:FuzzSequence models:FuzzParse cmd/ddpbench:FuzzParseSize \

@@ -101,6 +101,8 @@ func addF32x2AVX2(dst0, dst1, a, b unsafe.Pointer, n int)
 
 // SumFloat32Twice sets dst0[i] and dst1[i] to a[i] + b[i]: the whole
 // in-place all-reduce of two ranks in one pass. Either dst may alias a or b.
+// Out of place on buffers larger than the last-level cache,
+// SumFloat32TwiceNT is faster.
 func SumFloat32Twice(dst0, dst1, a, b []float32) { twice(dst0, dst1, a, b, addF32x2AVX2, sumTwice) }
 
 //go:noescape
@@ -109,8 +111,66 @@ func avgF32x2AVX2(dst0, dst1, a, b unsafe.Pointer, n int)
 // AvgFloat32Twice sets dst0[i] and dst1[i] to a[i]*0.5 + b[i]*0.5, the
 // pre-multiplied average of AvgFloat32: the whole Avg all-reduce of two
 // ranks in one pass, so averaging costs what summing costs. Either dst may
-// alias a or b.
+// alias a or b. Out of place on buffers larger than the last-level cache,
+// AvgFloat32TwiceNT is faster.
 func AvgFloat32Twice(dst0, dst1, a, b []float32) { twice(dst0, dst1, a, b, avgF32x2AVX2, avgTwice) }
+
+//go:noescape
+func addF32x2NTAVX2(dst0, dst1, a, b unsafe.Pointer, n int)
+
+//go:noescape
+func avgF32x2NTAVX2(dst0, dst1, a, b unsafe.Pointer, n int)
+
+// SumFloat32TwiceNT is SumFloat32Twice, bit for bit, with non-temporal
+// stores: the outputs go to memory past the caches, so no output line is
+// first read for ownership and the outputs do not evict the inputs. It
+// pays out of place when dst0, dst1, a and b together are larger than the
+// last-level cache; when they fit, SumFloat32Twice is faster (see the
+// package documentation). It streams only where dst0 and dst1 lie at the
+// same offset from a 32-byte boundary. Either dst may alias a or b.
+func SumFloat32TwiceNT(dst0, dst1, a, b []float32) {
+	twiceNT(dst0, dst1, a, b, addF32x2NTAVX2, SumFloat32Twice)
+}
+
+// AvgFloat32TwiceNT is AvgFloat32Twice, bit for bit, with non-temporal
+// stores, as SumFloat32TwiceNT is SumFloat32Twice.
+func AvgFloat32TwiceNT(dst0, dst1, a, b []float32) {
+	twiceNT(dst0, dst1, a, b, avgF32x2NTAVX2, AvgFloat32Twice)
+}
+
+// ntAlign is the alignment VMOVNTPS needs of the address it stores to.
+const ntAlign = 32
+
+// ntHead returns how many leading elements of dst0 and dst1 must be stored
+// ordinarily before both are ntAlign-aligned, and false when no such count
+// exists: the two start at different offsets within an ntAlign block.
+func ntHead(dst0, dst1 []float32) (int, bool) {
+	p0 := uintptr(unsafe.Pointer(unsafe.SliceData(dst0)))
+	p1 := uintptr(unsafe.Pointer(unsafe.SliceData(dst1)))
+	if (p0^p1)%ntAlign != 0 || p0%4 != 0 {
+		return 0, false
+	}
+	return int(-p0 % ntAlign / 4), true
+}
+
+// twiceNT is twice for the streaming kernels: the elements before the
+// outputs' first aligned block go through fallback, and so does everything
+// when the outputs cannot be aligned together, when less than one vector
+// is left, or without AVX2.
+func twiceNT(dst0, dst1, a, b []float32, kernel func(dst0, dst1, a, b unsafe.Pointer, n int), fallback func(dst0, dst1, a, b []float32)) {
+	dst1, a, b = dst1[:len(dst0)], a[:len(dst0)], b[:len(dst0)]
+	head, ok := ntHead(dst0, dst1)
+	if !useAVX2 || !ok || len(dst0)-head < 8 {
+		fallback(dst0, dst1, a, b)
+		return
+	}
+	if head > 0 {
+		fallback(dst0[:head], dst1[:head], a, b)
+	}
+	// twice cuts the rest into runs of maxRun elements, a multiple of the
+	// vector width, so every run starts aligned.
+	twice(dst0[head:], dst1[head:], a[head:], b[head:], kernel, fallback)
+}
 
 //go:noescape
 func premulF32AVX2(dst, a, b unsafe.Pointer, n int, s float32)

@@ -353,6 +353,152 @@ done10:
 	VZEROUPPER
 	RET
 
+// The NT kernels are addF32x2AVX2 and avgF32x2AVX2 with VMOVNTPS stores:
+// the same arithmetic in the same operand order, so the same bits, NaN
+// payloads included. dst0 and dst1 are 32-byte aligned (VMOVNTPS faults
+// otherwise) and stay so, as the blocks are whole vectors; the scalar tail
+// stores ordinarily. The SFENCE orders the streamed stores before any
+// later store of the caller, such as the one that publishes the result.
+
+// func addF32x2NTAVX2(dst0, dst1, a, b unsafe.Pointer, n int)
+// dst0[i] = dst1[i] = a[i] + b[i], streamed.
+TEXT ·addF32x2NTAVX2(SB), NOSPLIT, $0-40
+	MOVQ dst0+0(FP), DI
+	MOVQ dst1+8(FP), R8
+	MOVQ a+16(FP), SI
+	MOVQ b+24(FP), DX
+	MOVQ n+32(FP), CX
+loop17:
+	CMPQ CX, $32
+	JLT  vec17
+	VMOVUPS 0(SI), Y0
+	VMOVUPS 32(SI), Y1
+	VMOVUPS 64(SI), Y2
+	VMOVUPS 96(SI), Y3
+	VADDPS 0(DX), Y0, Y0
+	VADDPS 32(DX), Y1, Y1
+	VADDPS 64(DX), Y2, Y2
+	VADDPS 96(DX), Y3, Y3
+	VMOVNTPS Y0, 0(DI)
+	VMOVNTPS Y1, 32(DI)
+	VMOVNTPS Y2, 64(DI)
+	VMOVNTPS Y3, 96(DI)
+	VMOVNTPS Y0, 0(R8)
+	VMOVNTPS Y1, 32(R8)
+	VMOVNTPS Y2, 64(R8)
+	VMOVNTPS Y3, 96(R8)
+	ADDQ $128, SI
+	ADDQ $128, DX
+	ADDQ $128, DI
+	ADDQ $128, R8
+	SUBQ $32, CX
+	JMP  loop17
+vec17:
+	CMPQ CX, $8
+	JLT  tail17
+	VMOVUPS 0(SI), Y0
+	VADDPS 0(DX), Y0, Y0
+	VMOVNTPS Y0, 0(DI)
+	VMOVNTPS Y0, 0(R8)
+	ADDQ $32, SI
+	ADDQ $32, DX
+	ADDQ $32, DI
+	ADDQ $32, R8
+	SUBQ $8, CX
+	JMP  vec17
+tail17:
+	TESTQ CX, CX
+	JEQ  done17
+	VMOVSS 0(SI), X0
+	VADDSS 0(DX), X0, X0
+	VMOVSS X0, 0(DI)
+	VMOVSS X0, 0(R8)
+	ADDQ $4, SI
+	ADDQ $4, DX
+	ADDQ $4, DI
+	ADDQ $4, R8
+	DECQ CX
+	JMP  tail17
+done17:
+	SFENCE
+	VZEROUPPER
+	RET
+
+// func avgF32x2NTAVX2(dst0, dst1, a, b unsafe.Pointer, n int)
+// dst0[i] = dst1[i] = a[i]*0.5 + b[i]*0.5, streamed.
+TEXT ·avgF32x2NTAVX2(SB), NOSPLIT, $0-40
+	MOVQ dst0+0(FP), DI
+	MOVQ dst1+8(FP), R8
+	MOVQ a+16(FP), SI
+	MOVQ b+24(FP), DX
+	MOVQ n+32(FP), CX
+	MOVL $0x3f000000, AX
+	MOVL AX, X15
+	VBROADCASTSS X15, Y15
+loop18:
+	CMPQ CX, $32
+	JLT  vec18
+	VMULPS 0(SI), Y15, Y0
+	VMULPS 32(SI), Y15, Y1
+	VMULPS 64(SI), Y15, Y2
+	VMULPS 96(SI), Y15, Y3
+	VMULPS 0(DX), Y15, Y4
+	VMULPS 32(DX), Y15, Y5
+	VMULPS 64(DX), Y15, Y6
+	VMULPS 96(DX), Y15, Y7
+	VADDPS Y4, Y0, Y0
+	VADDPS Y5, Y1, Y1
+	VADDPS Y6, Y2, Y2
+	VADDPS Y7, Y3, Y3
+	VMOVNTPS Y0, 0(DI)
+	VMOVNTPS Y1, 32(DI)
+	VMOVNTPS Y2, 64(DI)
+	VMOVNTPS Y3, 96(DI)
+	VMOVNTPS Y0, 0(R8)
+	VMOVNTPS Y1, 32(R8)
+	VMOVNTPS Y2, 64(R8)
+	VMOVNTPS Y3, 96(R8)
+	ADDQ $128, SI
+	ADDQ $128, DX
+	ADDQ $128, DI
+	ADDQ $128, R8
+	SUBQ $32, CX
+	JMP  loop18
+vec18:
+	CMPQ CX, $8
+	JLT  tail18
+	VMULPS 0(SI), Y15, Y0
+	VMULPS 0(DX), Y15, Y4
+	VADDPS Y4, Y0, Y0
+	VMOVNTPS Y0, 0(DI)
+	VMOVNTPS Y0, 0(R8)
+	ADDQ $32, SI
+	ADDQ $32, DX
+	ADDQ $32, DI
+	ADDQ $32, R8
+	SUBQ $8, CX
+	JMP  vec18
+tail18:
+	TESTQ CX, CX
+	JEQ  done18
+	VMOVSS 0(SI), X0
+	VMULSS X15, X0, X0
+	VMOVSS 0(DX), X4
+	VMULSS X15, X4, X4
+	VADDSS X4, X0, X0
+	VMOVSS X0, 0(DI)
+	VMOVSS X0, 0(R8)
+	ADDQ $4, SI
+	ADDQ $4, DX
+	ADDQ $4, DI
+	ADDQ $4, R8
+	DECQ CX
+	JMP  tail18
+done18:
+	SFENCE
+	VZEROUPPER
+	RET
+
 // func premulF32AVX2(dst, a, b unsafe.Pointer, n int, s float32)
 // dst[i] = a[i]*s + b[i]*s, each product rounded, then the sum.
 TEXT ·premulF32AVX2(SB), NOSPLIT, $0-36

@@ -24,6 +24,12 @@ func SumFloat32Twice(dst0, dst1, a, b []float32) { sumTwice(dst0, dst1, a, b) }
 // AvgFloat32Twice sets dst0[i] and dst1[i] to a[i]*0.5 + b[i]*0.5.
 func AvgFloat32Twice(dst0, dst1, a, b []float32) { avgTwice(dst0, dst1, a, b) }
 
+// SumFloat32TwiceNT is SumFloat32Twice: Go has no non-temporal stores.
+func SumFloat32TwiceNT(dst0, dst1, a, b []float32) { sumTwice(dst0, dst1, a, b) }
+
+// AvgFloat32TwiceNT is AvgFloat32Twice: Go has no non-temporal stores.
+func AvgFloat32TwiceNT(dst0, dst1, a, b []float32) { avgTwice(dst0, dst1, a, b) }
+
 // PreMulSumFloat32 sets dst[i] = a[i]*s + b[i]*s, each product rounded on
 // its own and then the sum: the first step of a pre-multiplied average.
 func PreMulSumFloat32(dst, a, b []float32, s float32) { preMulSum(dst, a, b, s) }
