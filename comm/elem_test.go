@@ -2,6 +2,7 @@ package comm
 
 import (
 	"math"
+	"strings"
 	"testing"
 )
 
@@ -35,5 +36,18 @@ func TestElem(t *testing.T) {
 	}
 	if !math.IsNaN(Elem(DType(200), b)) {
 		t.Error("Elem of an invalid dtype is not NaN")
+	}
+}
+
+// TestOpErrorBarrier: a barrier's error names no count or dtype, which it
+// has none of; other operations' errors name both.
+func TestOpErrorBarrier(t *testing.T) {
+	b := (&OpError{Rank: 1, Seq: 3, Kind: KindBarrier, Err: ErrAborted}).Error()
+	if b != "comm: rank 1: barrier #3: "+ErrAborted.Error() {
+		t.Errorf("barrier: %q", b)
+	}
+	a := (&OpError{Rank: 0, Seq: 2, Kind: KindAllReduce, Count: 4, DType: Float32, Err: ErrAborted}).Error()
+	if !strings.Contains(a, "all_reduce #2 (4 x float") {
+		t.Errorf("all_reduce: %q", a)
 	}
 }

@@ -37,6 +37,10 @@ type OpError struct {
 }
 
 func (e *OpError) Error() string {
+	if e.Kind == KindBarrier {
+		// A barrier moves no data: no count or dtype to name.
+		return fmt.Sprintf("comm: rank %d: %s #%d: %v", e.Rank, e.Kind, e.Seq, e.Err)
+	}
 	return fmt.Sprintf("comm: rank %d: %s #%d (%d x %s): %v", e.Rank, e.Kind, e.Seq, e.Count, e.DType, e.Err)
 }
 

@@ -101,5 +101,6 @@
 // like any other (issue it and Complete it with the error, in order), so
 // the rank's sequence numbers stay those of its calls. A backend whose
 // communicator type is exported passes an unexported conversion of its
-// pointer as Config.Hooks, so the hooks stay off its API.
+// pointer as Config.Hooks, so the hooks stay off its API. The package
+// Example is such a backend, whole, in a file to start from.
 package backend
