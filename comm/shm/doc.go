@@ -39,7 +39,11 @@
 //	FinishStaged    | Judge nil, Staged                      | own output from staged inputs,        | (done: k
 //	                |                                        | in rank order; writes only recv       | completes)
 //	Cancel          | Direct, this rank's wait failed        | gate: k cancelled unless opened       |
-//	Open            | Direct, Judge nil                      | gate: k opened unless cancelled       |
+//	Agree           | Direct, Judge nil, a Mapper that can   | whether it mapped every peer's        | k<<2|Agreed
+//	                | fail (processes)                       | buffers, then the word                |
+//	Agreement       | every word >= k<<2|Agreed              | true if every rank mapped; else none  |
+//	                |                                        | shares (another path carries k)       |
+//	Open            | Direct, Judge nil (and Agreement)      | gate: k opened unless cancelled       |
 //	Share           | Open (or a Cancel that lost) said go   | own slice of every rank's buffers,    | k<<2|Shared
 //	                |                                        | then the word                         |
 //	Lagging(Shared) | (a look; the wait cannot be abandoned) | first rank whose word < k<<2|Shared   | (done: k
@@ -95,6 +99,9 @@
 // polls, yields and then sleeps on the segment's futex word, which
 // Notify bumps after each publication, and that watches the process of
 // the rank it waits for (Ident: a peer that exits ends the wait at once,
-// one stopped is named at the deadline); and Abort, a cause every peer's
-// wait ends with. Their tests run ranks in two processes.
+// one stopped is named at the deadline); Abort, a cause every peer's
+// wait ends with; Slabs, memory the peers can map (an allocator.Source
+// whose Describe fills a Desc), and PeerMaps, the Mapper that maps the
+// peers' slabs through /proc and keeps them from one collective to the
+// next. Their tests run ranks in two processes, staged and direct.
 package shm

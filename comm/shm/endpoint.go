@@ -32,6 +32,9 @@ const (
 	// Called: the call is published, with its staged input or its
 	// descriptor.
 	Called Phase = 1
+	// Agreed: a direct collective's rank says whether it could map every
+	// peer's buffers (Agree), for adapters whose Mapper can fail.
+	Agreed Phase = 2
 	// Shared: a direct collective's slice is written into every rank's
 	// buffer; past it the rank touches no peer's buffer.
 	Shared Phase = 3
@@ -271,6 +274,30 @@ func (s *Segment) gate(k uint64, mode uint64) (uint64, bool) {
 			return mode, true
 		}
 	}
+}
+
+// Agree publishes phase Agreed of direct collective k, whose calls agree
+// (Judge): ok says whether this rank could map every peer's buffers. An
+// adapter whose Mapper can fail (processes, mapping each other's memory)
+// takes this step between Judge and Open, waits until every rank has
+// reached Agreed, and asks Agreement: if any rank could not map, none
+// shares, and every rank leaves the collective to another path.
+func (e *Endpoint) Agree(k uint64, ok bool) {
+	h := e.s.header(e.rank, k)
+	h.ok = ok
+	h.word.Store(k<<2 | uint64(Agreed))
+}
+
+// Agreement reports whether every rank could map every peer's buffers of
+// direct collective k: every rank has reached Agreed, and every rank
+// reads the same answer.
+func (e *Endpoint) Agreement(k uint64) bool {
+	for r := range e.n {
+		if !e.s.header(r, k).ok {
+			return false
+		}
+	}
+	return true
 }
 
 // Mapper makes a rank's descriptor of its buffers into addresses in this

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -14,6 +15,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
 )
 
@@ -92,10 +94,18 @@ func TestProcessPeer(t *testing.T) {
 	}
 	defer seg.Close()
 	peers := []Ident{parent, Self()}
-	if err := runProcRank(seg, 1, peers, stop, time.Now().Add(30*time.Second)); err != nil {
-		t.Fatal(err)
+	if !strings.HasPrefix(mode, "direct") {
+		if err := runProcRank(seg, 1, peers, stop, time.Now().Add(30*time.Second)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	switch mode {
+	case "direct", "direct-nomap":
+		var maps PeerMaps
+		maps.fail = mode == "direct-nomap"
+		if err := runDirectRank(seg, 1, peers, &maps, time.Now().Add(30*time.Second)); err != nil {
+			t.Fatal(err)
+		}
 	case "abort":
 		seg.Abort(1, "rank 1 gives up: a test")
 	case "hang":
@@ -257,5 +267,171 @@ func TestFutexWake(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatalf("round %d: rank 0 still asleep 10 s after rank 1's Notify", round)
 		}
+	}
+}
+
+// directCounts are the element counts of the direct all-reduces: slices
+// of every size against the 64-byte split, in both parities.
+var directCounts = []int{1000, 17, 4096, 1 << 16, 33, 5000}
+
+// runDirectRank runs rank r's direct all-reduces over seg with buffers in
+// slabs of this process, mapped by the peer; a rank whose maps fail (or
+// whose peer's do) must find every rank agreeing not to share, with no
+// buffer written.
+func runDirectRank(seg *Segment, r int, peers []Ident, maps *PeerMaps, deadline time.Time) error {
+	n := seg.Layout().Ranks
+	ep := seg.Endpoint(r)
+	var slabs Slabs
+	reg, err := slabs.Alloc(8 << 20)
+	if err != nil {
+		return err
+	}
+	defer slabs.Free(reg)
+	defer maps.Close()
+	f := Futex{Spin: 20 * time.Microsecond, Liveness: 10 * time.Millisecond}
+	wait := func(k uint64, ph Phase) error {
+		seg.Notify()
+		if lag, err := f.Wait(ep, k, ph, deadline, peers); err != nil {
+			return fmt.Errorf("collective #%d, phase %d: waiting for rank %d: %w", k, ph, lag, err)
+		}
+		return nil
+	}
+	all := unsafe.Slice((*float32)(reg.Addr), reg.Size/4)
+	for i, count := range directCounts {
+		k := uint64(i + 1)
+		send, recv := all[:count], all[1<<20:1<<20+count] // 64-byte aligned, as pool blocks are
+		for e := range send {
+			send[e] = float32((r+1)*(e%9+1)) + float32(k)
+		}
+		clear(recv)
+		d, ok := slabs.Describe(unsafe.Pointer(&send[0]), unsafe.Pointer(&recv[0]), count*4)
+		if !ok {
+			return fmt.Errorf("collective #%d: buffers not in the slab", k)
+		}
+		c := comm.Call{Kind: comm.KindAllReduce, Op: comm.Sum, DType: comm.Float32, Count: count, Seq: k}
+		ep.Publish(k, c, Direct, nil, &d)
+		if err := wait(k, Called); err != nil {
+			return err
+		}
+		if err := ep.Judge(k); err != nil {
+			return err
+		}
+		maps.Begin(n, r)
+		mapped := true
+		for j := range n {
+			if j != r && maps.Attach(j, seg.Desc(j, k), count*4) != nil {
+				mapped = false
+			}
+		}
+		ep.Agree(k, mapped)
+		if err := wait(k, Agreed); err != nil {
+			return err
+		}
+		if !ep.Agreement(k) {
+			if slices.ContainsFunc(recv, func(v float32) bool { return v != 0 }) {
+				return fmt.Errorf("collective #%d: not agreed, yet recv was written", k)
+			}
+			continue
+		}
+		if maps.fail {
+			return fmt.Errorf("collective #%d: agreed although this rank could not map", k)
+		}
+		if open, _ := ep.Open(k); !open {
+			return fmt.Errorf("collective #%d: cancelled", k)
+		}
+		ep.Share(k, maps)
+		if err := wait(k, Shared); err != nil {
+			return err
+		}
+		for e := range count {
+			var want float32
+			for j := range n {
+				want += float32((j+1)*(e%9+1)) + float32(k)
+			}
+			if recv[e] != want {
+				return fmt.Errorf("rank %d, collective #%d, element %d: %v, want %v", r, k, e, recv[e], want)
+			}
+		}
+	}
+	return nil
+}
+
+// TestProcessesDirect runs direct all-reduces across two processes, each
+// reading and writing the other's slabs in place; then again with rank
+// 1 unable to map rank 0's memory, where nobody may share.
+func TestProcessesDirect(t *testing.T) {
+	for _, mode := range []string{"direct", "direct-nomap"} {
+		t.Run(mode, func(t *testing.T) {
+			seg, cmd, peers := startPeer(t, mode, 0)
+			var maps PeerMaps
+			if err := runDirectRank(seg, 0, peers, &maps, time.Now().Add(30*time.Second)); err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Wait(); err != nil {
+				t.Fatalf("rank 1's process: %v", err)
+			}
+		})
+	}
+}
+
+// TestPeerMaps maps this process's own slabs through /proc, as a peer
+// would: mappings are kept from one collective to the next, dropped once
+// the owner has freed slabs, evicted least recently used past MaxMaps,
+// and refused for a descriptor that does not match the file.
+func TestPeerMaps(t *testing.T) {
+	var slabs Slabs
+	maps := PeerMaps{MaxMaps: 2}
+	defer maps.Close()
+	alloc := func() unsafe.Pointer {
+		r, err := slabs.Alloc(1 << 16)
+		if err != nil {
+			t.Skip(err)
+		}
+		return r.Addr
+	}
+	attach := func(p unsafe.Pointer) error {
+		d, ok := slabs.Describe(p, p, 4096)
+		if !ok {
+			t.Fatal("a slab's memory not described")
+		}
+		maps.Begin(2, 0)
+		return maps.Attach(1, &d, 4096)
+	}
+	a, b, c := alloc(), alloc(), alloc()
+	for _, p := range []unsafe.Pointer{a, a, b} {
+		if err := attach(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if maps.Mapped() != 2 {
+		t.Fatalf("%d mappings after slabs a, a, b; want 2", maps.Mapped())
+	}
+	if err := attach(c); err != nil || maps.Mapped() != 2 {
+		t.Fatalf("slab c past MaxMaps 2: %v, %d mappings", err, maps.Mapped())
+	}
+	if err := slabs.Free(allocator.Region{Addr: b, Size: 1 << 16}); err != nil {
+		t.Fatal(err)
+	}
+	// The next call sees the frees move: every mapping of this "peer" but
+	// the call's own is dropped.
+	if err := attach(c); err != nil || maps.Mapped() != 1 {
+		t.Fatalf("after a free: %v, %d mappings, want 1", err, maps.Mapped())
+	}
+	e := alloc() // not mapped yet: Attach opens its file
+	d, _ := slabs.Describe(e, e, 4096)
+	d.proc().SendSlab.Ino++
+	maps.Begin(2, 0)
+	if err := maps.Attach(1, &d, 4096); !errors.Is(err, syscall.ESTALE) {
+		t.Errorf("a descriptor of another file: %v, want ESTALE", err)
+	}
+	d, _ = slabs.Describe(c, c, 4096)
+	if err := maps.Attach(1, &d, 1<<17); err == nil {
+		t.Error("a buffer past its slab's end was mapped")
+	}
+	if _, ok := slabs.Describe(unsafe.Pointer(&make([]byte, 64)[0]), c, 64); ok {
+		t.Error("Go heap memory described as a slab")
+	}
+	if err := slabs.Free(allocator.Region{Addr: c, Size: 4096}); err == nil {
+		t.Error("a slab freed with the wrong size")
 	}
 }

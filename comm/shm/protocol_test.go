@@ -28,6 +28,10 @@ type simOp struct {
 	odd     int  // this rank (from 1; 0 none) calls it with one element more
 	invalid int  // this rank (from 1) calls it with invalid arguments
 	giveUp  bool // a rank whose wait for it finds a peer missing gives up
+	// agree: a direct op takes the Agree step (a Mapper that can fail);
+	// nomap: this rank (from 1) could not map its peers' buffers
+	agree bool
+	nomap int
 }
 
 // simRank is one rank of the simulation: its endpoint and where it is.
@@ -46,6 +50,7 @@ const (
 	stIdle = iota
 	stCalled
 	stGivingUp // its look found a peer missing; it gives up at its next step
+	stAgreed   // published Agreed; waits for every rank's
 	stSharing
 	stDone
 )
@@ -196,14 +201,31 @@ func (s *sim) step(r int) bool {
 			s.complete(r, nil)
 			return true
 		}
-		if open, _ := sr.ep.Open(k); !open {
-			s.complete(r, fmt.Errorf("rank %d: collective #%d cancelled", r, k))
+		if op.agree && sr.state != stGivingUp {
+			sr.ep.Agree(k, op.nomap != r+1)
+			sr.state = stAgreed
+			s.trace = append(s.trace, fmt.Sprintf("%d:agree#%d", r, k))
 			return true
 		}
-		sr.ep.Share(k, Local)
-		sr.state = stSharing
-		s.trace = append(s.trace, fmt.Sprintf("%d:share#%d", r, k))
-		return true
+		return s.open(r)
+	case stAgreed:
+		if sr.ep.Lagging(k, Agreed, 0) < s.n {
+			if !s.failed {
+				return false
+			}
+			// A wait before the gate that fails cancels it, as one for
+			// the calls does: unless a rank has opened it, nobody writes.
+			if cancelled, _ := sr.ep.Cancel(k); cancelled {
+				s.complete(r, fmt.Errorf("rank %d: group failed during collective #%d, cancelled", r, k))
+				return true
+			}
+			return s.open(r)
+		}
+		if !sr.ep.Agreement(k) {
+			s.complete(r, fmt.Errorf("rank %d: collective #%d not agreed: some rank could not map", r, k))
+			return true
+		}
+		return s.open(r)
 	case stSharing:
 		if sr.ep.Lagging(k, Shared, 0) < s.n {
 			return false // past the gate nobody gives up: every rank shares
@@ -212,6 +234,21 @@ func (s *sim) step(r int) bool {
 		return true
 	}
 	panic("unreachable")
+}
+
+// open opens rank r's direct collective and shares it, unless a rank
+// cancelled it.
+func (s *sim) open(r int) bool {
+	sr := s.ranks[r]
+	k := sr.k
+	if open, _ := sr.ep.Open(k); !open {
+		s.complete(r, fmt.Errorf("rank %d: collective #%d cancelled", r, k))
+		return true
+	}
+	sr.ep.Share(k, Local)
+	sr.state = stSharing
+	s.trace = append(s.trace, fmt.Sprintf("%d:share#%d", r, k))
+	return true
 }
 
 func (s *sim) complete(r int, err error) {
@@ -267,6 +304,9 @@ func (s *sim) check() {
 				t.Errorf("collective #%d (%s) on rank %d: %v, want %v; trace %s", k, op.kind, r, sr.bufs[i].recv, want, strings.Join(s.trace, " "))
 			}
 		}
+		if op.nomap != 0 && op.direct && anyOK {
+			t.Errorf("collective #%d shared although rank %d could not map", k, op.nomap-1)
+		}
 		faulty := op.odd != 0 || op.invalid != 0
 		if faulty && anyOK {
 			t.Errorf("collective #%d with a fault (%+v) succeeded on some rank", k, op)
@@ -294,7 +334,7 @@ func (s *sim) check() {
 	if !s.failed {
 		for r, sr := range s.ranks {
 			for i, op := range s.ops {
-				if !sr.ok[i] && op.odd == 0 && op.invalid == 0 {
+				if !sr.ok[i] && op.odd == 0 && op.invalid == 0 && (op.nomap == 0 || !op.direct) {
 					t.Errorf("collective #%d failed on rank %d with no fault: %v", i+1, r, sr.errs[i])
 				}
 			}
@@ -352,6 +392,7 @@ func simJob(n int) []simOp {
 		{kind: comm.KindAllGather, count: 17, direct: true},
 		{kind: comm.KindReduceScatter, count: 17, direct: true},
 		{kind: comm.KindBroadcast, count: 70, root: 0, direct: true},
+		{kind: comm.KindAllReduce, count: 64, direct: true, agree: true},
 		{kind: comm.KindAllReduce, count: 2},
 		{kind: comm.KindReduce, count: 50, root: n - 1},
 	}
@@ -416,6 +457,7 @@ func TestFaults(t *testing.T) {
 			{"odd-direct", job(n, func(o []simOp) { o[2].odd = 1 }), nil},
 			{"invalid-staged", job(n, func(o []simOp) { o[4].invalid = 2 }), nil},
 			{"invalid-direct", job(n, func(o []simOp) { o[8].invalid = 1 }), nil},
+			{"nomap", job(n, func(o []simOp) { o[11].nomap = n }), nil},
 			// The ranks in lockstep to the direct all-reduce #3; rank 0
 			// calls it, finds the others missing and gives up before they
 			// call it: cancelled everywhere.
@@ -477,7 +519,7 @@ func FuzzInterleaving(f *testing.F) {
 		n := 2 + int(job[0])%3
 		var ops []simOp
 		for _, b := range job[1:] {
-			op := simOp{kind: kinds[int(b)%len(kinds)], direct: b&0x08 != 0, root: int(b>>4) % n}
+			op := simOp{kind: kinds[int(b)%len(kinds)], direct: b&0x08 != 0, root: int(b>>4) % n, agree: b&0x10 != 0}
 			switch (b >> 4) % 4 {
 			case 0:
 				op.count = 1 + int(b)%5 // inline
@@ -500,6 +542,8 @@ func FuzzInterleaving(f *testing.F) {
 			case 2:
 				if b&0x20 != 0 {
 					op.invalid = 1 + int(b)%n
+				} else if op.agree {
+					op.nomap = 1 + int(b)%n
 				}
 			case 3:
 				if b&0x20 != 0 {

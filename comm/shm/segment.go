@@ -147,6 +147,11 @@ func (s *Segment) header(r int, k uint64) *header {
 	return (*header)(unsafe.Add(s.part(r), int(k%2)*line))
 }
 
+// Desc is rank r's descriptor of its buffers of direct collective k, for
+// an adapter's Mapper to prepare before Share (every rank has published
+// k).
+func (s *Segment) Desc(r int, k uint64) *Desc { return s.desc(r, k) }
+
 // desc is rank r's descriptor of parity k%2.
 func (s *Segment) desc(r int, k uint64) *Desc {
 	return (*Desc)(unsafe.Add(s.part(r), offDesc+int(k%2)*DescBytes))
@@ -168,7 +173,8 @@ type header struct {
 	op    comm.Op
 	dt    comm.DType
 	flags Flags
-	_     [4]byte
+	ok    bool // phase Agreed: the rank mapped every peer's buffers
+	_     [3]byte
 	root  int64
 	count int64
 	seq   uint64
