@@ -13,9 +13,11 @@ type Stall struct {
 	Seq  uint64 // the rank's sequence number of the operation (Work.ID)
 	Kind Kind   // the operation; 0 when the wait is not for one operation
 	// Missing lists, in increasing order, the ranks that have not joined
-	// the operation. It is nil when the waiter cannot tell (a backend that
-	// is not a Progress, as MPI and NCCL are not), and empty but not nil
-	// when every rank has joined and the data is still moving.
+	// the operation, or whose part of it is left (the waiting rank itself
+	// among them, when every rank has joined but this one has still to
+	// finish it). It is nil when the waiter cannot tell (a backend that is
+	// not a Progress, as MPI and NCCL are not), and empty but not nil when
+	// every rank has joined and the data is still moving.
 	Missing []int
 	Waited  time.Duration // how long the rank has waited so far
 	// Detail is what the waiter adds about why it waits, for example the

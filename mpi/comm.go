@@ -330,13 +330,12 @@ func (h *ringHooks) Advance(id uint64) { (*communicator)(h).advance(id) }
 // WaitError says how long a Wait waited for operation id, and what it is.
 func (h *ringHooks) WaitError(id uint64, cause error) error {
 	c := (*communicator)(h)
-	detail := ""
+	ranks, detail := []int(nil), ""
 	if c.running.Load() == id {
-		if ranks, who := c.missing(); len(ranks) == 1 {
-			detail = who + " has not joined it"
-		} else if len(ranks) > 1 {
-			detail = who + " have not joined it"
-		}
+		ranks, detail = c.missing()
+	}
+	if ranks == nil {
+		detail = "MPI cannot tell which ranks have not joined it: " + mayHaveClosed
 	}
 	return c.waitError(id, cause, detail)
 }
@@ -356,7 +355,7 @@ func (c *communicator) waitError(id uint64, cause error, detail string) error {
 // watch is the communicator's watchdog: it reports the oldest incomplete
 // operation on comm.Watchdog's schedule and ends the job at the timeout.
 // MPI cannot say which ranks an operation waits for, so the reports'
-// Missing is nil.
+// Missing is nil, but for an all-reduce in shared memory (see shmWait).
 func (c *communicator) watch() {
 	defer close(c.wdDone)
 	dog, stalls, deadline := c.opts.watchdog()
@@ -400,15 +399,22 @@ func (c *communicator) watch() {
 		if done, _ := c.TestOp(low); done {
 			continue
 		}
+		issuedAt := epoch.Add(time.Duration(at))
 		if watched != low {
-			watched, w = low, dog.Start(epoch.Add(time.Duration(at)))
+			watched, w = low, dog.Start(issuedAt)
 		}
 		n := time.Now()
 		report, expired := w.Check(n)
+		if !report && !expired {
+			continue
+		}
 		st := comm.Stall{Rank: c.rank, Seq: low, Kind: kind, Waited: w.Waited(n)}
 		if c.running.Load() == low || c.inl.Load()>>2 == low {
 			// An all-reduce in shared memory knows who it waits for.
 			st.Missing, st.Detail = c.missing()
+		}
+		if st.Missing == nil {
+			st.Detail = mayHaveClosed
 		}
 		if deadline && expired {
 			fmt.Fprintf(os.Stderr, "mpi: %v (Options.Timeout %v): ending the job with MPI_Abort, since MPI cannot cancel the operation\n",

@@ -28,7 +28,9 @@
 // a rank that has exited (or whose pid now names another process) fails
 // the wait at once, and one that is stopped is named when the wait's
 // deadline passes. A rank that aborts the job sets the segment's abort
-// word and wakes every sleeper first.
+// word and wakes every sleeper first; one that closes its communicator
+// sets the closed mark in its identity, which fails a wait for it at the
+// next of those checks.
 
 #define _GNU_SOURCE
 #include "ddpmpi.h"
@@ -65,7 +67,7 @@ struct head {
 // A rank's identity, for the liveness checks.
 struct ident {
 	int32_t pid;
-	int32_t pad;
+	uint32_t closed; // 1 once the rank has closed its communicator
 	uint64_t start; // its start time, in clock ticks after boot (/proc/<pid>/stat)
 };
 
@@ -337,10 +339,10 @@ int ddp_ctl_wait(ddp_ctl *x, int p, uint32_t t, long long timeout_ns, int spin) 
 			if (all_reached(x, p, t))
 				return MPI_SUCCESS;
 			int r = x->lag;
-			int s = proc_state(x->peers[r].pid, x->peers[r].start, NULL);
-			if (s == DDP_PEER_GONE) {
+			int s = ddp_ctl_state(x, r);
+			if (s == DDP_PEER_GONE || s == DDP_PEER_CLOSED) {
 				x->lag_state = s;
-				return DDP_PEER_GONE;
+				return s;
 			}
 			if (now >= deadline) {
 				x->lag_state = s;
@@ -385,6 +387,14 @@ const char *ddp_ctl_abort_cause(const ddp_ctl *x) { return head(x)->cause; }
 
 int ddp_ctl_pid(const ddp_ctl *x, int r) { return x->peers[r].pid; }
 
+void ddp_ctl_close(ddp_ctl *x) { __atomic_store_n(&ident(x, x->rank)->closed, 1, __ATOMIC_RELEASE); }
+
+int ddp_ctl_state(const ddp_ctl *x, int r) {
+	if (__atomic_load_n(&ident(x, r)->closed, __ATOMIC_ACQUIRE))
+		return DDP_PEER_CLOSED;
+	return proc_state(x->peers[r].pid, x->peers[r].start, NULL);
+}
+
 int ddp_ctl_missing(ddp_ctl *x, int *ranks, int max, int *states) {
 	uint32_t t = __atomic_load_n(&x->target, __ATOMIC_ACQUIRE);
 	if (t == 0)
@@ -393,7 +403,7 @@ int ddp_ctl_missing(ddp_ctl *x, int *ranks, int max, int *states) {
 	for (int r = 0; r < x->size && n < max; r++)
 		if (!reached(__atomic_load_n(&ddp_ctl_hdr(x, r, p)->word, __ATOMIC_ACQUIRE), t)) {
 			ranks[n] = r;
-			states[n] = proc_state(x->peers[r].pid, x->peers[r].start, NULL);
+			states[n] = ddp_ctl_state(x, r);
 			n++;
 		}
 	return n;

@@ -141,7 +141,7 @@ typedef struct ddp_ctl {
 // a peer (ddp_ctl.lag_state).
 #define DDP_PENDING (-1001)
 #define DDP_WAIT_TIMEOUT (-1002)
-enum { DDP_PEER_RUNNING = 1, DDP_PEER_STOPPED, DDP_PEER_GONE = -1003, DDP_PEER_ABORTED = -1004 };
+enum { DDP_PEER_RUNNING = 1, DDP_PEER_STOPPED, DDP_PEER_GONE = -1003, DDP_PEER_ABORTED = -1004, DDP_PEER_CLOSED = -1005 };
 
 // ddp_ctl_open maps a new control segment with staging buffers of stage
 // bytes for every rank of c (all on this machine) into *out, or leaves it
@@ -158,8 +158,8 @@ void ddp_ctl_free(ddp_ctl *x);
 // DDP_ERR_MISMATCH, ddp_ctl.peer naming the first rank that differs) and
 // writes this rank's result into recv. ddp_ctl_complete waits for the
 // peers first, up to timeout_ns (-1: no limit), polling first if spin:
-// DDP_WAIT_TIMEOUT, DDP_PEER_GONE or DDP_PEER_ABORTED, with ddp_ctl.lag
-// the rank it waited for, end a wait that fails. Post, poll and complete
+// DDP_WAIT_TIMEOUT, DDP_PEER_GONE, DDP_PEER_CLOSED or DDP_PEER_ABORTED,
+// with ddp_ctl.lag the rank it waited for, end a wait that fails. Post, poll and complete
 // of one communicator are never called at once.
 int ddp_ctl_post(ddp_ctl *x, int op, int dt, int esize, int count, uintptr_t send, uintptr_t recv);
 int ddp_ctl_poll(ddp_ctl *x, uintptr_t recv);
@@ -183,10 +183,17 @@ const char *ddp_ctl_abort_cause(const ddp_ctl *x);
 // between claiming the abort and writing its cause, for tests.
 void ddp_ctl_test_abort_delay(long long ns);
 
+// ddp_ctl_close marks this rank's communicator closed, before it frees
+// the segment: a peer's wait for this rank then ends (DDP_PEER_CLOSED).
+void ddp_ctl_close(ddp_ctl *x);
+
 // ddp_ctl_missing lists the ranks that have not published what this rank
 // waits for now, and their states (DDP_PEER_*); -1 if it waits for
-// nothing. Any thread. ddp_ctl_pid is rank r's process id.
+// nothing. ddp_ctl_state is rank r's state: DDP_PEER_CLOSED once it has
+// closed its communicator, else its process's. Any thread. ddp_ctl_pid is
+// rank r's process id.
 int ddp_ctl_missing(ddp_ctl *x, int *ranks, int max, int *states);
+int ddp_ctl_state(const ddp_ctl *x, int r);
 int ddp_ctl_pid(const ddp_ctl *x, int r);
 
 // Shared memory (ddpshm.c). ddp_shm_alloc maps size bytes of a new memfd

@@ -449,7 +449,8 @@ int ddp_shm_prepare(int size) {
 
 // phase publishes phase ph of all-reduce k and waits until every rank has
 // published it too; the wait has no deadline (the communicator's watchdog
-// has one), and fails only when a peer has exited or aborted the job.
+// has one), and fails only when a peer has exited, closed its
+// communicator or aborted the job.
 static int phase(ddp_ctl *x, uint32_t k, int ph) {
 	int p = k & 1;
 	uint32_t t = k * 4 + ph;

@@ -134,7 +134,16 @@
 // the watchdog writes the operation to standard error and ends the job
 // with MPI_Abort. A communicator with an operation stuck in MPI cannot be
 // used again: MPI can neither cancel the operation nor stop it writing
-// its buffers.
+// its buffers. MPI cannot tell a peer that has not issued the operation
+// yet from one that has closed its communicator, and the reports say so.
+//
+// An all-reduce in shared memory (below) knows more: its stall reports
+// and failed waits name the ranks that have not joined it, stopped or
+// not; when every rank has posted it, they name this rank, whose own part
+// is left; and they name the peers that have exited or closed their
+// communicator. A wait for a peer that has exited, closed its
+// communicator (Close marks it in the control segment) or aborted the job
+// fails within 50 ms with comm.ErrAborted naming it.
 //
 // So Abort ends the job: it writes the cause to standard error and calls
 // MPI_Abort with Options.AbortCode, as PyTorch's NCCL error handling tears

@@ -230,7 +230,7 @@ func (e *engine) start(c *communicator, seq uint64) {
 			c.posted--
 			c.ops.Complete(seq, c.mismatch(d))
 			return
-		case rc == C.DDP_PEER_GONE || rc == C.DDP_PEER_ABORTED:
+		case rc == C.DDP_PEER_GONE || rc == C.DDP_PEER_CLOSED || rc == C.DDP_PEER_ABORTED:
 			c.posted--
 			err := c.opErr(d, c.peerFailure(rc))
 			c.fail(err)
@@ -380,6 +380,9 @@ func (e *engine) release(c *communicator) {
 			// mode, which shared memory needs).
 			C.ddp_shm_detach_all()
 			c.ctlMu.Lock()
+			// The mark outlives this mapping in the peers' ones: a peer
+			// that waits for this rank learns why it never comes.
+			C.ddp_ctl_close(c.ctl)
 			C.ddp_ctl_free(c.ctl)
 			c.ctl = nil
 			c.ctlMu.Unlock()

@@ -42,7 +42,10 @@ const faultDeadline = 3 * time.Second
 //     completes, exact, on every rank;
 //   - stuck: it is stopped and nobody continues it, while the others wait
 //     without a deadline of their own: the communicator's Timeout ends the
-//     job, naming the stopped rank.
+//     job, naming the stopped rank;
+//   - close: it closes its communicator before it joins, and lives on
+//     until the others have said how their waits ended: each names it as
+//     having closed its communicator, not as a rank not yet joined.
 //
 // Open MPI's runtime ends the other ranks when one dies or aborts the
 // job; they then hold off its SIGTERM, so that they may say what their
@@ -58,6 +61,7 @@ func TestSharedMemoryFaults(t *testing.T) {
 		{"abort", []int{2, 3, 4}},
 		{"stop", []int{2, 3, 4}},
 		{"stuck", []int{2, 4}},
+		{"close", []int{2, 3}},
 	} {
 		for _, np := range f.nps {
 			t.Run(fmt.Sprintf("%s/np%d", f.name, np), func(t *testing.T) {
@@ -91,6 +95,7 @@ func TestSharedMemoryFaults(t *testing.T) {
 					"exit":  fmt.Sprintf(`rank %d \(process \d+\) has exited`, victim),
 					"abort": fmt.Sprintf(`rank %d aborted the job: injected failure`, victim),
 					"stop":  fmt.Sprintf(`rank %d \(process \d+, stopped\) has not joined it: context deadline exceeded`, victim),
+					"close": fmt.Sprintf(`group aborted: rank %d \(process \d+\) has closed its communicator$`, victim),
 				}[f.name]
 				re := regexp.MustCompile(`CHILD: rank (\d+): waited ([^ ]+): (.*)`)
 				seen := 0
@@ -170,6 +175,16 @@ func faultChild(t *testing.T, fault, dir string) {
 			c.Abort(errors.New("injected failure"))
 		case "stop", "stuck":
 			self(syscall.SIGSTOP)
+		case "close":
+			if err := c.Close(); err != nil {
+				t.Fatal(err)
+			}
+			// Alive, so that only the mark of the close can tell the
+			// others; their notes say they are done with it.
+			for r := range victim {
+				waitNote(dir, r)
+			}
+			os.Exit(0)
 		}
 	}
 	fill()
@@ -191,6 +206,9 @@ func faultChild(t *testing.T, fault, dir string) {
 	}
 	if fault != "stop" {
 		if err != nil {
+			if fault == "close" {
+				writeNote(t, dir, c.Rank())
+			}
 			os.Exit(0) // a peer is gone: MPI_Finalize could wait for it
 		}
 		t.Fatalf("rank %d: the all-reduce completed without rank %d", c.Rank(), victim)
@@ -201,19 +219,14 @@ func faultChild(t *testing.T, fault, dir string) {
 		}
 		// Every rank that waited says so; then rank 0 continues the
 		// stopped one, whose process the error names.
-		note := filepath.Join(dir, strconv.Itoa(c.Rank()))
-		if err := os.WriteFile(note, nil, 0o644); err != nil {
-			t.Fatal(err)
-		}
+		writeNote(t, dir, c.Rank())
 		if c.Rank() == 0 {
 			m := regexp.MustCompile(`\(process (\d+), stopped\)`).FindStringSubmatch(err.Error())
 			if m == nil {
 				t.Fatalf("rank 0: %v names no stopped process", err)
 			}
 			for r := 1; r < victim; r++ {
-				for _, err := os.Stat(filepath.Join(dir, strconv.Itoa(r))); err != nil; _, err = os.Stat(filepath.Join(dir, strconv.Itoa(r))) {
-					time.Sleep(10 * time.Millisecond)
-				}
+				waitNote(dir, r)
 			}
 			pid, _ := strconv.Atoi(m[1])
 			if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
@@ -231,4 +244,18 @@ func faultChild(t *testing.T, fault, dir string) {
 		}
 	}
 	fmt.Println("CHILD: completed after the stop")
+}
+
+// writeNote tells the other ranks of a fault job that rank r is done
+// waiting; waitNote waits for rank r's note.
+func writeNote(t *testing.T, dir string, r int) {
+	if err := os.WriteFile(filepath.Join(dir, strconv.Itoa(r)), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func waitNote(dir string, r int) {
+	for _, err := os.Stat(filepath.Join(dir, strconv.Itoa(r))); err != nil; _, err = os.Stat(filepath.Join(dir, strconv.Itoa(r))) {
+		time.Sleep(10 * time.Millisecond)
+	}
 }

@@ -46,7 +46,9 @@ type Options struct {
 	// OnStall receives stall reports. Nil writes them to the standard
 	// logger. It runs on the communicator's watchdog goroutine and must
 	// not block. MPI cannot tell which ranks have not joined an
-	// operation, so a report's Missing is nil (and says so).
+	// operation, so a report's Missing is nil (and says so), but for an
+	// all-reduce in shared memory, whose report names the ranks and their
+	// processes (see "Errors and failures" in the package documentation).
 	OnStall func(comm.Stall)
 
 	// Pool provides the scratch memory of the operations that need it (an

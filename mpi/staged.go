@@ -19,7 +19,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"strings"
 	"time"
 	"unsafe"
 
@@ -178,7 +177,8 @@ func (c *communicator) mismatch(d *desc) error {
 }
 
 // peerFailure says why a wait of the control segment failed: the rank it
-// waited for has exited, or has aborted the job.
+// waited for has exited, has closed its communicator, or has aborted the
+// job.
 func (c *communicator) peerFailure(rc C.int) error {
 	r := int(c.ctl.lag)
 	pid := int(C.ddp_ctl_pid(c.ctl, c.ctl.lag))
@@ -187,6 +187,9 @@ func (c *communicator) peerFailure(rc C.int) error {
 	}
 	if rc == C.DDP_PEER_GONE {
 		return fmt.Errorf("%w: rank %d (process %d) has exited", errAborted(), r, pid)
+	}
+	if rc == C.DDP_PEER_CLOSED {
+		return fmt.Errorf("%w: rank %d (process %d) has closed its communicator", errAborted(), r, pid)
 	}
 	return fmt.Errorf("mpi: rank %d: the control segment's wait failed (%d)", c.rank, int(rc))
 }
@@ -263,31 +266,26 @@ func (c *communicator) completeStaged(ctx context.Context, seq uint64, spin bool
 // laggard says which rank the last wait of the control segment waited
 // for, and in what state its process is.
 func (c *communicator) laggard() string {
-	return c.processes([]int{int(c.ctl.lag)}, []int{int(c.ctl.lag_state)}) + " has not joined it"
+	_, detail := shmWait(c.rank, []peer{c.peer(int(c.ctl.lag), c.ctl.lag_state)}, nil)
+	return detail
 }
 
-// processes names ranks with their processes and the state of each.
-func (c *communicator) processes(ranks, states []int) string {
-	var b strings.Builder
-	for i, r := range ranks {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		fmt.Fprintf(&b, "rank %d (process %d", r, int(C.ddp_ctl_pid(c.ctl, C.int(r))))
-		switch states[i] {
-		case C.DDP_PEER_STOPPED:
-			b.WriteString(", stopped")
-		case C.DDP_PEER_GONE:
-			b.WriteString(", exited")
-		}
-		b.WriteString(")")
+// peer is rank r of c's control segment, in state st (DDP_PEER_*).
+func (c *communicator) peer(r int, st C.int) peer {
+	p := peer{rank: r, pid: int(C.ddp_ctl_pid(c.ctl, C.int(r)))}
+	switch st {
+	case C.DDP_PEER_STOPPED:
+		p.state = rankStopped
+	case C.DDP_PEER_GONE:
+		p.state = rankExited
+	case C.DDP_PEER_CLOSED:
+		p.state = rankClosed
 	}
-	return b.String()
+	return p
 }
 
-// missing lists the ranks that have not joined the shared-memory
-// all-reduce this rank now waits for (nil if it waits for none), and
-// names their processes.
+// missing says for whom this rank waits in the shared-memory all-reduce
+// it now waits for (see shmWait); nil ranks if it waits for none.
 func (c *communicator) missing() ([]int, string) {
 	c.ctlMu.Lock()
 	defer c.ctlMu.Unlock()
@@ -299,14 +297,17 @@ func (c *communicator) missing() ([]int, string) {
 	if n < 0 {
 		return nil, ""
 	}
-	rs, ss := make([]int, n), make([]int, n)
-	for i := range n {
-		rs[i], ss[i] = int(ranks[i]), int(states[i])
+	var missing, others []peer
+	for r, i := 0, 0; r < c.size; r++ {
+		switch {
+		case i < n && int(ranks[i]) == r:
+			missing = append(missing, c.peer(r, states[i]))
+			i++
+		case r != c.rank:
+			others = append(others, c.peer(r, C.ddp_ctl_state(c.ctl, C.int(r))))
+		}
 	}
-	if n == 0 {
-		return rs, ""
-	}
-	return rs, c.processes(rs, ss)
+	return shmWait(c.rank, missing, others)
 }
 
 // takeOver finishes inline all-reduce seq on the owner, which a later
