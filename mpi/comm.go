@@ -355,8 +355,12 @@ func (c *communicator) waitError(id uint64, cause error, detail string) error {
 // watch is the communicator's watchdog: it reports the oldest incomplete
 // operation on comm.Watchdog's schedule and ends the job at the timeout.
 // MPI cannot say which ranks an operation waits for, so the reports'
-// Missing is nil, but for an all-reduce in shared memory (see shmWait).
-func (c *communicator) watch() {
+// Missing is nil, but for an all-reduce in shared memory (see shmWait). A
+// tick that comes far late says that this process did not run (stopped,
+// as mpirun's teardown continues a stopped rank before it ends it): the
+// reports of a wait that the pause fell in say so. opened is when Open
+// started it.
+func (c *communicator) watch(opened time.Time) {
 	defer close(c.wdDone)
 	dog, stalls, deadline := c.opts.watchdog()
 	tick := time.Second
@@ -370,12 +374,15 @@ func (c *communicator) watch() {
 	defer t.Stop()
 	low, watched := uint64(1), uint64(0)
 	var w comm.Watch
+	var paused pause
+	paused.tick(opened, tick) // a goroutine not yet run when the process stopped counts it too
 	for {
 		select {
 		case <-c.wdStop:
 			return
 		case <-t.C:
 		}
+		paused.tick(time.Now(), tick)
 		issued := c.ops.Issued()
 		// Every operation a whole ring before the last issued has
 		// completed: its slot's next operation waited for it (Reserve).
@@ -416,6 +423,7 @@ func (c *communicator) watch() {
 		if st.Missing == nil {
 			st.Detail = mayHaveClosed
 		}
+		st.Detail = joinClauses(st.Detail, paused.since(issuedAt))
 		if deadline && expired {
 			fmt.Fprintf(os.Stderr, "mpi: %v (Options.Timeout %v): ending the job with MPI_Abort, since MPI cannot cancel the operation\n",
 				st.TimeoutError(), dog.Timeout)

@@ -135,7 +135,10 @@
 // with MPI_Abort. A communicator with an operation stuck in MPI cannot be
 // used again: MPI can neither cancel the operation nor stop it writing
 // its buffers. MPI cannot tell a peer that has not issued the operation
-// yet from one that has closed its communicator, and the reports say so.
+// yet from one that has closed its communicator, and the reports say so;
+// a watchdog tick that comes seconds late (the process was stopped, as
+// mpirun's teardown continues a stopped rank before it ends it) adds how
+// long this rank did not run.
 //
 // An all-reduce in shared memory (below) knows more: its stall reports
 // and failed waits name the ranks that have not joined it, stopped or

@@ -19,6 +19,7 @@ import (
 	"unsafe"
 
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/comm/shm"
 	"github.com/ddpgo/ddpgo/internal/mpitest"
 	"github.com/ddpgo/ddpgo/mpi"
 )
@@ -45,7 +46,11 @@ const faultDeadline = 3 * time.Second
 //     job, naming the stopped rank;
 //   - close: it closes its communicator before it joins, and lives on
 //     until the others have said how their waits ended: each names it as
-//     having closed its communicator, not as a rank not yet joined.
+//     having closed its communicator, not as a rank not yet joined;
+//   - pause: it is stopped (for 2.5 s, by rank 0) while it waits itself:
+//     its first stall report once continued names rank 0 as not joined
+//     and says that it did not run itself, and the all-reduce then
+//     completes.
 //
 // Open MPI's runtime ends the other ranks when one dies or aborts the
 // job; they then hold off its SIGTERM, so that they may say what their
@@ -62,6 +67,7 @@ func TestSharedMemoryFaults(t *testing.T) {
 		{"stop", []int{2, 3, 4}},
 		{"stuck", []int{2, 4}},
 		{"close", []int{2, 3}},
+		{"pause", []int{2}},
 	} {
 		for _, np := range f.nps {
 			t.Run(fmt.Sprintf("%s/np%d", f.name, np), func(t *testing.T) {
@@ -71,7 +77,7 @@ func TestSharedMemoryFaults(t *testing.T) {
 				victim := np - 1
 				var ee *exec.ExitError
 				switch f.name {
-				case "stop":
+				case "stop", "pause":
 					if err != nil {
 						t.Fatalf("job: %v\n%s", err, s)
 					}
@@ -79,6 +85,16 @@ func TestSharedMemoryFaults(t *testing.T) {
 					if !errors.As(err, &ee) || ee.ExitCode() == 0 {
 						t.Fatalf("job: %v; want a non-zero exit\n%s", err, s)
 					}
+				}
+				if f.name == "pause" {
+					want := fmt.Sprintf(`CHILD: rank %d stalled: .* for rank\(s\) \[0\]: rank 0 \(process \d+\) has not joined it; this rank did not run for at least \d`, victim)
+					if !regexp.MustCompile(want).MatchString(s) || strings.Count(s, "CHILD: completed after the pause") != np {
+						t.Fatalf("want rank %d's report to name rank 0 and its own pause, then the all-reduce done:\n%s", victim, s)
+					}
+					if testing.Verbose() {
+						t.Logf("the job ended %v after it started:\n%s", took.Round(time.Millisecond), s)
+					}
+					return
 				}
 				if f.name == "stuck" {
 					want := fmt.Sprintf(`rank %d \(process \d+, stopped\)`, victim)
@@ -135,6 +151,16 @@ func faultChild(t *testing.T, fault, dir string) {
 	if fault == "stuck" {
 		o.Timeout = time.Second
 	}
+	stalls := make(chan comm.Stall, 64)
+	if fault == "pause" {
+		o.StallInterval = 500 * time.Millisecond
+		o.OnStall = func(s comm.Stall) {
+			select {
+			case stalls <- s:
+			default:
+			}
+		}
+	}
 	c := open(t, o)
 	if comm.HostSourceOf(c) == nil {
 		t.Fatalf("rank %d: the ranks do not share memory", c.Rank())
@@ -157,6 +183,10 @@ func faultChild(t *testing.T, fault, dir string) {
 		t.Fatal(err)
 	}
 	victim := c.Size() - 1
+	if fault == "pause" {
+		pauseChild(t, c, b, stalls, dir)
+		return
+	}
 	if c.Rank() == victim {
 		time.Sleep(100 * time.Millisecond) // the others wait by now
 		// The signals go to this thread (tgkill), which so stops or dies
@@ -258,4 +288,69 @@ func waitNote(dir string, r int) {
 	for _, err := os.Stat(filepath.Join(dir, strconv.Itoa(r))); err != nil; _, err = os.Stat(filepath.Join(dir, strconv.Itoa(r))) {
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// pauseChild is a rank of the pause job (see TestSharedMemoryFaults): the
+// last rank issues an all-reduce and stops itself; rank 0 continues it
+// 2.5 s later, and joins the all-reduce once the stopped rank has
+// reported its stall.
+func pauseChild(t *testing.T, c comm.Communicator, b comm.Buffer, stalls <-chan comm.Stall, dir string) {
+	victim := c.Size() - 1
+	v := unsafe.Slice((*float32)(b.Addr), b.Count)
+	for k := range v {
+		v[k] = float32(c.Rank() + 1)
+	}
+	switch c.Rank() {
+	case victim:
+		w := c.AllReduce(b, b, comm.Sum)
+		writeNote(t, dir, os.Getpid()) // the process to continue
+		syscall.Tgkill(os.Getpid(), syscall.Gettid(), syscall.SIGSTOP)
+		for n := 0; ; n++ {
+			s := <-stalls
+			fmt.Printf("CHILD: rank %d stalled: %s\n", c.Rank(), s)
+			if strings.Contains(s.Detail, "did not run") {
+				break
+			}
+			if n == 10 {
+				t.Errorf("rank %d: %d stall reports, none saying it did not run", c.Rank(), n+1)
+				break
+			}
+		}
+		writeNote(t, dir, -1) // reported: rank 0 may join
+		if err := w.Wait(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	case 0:
+		var pid int
+		for pid == 0 {
+			entries, err := os.ReadDir(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range entries {
+				pid, _ = strconv.Atoi(e.Name())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		for (shm.Ident{Pid: int32(pid)}).State() != shm.Stopped {
+			time.Sleep(10 * time.Millisecond)
+		}
+		time.Sleep(2500 * time.Millisecond) // the pause under test
+		if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
+		waitNote(dir, -1)
+		fallthrough
+	default:
+		if err := c.AllReduce(b, b, comm.Sum).Wait(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := float32(c.Size() * (c.Size() + 1) / 2)
+	for k := range v {
+		if v[k] != want {
+			t.Fatalf("rank %d: element %d is %v; want %v", c.Rank(), k, v[k], want)
+		}
+	}
+	fmt.Println("CHILD: completed after the pause")
 }

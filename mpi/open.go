@@ -14,6 +14,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"time"
 
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/comm/backend"
@@ -110,7 +111,7 @@ func Open(o Options) (comm.Communicator, error) {
 	e.mu.Unlock()
 	if o.StallInterval >= 0 || o.Timeout >= 0 {
 		c.wdStop, c.wdDone = make(chan struct{}), make(chan struct{})
-		go c.watch()
+		go c.watch(time.Now())
 	}
 	return c, nil
 }

@@ -3,10 +3,11 @@ package mpi
 import (
 	"fmt"
 	"strings"
+	"time"
 )
 
 // What stall reports and failed waits say about the ranks of an
-// all-reduce in shared memory. It needs
+// all-reduce in shared memory, and about this rank's own pauses. It needs
 // no cgo, so that its words are tested in every build.
 
 // rankState is what the control segment tells of a rank.
@@ -77,6 +78,38 @@ func shmWait(me int, missing, others []peer) ([]int, string) {
 // closed its communicator looks the same as one that has not issued the
 // operation yet.
 const mayHaveClosed = "a peer may not have issued it yet, or may have closed its communicator"
+
+// pause is the last stretch in which a watchdog's ticks did not come,
+// found from the gaps between them: when a tick comes far later than its
+// period, this process did not run (it was stopped, or starved of
+// processor time) for at least the gap less one period.
+type pause struct {
+	last    time.Time     // the last tick
+	end     time.Time     // the end of the last pause found
+	lasted  time.Duration // and its least length
+	started bool
+}
+
+// tick notes a tick of period every at now.
+func (p *pause) tick(now time.Time, every time.Duration) {
+	if p.started {
+		// Late by more than a period and more than a second: no
+		// scheduler delay of a running process comes near that.
+		if late := now.Sub(p.last) - every; late > max(every, time.Second) {
+			p.end, p.lasted = now, late
+		}
+	}
+	p.last, p.started = now, true
+}
+
+// since says how long this rank did not run after t, as a clause of a
+// report ("" if it ran throughout, as far as the ticks tell).
+func (p *pause) since(t time.Time) string {
+	if p.lasted == 0 || p.end.Before(t) {
+		return ""
+	}
+	return fmt.Sprintf("this rank did not run for at least %v (stopped?)", p.lasted.Round(time.Second/10))
+}
 
 // joinClauses joins the non-empty clauses of a report with "; ".
 func joinClauses(cs ...string) string {

@@ -3,6 +3,7 @@ package mpi
 import (
 	"slices"
 	"testing"
+	"time"
 )
 
 // TestShmWait: what a stall report or a failed wait says of the ranks of
@@ -47,6 +48,43 @@ func TestShmWait(t *testing.T) {
 				t.Errorf("shmWait = %v, %q;\nwant %v, %q", ranks, detail, c.ranks, c.detail)
 			}
 		})
+	}
+}
+
+// TestPause: a watchdog tick far later than its period says that this
+// process did not run, for the waits that the pause fell in, and only for
+// them; ticks on time, or late by less than a second, say nothing.
+func TestPause(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	const every = time.Second
+	var p pause
+	for i := range 5 {
+		p.tick(t0.Add(time.Duration(i)*every+time.Duration(i)*100*time.Millisecond), every) // a little late each time
+	}
+	if got := p.since(t0); got != "" {
+		t.Fatalf("after ticks on time: %q; want nothing", got)
+	}
+	// Stopped after the tick at 4.4 s: the next comes at 8.4 s.
+	p.tick(t0.Add(8400*time.Millisecond), every)
+	want := "this rank did not run for at least 3s (stopped?)"
+	if got := p.since(t0.Add(3 * time.Second)); got != want {
+		t.Errorf("a wait begun before the pause: %q; want %q", got, want)
+	}
+	p.tick(t0.Add(9400*time.Millisecond), every)
+	if got := p.since(t0.Add(9 * time.Second)); got != "" {
+		t.Errorf("a wait begun after the pause: %q; want nothing", got)
+	}
+	if got := p.since(t0.Add(3 * time.Second)); got != want {
+		t.Errorf("the pause is forgotten by the next tick: %q; want %q", got, want)
+	}
+
+	// A fast watchdog (a 1 ms period) whose ticks come 500 ms late, as on
+	// a loaded machine, says nothing.
+	var q pause
+	q.tick(t0, time.Millisecond)
+	q.tick(t0.Add(500*time.Millisecond), time.Millisecond)
+	if got := q.since(t0); got != "" {
+		t.Errorf("a 500 ms gap at a 1 ms period: %q; want nothing", got)
 	}
 }
 
