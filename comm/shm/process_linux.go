@@ -259,6 +259,20 @@ func (s *Segment) Aborted(me int) (rank int, cause string, ok bool) {
 	return int(a) - 1, string(c), true
 }
 
+// MarkClosed says that rank has closed its communicator and will join
+// no more collectives: the peers' waits for it end at once (a
+// *PeerError with Closed), where they would otherwise wait for a process
+// that is still running until their deadline.
+func (s *Segment) MarkClosed(rank int) {
+	s.closedMark(rank).Store(1)
+	h := s.head()
+	h.arrivals.Add(1)
+	futexWake(&h.arrivals)
+}
+
+// Closed reports whether rank has closed its communicator.
+func (s *Segment) Closed(rank int) bool { return s.closedMark(rank).Load() != 0 }
+
 // AbortError is the end of a wait because a peer aborted the group.
 type AbortError struct {
 	Rank  int
@@ -274,9 +288,13 @@ type PeerError struct {
 	Proc    Ident
 	State   ProcState
 	Timeout bool // the deadline passed
+	Closed  bool // the rank closed its communicator (MarkClosed)
 }
 
 func (e *PeerError) Error() string {
+	if e.Closed {
+		return fmt.Sprintf("rank %d (process %d) has closed its communicator", e.Rank, e.Proc.Pid)
+	}
 	if e.Timeout {
 		return fmt.Sprintf("timed out waiting for rank %d (process %d, %s)", e.Rank, e.Proc.Pid, e.State)
 	}
@@ -306,6 +324,9 @@ func (f Futex) Wait(e *Endpoint, k uint64, ph Phase, deadline time.Time, peers [
 	abort := func() error {
 		if r, cause, ok := s.Aborted(e.rank); ok {
 			return &AbortError{Rank: r, Cause: cause}
+		}
+		if from < e.n && s.Closed(from) {
+			return &PeerError{Rank: from, Proc: peers[from], State: peers[from].State(), Closed: true}
 		}
 		return nil
 	}
@@ -341,6 +362,9 @@ func (f Futex) Wait(e *Endpoint, k uint64, ph Phase, deadline time.Time, peers [
 	h := s.head()
 	checked := start
 	for {
+		if from = e.Lagging(k, ph, from); from == e.n {
+			return from, nil
+		}
 		if err := abort(); err != nil {
 			return from, err
 		}

@@ -108,6 +108,11 @@ func TestProcessPeer(t *testing.T) {
 		}
 	case "abort":
 		seg.Abort(1, "rank 1 gives up: a test")
+	case "close":
+		seg.MarkClosed(1)
+		for { // alive: only the mark can tell rank 0
+			time.Sleep(time.Hour)
+		}
 	case "hang":
 		for { // until killed; not select{}, which the runtime ends as a deadlock
 			time.Sleep(time.Hour)
@@ -171,6 +176,7 @@ func TestProcessFaults(t *testing.T) {
 		{"hang", "has exited", syscall.SIGKILL},
 		{"hang", "stopped", syscall.SIGSTOP},
 		{"abort", "rank 1 aborted: rank 1 gives up: a test", 0},
+		{"close", "has closed its communicator", 0},
 	} {
 		t.Run(fmt.Sprintf("%s-%v", tc.mode, tc.signal), func(t *testing.T) {
 			const stop = 50
@@ -199,7 +205,7 @@ func TestProcessFaults(t *testing.T) {
 			var ae *AbortError
 			switch {
 			case errors.As(err, &pe):
-				if pe.Proc.Pid != peers[1].Pid || pe.Timeout != (tc.signal == syscall.SIGSTOP) {
+				if pe.Proc.Pid != peers[1].Pid || pe.Timeout != (tc.signal == syscall.SIGSTOP) || pe.Closed != (tc.mode == "close") {
 					t.Errorf("%+v: want process %d, timeout %v", pe, peers[1].Pid, tc.signal == syscall.SIGSTOP)
 				}
 			case errors.As(err, &ae):

@@ -19,8 +19,9 @@ const (
 	// collective's buffers (Desc).
 	DescBytes = 128
 	// offsets inside a rank's part
-	offDesc  = 4 * line
-	offStage = 8 * line
+	offClosed = 2 * line
+	offDesc   = 4 * line
+	offStage  = 8 * line
 )
 
 // Layout is the shape of a segment: how many ranks share it, and how large
@@ -151,6 +152,12 @@ func (s *Segment) header(r int, k uint64) *header {
 // an adapter's Mapper to prepare before Share (every rank has published
 // k).
 func (s *Segment) Desc(r int, k uint64) *Desc { return s.desc(r, k) }
+
+// closedMark is rank r's word that says it has closed its communicator:
+// its peers' waits for it end at once.
+func (s *Segment) closedMark(r int) *atomic.Uint32 {
+	return (*atomic.Uint32)(unsafe.Add(s.part(r), offClosed))
+}
 
 // desc is rank r's descriptor of parity k%2.
 func (s *Segment) desc(r int, k uint64) *Desc {
