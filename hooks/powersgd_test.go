@@ -2,8 +2,10 @@ package hooks
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -608,4 +610,74 @@ func bitsOf(x []float32) []uint32 {
 		b[i] = math.Float32bits(v)
 	}
 	return b
+}
+
+// TestPowerSGDGolden pins the bits of 8 steps over 3 ranks (two
+// uncompressed, then compressed with error feedback and warm start) at
+// ranks 1, 2 and 4: every rank's averages, errors and Qs after every step,
+// by CRC-32. The kernels are deterministic whatever the CPU (the assembly
+// gives the pure-Go kernels' bits), so the sums do not depend on the
+// machine or on the purego tag; a change of them is a change of the
+// arithmetic, which must be deliberate. The sums were recorded before the
+// hook kept its state out of non-finite steps, which did not change the
+// bits of finite ones, and have not changed since.
+func TestPowerSGDGolden(t *testing.T) {
+	const n, steps = 3, 8
+	// A convolution (16×72), a matrix of a multiple of 8 columns, one of
+	// more than 512 columns and not a multiple of 8, and a vector.
+	shapes := [][]int{{16, 8, 3, 3}, {24, 40}, {10, 531}, {16}}
+	for _, tc := range []struct {
+		rank int
+		want uint32
+	}{
+		{1, 0x5443df60},
+		{2, 0x769c5344},
+		{4, 0x3f8bab39},
+	} {
+		t.Run(fmt.Sprintf("r%d", tc.rank), func(t *testing.T) {
+			sums := make([]uint32, n)
+			noErrors(t, psgdGroup(t, n, func(int) PowerSGDOptions {
+				o := psgdOptions(tc.rank)
+				o.StartIter = 2
+				return o
+			}, func(r int, h *PowerSGDHook, pool *allocator.Pool) error {
+				pb, err := newPSGDBucket(pool, h, 0, shapes)
+				if err != nil {
+					return err
+				}
+				defer pb.free(pool)
+				rng := rand.New(rand.NewPCG(uint64(r), 31))
+				crc := crc32.NewIEEE()
+				put := func(x []float32) {
+					for _, v := range x {
+						binary.Write(crc, binary.LittleEndian, math.Float32bits(v))
+					}
+				}
+				for range steps {
+					for i := range pb.g {
+						pb.g[i] = float32(rng.NormFloat64())
+					}
+					if err := reduceOnce(h, pb.b); err != nil {
+						return err
+					}
+					put(pb.g)
+					for _, st := range h.params {
+						if st != nil {
+							put(st.err)
+							put(st.q)
+						}
+					}
+				}
+				sums[r] = crc.Sum32()
+				return nil
+			}))
+			all := crc32.NewIEEE()
+			for _, s := range sums {
+				binary.Write(all, binary.LittleEndian, s)
+			}
+			if got := all.Sum32(); got != tc.want {
+				t.Errorf("CRC-32 of the averages, errors and Qs = %#08x, want %#08x", got, tc.want)
+			}
+		})
+	}
 }
