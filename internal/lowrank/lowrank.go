@@ -17,7 +17,10 @@
 // at a time, and the rest one at a time.
 package lowrank
 
-import "math"
+import (
+	"math"
+	"unsafe"
+)
 
 // MulQ sets p (n×r) to c (n×m) times q (m×r).
 func MulQ(p, c, q []float32, n, m, r int) {
@@ -201,15 +204,30 @@ func axpy4x1(q []float32, r, k int, c0, c1, c2, c3 []float32, s0, s1, s2, s3 flo
 }
 
 // Reconstruct sets c (n×m) to p (n×r) times the transpose of q (m×r). If e
-// is not nil, it also subtracts each element it writes from the same
-// element of e (n×m): the error feedback of PowerSGD, fused into the one
-// pass.
+// is not nil, it also sets each element of e (n×m) to the element of c it
+// replaces minus the one it writes: the error feedback of PowerSGD, what
+// the approximation lost, computed in the same pass. e and c must not
+// overlap.
 func Reconstruct(c, e, p, q []float32, n, m, r int) {
 	check(len(p), n*r, len(c), n*m, len(q), m*r)
-	if e != nil && len(e) != n*m {
-		panic("lowrank: error matrix of the wrong size")
+	if e != nil {
+		if len(e) != n*m {
+			panic("lowrank: error matrix of the wrong size")
+		}
+		if overlap(c, e) {
+			panic("lowrank: error matrix overlaps the product")
+		}
 	}
 	reconstruct(c, e, p, q, n, m, r)
+}
+
+// overlap reports whether a and b share an element.
+func overlap(a, b []float32) bool {
+	if len(a) == 0 || len(b) == 0 {
+		return false
+	}
+	pa, pb := uintptr(unsafe.Pointer(unsafe.SliceData(a))), uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	return pa < pb+4*uintptr(len(b)) && pb < pa+4*uintptr(len(a))
 }
 
 // reconstructGo is the pure-Go Reconstruct of columns j0 and up, the
@@ -217,45 +235,72 @@ func Reconstruct(c, e, p, q []float32, n, m, r int) {
 func reconstructGo(c, e, p, q []float32, n, m, r, j0 int) {
 	for i := range n {
 		row := c[i*m+j0 : (i+1)*m : (i+1)*m]
-		var erow []float32
-		if e != nil {
-			erow = e[i*m+j0 : (i+1)*m : (i+1)*m]
-		}
 		pi := p[i*r : (i+1)*r : (i+1)*r]
+		if e == nil {
+			switch r {
+			case 1:
+				s, q := pi[0], q[j0:m]
+				for j := range row {
+					row[j] = float32(s * q[j])
+				}
+			case 4:
+				p0, p1, p2, p3 := pi[0], pi[1], pi[2], pi[3]
+				q := q[4*j0 : 4*m]
+				for j := range row {
+					row[j] = inner4(p0, p1, p2, p3, q[4*j:4*j+4:4*j+4])
+				}
+			default:
+				q := q[j0*r : m*r]
+				for j := range row {
+					row[j] = inner(pi, q[j*r:(j+1)*r:(j+1)*r])
+				}
+			}
+			continue
+		}
+		erow := e[i*m+j0 : (i+1)*m : (i+1)*m]
+		erow = erow[:len(row)]
 		switch r {
 		case 1:
-			s := pi[0]
-			q := q[j0:m]
-			for j := range row {
-				row[j] = float32(s * q[j])
+			s, q := pi[0], q[j0:m]
+			for j, x := range row {
+				v := float32(s * q[j])
+				erow[j], row[j] = x-v, v
 			}
 		case 4:
 			p0, p1, p2, p3 := pi[0], pi[1], pi[2], pi[3]
 			q := q[4*j0 : 4*m]
-			for j := range row {
-				x := q[4*j : 4*j+4 : 4*j+4]
-				v := float32(p0*x[0]) + float32(p1*x[1])
-				v += float32(p2 * x[2])
-				row[j] = v + float32(p3*x[3])
+			for j, x := range row {
+				v := inner4(p0, p1, p2, p3, q[4*j:4*j+4:4*j+4])
+				erow[j], row[j] = x-v, v
 			}
 		default:
 			q := q[j0*r : m*r]
-			for j := range row {
-				x := q[j*r : (j+1)*r : (j+1)*r]
-				v := float32(pi[0] * x[0])
-				for k := 1; k < r; k++ {
-					v += float32(pi[k] * x[k])
-				}
-				row[j] = v
-			}
-		}
-		if erow != nil {
-			erow = erow[:len(row)]
-			for j, v := range row {
-				erow[j] -= v
+			for j, x := range row {
+				v := inner(pi, q[j*r:(j+1)*r:(j+1)*r])
+				erow[j], row[j] = x-v, v
 			}
 		}
 	}
+}
+
+// inner4 returns the dot product of (p0, p1, p2, p3) and the 4-vector x,
+// summed from the first product.
+func inner4(p0, p1, p2, p3 float32, x []float32) float32 {
+	x = x[:4:4]
+	v := float32(p0*x[0]) + float32(p1*x[1])
+	v += float32(p2 * x[2])
+	return v + float32(p3*x[3])
+}
+
+// inner returns the dot product of p and x (len(p) >= 1), summed from the
+// first product.
+func inner(p, x []float32) float32 {
+	x = x[:len(p)]
+	v := float32(p[0] * x[0])
+	for k := 1; k < len(p); k++ {
+		v += float32(p[k] * x[k])
+	}
+	return v
 }
 
 // Orthogonalize makes the r columns of a (rows×r, r <= rows) orthonormal

@@ -63,9 +63,14 @@ func TestProducts(t *testing.T) {
 			}
 			within(t, "MulTP", gotQ, want, mag, n)
 
-			gotC := make([]float32, n*m)
-			e := randMat(rng, n*m)
-			e0 := append([]float32(nil), e...)
+			// The error is what the product replaced minus the product,
+			// whatever e held before.
+			gotC := randMat(rng, n*m)
+			c0 := append([]float32(nil), gotC...)
+			e := make([]float32, n*m)
+			for i := range e {
+				e[i] = float32(math.NaN())
+			}
 			Reconstruct(gotC, e, p, q, n, m, r)
 			want, mag = make([]float64, n*m), make([]float64, n*m)
 			for i := range n {
@@ -79,10 +84,39 @@ func TestProducts(t *testing.T) {
 			}
 			within(t, "Reconstruct", gotC, want, mag, r)
 			for i := range e {
-				if e[i] != e0[i]-gotC[i] {
-					t.Fatalf("Reconstruct: error element %d is %g, want %g - %g", i, e[i], e0[i], gotC[i])
+				if math.Float32bits(e[i]) != math.Float32bits(c0[i]-gotC[i]) {
+					t.Fatalf("Reconstruct: error element %d is %g, want %g - %g", i, e[i], c0[i], gotC[i])
 				}
 			}
+		})
+	}
+}
+
+// TestReconstructOverlap checks that Reconstruct refuses an error matrix
+// that shares elements with the product, whose old values it must read
+// before it writes them.
+func TestReconstructOverlap(t *testing.T) {
+	const n, m, r = 2, 16, 1
+	buf := make([]float32, 3*n*m)
+	p, q := make([]float32, n*r), make([]float32, m*r)
+	for _, tc := range []struct {
+		name   string
+		c, e   []float32
+		panics bool
+	}{
+		{"same", buf[:n*m], buf[:n*m], true},
+		{"e inside", buf[1 : 1+n*m], buf[n*m-1 : 2*n*m-1], true},
+		{"c inside", buf[n*m-1 : 2*n*m-1], buf[1 : 1+n*m], true},
+		{"adjacent", buf[:n*m], buf[n*m : 2*n*m], false},
+		{"apart", buf[:n*m], buf[2*n*m:], false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			defer func() {
+				if got := recover() != nil; got != tc.panics {
+					t.Errorf("panicked: %v, want %v", got, tc.panics)
+				}
+			}()
+			Reconstruct(tc.c, tc.e, p, q, n, m, r)
 		})
 	}
 }

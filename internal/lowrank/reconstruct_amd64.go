@@ -19,13 +19,13 @@ const span = 512
 
 // recon4AVX2 sets c[j] = ((p[0]*qt[j] + p[1]*qt[span+j]) + p[2]*qt[2*span+j])
 // + p[3]*qt[3*span+j] for j < n, each product rounded, and if e is not nil
-// subtracts it from e[j]. n is a multiple of 8, at most span.
+// sets e[j] to the old c[j] minus it. n is a multiple of 8, at most span.
 //
 //go:noescape
 func recon4AVX2(c, e, qt unsafe.Pointer, n int, p *float32)
 
-// recon1AVX2 sets c[j] = s*q[j] for j < n and if e is not nil subtracts it
-// from e[j]. n is a multiple of 8.
+// recon1AVX2 sets c[j] = s*q[j] for j < n and if e is not nil sets e[j] to
+// the old c[j] minus it. n is a multiple of 8.
 //
 //go:noescape
 func recon1AVX2(c, e, q unsafe.Pointer, n int, s float32)

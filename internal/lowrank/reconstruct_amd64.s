@@ -4,8 +4,8 @@
 
 // The products are rounded to float32 before they are added (VMULPS then
 // VADDPS, never FMA), in the order of the pure-Go kernel, so the bits are
-// the same. c is stored before e is loaded, as the pure-Go kernel writes a
-// row of c before it updates e.
+// the same. With e, each block of c is loaded before the product is stored
+// over it, and e gets the old block minus the product.
 
 // func recon4AVX2(c, e, qt unsafe.Pointer, n int, p *float32)
 TEXT ·recon4AVX2(SB), NOSPLIT, $0-40
@@ -30,9 +30,9 @@ loop4:
 	VADDPS Y1, Y0, Y0
 	VADDPS Y2, Y0, Y0
 	VADDPS Y3, Y0, Y0
-	VMOVUPS Y0, 0(DI)
-	VMOVUPS 0(SI), Y4
+	VMOVUPS 0(DI), Y4
 	VSUBPS Y0, Y4, Y4
+	VMOVUPS Y0, 0(DI)
 	VMOVUPS Y4, 0(SI)
 	ADDQ $32, DX
 	ADDQ $32, DI
@@ -71,9 +71,9 @@ loop1:
 	CMPQ CX, $8
 	JLT  done1
 	VMULPS 0(DX), Y8, Y0
-	VMOVUPS Y0, 0(DI)
-	VMOVUPS 0(SI), Y4
+	VMOVUPS 0(DI), Y4
 	VSUBPS Y0, Y4, Y4
+	VMOVUPS Y0, 0(DI)
 	VMOVUPS Y4, 0(SI)
 	ADDQ $32, DX
 	ADDQ $32, DI

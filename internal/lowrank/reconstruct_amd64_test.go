@@ -32,11 +32,15 @@ func TestReconstructKernelBits(t *testing.T) {
 					for i := range q {
 						q[i] *= float32(math.Ldexp(1, rng.IntN(20)-10))
 					}
-					got, want := make([]float32, n*m), make([]float32, n*m)
+					got := randMat(rng, n*m)
+					want := append([]float32(nil), got...)
 					var gotE, wantE []float32
 					if withErr {
-						gotE = randMat(rng, n*m)
-						wantE = append([]float32(nil), gotE...)
+						// What e held is overwritten, NaN or not.
+						gotE, wantE = make([]float32, n*m), make([]float32, n*m)
+						for i := range gotE {
+							gotE[i] = float32(math.NaN())
+						}
 					}
 					Reconstruct(got, gotE, p, q, n, m, r)
 					reconstructGo(want, wantE, p, q, n, m, r, 0)
