@@ -109,8 +109,9 @@
 // the state rather than restarting it makes a skipped step as if it had
 // not happened, for the buckets that saw the non-finite value; a bucket
 // that did not cannot know, when it finishes, of a later one that did,
-// and updates as in any step. Keeping it costs one copy of each
-// compressed matrix per step with error feedback.
+// and updates as in any step. Keeping it costs a scan of the reduced
+// values: the new error is computed from the gradient (M plus the old
+// error) in the pass that writes P·Qᵀ over it.
 //
 // The second all-reduce needs the result of the first, and Launch must not
 // wait for the network, so the hook issues its collectives from a

@@ -349,9 +349,8 @@ func (h *PowerSGDHook) Finish(b *Bucket) error {
 		}
 		copy(st.q, q)
 		st.warm = h.o.WarmStart
-		if st.err != nil {
-			copy(st.err, c)
-		}
+		// The new error is c (M plus the old error) minus P·Qᵀ, written
+		// in the pass that overwrites c.
 		lowrank.Reconstruct(c, st.err, p, st.q, t.n, t.m, t.r)
 	}
 	return nil
