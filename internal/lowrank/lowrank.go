@@ -12,7 +12,10 @@
 // AVX2, Reconstruct (ranks 1 and 4), MulQ and MulTP (rank 4) run assembly
 // kernels that perform the same multiplies and adds in the same order,
 // without FMA, so they give the pure-Go kernels' bits (the build tag
-// purego keeps to pure Go). The kernels never allocate. Ranks of 1 and
+// purego keeps to pure Go), NaNs aside: which of two NaN operands an
+// operation passes on depends on the order of its operands in the
+// machine's instruction, which the compiler chooses, so a NaN result may
+// come out with another sign or payload. The kernels never allocate. Ranks of 1 and
 // multiples of 4 are the fastest: the columns of a factor are taken four
 // at a time, and the rest one at a time.
 package lowrank

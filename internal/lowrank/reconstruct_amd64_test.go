@@ -46,7 +46,7 @@ func TestReconstructKernelBits(t *testing.T) {
 					reconstructGo(want, wantE, p, q, n, m, r, 0)
 					for i := range want {
 						if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-							t.Fatalf("c[%d] = %g, pure Go %g", i, got[i], want[i])
+							t.Fatalf("c[%d] = %g (%#x), pure Go %g (%#x)", i, got[i], math.Float32bits(got[i]), want[i], math.Float32bits(want[i]))
 						}
 					}
 					for i := range wantE {
@@ -106,4 +106,64 @@ func TestProductKernelBits(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzReconstructKernelBits checks that the assembly Reconstruct gives
+// the pure-Go kernel's bits for any size, rank 1 or 4, with or without the
+// error, and values of any magnitude, zeros, infinities and NaNs among
+// them. A NaN need only be a NaN: which of two NaN operands an addition
+// passes on is not fixed (the package doc says so).
+func FuzzReconstructKernelBits(f *testing.F) {
+	f.Add(uint64(1), uint8(3), uint16(9), false, true)
+	f.Add(uint64(2), uint8(1), uint16(513), true, true)
+	f.Add(uint64(3), uint8(8), uint16(1031), true, false)
+	f.Add(uint64(4), uint8(2), uint16(8), false, false)
+	f.Fuzz(func(t *testing.T, seed uint64, rows uint8, cols uint16, rank4, withErr bool) {
+		if !useAVX2 {
+			t.Skip("no AVX2: Reconstruct is the pure-Go kernel")
+		}
+		n, m, r := 1+int(rows%16), 1+int(cols%1100), 1
+		if rank4 {
+			r = 4
+		}
+		rng := rand.New(rand.NewPCG(seed, 7))
+		special := []float32{0, float32(math.Copysign(0, -1)), float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN()), math.MaxFloat32, math.SmallestNonzeroFloat32}
+		val := func() float32 {
+			if rng.IntN(16) == 0 {
+				return special[rng.IntN(len(special))]
+			}
+			return float32(math.Ldexp(rng.NormFloat64(), rng.IntN(80)-40))
+		}
+		fill := func(k int) []float32 {
+			x := make([]float32, k)
+			for i := range x {
+				x[i] = val()
+			}
+			return x
+		}
+		p, q := fill(n*r), fill(m*r)
+		got := fill(n * m)
+		want := append([]float32(nil), got...)
+		var gotE, wantE []float32
+		if withErr {
+			gotE, wantE = fill(n*m), make([]float32, n*m)
+		}
+		Reconstruct(got, gotE, p, q, n, m, r)
+		reconstructGo(want, wantE, p, q, n, m, r, 0)
+		for i := range want {
+			if !sameOrNaN(got[i], want[i]) {
+				t.Fatalf("c[%d] = %g (%#x), pure Go %g (%#x)", i, got[i], math.Float32bits(got[i]), want[i], math.Float32bits(want[i]))
+			}
+		}
+		for i := range wantE {
+			if !sameOrNaN(gotE[i], wantE[i]) {
+				t.Fatalf("e[%d] = %g (%#x), pure Go %g (%#x)", i, gotE[i], math.Float32bits(gotE[i]), wantE[i], math.Float32bits(wantE[i]))
+			}
+		}
+	})
+}
+
+// sameOrNaN reports whether x and y have the same bits or are both NaNs.
+func sameOrNaN(x, y float32) bool {
+	return math.Float32bits(x) == math.Float32bits(y) || x != x && y != y
 }
