@@ -330,7 +330,10 @@ func Orthogonalize(a []float32, rows, r int, eps float32) {
 		var ss float64
 		for i := range rows {
 			v := float64(a[i*r+k])
-			ss += v * v
+			// Each product converted: the conversion rounds it, so no
+			// compiler fuses it with the sum (FMA), and every build gets
+			// the same bits (the Go spec's rule on fused operations).
+			ss += float64(v * v)
 		}
 		return math.Sqrt(ss)
 	}
@@ -339,10 +342,10 @@ func Orthogonalize(a []float32, rows, r int, eps float32) {
 			for l := range k {
 				var dot float64
 				for i := range rows {
-					dot += float64(a[i*r+l]) * float64(a[i*r+k])
+					dot += float64(float64(a[i*r+l]) * float64(a[i*r+k]))
 				}
 				for i := range rows {
-					a[i*r+k] = float32(float64(a[i*r+k]) - dot*float64(a[i*r+l]))
+					a[i*r+k] = float32(float64(a[i*r+k]) - float64(dot*float64(a[i*r+l])))
 				}
 			}
 		}
