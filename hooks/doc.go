@@ -139,11 +139,17 @@
 // orthonormal columns, where a single Gram-Schmidt pass (PyTorch's below
 // rank 3) does not for a gradient of lower rank than the approximation.
 //
+// DefaultPowerSGDOptions, and so ByName("powersgd"), keep PyTorch's
+// StartIter of 1000: the first 1000 synced steps (no-sync steps do not
+// count) are averaged as Avg averages, and a run of fewer steps never
+// compresses. Set StartIter to compress sooner (0: from the first step).
+//
 // # Accuracy
 //
 // With u the unit roundoff of the wire type (2^-24 float32, 2^-11 float16,
 // 2^-8 bfloat16) and S = sum over ranks of |g_r|/N for one element, the
-// reduced value differs from the exact average by at most
+// value Avg, AllReduce, FP16 and BF16 reduce differs from the exact
+// average by at most
 //
 //	(a + γ(N-1)·(1+a))·S + 2N·η,   a = u + 2·2^-24,  γ(k) = k·u/(1-k·u)
 //
@@ -155,4 +161,29 @@
 // (N-1 roundings in the sum, then one in the division by N) where it sums
 // first; either way it stays within the same bound. The tests assert these
 // on random gradients.
+//
+// PowerSGD's average has no such bound, elementwise or relative. Its
+// steps before StartIter, and in later steps the tensors it does not
+// compress, are averaged within the bound above (float32). A compressed
+// matrix becomes, up to float32 rounding, P·Pᵀ·A: the orthogonal
+// projection of A, the average over ranks of the gradients (plus, with
+// error feedback, of the ranks' errors), onto the span of P, the
+// orthonormalized sum of the ranks' M·Q (its rank columns, at most
+// min(n, m)). So the result's Frobenius norm is at most A's; the result is
+// A where A's columns lie in P's span (always at full rank); otherwise an
+// element may be far from its exact average, even of the other sign. What
+// holds:
+//
+//   - every rank holds the same bits, in every step;
+//   - with error feedback, a rank's error is what the result lacks of its
+//     gradient plus its previous error, and is added to its next gradient;
+//     the ranks' errors average to what the projection left out of A. Over
+//     the steps since compression began, the sum of the results is the sum
+//     of the exact averages minus the average of the ranks' current
+//     errors, up to rounding: what a step loses is carried into the next,
+//     not accumulated. How large the errors stay depends on the gradients;
+//     the hook does not bound them.
+//
+// docs/powersgd.md ("Correctness") gives the error measured against the
+// rank, and with and without error feedback.
 package hooks
