@@ -33,9 +33,11 @@ type Dataset struct {
 
 // NewDataset returns rank's shard, out of ranks, of the examples in inputs
 // and labels (the first axis of every tensor indexes the examples, the
-// same number in each), in batches of batch examples. o configures the
-// sampler (shuffle, seed, drop or pad), and must be the same on every
-// rank.
+// same number in each), in batches of batch examples. batch is per rank:
+// each Yield returns batch examples of this rank's shard, and a step's
+// global batch is ranks·batch (for a global batch B, pass B/ranks, as the
+// example does). o configures the sampler (shuffle, seed, drop or pad),
+// and must be the same on every rank.
 func NewDataset(name string, rank, ranks, batch int, inputs, labels []*tensors.Tensor, o sampler.Options) (*Dataset, error) {
 	if batch < 1 || len(inputs) == 0 {
 		return nil, fmt.Errorf("%w: dataset %q: batch %d with %d inputs", ErrUnsupported, name, batch, len(inputs))

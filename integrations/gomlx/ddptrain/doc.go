@@ -57,6 +57,30 @@
 // did, the Reducer is built over the trainable variables, and every
 // variable but the context's random-number state is broadcast from rank 0.
 //
+// # Ranks, batches and optimizers
+//
+//   - Ranks in one process (inproc) may share one backend, as the example
+//     and the tests do (one simplego backend, a goroutine per rank), or
+//     have one each. Each rank needs its own communicator, context
+//     (mlctx.New: the variables), Trainer and Hook value: a Trainer reads
+//     and writes only its own context's variables and the tensors it made,
+//     and its values reach other ranks only through the communicator. It
+//     runs its graphs on the backend's device 0, so ranks that share a
+//     backend share that device.
+//   - Batches are per rank: NewDataset's batch is the examples one rank
+//     takes in a step, and the step's global batch is ranks times that.
+//     Averaging the ranks' gradients of their mean losses gives the
+//     gradient of the mean loss over the global batch, the step one
+//     process would take on it (TestEquivalence checks this).
+//   - The optimizer graph hands UpdateGraphWithGradients the averages in
+//     the order of Variables(): the context's order (ctx.IterVariables) of
+//     the variables with v.Trainable && v.InUseByGraph(g) in the gradient
+//     graph. It uses every one of them first, and no other trainable
+//     variable, so an optimizer of its own must pair gradients[i] with the
+//     i-th variable with v.Trainable && v.InUseByGraph(g) in the graph it
+//     is given, as GoMLX's SGD and Adam do, and read no other trainable
+//     variable in that graph before it has paired them.
+//
 // # The rest of ddpgo
 //
 //   - No-sync accumulation: AccumulateStep adds this rank's gradients in

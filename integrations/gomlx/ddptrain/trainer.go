@@ -137,7 +137,13 @@ type Trainer struct {
 // model's variables and hyperparameters, as for train.NewTrainer; model
 // and loss are GoMLX's ModelFn and LossFn (loss may be nil if the model
 // adds its loss terms with train.AddLoss); opt must implement
-// train.OptimizeWithGradients, as GoMLX's SGD and Adam do.
+// train.OptimizeWithGradients, as GoMLX's SGD and Adam do. Its
+// UpdateGraphWithGradients gets the averaged gradients in the order of
+// Variables(), and must pair them with the variables as GoMLX's do: the
+// i-th gradient is that of the i-th variable, in the context's order, with
+// v.Trainable && v.InUseByGraph(g) (see the package documentation,
+// "Ranks, batches and optimizers"). Ranks in one process may share one
+// backend; each needs a ctx of its own.
 //
 // New communicates nothing: the variables do not exist until the first
 // graph is built. The first TrainStep (or Setup) builds both graphs, agrees
