@@ -1,8 +1,10 @@
 # The test command of the README. Each line is one package set under the
 # flags it needs: the race detector on everything, the invariants build tag
 # (pebble-style expensive assertions) on everything, the NCCL backend over
-# its stand-in in both of its modes (NCCL 2.22-2.26's non-blocking enqueue,
-# the default, and 2.21's immediate one), and the pure-Go kernels forced
+# its stand-in following each NCCL completion rule (2.26's, the default,
+# then 2.21's immediate enqueue, 2.23-2.25's lazy join and 2.27+'s jobs
+# off the thread: DDPGO_STANDIN_NCCL, which the tests read, so Go's test
+# cache keys on it), and the pure-Go kernels forced
 # with the purego tag so both implementations are checked. The tests the
 # race detector makes meaningless (allocation counts) or too slow (the
 # digits example's accuracy) run once more without it. A module outside
@@ -23,7 +25,7 @@ HAVE_MPI := $(shell pkg-config --exists ompi-c 2>/dev/null && command -v mpirun 
 
 test: lint
 	$(GO) test -race -tags invariants ./...
-	DDPGO_STANDIN_NCCL=2.21 $(GO) test -race -tags invariants ./nccl/
+	@for v in 2.21 2.25 2.28; do echo "nccl over its stand-in as NCCL $$v:"; DDPGO_STANDIN_NCCL=$$v $(GO) test -race -tags invariants ./nccl/ || exit 1; done
 	DDPGO_STANDIN_NCCL=2.21 $(GO) test -run NCCL ./cmd/ddpbench/
 	$(GO) test -tags purego ./fp16/ ./internal/... ./inproc/ ./hooks/
 	$(GO) test -run Exhaustive -count=1 ./fp16/

@@ -346,6 +346,11 @@ func (d *cdriver) commInfo(comm uintptr) (count, rank, dev int, err error) {
 	return int(n), int(r), int(v), err
 }
 
+func (d *cdriver) ensureReady(comm uintptr) error {
+	var n C.int
+	return d.ncclErr("ncclCommCount", C.ddp_ncclCount(d.t, C.hnd(comm), &n), comm)
+}
+
 func (d *cdriver) ncclMemAlloc(ctx uintptr, n int) (unsafe.Pointer, error) {
 	var p unsafe.Pointer
 	r := C.ddp_ncclMemAlloc(d.t, C.hnd(ctx), C.size_t(n), &p)

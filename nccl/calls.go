@@ -1,6 +1,7 @@
 package nccl
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"runtime"
@@ -10,9 +11,10 @@ import (
 )
 
 // Every call into NCCL for a communicator, and every call that puts work
-// on its stream, is made holding the communicator's call lock (callMu),
-// on an OS thread locked for the duration (lockCalls); calls into NCCL
-// also hold the device's NCCL lock. NCCL's rules make this the design:
+// on its stream (collectives, kernels, copies, stream waits), is made
+// holding the communicator's call lock (callMu), on an OS thread locked
+// for the duration (lockCalls); calls into NCCL also hold the device's
+// NCCL lock. NCCL's rules make this the design:
 //
 //   - Calls into one communicator must never overlap (NCCL's thread-safety
 //     rule), and calls to independent communicators of one device must not
@@ -20,37 +22,77 @@ import (
 //     the communicator's group job (it joins a thread; from 2.27 it also
 //     frees it), so even that call may not race another.
 //   - On a non-blocking communicator a launch may answer ncclInProgress
-//     (from 2.22 on, nearly every group that holds a communicator of more
-//     than one rank does): NCCL's group job then enqueues from its own
-//     thread, and until ncclCommGetAsyncError reports ncclSuccess no CUDA work may
-//     go on the communicator's stream and no call may use the
-//     communicator (2.22 to 2.25 fail it with ncclInvalidArgument). The
-//     launching call settles it before it lets go of the lock, polling
-//     ncclCommGetAsyncError (as PyTorch's ProcessGroupNCCL does after
-//     each non-blocking call), so a Download or a kernel issued after a
-//     collective runs after it, and a group is launched as one group.
+//     (from 2.23 on nearly every launch of a communicator of more than one
+//     rank does; 2.22 only where it sets up connections): NCCL's group
+//     job then enqueues from its own thread, and until
+//     ncclCommGetAsyncError reports ncclSuccess no CUDA work may go on the
+//     communicator's stream and no call may use the communicator (NCCL
+//     fails it with ncclInvalidArgument). The launching call settles it before it lets
+//     go of the lock, polling ncclCommGetAsyncError (as PyTorch's
+//     ProcessGroupNCCL does after each non-blocking call), so a Download
+//     or a kernel issued after a collective runs after it, and a group is
+//     launched as one group.
 //   - From 2.14 to 2.26 the job of a non-blocking group lives in the
 //     launching thread's storage (ncclGroupJobMain is __thread in
 //     src/group.cc): a second group launched from the same OS thread
-//     before the first is complete overwrites it. The thread is locked
-//     from the launch until the job is complete, so no other goroutine's
-//     launch can land on it in between, and no job outlives the call.
+//     before the first is complete overwrites it. 2.26 completes the job
+//     in ncclCommGetAsyncError; 2.23 to 2.25 only report its result there,
+//     and the communicator's next call (ncclCommEnsureReady) joins it, from
+//     whatever thread makes it. So once the settle has seen ncclSuccess,
+//     the launching call makes one more call on the same thread,
+//     ncclCommCount, which runs ncclCommEnsureReady in every version:
+//     no job outlives the call, and no other goroutine's launch can land
+//     on the thread while one is pending.
 //
 // Settling waits for NCCL's enqueue, not for the collective: the host
 // returns once the kernels are on the stream. It ends early, failing the
-// launch, when Abort is asked for or Config.Timeout passes (a peer that
-// never joins can keep the first collective's connection setup in
-// progress).
+// launch, when Abort or Close is asked for or Config.Timeout passes (a
+// peer that never joins can keep the first collective's connection setup
+// in progress). A Wait that needs the lock to complete what has completed
+// gives up at its context's end rather than wait out a settle.
+
+// callLock is the call lock: a mutex that a waiter can stop waiting for
+// when its context ends.
+type callLock chan struct{}
+
+func newCallLock() callLock { return make(callLock, 1) }
 
 // lockCalls takes the call lock on a locked OS thread.
 func (c *Comm) lockCalls() {
-	c.callMu.Lock()
+	c.callMu <- struct{}{}
 	runtime.LockOSThread()
+}
+
+// lockCallsCtx is lockCalls that gives up, returning false, when ctx
+// ends first.
+func (c *Comm) lockCallsCtx(ctx context.Context) bool {
+	select {
+	case c.callMu <- struct{}{}:
+	default:
+		select {
+		case c.callMu <- struct{}{}:
+		case <-ctx.Done():
+			return false
+		}
+	}
+	runtime.LockOSThread()
+	return true
+}
+
+// tryLockCalls is lockCalls if nobody holds the lock.
+func (c *Comm) tryLockCalls() bool {
+	select {
+	case c.callMu <- struct{}{}:
+		runtime.LockOSThread()
+		return true
+	default:
+		return false
+	}
 }
 
 func (c *Comm) unlockCalls() {
 	runtime.UnlockOSThread()
-	c.callMu.Unlock()
+	<-c.callMu
 }
 
 // launch launches ps and settles it: a group is one launch, every staging
@@ -93,27 +135,53 @@ func (c *Comm) launch(ps []pending, group bool) {
 	if err == nil {
 		c.lib.launches.Add(1)
 	}
+	var ne *Error
+	fatal := err != nil && (!errors.As(err, &ne) || ne.Result != ResultInvalidArgument && ne.Result != ResultInvalidUsage)
 	if err == nil && res == ResultInProgress {
 		c.deferred.Add(1)
 		c.lib.inProgress.Add(1)
 		if err = c.settle(); err == nil {
+			// 2.23-2.25 have not joined the group job yet: join it on
+			// this thread before it lets go.
+			err = c.ensureReady()
+		}
+		if err == nil {
 			// The copies back and the events wait for the enqueue.
 			err = c.d.post(c.ctx, c.stream, post, events)
 		}
-		if err != nil {
-			err = fmt.Errorf("%w: %w", comm.ErrAborted, err)
+		fatal = err != nil
+	}
+	if err != nil && !fatal {
+		// NCCL refused the call, but the staging copies before it may be
+		// on the stream: the events say when the stream has passed them,
+		// and the staging memory waits for them (advance).
+		if perr := c.d.post(c.ctx, c.stream, nil, events); perr != nil {
+			err, fatal = fmt.Errorf("%w (recording the events after it: %w)", err, perr), true
 		}
 	}
-	var ne *Error
-	fatal := err != nil && (!errors.As(err, &ne) || ne.Result != ResultInvalidArgument && ne.Result != ResultInvalidUsage)
-	if fatal && !errors.Is(err, comm.ErrAborted) {
+	if fatal && !errors.Is(err, comm.ErrAborted) && !errors.Is(err, comm.ErrClosed) {
 		// The communicator's state is unknown: it is aborted, and these
 		// operations fail with the rest.
 		err = fmt.Errorf("%w: %w", comm.ErrAborted, err)
 	}
 	c.mu.Lock()
+	req := c.abortReq
+	c.mu.Unlock()
+	if fatal && req != nil && errors.Is(err, req) {
+		// Abort or Close stopped the settle: what the stream completed
+		// before these operations keeps its success, as when they take
+		// the lock first. (These are not recorded yet: completed stops
+		// at them.)
+		if done, end, qerr := c.completed(); qerr == nil && end > done {
+			c.complete(done, end)
+		}
+	}
+	c.mu.Lock()
 	for _, p := range live {
 		if err != nil {
+			// The staging memory stays the operation's: a fatal failure
+			// hands it to teardown, which returns it only once the stream
+			// has drained.
 			c.failLocked(p.s, c.opError(p.s, err))
 		} else {
 			p.s.recorded = true
@@ -125,13 +193,24 @@ func (c *Comm) launch(ps []pending, group bool) {
 	}
 }
 
-// failPending fails operations that will not be launched.
+// ensureReady is ncclCommCount, made for its ncclCommEnsureReady: on NCCL
+// 2.23 to 2.25 it joins the group job whose result the settle saw, on the
+// launching thread. The caller holds the call lock.
+func (c *Comm) ensureReady() error {
+	c.dev.ncclMu.Lock()
+	defer c.dev.ncclMu.Unlock()
+	return c.d.ensureReady(c.handle)
+}
+
+// failPending fails operations that will not be launched: nothing of
+// theirs is on the stream, and their staging memory goes back at once.
 func (c *Comm) failPending(ps []pending, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, p := range ps {
 		if p.s.err == nil {
 			c.failLocked(p.s, c.opError(p.s, err))
+			c.unstage(p.s)
 		}
 	}
 }
@@ -188,45 +267,58 @@ func (c *Comm) asyncErr(st Result) error {
 // advance completes, in order, the operations whose events have
 // completed, after an ncclCommGetAsyncError check made once they had
 // (NCCL's kernels exit early on an error, and their events then complete
-// over wrong data). The check needs the call lock: with wait false,
-// advance does not wait for it, and completes nothing if another holds it.
-func (c *Comm) advance(wait bool) {
+// over wrong data). The check needs the call lock: with a nil ctx,
+// advance does not wait for it, and completes nothing if another holds
+// it; otherwise it waits until ctx ends, and then returns ctx's error.
+func (c *Comm) advance(ctx context.Context) error {
+	done, end, qerr := c.completed()
+	if qerr != nil {
+		c.Abort(qerr)
+		return nil
+	}
+	if end == done {
+		return nil
+	}
+	if ctx == nil {
+		if !c.tryLockCalls() {
+			return nil
+		}
+	} else if !c.lockCallsCtx(ctx) {
+		return ctx.Err()
+	}
+	c.complete(done, end)
+	c.unlockCalls()
+	return nil
+}
+
+// completed returns done and how far the operations after it have
+// completed on the stream (failed ones included: their events say when
+// the stream has passed what of theirs was put on it).
+func (c *Comm) completed() (done, end uint64, err error) {
 	c.mu.Lock()
-	end := c.done
-	var qerr error
+	defer c.mu.Unlock()
+	end = c.done
 	for end < c.seq && c.stopping == nil {
 		sl := c.slot(end + 1)
 		if !sl.recorded {
 			break
 		}
-		if sl.err == nil {
-			ok, err := c.d.eventQuery(c.ctx, sl.event)
-			if err != nil {
-				qerr = err
-				break
-			}
-			if !ok {
-				break
-			}
+		ok, err := c.d.eventQuery(c.ctx, sl.event)
+		if err != nil {
+			return c.done, c.done, err
+		}
+		if !ok {
+			break
 		}
 		end++
 	}
-	done := c.done
-	c.mu.Unlock()
-	if qerr != nil {
-		c.Abort(qerr)
-		return
-	}
-	if end == done {
-		return
-	}
-	if wait {
-		c.lockCalls()
-	} else if c.callMu.TryLock() {
-		runtime.LockOSThread()
-	} else {
-		return
-	}
+	return c.done, end, nil
+}
+
+// complete completes the operations done+1 to end, found complete by
+// completed, after an ncclCommGetAsyncError check. The caller holds the
+// call lock.
+func (c *Comm) complete(done, end uint64) {
 	var err error
 	if !c.torn {
 		var st Result
@@ -239,7 +331,6 @@ func (c *Comm) advance(wait bool) {
 		// What completed before the error was seen keeps nothing: the
 		// error may have cut its kernels short.
 		c.teardown(fmt.Errorf("%w: %w", comm.ErrAborted, err), true)
-		c.unlockCalls()
 		return
 	}
 	c.mu.Lock()
@@ -248,7 +339,6 @@ func (c *Comm) advance(wait bool) {
 	}
 	c.done = max(c.done, end)
 	c.mu.Unlock()
-	c.unlockCalls()
 }
 
 // teardown is Abort and the destroying half of Close: it refuses new
@@ -287,6 +377,7 @@ func (c *Comm) teardown(reason error, abort bool) error {
 	c.regMu.Unlock()
 	drained := c.drain()
 	c.mu.Lock()
+	c.undrained = !drained
 	for s := c.done + 1; s <= c.seq; s++ {
 		sl := c.slot(s)
 		if sl.err == nil {
@@ -296,6 +387,7 @@ func (c *Comm) teardown(reason error, abort bool) error {
 		if drained {
 			c.unstage(sl)
 		} else {
+			// Quarantined: the stream may still write it.
 			for _, b := range sl.stage {
 				c.leaked += int64(b.Size())
 			}
@@ -310,14 +402,28 @@ func (c *Comm) teardown(reason error, abort bool) error {
 	c.mu.Unlock()
 	c.noteKernErr(reason)
 	if !drained && err == nil {
-		err = fmt.Errorf("nccl: rank %d: the stream did not drain within %v after ncclCommAbort; %d bytes of staging memory are left unused", c.rank, AbortDrain, leaked)
+		err = fmt.Errorf("nccl: rank %d: the stream did not drain within %v after ncclCommAbort; %d bytes of staging memory are left unused, and the communicator's memory is not freed while the stream runs", c.rank, c.abortDrain, leaked)
 	}
 	return err
 }
 
+// streamIdle reports whether the stream has finished its work, asking it
+// again once teardown has found that it did not drain: memory the stream
+// may write is freed only after this says so. The caller holds c.mu.
+func (c *Comm) streamIdle() bool {
+	if !c.undrained {
+		return true
+	}
+	ok, err := c.d.streamQuery(c.ctx, c.stream)
+	if ok || err != nil {
+		c.undrained = false
+	}
+	return !c.undrained
+}
+
 // drain waits up to AbortDrain for the stream to finish its work.
 func (c *Comm) drain() bool {
-	deadline := time.Now().Add(AbortDrain)
+	deadline := time.Now().Add(c.abortDrain)
 	for delay := time.Microsecond; ; delay = min(2*delay, 10*time.Millisecond) {
 		ok, err := c.d.streamQuery(c.ctx, c.stream)
 		if ok || err != nil {
@@ -360,7 +466,7 @@ func (c *Comm) watchdog() {
 			return
 		case <-t.C:
 		}
-		c.advance(false)
+		c.advance(nil)
 		c.mu.Lock()
 		if c.stopping != nil {
 			c.mu.Unlock()
@@ -390,8 +496,7 @@ func (c *Comm) watchdog() {
 		}
 		// An asynchronous error with nothing in flight: look, if nobody
 		// else is calling.
-		if c.callMu.TryLock() {
-			runtime.LockOSThread()
+		if c.tryLockCalls() {
 			var err error
 			if !c.torn {
 				st, aerr := c.asyncError()

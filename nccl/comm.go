@@ -265,7 +265,7 @@ type Comm struct {
 	// callMu is held for every call into NCCL for this communicator and
 	// every call that puts work on its stream (calls.go). Fields below it
 	// up to mu belong to its holder.
-	callMu  sync.Mutex
+	callMu  callLock
 	torn    bool // ncclCommAbort or ncclCommDestroy has been called
 	orderEv uintptr
 	one     [1]pending
@@ -280,14 +280,19 @@ type Comm struct {
 	slots    []*slot
 	errs     map[uint64]error // failed operations' errors, by sequence number
 	stopping error            // set by Abort or Close: every later operation fails with it
-	abortReq error            // an Abort waiting for the call lock
+	abortReq error            // an Abort or Close waiting for the call lock
 	closed   bool
-	leaked   int64 // staging bytes never reused because the stream did not drain
-	kernEv   uintptr
-	scratch  unsafe.Pointer // device: the barrier's element and the overflow counter
-	host     allocator.Region
-	staging  *allocator.Pool // device memory for host buffers' data
-	pinned   *allocator.Pool // pinned host memory for the copies
+	// undrained: the stream did not drain after teardown, and may still
+	// write the communicator's memory, which is quarantined (kept, never
+	// reused or freed) until the stream is seen idle (streamIdle).
+	undrained  bool
+	leaked     int64         // bytes quarantined because the stream did not drain
+	abortDrain time.Duration // AbortDrain; tests shorten it
+	kernEv     uintptr
+	scratch    unsafe.Pointer // device: the barrier's element and the overflow counter
+	host       allocator.Region
+	staging    *allocator.Pool // device memory for host buffers' data
+	pinned     *allocator.Pool // pinned host memory for the copies
 
 	kmu     sync.Mutex // the synchronous kernels, one at a time: they share kernEv and the host scratch
 	kerrMu  sync.Mutex
@@ -334,7 +339,8 @@ type pending struct {
 func (l *Library) newComm(cfg Config, dev *device, h uintptr) (*Comm, error) {
 	c := &Comm{lib: l, d: l.d, dev: dev, ctx: dev.ctx, handle: h, cfg: cfg, rank: cfg.Rank, size: cfg.Size,
 		rules: backend.Rules{Rank: cfg.Rank, Size: cfg.Size, OneDevice: true, Device: cfg.Device},
-		errs:  map[uint64]error{}, regs: map[uintptr]uintptr{}, stop: make(chan struct{})}
+		errs:  map[uint64]error{}, regs: map[uintptr]uintptr{}, stop: make(chan struct{}),
+		callMu: newCallLock(), abortDrain: AbortDrain}
 	n, r, dv, err := l.d.commInfo(h)
 	if err == nil && (n != cfg.Size || r != cfg.Rank || dv != cfg.Device) {
 		err = fmt.Errorf("nccl: the communicator reports rank %d of %d on device %d, want rank %d of %d on device %d", r, n, dv, cfg.Rank, cfg.Size, cfg.Device)

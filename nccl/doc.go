@@ -32,25 +32,29 @@
 // 0) unless Config.Blocking.
 //
 // Every call into NCCL for a communicator, and every call that puts work
-// on its stream, holds the communicator's call lock on an OS thread
-// locked for the call (the calls of communicators on one device also take
-// turns): NCCL forbids overlapping calls. When a launch answers
-// ncclInProgress (on NCCL 2.22 and newer nearly every launch of a
-// communicator of several ranks does: NCCL's group job enqueues it from
-// another thread; Library.Launches counts them) the launching call polls
-// ncclCommGetAsyncError until it reports success, as PyTorch's
-// ProcessGroupNCCL does, before it lets go: nothing
-// reaches NCCL or the stream meanwhile, so a Download or a kernel issued
-// after a collective runs after it, a group is launched as one group, and
-// no group job outlives the thread that launched it (NCCL 2.14 to 2.26
-// keep it in thread-local storage). The wait is for NCCL's enqueue, not
-// for the collective, and it ends at Abort or Config.Timeout.
+// on its stream (collectives, kernels, copies), holds the communicator's
+// call lock on an OS thread locked for the call (the calls of
+// communicators on one device also take turns): NCCL forbids overlapping
+// calls. When a launch answers ncclInProgress (on NCCL 2.23 and newer
+// nearly every launch of a communicator of several ranks does: NCCL's
+// group job enqueues it from another thread; Library.Launches counts
+// them) the launching call polls ncclCommGetAsyncError until it reports
+// success, as PyTorch's ProcessGroupNCCL does, and then calls
+// ncclCommCount on the same thread, before it lets go: nothing reaches
+// NCCL or the stream meanwhile, so a Download or a kernel issued after a
+// collective runs after it, a group is launched as one group, and no
+// group job outlives the call on the thread that launched it (NCCL 2.14
+// to 2.26 keep it in thread-local storage; 2.23 to 2.25 join it only in
+// the communicator's next call, which ncclCommCount is). The wait is for
+// NCCL's enqueue, not for the collective, and it ends at Abort, Close or
+// Config.Timeout.
 //
 // Each Comm owns a CUDA stream (non-blocking with respect to the legacy
 // default stream) on which its collectives and kernels run in issue order.
 // A Work is a CUDA event recorded after its operation: Test queries it,
 // Wait polls it (spinning briefly, then sleeping up to 200 µs) until it
-// completes or the context ends. An operation is called successful only
+// completes or the context ends, also while another call holds the call
+// lock. An operation is called successful only
 // after an ncclCommGetAsyncError check made once its event completed:
 // NCCL's kernels exit early on an error, and their events then complete
 // over wrong data. Issuing allocates nothing in steady state (events live
@@ -94,9 +98,14 @@
 // ncclCommAbort is, and asks nothing else of a communicator that may have
 // failed (ncclCommAbort releases its registrations). Close destroys the
 // communicator (ncclCommDestroy, after deregistering what Source
-// registered), or aborts it when work is pending (which then fails with
-// comm.ErrClosed); it is idempotent. Nothing calls into a communicator
-// after ncclCommDestroy or ncclCommAbort.
+// registered), or aborts it when work is pending or a launch is still
+// settling (which then fails with comm.ErrClosed); it is idempotent.
+// Nothing calls into a communicator after ncclCommDestroy or
+// ncclCommAbort. If the stream does not drain within AbortDrain (a long
+// kernel of the caller's, say), the memory it may still write is
+// quarantined: the pending operations' staging memory is never reused,
+// and neither Close nor Source's pool frees anything the stream may touch
+// until the stream is seen idle; the bytes kept are counted in the error.
 //
 // # Memory
 //
@@ -127,16 +136,21 @@
 // directory once per test binary) and load it by path. It is not NCCL and
 // not CUDA: device memory is host memory, streams are threads running
 // queues in order, collectives run across the communicators of the test
-// process. By default it behaves as NCCL 2.22-2.26 does on a
-// non-blocking communicator (every launch answers ncclInProgress and a
-// job thread enqueues it later; ncclCommGetAsyncError completes the job;
-// the job is per thread); DDPGO_STANDIN_NCCL=2.21 makes it enqueue at
-// once, and make test runs the package in both modes. It records what real
-// NCCL would not survive (overlapping calls into one communicator, a call
-// after destroy, work on a communicator's stream while it is in progress,
-// a thread's group job overwritten), and the tests fail on any. It can
-// also inject ncclInProgress, an asynchronous error and a stalled rank,
-// and count allocations, registrations and launches. It cannot run PTX: a
+// process. It follows the completion rule of the NCCL that
+// DDPGO_STANDIN_NCCL names by version: 2.21 (2.14 to 2.22: a launch
+// enqueues at once), 2.25 (2.23 to 2.25: every launch of a non-blocking
+// communicator of several ranks answers ncclInProgress and a group job,
+// kept in the launching thread's storage, enqueues it later; the
+// communicator's next call joins the job), 2.26 (the default: as 2.25, but
+// ncclCommGetAsyncError joins it) or 2.28 (2.27 and newer: the job no
+// longer lives in the thread's storage); make test runs the package under
+// each. It records what real NCCL would not survive (overlapping calls
+// into one communicator, a call after destroy, a communicator used or
+// work put on its stream while its enqueue is in progress, a thread's
+// group job overwritten, memory freed while queued work still uses it),
+// and the tests fail on any. It can also inject ncclInProgress, an
+// asynchronous error and a stalled rank, and count allocations,
+// registrations and launches. It cannot run PTX: a
 // kernel launched through it runs a C emulation chosen by its name, which
 // checks the launch's marshalling, not the PTX. Nothing measured over it
 // says anything about a GPU. It exports ddpgo_standin, which no real

@@ -53,6 +53,9 @@ type driver interface {
 	abort(ctx, comm uintptr) error
 	destroy(ctx, comm uintptr) error
 	commInfo(comm uintptr) (count, rank, dev int, err error)
+	// ensureReady is ncclCommCount, called for the ncclCommEnsureReady it
+	// runs first in every version (calls.go).
+	ensureReady(comm uintptr) error
 	ncclMemAlloc(ctx uintptr, n int) (unsafe.Pointer, error)
 	ncclMemFree(ctx uintptr, p unsafe.Pointer) error
 	register(ctx, comm, p uintptr, n int) (uintptr, error)

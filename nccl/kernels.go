@@ -93,11 +93,12 @@ func (k deviceKernels) dev(op string, b comm.Buffer) uintptr {
 }
 
 // onStream runs f, which puts work on the communicator's stream, holding
-// the call lock (calls.go): never while NCCL enqueues. After Abort or
-// Close the work is not done, and Sync reports why.
+// the call lock on a locked OS thread (calls.go): never while NCCL
+// enqueues. After Abort or Close the work is not done, and Sync reports
+// why.
 func (c *Comm) onStream(f func() error) error {
-	c.callMu.Lock()
-	defer c.callMu.Unlock()
+	c.lockCalls()
+	defer c.unlockCalls()
 	if c.torn {
 		err := c.stoppingErr()
 		c.noteKernErr(err)

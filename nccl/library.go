@@ -65,7 +65,7 @@ type Library struct {
 // handed to NCCL (a group between ncclGroupStart and ncclGroupEnd, or one
 // operation), and how many of them answered ncclInProgress: NCCL enqueued
 // them from its own thread and the launch waited for that before it
-// returned (see the package doc). On NCCL 2.22 and newer nearly every
+// returned (see the package doc). On NCCL 2.23 and newer nearly every
 // launch of a communicator of more than one rank answers it, not all
 // (docs/nccl-gpu.md has counts from a GPU).
 func (l *Library) Launches() (launches, inProgress uint64) {

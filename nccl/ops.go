@@ -296,23 +296,26 @@ func (c *Comm) stage(sl *slot, n int) (allocator.Block, error) {
 	return blk, nil
 }
 
-// failSlot fails an operation that could not be launched.
+// failSlot fails an operation that could not be launched: nothing of it
+// is on the stream, and its staging memory goes back at once.
 func (c *Comm) failSlot(sl *slot, err error) comm.Work {
 	c.mu.Lock()
 	if sl.err == nil {
 		c.failLocked(sl, c.opError(sl, err))
+		c.unstage(sl)
 	}
 	c.mu.Unlock()
 	return comm.NewWork(c, sl.seq)
 }
 
-// failLocked marks sl failed; it completes in order with the rest. The
-// caller holds c.mu.
+// failLocked marks sl failed; it completes in order with the rest. Its
+// staging memory stays its own: the caller returns it when nothing of the
+// operation is on the stream, else completing it (advance, teardown) does
+// once the stream has passed it. The caller holds c.mu.
 func (c *Comm) failLocked(sl *slot, err error) {
 	sl.err = err
 	sl.recorded = true
 	c.errs[sl.seq] = err
-	c.unstage(sl)
 }
 
 // unstage returns an operation's staging memory. The caller holds c.mu.

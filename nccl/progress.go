@@ -13,7 +13,7 @@ import (
 // TestOp implements comm.Waiter. It completes what has completed, if no
 // other caller holds the communicator's call lock.
 func (c *Comm) TestOp(id uint64) (bool, error) {
-	c.advance(false)
+	c.advance(nil)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if id <= c.done {
@@ -24,11 +24,12 @@ func (c *Comm) TestOp(id uint64) (bool, error) {
 
 // WaitOp implements comm.Waiter: it polls the operation's event, spinning
 // briefly and then sleeping up to 200 µs between polls, until it
-// completes or ctx ends.
+// completes or ctx ends. It returns at ctx's end even while another call
+// holds the call lock (a launch settling, say).
 func (c *Comm) WaitOp(ctx context.Context, id uint64) error {
 	delay := time.Duration(0)
 	for i := 0; ; i++ {
-		c.advance(true)
+		aerr := c.advance(ctx)
 		c.mu.Lock()
 		if id <= c.done {
 			err := c.errs[id]
@@ -36,7 +37,10 @@ func (c *Comm) WaitOp(ctx context.Context, id uint64) error {
 			return err
 		}
 		c.mu.Unlock()
-		if err := ctx.Err(); err != nil {
+		if err := ctx.Err(); err != nil || aerr != nil {
+			if err == nil {
+				err = aerr
+			}
 			c.mu.Lock()
 			sl := c.slot(id)
 			desc := fmt.Sprintf("%s #%d (%d x %s)", sl.kind, id, sl.count, sl.dtype)
@@ -67,30 +71,39 @@ func (c *Comm) WaitOp(ctx context.Context, id uint64) error {
 // on it through Kernels, and copies, finish on their own) before the
 // pending operations fail: Abort returns within that bound plus what
 // ncclCommAbort takes, and once an operation has failed nothing writes its
-// buffers. Staging memory of operations whose stream did not drain is
-// never reused. Peers are not told: they fail through their own watchdog.
-// Abort after Abort or Close does nothing. On a blocking communicator
-// (Config.Blocking) Abort waits for a call NCCL blocks in to return.
+// buffers. If the stream did not drain, the memory it may still write is
+// quarantined: staging memory of the pending operations is never reused,
+// and Close and the device pool of Source free nothing the stream may
+// touch until the stream is seen idle. Peers are not told: they fail
+// through their own watchdog. Abort after Abort or Close does nothing. On
+// a blocking communicator (Config.Blocking) Abort waits for a call NCCL
+// blocks in to return.
 func (c *Comm) Abort(err error) {
 	if err == nil {
 		err = errors.New("Abort called")
 	}
 	reason := fmt.Errorf("%w: %w", comm.ErrAborted, err)
-	c.mu.Lock()
-	if c.abortReq == nil && c.stopping == nil {
-		// A launch settling meanwhile gives up on seeing it.
-		c.abortReq = reason
-	}
-	c.mu.Unlock()
+	c.requestStop(reason)
 	c.lockCalls()
 	defer c.unlockCalls()
 	c.teardown(reason, true)
 }
 
+// requestStop asks a launch settling meanwhile to give up, failing with
+// reason.
+func (c *Comm) requestStop(reason error) {
+	c.mu.Lock()
+	if c.abortReq == nil && c.stopping == nil {
+		c.abortReq = reason
+	}
+	c.mu.Unlock()
+}
+
 // Close releases the communicator. With operations pending it aborts (they
-// fail with comm.ErrClosed), otherwise it destroys the communicator
-// cleanly (ncclCommDestroy) after deregistering the device memory Source
-// registered. Close is idempotent; it returns the first Close's error.
+// fail with comm.ErrClosed, and a launch still settling gives up),
+// otherwise it destroys the communicator cleanly (ncclCommDestroy) after
+// deregistering the device memory Source registered. Close is idempotent;
+// it returns the first Close's error.
 func (c *Comm) Close() error {
 	c.closeMu.Lock()
 	defer c.closeMu.Unlock()
@@ -101,20 +114,24 @@ func (c *Comm) Close() error {
 	}
 	c.closed = true
 	c.mu.Unlock()
-	// What completed keeps its success.
-	c.advance(true)
+	reason := fmt.Errorf("%w: rank %d", comm.ErrClosed, c.rank)
+	c.requestStop(reason)
 	c.lockCalls()
-	err := c.teardown(fmt.Errorf("%w: rank %d", comm.ErrClosed, c.rank), false)
+	// What completed keeps its success.
+	if done, end, qerr := c.completed(); qerr == nil && end > done {
+		c.complete(done, end)
+	}
+	err := c.teardown(reason, false)
 	c.unlockCalls()
 	close(c.stop)
 	c.wg.Wait()
 	c.mu.Lock()
-	if c.leaked == 0 {
+	if c.streamIdle() {
 		c.release()
 	} else {
-		// The stream may still write staging memory: keep it, and the
-		// stream, rather than free them under it.
-		c.staging = nil
+		// The stream may still write the communicator's memory: keep it,
+		// and the stream, rather than free them under it.
+		c.staging, c.pinned = nil, nil
 	}
 	c.mu.Unlock()
 	c.closeErr = err

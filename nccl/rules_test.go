@@ -19,9 +19,10 @@ import (
 )
 
 // The tests here hold the binding to NCCL's rules for non-blocking
-// communicators (see owner.go). Over the stand-in in its default mode
-// (NCCL 2.22-2.26 behaviour) every enqueue answers ncclInProgress and the
-// stand-in records any breach (newGroup fails the test on one).
+// communicators (see calls.go). Over the stand-in following NCCL 2.23 or
+// newer (DDPGO_STANDIN_NCCL; 2.26 by default) every enqueue answers
+// ncclInProgress, and the stand-in records any breach (newGroup fails the
+// test on one).
 
 // TestGroupStaysGroup: a group is launched as one group whenever its turn
 // comes, also when the launch before it is still being enqueued by NCCL:

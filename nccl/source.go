@@ -20,7 +20,10 @@ import (
 // only where the peers have registered their buffers too, so every rank
 // should build its pool the same way. The pool may outlive c: its slabs
 // are then freed without deregistration (ncclCommDestroy and
-// ncclCommAbort release what is still registered).
+// ncclCommAbort release what is still registered). A slab freed after
+// c's stream failed to drain following an abort (see Comm.Abort) is
+// quarantined instead, kept and never freed while the stream may still
+// write it, and Free says so.
 func (c *Comm) Source() allocator.Source { return &deviceSource{c: c} }
 
 type deviceSource struct {
@@ -116,6 +119,15 @@ func (s *deviceSource) Free(r allocator.Region) error {
 	}
 	if !ok {
 		return fmt.Errorf("%w: nccl: rank %d: Free of %d bytes at %p, not a slab of this source", allocator.ErrInvalid, c.rank, r.Size, r.Addr)
+	}
+	c.mu.Lock()
+	idle := c.streamIdle()
+	if !idle {
+		c.leaked += int64(r.Size)
+	}
+	c.mu.Unlock()
+	if !idle {
+		return fmt.Errorf("nccl: rank %d: %d bytes at %p not freed: the communicator's stream did not drain after ncclCommAbort and may still write them", c.rank, r.Size, r.Addr)
 	}
 	if ferr := s.free(sl); err == nil {
 		err = ferr

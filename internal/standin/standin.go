@@ -130,10 +130,26 @@ type Gate struct {
 // Open lets the stream go on.
 func (g Gate) Open() { C.call_p(g.l.fn("standin_open"), C.uintptr_t(g.g)) }
 
-// AsyncMode reports whether the stand-in behaves as NCCL 2.22-2.26 (every
-// enqueue of a non-blocking communicator of several ranks answers
-// ncclInProgress and is enqueued by a job thread), the default, rather
-// than enqueueing at once (DDPGO_STANDIN_NCCL=2.21).
+// Env names the NCCL whose completion rule the stand-in follows, as a
+// version ("2.21", "2.25", "2.26.6"); empty means 2.26. It is read when
+// the stand-in is loaded.
+const Env = "DDPGO_STANDIN_NCCL"
+
+// The completion rules the stand-in models (Model).
+const (
+	Immediate = 21 // 2.14-2.22: a launch enqueues at once
+	LazyJoin  = 25 // 2.23-2.25: a group job per launch, kept in the launching thread's storage, joined by the communicator's next call
+	Join      = 26 // 2.26: as 2.23-2.25, but ncclCommGetAsyncError joins the job
+	Heap      = 27 // 2.27 and newer: ncclCommGetAsyncError joins the job, which no longer lives in the thread's storage
+)
+
+// Model returns the completion rule the stand-in follows (Immediate,
+// LazyJoin, Join or Heap), or -1 when Env names none.
+func (l *Lib) Model() int { return int(C.call_ri(l.fn("standin_model"))) }
+
+// AsyncMode reports whether every enqueue of a non-blocking communicator
+// of several ranks answers ncclInProgress and is enqueued by a group job
+// (NCCL 2.23 and newer), rather than at once.
 func (l *Lib) AsyncMode() bool { return C.call_ri(l.fn("standin_async_mode")) != 0 }
 
 // Violations returns what the stand-in recorded that real NCCL would not

@@ -17,17 +17,26 @@
  * runs a C emulation chosen by the kernel's name, which checks how the
  * binding marshals arguments, not the PTX.
  *
- * It behaves as one of two NCCLs, chosen by DDPGO_STANDIN_NCCL when it is
- * loaded. "2.26" (the default) is NCCL 2.22 to 2.26 on a non-blocking
- * communicator of more than one rank: every enqueue (a collective, or a
- * group's ncclGroupEnd) starts a group job on a thread of its own and
- * answers ncclInProgress; the job puts the operations on their streams a
- * little later; ncclCommGetAsyncError completes the job (joining its
- * thread, as 2.26 does) and only then reports ncclSuccess; and the job
- * lives in the launching thread's storage (ncclGroupJobMain is __thread
- * up to 2.26), so a second group launched from the same thread before the
- * first is complete loses the first. One-rank collectives run at once, as
- * NCCL 2.19 and newer launch them. "2.21" enqueues at once.
+ * It follows the completion rule of the NCCL that DDPGO_STANDIN_NCCL
+ * names by version when it is loaded ("2.25", "2.26.6"; see model). From
+ * 2.23 on, on a non-blocking communicator of more than one rank, every
+ * enqueue (a collective, or a group's ncclGroupEnd) starts a group job on
+ * a thread of its own and answers ncclInProgress; the job puts the
+ * operations on their streams a little later. Then:
+ *   2.23-2.25 ("2.25"): ncclCommGetAsyncError reports ncclSuccess once
+ *     the job has enqueued, without joining it; the communicator's next
+ *     call (ncclCommEnsureReady: a collective, ncclGroupEnd,
+ *     ncclCommCount, ...) joins it, from whatever thread makes it, and
+ *     clears the launching thread's storage.
+ *   2.26 ("2.26", the default): ncclCommGetAsyncError joins the job before
+ *     it reports ncclSuccess.
+ *   In both the job lives in the launching thread's storage
+ *   (ncclGroupJobMain is __thread up to 2.26), so a second group launched
+ *   from the same thread before the first is joined loses the first.
+ *   2.27 and newer ("2.28"): as 2.26, but the job is no longer kept in the
+ *     thread's storage.
+ * Up to 2.22 ("2.21") a launch enqueues at once. One-rank collectives run
+ * at once in every mode, as NCCL 2.19 and newer launch them.
  *
  * Where real NCCL would hang, corrupt or fail in ways a test cannot see,
  * the stand-in records a violation (standin_violations) and prints it:
@@ -35,8 +44,9 @@
  * ncclCommDestroy/Abort, a communicator used or its stream given CUDA work
  * while its enqueue is still ncclInProgress, a thread's group job
  * overwritten, a deregistration on a failed communicator, a communicator
- * aborted with another device's context current. Package nccl's tests
- * fail on any violation.
+ * aborted with another device's context current, memory freed while work
+ * queued on a stream still uses it, a DDPGO_STANDIN_NCCL that names no
+ * version (standin_model). Package nccl's tests fail on any violation.
  *
  * Tests steer it through the standin_* functions: ncclInProgress from
  * non-blocking calls, an asynchronous error, a rank that stalls, failures
@@ -103,7 +113,7 @@ typedef struct {
 	const char *netName;
 } ncclConfig_v21700;
 
-/* The NCCL it claims to be: see async_mode. */
+/* The NCCL it claims to be: see model. */
 static int standin_version = 22606; /* 2.26.6 */
 #define STANDIN_DRIVER 12060  /* claims CUDA 12.6 */
 #define MAX_DEV 16
@@ -122,17 +132,57 @@ static __thread ctx_t *cur;
 static void lock(void) { pthread_mutex_lock(&gmu); }
 static void unlock(void) { pthread_mutex_unlock(&gmu); }
 
-/* async_mode: NCCL 2.22-2.26's non-blocking enqueue (see the top). */
+/* model: which NCCL's completion rule the stand-in follows (see the top),
+ * chosen by DDPGO_STANDIN_NCCL when it is loaded. async_mode: every
+ * enqueue of a non-blocking communicator of several ranks goes through a
+ * group job and answers ncclInProgress (2.23 and newer). */
+enum {
+	M_IMMEDIATE = 21, /* 2.14-2.22: launches enqueue at once */
+	M_LAZY = 25,      /* 2.23-2.25: the job joined by the communicator's next call */
+	M_JOIN = 26,      /* 2.26: ncclCommGetAsyncError joins the job */
+	M_HEAP = 27,      /* 2.27 and newer: the job is no longer thread-local */
+};
+static int model = M_JOIN;
 static int async_mode = 1;
 static int job_delay_us = 100; /* how long a group job takes to enqueue */
+static char bad_model[64];     /* a DDPGO_STANDIN_NCCL that names no model */
+
+/* The patch release each minor version claims, as NCCL tagged them. */
+static int patch_of(int minor) {
+	switch (minor) {
+	case 21: return 5;
+	case 22: return 3;
+	case 23: return 4;
+	case 24: return 3;
+	case 25: return 1;
+	case 26: return 6;
+	case 27: return 7;
+	case 28: return 9;
+	}
+	return 1;
+}
 
 __attribute__((constructor)) static void standin_load(void) {
 	const char *v = getenv("DDPGO_STANDIN_NCCL");
-	if (v && strcmp(v, "2.21") == 0) {
-		async_mode = 0;
-		standin_version = 22105;
+	if (!v || !*v)
+		return;
+	int major = 0, minor = 0, patch = -1;
+	char tail;
+	int n = sscanf(v, "%d.%d.%d%c", &major, &minor, &patch, &tail);
+	if (n < 2 || n > 3 || major != 2 || minor < 14 || minor > 99 || (n == 3 && (patch < 0 || patch > 99))) {
+		snprintf(bad_model, sizeof bad_model, "%.40s", v);
+		return;
 	}
+	if (n == 2)
+		patch = patch_of(minor);
+	standin_version = 20000 + minor * 100 + patch;
+	model = minor <= 22 ? M_IMMEDIATE : minor <= 25 ? M_LAZY : minor == 26 ? M_JOIN : M_HEAP;
+	async_mode = model != M_IMMEDIATE;
 }
+
+/* thread_local_jobs: NCCL 2.14-2.26 keep the group job in the launching
+ * thread's storage (ncclGroupJobMain is __thread in src/group.cc). */
+static int thread_local_jobs(void) { return model == M_LAZY || model == M_JOIN; }
 
 /* ---- violations: what real NCCL would not survive ---- */
 #define MAXVIOL 64
@@ -201,11 +251,15 @@ typedef struct stream {
 	int busy;
 	int dev;
 	unsigned flags; /* cuStreamCreate's */
+	struct stream *next; /* every live stream, guarded by gmu */
 } stream_t;
+
+static stream_t *streams;
 
 typedef struct event {
 	unsigned long long recorded, done;
 	int dev;
+	int destroyed; /* freed when its last record completes */
 } event_t;
 
 static void run_op(stream_t *s, op_t *o);
@@ -232,8 +286,20 @@ static void *stream_main(void *arg) {
 		pthread_cond_broadcast(&s->cv);
 		pthread_mutex_unlock(&s->mu);
 		free(o);
-		if (stop)
+		if (stop) {
+			/* Destroyed: the queue before the stop has run. */
+			lock();
+			for (stream_t **q = &streams; *q; q = &(*q)->next)
+				if (*q == s) {
+					*q = s->next;
+					break;
+				}
+			unlock();
+			pthread_mutex_destroy(&s->mu);
+			pthread_cond_destroy(&s->cv);
+			free(s);
 			return NULL;
+		}
 	}
 }
 
@@ -397,6 +463,10 @@ EXPORT CUresult cuStreamCreate(stream_t **ps, unsigned int flags) {
 	pthread_cond_init(&s->cv, NULL);
 	s->dev = cur->dev;
 	pthread_create(&s->th, NULL, stream_main, s);
+	lock();
+	s->next = streams;
+	streams = s;
+	unlock();
 	*ps = s;
 	return CUDA_SUCCESS;
 }
@@ -424,17 +494,15 @@ EXPORT CUresult cuStreamQuery(stream_t *s) {
 	return idle ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
-/* cuStreamDestroy returns at once in CUDA and the stream's work still
- * completes; here the thread is stopped after its queue drains. */
+/* cuStreamDestroy returns at once and the stream's work still completes,
+ * as in CUDA: the thread stops, and frees the stream, once its queue has
+ * run. */
 EXPORT CUresult cuStreamDestroy_v2(stream_t *s) {
 	NEED_CTX();
 	if (!s)
 		return CUDA_ERROR_INVALID_HANDLE;
+	pthread_detach(s->th);
 	enqueue(s, newop(OP_STOP));
-	pthread_join(s->th, NULL);
-	pthread_mutex_destroy(&s->mu);
-	pthread_cond_destroy(&s->cv);
-	free(s);
 	return CUDA_SUCCESS;
 }
 
@@ -452,13 +520,14 @@ EXPORT CUresult cuEventDestroy_v2(event_t *e) {
 	NEED_CTX();
 	if (!e)
 		return CUDA_ERROR_INVALID_HANDLE;
-	/* CUDA defers the release until the event completes; here a pending
-	 * record would touch freed memory, so destroy waits for it. */
+	/* CUDA defers the release until the event completes: the pending
+	 * record frees it. */
 	lock();
-	while (e->done < e->recorded)
-		pthread_cond_wait(&gcv, &gmu);
+	int pending = e->done < e->recorded;
+	e->destroyed = 1;
 	unlock();
-	free(e);
+	if (!pending)
+		free(e);
 	return CUDA_SUCCESS;
 }
 
@@ -503,6 +572,83 @@ EXPORT CUresult cuStreamWaitEvent(stream_t *s, event_t *e, unsigned int flags) {
 }
 
 /* Device memory is host memory, 512-byte aligned as cuMemAlloc's is. */
+/* ---- memory still in use by a stream ----
+ * Every allocation is remembered with its size, so that freeing it while
+ * an operation queued on a stream (or held for a group job) still reads
+ * or writes it is a violation: CUDA would block in the free, or the work
+ * would write freed memory. Such memory is then leaked, not freed. */
+typedef struct alloc { char *p; size_t n; struct alloc *next; } alloc_t;
+static alloc_t *allocs;
+
+static void remember(void *p, size_t n) {
+	alloc_t *a = malloc(sizeof *a);
+	a->p = p;
+	a->n = n;
+	lock();
+	a->next = allocs;
+	allocs = a;
+	unlock();
+}
+
+static int in_range(unsigned long long x, const char *lo, size_t n) {
+	return x >= (uintptr_t)lo && x < (uintptr_t)lo + n;
+}
+
+static int overlaps(const void *p, size_t len, const char *lo, size_t n) {
+	return p && (uintptr_t)p < (uintptr_t)lo + n && (uintptr_t)p + (len ? len : 1) > (uintptr_t)lo;
+}
+
+static size_t dsize(int dt);
+
+/* op_uses reports whether o reads or writes [lo, lo+n). */
+static int op_uses(const op_t *o, const char *lo, size_t n) {
+	switch (o->kind) {
+	case OP_COPY:
+		return overlaps(o->dst, o->n, lo, n) || overlaps(o->src, o->n, lo, n);
+	case OP_SET:
+		return overlaps(o->dst, o->n, lo, n);
+	case OP_HOSTFN:
+		return in_range((uintptr_t)o->dst, lo, n);
+	case OP_KERNEL:
+		return in_range(o->a[0], lo, n) || in_range(o->a[1], lo, n) || in_range(o->a[2], lo, n);
+	case OP_COLL: {
+		size_t b = o->count * dsize(o->dtype);
+		return overlaps(o->src, b, lo, n) || overlaps(o->dst, b, lo, n);
+	}
+	}
+	return 0;
+}
+
+static const op_t *held_use(const char *lo, size_t n);
+
+/* release_alloc forgets p and reports whether it may be freed: not if
+ * queued work still uses it. */
+static int release_alloc(void *p, const char *fn) {
+	lock();
+	size_t n = 0;
+	for (alloc_t **q = &allocs; *q; q = &(*q)->next)
+		if ((*q)->p == p) {
+			alloc_t *a = *q;
+			n = a->n;
+			*q = a->next;
+			free(a);
+			break;
+		}
+	int used = 0;
+	for (stream_t *s = streams; s && n && !used; s = s->next) {
+		pthread_mutex_lock(&s->mu);
+		for (op_t *o = s->head; o && !used; o = o->next)
+			used = op_uses(o, p, n);
+		pthread_mutex_unlock(&s->mu);
+	}
+	if (n && !used)
+		used = held_use(p, n) != NULL;
+	unlock();
+	if (used)
+		violation("%s of %zu bytes at %p while work queued on a stream still uses them", fn, n, p);
+	return !used;
+}
+
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
 	NEED_CTX();
 	if (n == 0)
@@ -511,6 +657,7 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
 	if (!m)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	memset(m, 0xa5, n); /* device memory is not zeroed */
+	remember(m, n);
 	lock();
 	live_dev_allocs++;
 	unlock();
@@ -522,7 +669,8 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr p) {
 	NEED_CTX();
 	if (!p)
 		return CUDA_ERROR_INVALID_VALUE;
-	free((void *)(uintptr_t)p);
+	if (release_alloc((void *)(uintptr_t)p, "cuMemFree"))
+		free((void *)(uintptr_t)p);
 	lock();
 	live_dev_allocs--;
 	unlock();
@@ -565,6 +713,7 @@ EXPORT CUresult cuMemAllocHost_v2(void **p, size_t n) {
 	*p = aligned_alloc(4096, (n + 4095) / 4096 * 4096);
 	if (!*p)
 		return CUDA_ERROR_OUT_OF_MEMORY;
+	remember(*p, n);
 	lock();
 	live_host_allocs++;
 	unlock();
@@ -575,7 +724,8 @@ EXPORT CUresult cuMemFreeHost(void *p) {
 	NEED_CTX();
 	if (!p)
 		return CUDA_ERROR_INVALID_VALUE;
-	free(p);
+	if (release_alloc(p, "cuMemFreeHost"))
+		free(p);
 	lock();
 	live_host_allocs--;
 	unlock();
@@ -854,10 +1004,20 @@ typedef struct job {
 	int nstreams;
 	int enqueued, joined, refs;
 	pthread_t th;
+	struct job **slot; /* the launching thread's slot, while it holds the job */
 } job_t;
 
-/* The launching thread's group job, as NCCL 2.14-2.26 keep it. */
-static __thread job_t *thread_job;
+/* The launching thread's group job, as NCCL 2.14-2.26 keep it: a cell
+ * per thread on the heap (never freed), so that a join from another
+ * thread can clear it, as ncclGroupJobComplete resets the launching
+ * thread's ncclGroupJobMain. Guarded by gmu. */
+static __thread job_t **thread_job;
+
+static job_t **job_slot(void) {
+	if (!thread_job)
+		thread_job = calloc(1, sizeof *thread_job);
+	return thread_job;
+}
 
 /* enter and leave bracket every NCCL call that takes a communicator. */
 static void enter(comm_t *c, const char *fn) {
@@ -873,6 +1033,8 @@ static void leave(comm_t *c) { __atomic_fetch_sub(&c->calls, 1, __ATOMIC_ACQ_REL
 
 static group_t *groups;
 static ncclResult_t in_use_violation(comm_t *c, const char *fn);
+static ncclResult_t ensure_ready(comm_t *c, const char *fn);
+static int in_progress(comm_t *c);
 static int inject_inprogress; /* the next non-blocking calls answer ncclInProgress this many polls */
 static unsigned long long next_id = 1;
 static __thread int group_depth;
@@ -1057,8 +1219,9 @@ static void log_launch(comm_t *c, int n) {
 /* start_job launches ops (a list, o->ev their streams) as one group job
  * and answers ncclInProgress. Called with gmu held. */
 static ncclResult_t start_job(op_t *ops) {
-	job_t *old = thread_job;
-	if (old && !old->joined) {
+	job_t **slot = job_slot();
+	job_t *old = *slot;
+	if (old && !old->joined && thread_local_jobs()) {
 		violation("a thread launched a group while its previous group job (%d communicator(s)) was incomplete: NCCL 2.14-2.26 keep the job in the thread's storage, and the first is lost",
 			  old->ncomms);
 		for (int i = 0; i < old->ncomms; i++)
@@ -1090,17 +1253,24 @@ static ncclResult_t start_job(op_t *ops) {
 		c->inprogress = inject_inprogress;
 		c->job = j;
 	}
-	j->refs = j->ncomms + 1;
-	if (old)
-		job_unref(old);
-	thread_job = j;
+	j->refs = j->ncomms;
+	if (thread_local_jobs()) {
+		if (old) {
+			old->slot = NULL;
+			job_unref(old);
+		}
+		j->refs++;
+		j->slot = slot;
+		*slot = j;
+	}
 	pthread_create(&j->th, NULL, job_main, j);
 	return ncclInProgress;
 }
 
-/* complete_job is ncclGroupJobComplete: it joins the job's thread and
- * unlinks it from its communicators. Called with gmu held; drops it while
- * joining. */
+/* complete_job is ncclGroupJobComplete: it joins the job's thread,
+ * clears the launching thread's storage (from whichever thread it runs
+ * on) and unlinks the job from its communicators. Called with gmu held;
+ * drops it while joining. */
 static void complete_job(job_t *j) {
 	if (!j->joined) {
 		j->joined = 1;
@@ -1108,6 +1278,12 @@ static void complete_job(job_t *j) {
 		usleep(50); /* NCCL joins a thread here: a window another caller may hit */
 		pthread_join(j->th, NULL);
 		lock();
+	}
+	if (j->slot) {
+		if (*j->slot == j)
+			*j->slot = NULL;
+		j->slot = NULL;
+		job_unref(j);
 	}
 	for (int i = 0; i < j->ncomms; i++) {
 		comm_t *c = j->comms[i];
@@ -1120,6 +1296,26 @@ static void complete_job(job_t *j) {
 	}
 }
 
+/* held_use finds an operation that a group job or a communicator's held
+ * list has yet to put on a stream and that uses [lo, lo+n). Called with
+ * gmu held. */
+static const op_t *held_use(const char *lo, size_t n) {
+	for (group_t *g = groups; g; g = g->next)
+		for (int r = 0; r < g->nranks; r++) {
+			comm_t *c = g->ranks[r];
+			if (!c)
+				continue;
+			for (const op_t *o = c->held; o; o = o->next)
+				if (op_uses(o, lo, n))
+					return o;
+			if (c->job)
+				for (const op_t *o = c->job->ops; o; o = o->next)
+					if (op_uses(o, lo, n))
+						return o;
+		}
+	return NULL;
+}
+
 /* busy_stream reports CUDA work put on a stream of a communicator whose
  * enqueue has not reported ncclSuccess yet, which NCCL forbids. */
 static void busy_stream(stream_t *s, const char *fn) {
@@ -1127,7 +1323,7 @@ static void busy_stream(stream_t *s, const char *fn) {
 	for (group_t *g = groups; g; g = g->next)
 		for (int r = 0; r < g->nranks; r++) {
 			comm_t *c = g->ranks[r];
-			if (!c || !c->job)
+			if (!c || !c->job || c->async != ncclInProgress)
 				continue;
 			for (int i = 0; i < c->job->nstreams; i++)
 				if (c->job->streams[i] == s)
@@ -1145,8 +1341,12 @@ EXPORT ncclResult_t ncclCommGetAsyncError(comm_t *c, ncclResult_t *r) {
 		if (c->inprogress > 0) {
 			c->inprogress--;
 		} else if (c->job) {
-			/* 2.26: ncclCommGetAsyncError completes the group job. */
-			if (c->job->enqueued)
+			/* 2.26 and newer: ncclCommGetAsyncError completes the
+			 * group job. 2.23-2.25 only report the job's result: the
+			 * communicator's next call joins it (ensure_ready). */
+			if (c->job->enqueued && model == M_LAZY)
+				c->async = ncclSuccess;
+			else if (c->job->enqueued)
 				complete_job(c->job);
 		} else if (all_joined(c)) {
 			c->async = ncclSuccess;
@@ -1159,9 +1359,26 @@ EXPORT ncclResult_t ncclCommGetAsyncError(comm_t *c, ncclResult_t *r) {
 	return ncclSuccess;
 }
 
-EXPORT ncclResult_t ncclCommCount(comm_t *c, int *n) { if (!c) return ncclInvalidArgument; enter(c, "ncclCommCount"); *n = c->g->nranks; leave(c); return ncclSuccess; }
-EXPORT ncclResult_t ncclCommUserRank(comm_t *c, int *r) { if (!c) return ncclInvalidArgument; enter(c, "ncclCommUserRank"); *r = c->rank; leave(c); return ncclSuccess; }
-EXPORT ncclResult_t ncclCommCuDevice(comm_t *c, int *d) { if (!c) return ncclInvalidArgument; enter(c, "ncclCommCuDevice"); *d = c->dev; leave(c); return ncclSuccess; }
+/* comm_attr answers ncclCommCount, ncclCommUserRank and
+ * ncclCommCuDevice, each after ncclCommEnsureReady. */
+static ncclResult_t comm_attr(comm_t *c, int *out, int which, const char *fn) {
+	if (!c || !out)
+		return ncclInvalidArgument;
+	enter(c, fn);
+	lock();
+	ncclResult_t r = c->async;
+	if (r == ncclSuccess || r == ncclInProgress)
+		r = ensure_ready(c, fn);
+	if (r == ncclSuccess)
+		*out = which == 0 ? c->g->nranks : which == 1 ? c->rank : c->dev;
+	unlock();
+	leave(c);
+	return r;
+}
+
+EXPORT ncclResult_t ncclCommCount(comm_t *c, int *n) { return comm_attr(c, n, 0, "ncclCommCount"); }
+EXPORT ncclResult_t ncclCommUserRank(comm_t *c, int *r) { return comm_attr(c, r, 1, "ncclCommUserRank"); }
+EXPORT ncclResult_t ncclCommCuDevice(comm_t *c, int *d) { return comm_attr(c, d, 2, "ncclCommCuDevice"); }
 
 static void group_unref(group_t *g) {
 	if (--g->refs > 0)
@@ -1198,7 +1415,7 @@ static ncclResult_t finish(comm_t *c, int abort) {
 	}
 	if (cur && cur->dev != c->dev)
 		violation("%s of rank %d (device %d) with device %d's context current", abort ? "ncclCommAbort" : "ncclCommDestroy", c->rank, c->dev, cur->dev);
-	if (!abort && c->job)
+	if (!abort && in_progress(c))
 		violation("ncclCommDestroy of rank %d while its enqueue is ncclInProgress", c->rank);
 	if (abort)
 		c->aborted = 1;
@@ -1245,6 +1462,7 @@ EXPORT ncclResult_t ncclMemAlloc(void **p, size_t n) {
 	if (!m)
 		return ncclSystemError;
 	memset(m, 0x5a, n);
+	remember(m, n);
 	lock();
 	live_nccl_allocs++;
 	unlock();
@@ -1255,7 +1473,8 @@ EXPORT ncclResult_t ncclMemAlloc(void **p, size_t n) {
 EXPORT ncclResult_t ncclMemFree(void *p) {
 	if (!p)
 		return ncclInvalidArgument;
-	free(p);
+	if (release_alloc(p, "ncclMemFree"))
+		free(p);
 	lock();
 	live_nccl_allocs--;
 	unlock();
@@ -1269,7 +1488,7 @@ EXPORT ncclResult_t ncclCommRegister(comm_t *c, void *p, size_t n, void **h) {
 		return ncclInvalidArgument;
 	enter(c, "ncclCommRegister");
 	lock();
-	if (async_mode && (c->job || c->async == ncclInProgress)) {
+	if (async_mode && in_progress(c)) {
 		ncclResult_t r = in_use_violation(c, "ncclCommRegister");
 		unlock();
 		leave(c);
@@ -1296,7 +1515,7 @@ EXPORT ncclResult_t ncclCommDeregister(comm_t *c, void *h) {
 		return ncclInvalidArgument;
 	enter(c, "ncclCommDeregister");
 	lock();
-	if (async_mode && (c->job || c->async == ncclInProgress)) {
+	if (async_mode && in_progress(c)) {
 		ncclResult_t res = in_use_violation(c, "ncclCommDeregister");
 		unlock();
 		leave(c);
@@ -1552,13 +1771,18 @@ static void run_op(stream_t *s, op_t *o) {
 	case OP_SET:
 		memset(o->dst, o->byte, o->n);
 		break;
-	case OP_RECORD:
+	case OP_RECORD: {
 		lock();
-		if (o->gen > o->ev->done)
-			o->ev->done = o->gen;
+		event_t *e = o->ev;
+		if (o->gen > e->done)
+			e->done = o->gen;
+		int gone = e->destroyed && e->done >= e->recorded;
 		pthread_cond_broadcast(&gcv);
 		unlock();
+		if (gone)
+			free(e);
 		break;
+	}
 	case OP_WAIT:
 		lock();
 		while (o->ev->done < o->gen)
@@ -1610,12 +1834,32 @@ static const char *coll_name(int kind) {
 static int jobbed(comm_t *c) { return async_mode && !c->blocking && c->g->nranks > 1; }
 
 /* in_use_violation reports a communicator used while its enqueue (or its
- * initialisation) has not reported ncclSuccess, as NCCL 2.22-2.25 answer
- * it (ncclInvalidArgument). Called with gmu held. */
+ * initialisation) has not reported ncclSuccess, which ncclCommEnsureReady
+ * answers with ncclInvalidArgument. Called with gmu held. */
 static ncclResult_t in_use_violation(comm_t *c, const char *fn) {
 	violation("%s on the communicator of rank %d before its previous operation reported ncclSuccess", fn, c->rank);
 	snprintf(c->lasterr, sizeof c->lasterr, "Attempt to use communicator before the previous operation returned ncclSuccess");
 	return ncclInvalidArgument;
+}
+
+/* in_progress reports whether c's last enqueue (or initialisation) has
+ * not reported ncclSuccess yet. Called with gmu held. */
+static int in_progress(comm_t *c) { return c->async == ncclInProgress || (c->job && !c->job->enqueued); }
+
+/* ensure_ready is ncclCommEnsureReady, which a collective, ncclGroupEnd
+ * and ncclCommCount, ncclCommUserRank and ncclCommCuDevice make first: a
+ * communicator still in progress is misused (ncclInvalidArgument), and
+ * a group job whose result was reported but not joined (2.23-2.25) is
+ * joined here, on the calling thread, which clears the launching
+ * thread's storage. Called with gmu held. */
+static ncclResult_t ensure_ready(comm_t *c, const char *fn) {
+	if (!async_mode)
+		return ncclSuccess;
+	if (in_progress(c))
+		return in_use_violation(c, fn);
+	if (c->job)
+		complete_job(c->job);
+	return ncclSuccess;
 }
 
 static ncclResult_t coll_checked(int kind, const void *send, void *recv, size_t count, int dt, int op, int root, comm_t *c, stream_t *s);
@@ -1673,8 +1917,7 @@ static ncclResult_t coll_checked(int kind, const void *send, void *recv, size_t 
 		free(o);
 		return r;
 	}
-	if (async_mode && (c->job || r == ncclInProgress)) {
-		r = in_use_violation(c, coll_name(kind));
+	if ((r = ensure_ready(c, coll_name(kind))) != ncclSuccess) {
 		unlock();
 		free(o);
 		return r;
@@ -1777,8 +2020,9 @@ EXPORT ncclResult_t ncclGroupEnd(void) {
 			free(o);
 			continue;
 		}
-		if (async_mode && (c->job || c->async == ncclInProgress)) {
-			res = in_use_violation(c, "ncclGroupEnd");
+		ncclResult_t er = ensure_ready(c, "ncclGroupEnd");
+		if (er != ncclSuccess) {
+			res = er;
 			free(o);
 			continue;
 		}
@@ -1826,6 +2070,9 @@ EXPORT const char *ddpgo_standin(void) {
 
 EXPORT void standin_set_inprogress(int polls) { lock(); inject_inprogress = polls; unlock(); }
 EXPORT int standin_async_mode(void) { return async_mode; }
+/* standin_model returns the completion rule followed (21, 25, 26 or 27:
+ * see model), or -1 when DDPGO_STANDIN_NCCL names none. */
+EXPORT int standin_model(void) { return bad_model[0] ? -1 : model; }
 EXPORT void standin_fail_stream_create(int nth) { lock(); fail_stream_create = nth; unlock(); }
 EXPORT int standin_comm_blocking(comm_t *c) { lock(); int b = c->blocking; unlock(); return b; }
 EXPORT int standin_stream_flags(stream_t *s) { return (int)s->flags; }
