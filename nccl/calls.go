@@ -140,7 +140,10 @@ func (c *Comm) launch(ps []pending, group bool) {
 	if err == nil && res == ResultInProgress {
 		c.deferred.Add(1)
 		c.lib.inProgress.Add(1)
-		if err = c.settle(); err == nil {
+		start := time.Now()
+		err = c.settle()
+		c.settling.Add(int64(time.Since(start)))
+		if err == nil {
 			// 2.23-2.25 have not joined the group job yet: join it on
 			// this thread before it lets go.
 			err = c.ensureReady()

@@ -306,6 +306,7 @@ type Comm struct {
 	// deferred counts the launches that answered ncclInProgress (NCCL
 	// enqueued them from its own thread), for tests and diagnostics.
 	deferred atomic.Uint64
+	settling atomic.Int64 // nanoseconds spent settling them
 
 	stop     chan struct{}
 	wg       sync.WaitGroup

@@ -192,3 +192,70 @@ func TestAbortQuarantine(t *testing.T) {
 		t.Errorf("live device allocations %d, then %d after an Alloc and a Free", before, after)
 	}
 }
+
+// TestAbortWhileKernelsRun: Abort while a long run of kernels holds the
+// stream (on a GPU: twenty thousand Scales of 64 MiB; over the stand-in:
+// a gate, or twenty Scales without its controls) fails the collective queued behind them, and neither Close nor
+// the device pool frees memory under the stream; once the stream is idle
+// the quarantined memory can go.
+func TestAbortWhileKernelsRun(t *testing.T) {
+	c := newGroup(t, 1, func(cfg *Config) { cfg.PollInterval = time.Hour })[0]
+	c.abortDrain = 10 * time.Millisecond
+	pool, err := allocator.New(allocator.Options{Source: c.Source(), Limit: 128 << 20, SlabSize: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk, err := pool.Get(64 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := comm.Buffer{Addr: blk.Addr(), Count: 16 << 20, DType: comm.Float32, Loc: comm.Device, Device: c.Device()}
+	k := c.Kernels()
+	k.Zero(b)
+	var open sync.Once
+	release := func() {}
+	if si != nil {
+		gate := si.Gate(c.stream)
+		release = func() { open.Do(gate.Open) }
+		t.Cleanup(release)
+		k.Scale(b, 1)
+	} else {
+		n := 20000
+		if lib.StandIn() != "" {
+			// The stand-in's kernels run on the CPU: a few hold its
+			// stream long enough (scripts/gpu-check.sh --standin).
+			n = 20
+		}
+		for range n {
+			k.Scale(b, 1)
+		}
+	}
+	w := c.AllReduce(b, b, comm.Sum)
+	c.Abort(errors.New("abort while kernels run"))
+	if err := wait(t, w)[0]; !errors.Is(err, comm.ErrAborted) {
+		t.Fatalf("the all-reduce behind the kernels: %v, want ErrAborted", err)
+	}
+	c.Close()
+	pool.Put(blk)
+	pool.Close()
+	c.mu.Lock()
+	undrained, kept := c.undrained, c.leaked
+	c.mu.Unlock()
+	t.Logf("after Abort and Close: stream busy %v, %d bytes quarantined", undrained, kept)
+	if undrained && kept < 64<<20 {
+		t.Errorf("the stream is busy but the pool's 64 MiB slab was not quarantined (%d bytes kept)", kept)
+	}
+	release()
+	if undrained {
+		// Close kept the stream: wait for it, then the memory can go.
+		waitStreamIdle(t, c)
+		src := c.Source()
+		r, err := src.Alloc(1 << 20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := src.Free(r); err != nil {
+			t.Fatalf("Free once the stream is idle: %v", err)
+		}
+	}
+}
