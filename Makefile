@@ -26,7 +26,7 @@ HAVE_MPI := $(shell pkg-config --exists ompi-c 2>/dev/null && command -v mpirun 
 test: lint
 	$(GO) test -race -tags invariants ./...
 	@for v in 2.21 2.25 2.28; do echo "nccl over its stand-in as NCCL $$v:"; DDPGO_STANDIN_NCCL=$$v $(GO) test -race -tags invariants ./nccl/ || exit 1; done
-	DDPGO_STANDIN_NCCL=2.21 $(GO) test -run NCCL ./cmd/ddpbench/
+	DDPGO_STANDIN_NCCL=2.21 $(GO) test -count=1 -run NCCL ./cmd/ddpbench/
 	$(GO) test -tags purego ./fp16/ ./internal/... ./inproc/ ./hooks/
 	$(GO) test -run Exhaustive -count=1 ./fp16/
 	$(GO) test -run '^(TestAccuracy|TestPowerSGDAccuracy|TestRunAllocations)$$' -count=1 ./examples/digits/ ./bench/
