@@ -14,7 +14,13 @@
 #   kill     h1's rank is killed (SIGKILL): Open MPI's runtime ends the job promptly and says which
 #            rank died.
 #
-#   netfaults.sh [SCENARIO...]      default: all four, in that order
+# and one scenario without a fault, for the lab as Open MPI sees a cluster:
+#
+#   nodes    2 hosts x 2 ranks, each host an Open MPI node (netlab.sh mpirun -N 2): every rank sees
+#            itself as one of 2 ranks on its host, under the host's name, and a short run of
+#            ddpbench (shared memory inside a host, TCP between) completes with every step checked.
+#
+#   netfaults.sh [SCENARIO...]      default: nodes, then the four faults in the order above
 #
 # MPI cannot say which rank a collective waits for, so the stall reports name the step and bucket,
 # not the missing rank (inproc names it; see the README's reliability section). Needs what
@@ -204,13 +210,41 @@ scenario_kill() {
 	fi
 }
 
+scenario_nodes() {
+	local p=${NETLAB_PREFIX:-ddplab} t0=$SECONDS want got
+	rc=0
+	# shellcheck disable=SC2016 # expanded by each rank's shell
+	timeout 60 "$lab" mpirun -N 2 -- sh -c 'echo "$(hostname) $OMPI_COMM_WORLD_LOCAL_RANK/$OMPI_COMM_WORLD_LOCAL_SIZE"' \
+		>"$work/nodes.log" 2>&1 || rc=$?
+	want=$(printf '%s\n' "$p-h0 0/2" "$p-h0 1/2" "$p-h1 0/2" "$p-h1 1/2")
+	got=$(grep -E "^$p-h[0-9]+ " "$work/nodes.log" | sort || true)
+	if [[ $rc != 0 ]]; then
+		fail nodes "a job of 2 hosts x 2 ranks ended with status $rc"
+		return
+	elif [[ $got != "$want" ]]; then
+		fail nodes "the ranks' hosts and local ranks are '$(paste -sd, <<<"$got")', want '$(paste -sd, <<<"$want")'"
+		return
+	fi
+	timeout 60 "$lab" mpirun -N 2 -x MALLOC_ARENA_MAX=1 -- "$work/ddpbench" run --backend mpi --model "$work/model.json" \
+		--compute none --warmup 1 --steps 2 --timeout "${TIMEOUT}s" >>"$work/nodes.log" 2>&1 || rc=$?
+	# ddpbench's table of ranks: "RANK PID HOST", two ranks on each host.
+	got=$(awk -v p="$p" '$1 ~ /^[0-3]$/ && $3 ~ "^" p "-h" {print $3}' "$work/nodes.log" | sort | uniq -c | awk '{print $2 ":" $1}' | paste -sd' ')
+	if [[ $rc != 0 ]]; then
+		fail nodes "ddpbench over 2 hosts x 2 ranks ended with status $rc"
+	elif ! grep -q "4 ranks" "$work/nodes.log" || [[ $got != "$p-h0:2 $p-h1:2" ]]; then
+		fail nodes "ddpbench's ranks by host are '$got', want '$p-h0:2 $p-h1:2'"
+	else
+		pass nodes "2 ranks on each of 2 nodes; ddpbench's steps checked, $(grep -m1 -Eo 'step time \(ms\) *[0-9.]+' "$work/nodes.log" | awk '{print $NF}') ms a step; $((SECONDS - t0)) s"
+	fi
+}
+
 scenarios=("$@")
-((${#scenarios[@]})) || scenarios=(restore cut stop kill)
+((${#scenarios[@]})) || scenarios=(nodes restore cut stop kill)
 for s in "${scenarios[@]}"; do
 	case $s in
-	restore | cut | stop | kill) "scenario_$s" ;;
+	nodes | restore | cut | stop | kill) "scenario_$s" ;;
 	*)
-		echo "netfaults: unknown scenario $s (want restore, cut, stop or kill)" >&2
+		echo "netfaults: unknown scenario $s (want nodes, restore, cut, stop or kill)" >&2
 		exit 2
 		;;
 	esac

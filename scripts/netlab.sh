@@ -17,8 +17,14 @@
 #   netlab.sh counters                  "host rx_bytes tx_bytes" of every host's eth0
 #   netlab.sh link HOST up|down         cut or restore one host's link (HOST: h0, h1, ...)
 #   netlab.sh mpirun [MPIRUN-ARGS] -- PROGRAM [ARGS]
-#                                       run PROGRAM as one MPI rank per host: Open MPI's TCP
-#                                       transport only (no shared memory), over eth0
+#                                       run PROGRAM as one MPI rank per host, under one Open MPI
+#                                       node: its TCP transport only (no shared memory), over eth0
+#   netlab.sh mpirun -N RANKS [MPIRUN-ARGS] -- PROGRAM [ARGS]
+#                                       run PROGRAM as RANKS MPI ranks per host, each host an Open
+#                                       MPI node of its own, as on a cluster: shared memory (vader)
+#                                       between the ranks of a host, TCP over eth0 between hosts
+#   netlab.sh agent ADDRESS COMMAND...  run COMMAND through sh on the host at ADDRESS (198.18.0.x)
+#                                       under the host's name: mpirun -N's remote shell
 #   netlab.sh exec HOST COMMAND...      run a command on one host
 #   netlab.sh check                     exit 0 if this machine can run the lab (root, ip netns, veth, tbf)
 #
@@ -181,35 +187,80 @@ cmd_exec() {
 }
 
 # mpirun runs inside the switch namespace, so that its daemon and the ranks reach each other over
-# the lab network only; each rank runs in its own host namespace. btl self,tcp: no shared memory
-# between ranks, every byte crosses the shaped links. The PMIx server inside mpirun listens on the
-# loopback by default, which a rank in another namespace cannot reach: it listens on the lab network.
+# the lab network only.
+#
+# Without -N, mpirun's own daemon starts every rank, each in its host's namespace: to Open MPI they
+# are the ranks of one node. btl self,tcp: no shared memory between ranks, every byte crosses the
+# shaped links. The PMIx server inside mpirun listens on the loopback by default, which a rank in
+# another namespace cannot reach: it listens on the lab network.
+#
+# With -N, each host is a node as Open MPI sees a cluster's: mpirun starts a daemon on each host's
+# address through its remote shell (plm_rsh_agent), here `netlab.sh agent`, which runs the daemon in
+# that host's network namespace and in a UTS namespace of its own carrying the host's name. The
+# name matters: Open MPI names its session directory and vader's segment files after the host, and
+# two nodes of one name on one machine would share them (the ranks crash). Every daemon is started
+# by mpirun itself (no tree spawn), so that the agent always runs from the switch, outside the
+# hosts' namespaces; and --bind-to none: each node would otherwise bind its first rank to the same
+# core as every other node's first rank, all of them on one machine.
 cmd_mpirun() {
+	local per=0
+	if [[ ${1:-} == -N ]]; then
+		per=${2:-}
+		[[ $per =~ ^[0-9]+$ ]] && ((per >= 1 && per <= 64)) || die "mpirun -N ${per}: want 1 to 64 ranks per host"
+		shift 2
+	fi
 	local args=()
 	while (($# > 0)) && [[ $1 != -- ]]; do
 		args+=("$1")
 		shift
 	done
-	[[ ${1:-} == -- ]] || die "usage: netlab.sh mpirun [MPIRUN-ARGS] -- PROGRAM [ARGS]"
+	[[ ${1:-} == -- ]] || die "usage: netlab.sh mpirun [-N RANKS] [MPIRUN-ARGS] -- PROGRAM [ARGS]"
 	shift
-	(($# > 0)) || die "usage: netlab.sh mpirun [MPIRUN-ARGS] -- PROGRAM [ARGS]"
-	local spec=() first=1
+	(($# > 0)) || die "usage: netlab.sh mpirun [-N RANKS] [MPIRUN-ARGS] -- PROGRAM [ARGS]"
 	need_lab
+	local root=()
+	[[ $(id -u) == 0 ]] && root=(--allow-run-as-root)
+	if ((per > 0)); then
+		local self nodes=() n=0
+		self=$(readlink -f "$0")
+		[[ $self != *[[:space:]]* ]] || die "mpirun -N: the script's path ($self) has a space, which Open MPI's plm_rsh_agent cannot carry"
+		for h in $(hosts); do
+			nodes+=("$NET.$((${h#h} + 1)):$per")
+			n=$((n + 1))
+		done
+		local IFS=,
+		exec ip netns exec "$SW" mpirun "${root[@]}" -H "${nodes[*]}" -np $((n * per)) --bind-to none \
+			--mca plm_rsh_agent "$self agent" --mca plm_rsh_no_tree_spawn 1 \
+			--mca btl self,vader,tcp --mca btl_tcp_if_include "$NET.0/24" --mca oob_tcp_if_include "$NET.0/24" \
+			"${args[@]}" "$@"
+	fi
+	local spec=() first=1
 	for h in $(hosts); do
 		((first)) || spec+=(:)
 		first=0
 		spec+=(-np 1 ip netns exec "$PREFIX-$h" "$@")
 	done
-	local root=()
-	[[ $(id -u) == 0 ]] && root=(--allow-run-as-root)
 	export PMIX_MCA_ptl_tcp_remote_connections=1 PMIX_MCA_ptl_tcp_if_include=$NET.0/24
 	exec ip netns exec "$SW" mpirun "${root[@]}" --oversubscribe \
 		--mca btl self,tcp --mca btl_tcp_if_include "$NET.0/24" --mca oob_tcp_if_include "$NET.0/24" \
 		"${args[@]}" "${spec[@]}"
 }
 
+# agent is mpirun -N's remote shell: mpirun calls it as it would call ssh, with an address and the
+# words of a shell command (its daemon's), which it runs on that host under the host's name.
+cmd_agent() {
+	local addr=${1:?usage: netlab.sh agent ADDRESS COMMAND...}
+	shift
+	(($# > 0)) || die "usage: netlab.sh agent ADDRESS COMMAND..."
+	local i=${addr#"$NET".}
+	[[ $addr == "$NET".* && $i =~ ^[0-9]+$ ]] && ((i >= 1)) || die "agent: $addr is not a lab host's address ($NET.1, $NET.2, ...)"
+	local h=h$((i - 1))
+	hosts | grep -qx "$h" || die "agent: no host at $addr"
+	exec ip netns exec "$PREFIX-$h" unshare --uts sh -c 'hostname "$0" && eval "$*"' "$PREFIX-$h" "$@"
+}
+
 case ${1:-} in
-up | rate | down | status | counters | link | exec | mpirun | check)
+up | rate | down | status | counters | link | exec | mpirun | agent | check)
 	c=$1
 	shift
 	"cmd_$c" "$@"
