@@ -17,8 +17,9 @@
 # and one scenario without a fault, for the lab as Open MPI sees a cluster:
 #
 #   nodes    2 hosts x 2 ranks, each host an Open MPI node (netlab.sh mpirun -N 2): every rank sees
-#            itself as one of 2 ranks on its host, under the host's name, and a short run of
-#            ddpbench (shared memory inside a host, TCP between) completes with every step checked.
+#            itself as one of 2 ranks on its host, under the host's name, and a 3-step run of
+#            ddpbench over 6 MiB (shared memory inside a host, TCP between) completes with every
+#            step checked.
 #
 #   netfaults.sh [SCENARIO...]      default: nodes, then the four faults in the order above
 #
@@ -225,7 +226,14 @@ scenario_nodes() {
 		fail nodes "the ranks' hosts and local ranks are '$(paste -sd, <<<"$got")', want '$(paste -sd, <<<"$want")'"
 		return
 	fi
-	timeout 60 "$lab" mpirun -N 2 -x MALLOC_ARENA_MAX=1 -- "$work/ddpbench" run --backend mpi --model "$work/model.json" \
+	# 6 MiB of gradients: all-reduces above and below the backend's 1 MiB threshold between hosts,
+	# a few seconds even on two busy cores.
+	cat >"$work/nodes.json" <<'EOF'
+{"model": "nodes", "params": [
+ {"name": "l0.weight", "shape": [512, 1024]}, {"name": "l0.bias", "shape": [1024]},
+ {"name": "l1.weight", "shape": [1024, 1024]}]}
+EOF
+	timeout 60 "$lab" mpirun -N 2 -x MALLOC_ARENA_MAX=1 -- "$work/ddpbench" run --backend mpi --model "$work/nodes.json" \
 		--compute none --warmup 1 --steps 2 --timeout "${TIMEOUT}s" >>"$work/nodes.log" 2>&1 || rc=$?
 	# ddpbench's table of ranks: "RANK PID HOST", two ranks on each host.
 	got=$(awk -v p="$p" '$1 ~ /^[0-3]$/ && $3 ~ "^" p "-h" {print $3}' "$work/nodes.log" | sort | uniq -c | awk '{print $2 ":" $1}' | paste -sd' ')

@@ -211,6 +211,7 @@ cmd_mpirun() {
 	fi
 	local args=()
 	while (($# > 0)) && [[ $1 != -- ]]; do
+		[[ $1 != -N ]] || die "mpirun: -N RANKS goes first, before mpirun's own arguments"
 		args+=("$1")
 		shift
 	done
@@ -222,6 +223,7 @@ cmd_mpirun() {
 	[[ $(id -u) == 0 ]] && root=(--allow-run-as-root)
 	if ((per > 0)); then
 		local self nodes=() n=0
+		command -v unshare >/dev/null && command -v hostname >/dev/null || die "mpirun -N needs unshare and hostname"
 		self=$(readlink -f "$0")
 		[[ $self != *[[:space:]]* ]] || die "mpirun -N: the script's path ($self) has a space, which Open MPI's plm_rsh_agent cannot carry"
 		for h in $(hosts); do
