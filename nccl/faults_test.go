@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/internal/testutil"
 )
@@ -230,8 +231,16 @@ func TestInvalid(t *testing.T) {
 	}
 }
 
-// TestStreamOrder checks the two ordering primitives with gates, points
-// in a stream that the stand-in holds until the test opens them.
+// TestStreamOrder checks the three ordering primitives by what the
+// collective reads and what the caller's stream then sees, with gates,
+// points in a stream that the stand-in holds until the test opens them.
+// The stand-in's streams are threads of its own and the binding calls it
+// through cgo, so testing/synctest cannot order them; nor can the test
+// see a stream parked at a wait, so it does not wait for one: the user's
+// work behind the gate changes the all-reduce's input, and a collective
+// that ran before it reduced the old value. The Test calls before a gate
+// opens hold at any instant; they catch an early run only if it has
+// already happened.
 func TestStreamOrder(t *testing.T) {
 	standInOnly(t)
 	cs := newGroup(t, 2, nil)
@@ -241,21 +250,44 @@ func TestStreamOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lib.d.streamDestroy(c.ctx, user)
+	// zeroBehindGate holds the user stream at a gate, then zeroes b on
+	// it; the function returned opens the gate, as the test's end does if
+	// it fails first.
+	zeroBehindGate := func(b comm.Buffer) (open func()) {
+		t.Helper()
+		gate := si.Gate(user)
+		var once sync.Once
+		open = func() { once.Do(gate.Open) }
+		t.Cleanup(open)
+		if err := lib.d.memset(c.ctx, uintptr(b.Addr), 0, b.Bytes(), user); err != nil {
+			t.Fatal(err)
+		}
+		return open
+	}
+	// reduced checks both ranks' results: rank 1's 2 plus rank 0's 0,
+	// as the user stream left it (rank 0's 1 if the all-reduce ran first).
+	reduced := func(what string, b0, b1 comm.Buffer) {
+		t.Helper()
+		if got0, got1 := b0.AsFloat32()[3], b1.AsFloat32()[3]; got0 != 2 || got1 != 2 {
+			t.Errorf("%s: all-reduce gave %v and %v, want 2 (rank 0's input zeroed on the user stream, plus 2)", what, got0, got1)
+		}
+	}
 
-	// The communicator's stream waits for the user's: a gate on the user
-	// stream holds back a collective issued after WaitStream.
-	gate := si.Gate(user)
+	// The communicator's stream waits for the user's: the all-reduce
+	// issued after WaitStream reads what the user stream wrote behind
+	// the gate.
+	b0, b1 := floats(t, 4, 1), floats(t, 4, 2)
+	open := zeroBehindGate(b0)
 	if err := c.WaitStream(Stream(user)); err != nil {
 		t.Fatal(err)
 	}
-	b0, b1 := floats(t, 4, 1), floats(t, 4, 2)
 	w0, w1 := c.AllReduce(b0, b0, comm.Sum), cs[1].AllReduce(b1, b1, comm.Sum)
-	time.Sleep(30 * time.Millisecond)
 	if done, _ := w0.Test(); done {
 		t.Fatal("the all-reduce ran before the user stream's work")
 	}
-	gate.Open()
+	open()
 	waitOK(t, w0, w1)
+	reduced("after WaitStream", b0, b1)
 
 	// The same through an event the caller records.
 	uev, err := lib.d.eventCreate(c.ctx)
@@ -263,7 +295,8 @@ func TestStreamOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lib.d.eventDestroy(c.ctx, uev)
-	gate = si.Gate(user)
+	b0, b1 = floats(t, 4, 1), floats(t, 4, 2)
+	open = zeroBehindGate(b0)
 	if err := lib.d.eventRecord(c.ctx, uev, user); err != nil {
 		t.Fatal(err)
 	}
@@ -271,17 +304,35 @@ func TestStreamOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	w0, w1 = c.AllReduce(b0, b0, comm.Sum), cs[1].AllReduce(b1, b1, comm.Sum)
-	time.Sleep(30 * time.Millisecond)
 	if done, _ := w0.Test(); done {
 		t.Fatal("the all-reduce ran before the event it waits for")
 	}
-	gate.Open()
+	open()
 	waitOK(t, w0, w1)
+	reduced("after WaitEvent", b0, b1)
 
-	// A user stream waits for a Work: an event recorded on it after
-	// StreamWait completes only once the collective has.
-	w0 = c.AllReduce(b0, b0, comm.Sum)
+	// A user stream waits for a Work: a copy issued on it after
+	// StreamWait reads the collective's result. Device memory, whose
+	// result is in place when the Work's event completes (a host
+	// buffer's comes back later).
+	pool, err := allocator.New(allocator.Options{Source: c.Source(), Limit: 4 << 20, SlabSize: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	blk, err := pool.Get(16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Put(blk)
+	d := comm.Buffer{Addr: blk.Addr(), Count: 4, DType: comm.Float32, Loc: comm.Device, Device: c.Device()}
+	c.Kernels().Zero(d)
+	b1, out := floats(t, 4, 2), floats(t, 4, -1)
+	w0 = c.AllReduce(d, d, comm.Sum)
 	if err := c.StreamWait(Stream(user), w0); err != nil {
+		t.Fatal(err)
+	}
+	if err := lib.d.dtod(c.ctx, uintptr(out.Addr), uintptr(d.Addr), d.Bytes(), user); err != nil {
 		t.Fatal(err)
 	}
 	ev, err := lib.d.eventCreate(c.ctx)
@@ -292,19 +343,16 @@ func TestStreamOrder(t *testing.T) {
 	if err := lib.d.eventRecord(c.ctx, ev, user); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(30 * time.Millisecond)
 	if ok, _ := lib.d.eventQuery(c.ctx, ev); ok {
 		t.Fatal("the user stream went past StreamWait before the collective ran")
 	}
 	waitOK(t, w0, cs[1].AllReduce(b1, b1, comm.Sum))
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		if ok, _ := lib.d.eventQuery(c.ctx, ev); ok {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the user stream did not go on after the collective")
-		}
-		time.Sleep(time.Millisecond)
+	// Once the Work has completed, the user stream runs to its end.
+	if err := lib.d.streamSync(c.ctx, user); err != nil {
+		t.Fatal(err)
+	}
+	if got := out.AsFloat32()[3]; got != 2 {
+		t.Errorf("the user stream's copy after StreamWait read %v, want the all-reduce's 2 (0 if it ran first)", got)
 	}
 	if err := c.StreamWait(Stream(user), w0); err != nil {
 		t.Fatalf("StreamWait for a completed Work: %v", err)
