@@ -196,7 +196,8 @@ func TestProcessFaults(t *testing.T) {
 			send := []float32{1}
 			ep.Publish(k, comm.Call{Kind: comm.KindAllReduce, Op: comm.Sum, DType: comm.Float32, Count: 1, Seq: k}, Staged, unsafe.Pointer(&send[0]), nil)
 			seg.Notify()
-			start := time.Now()
+			// Killed, aborted or closed, rank 1 ends the wait before the
+			// deadline (the error says Timeout only at the deadline).
 			lag, err := Futex{Liveness: 5 * time.Millisecond}.Wait(ep, k, Called, time.Now().Add(2*time.Second), peers)
 			if err == nil || lag != 1 || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("wait for rank 1: rank %d, %v; want %q", lag, err, tc.want)
@@ -211,9 +212,6 @@ func TestProcessFaults(t *testing.T) {
 			case errors.As(err, &ae):
 			default:
 				t.Errorf("%T: neither a PeerError nor an AbortError", err)
-			}
-			if tc.signal != syscall.SIGSTOP && time.Since(start) > time.Second {
-				t.Errorf("the wait took %v to see rank 1 %s", time.Since(start), tc.want)
 			}
 		})
 	}
