@@ -36,6 +36,7 @@
 //	                |                                        | then the word                         |
 //	Lagging(Called) | (a look; the adapter waits between)    | first rank whose word < k<<2|Called   |
 //	Judge           | every word >= k<<2|Called              | nil, *InvalidError or comm.ErrMismatch|
+//	                |                                        | (calls, or paths Staged/Direct, differ)|
 //	FinishStaged    | Judge nil, Staged                      | own output from staged inputs,        | (done: k
 //	                |                                        | in rank order; writes only recv       | completes)
 //	Cancel          | Direct, this rank's wait failed        | gate: k cancelled unless opened       |
@@ -62,7 +63,10 @@
 //     completing k-2 and with it every read of what the others staged for
 //     k-2. So when a rank overwrites its header, descriptor or staging
 //     buffer of parity k%2, nobody reads them any more: two of each
-//     suffice.
+//     suffice. That holds for collectives completed by the protocol; a
+//     rank whose wait failed has completed k without it, so an adapter
+//     must then fail the group (no rank publishes on the segment again),
+//     as inproc's abort does.
 //   - Ordering: the word is stored last and loaded first (release and
 //     acquire, as sync/atomic's are), so a rank that sees k<<2|Called reads
 //     the whole call and input of k.

@@ -2,6 +2,7 @@ package shm
 
 import (
 	"fmt"
+	"strings"
 	"unsafe"
 
 	"github.com/ddpgo/ddpgo/comm"
@@ -23,6 +24,17 @@ const (
 	// reduces a slice of every buffer in place (Endpoint.Share).
 	Direct
 )
+
+// path names the way flags f take part, for errors.
+func (f Flags) path() string {
+	switch {
+	case f&Staged != 0:
+		return "staged"
+	case f&Direct != 0:
+		return "direct"
+	}
+	return "neither staged nor direct"
+}
 
 // Phase is how far a rank has gone in a collective: the low two bits of
 // its header's word, under the collective's number.
@@ -163,11 +175,12 @@ func (e *InvalidError) Unwrap() error { return comm.ErrInvalid }
 // and reaches the same verdict. Agreement allocates nothing.
 func (e *Endpoint) Judge(k uint64) error {
 	h0 := e.s.header(0, k)
-	agree, invalid := true, false
+	agree, invalid, paths := true, false, true
 	for r := range e.n {
 		h := e.s.header(r, k)
 		invalid = invalid || h.flags&Invalid != 0
 		agree = agree && h.call().Matches(h0.call())
+		paths = paths && h.flags == h0.flags
 	}
 	switch {
 	case invalid:
@@ -178,8 +191,17 @@ func (e *Endpoint) Judge(k uint64) error {
 			}
 		}
 		return v
-	case agree:
+	case agree && paths:
 		return nil
+	case agree:
+		// The same calls, staged on some ranks and direct on others: a
+		// staged rank would read a direct one's stale staging buffer, a
+		// direct one follow a staged one's stale descriptor.
+		var b strings.Builder
+		for r := range e.n {
+			fmt.Fprintf(&b, "; rank %d: %s", r, e.s.header(r, k).flags.path())
+		}
+		return fmt.Errorf("%w: collective #%d: the ranks took different paths%s", comm.ErrMismatch, k, b.String())
 	}
 	calls := make([]comm.Call, e.n)
 	for r := range e.n {

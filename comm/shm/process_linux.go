@@ -20,8 +20,9 @@ import (
 // through /proc/<pid>/fd (Open). They wait for each other with Futex:
 // polling, then sleeping on the segment's futex word, which every
 // publication bumps (Segment.Notify); a sleeping wait looks at the process
-// of the rank it waits for every Futex.Liveness, so a peer that has exited
-// ends the wait at once and one that is stopped is named at the deadline.
+// of the first rank it waits for every Futex.Liveness, so a peer that has
+// exited ends the wait within a slice and one that is stopped is named at
+// the deadline.
 // A rank that gives up the group says why in the segment (Abort) and
 // every peer's wait ends with the cause.
 
@@ -177,10 +178,12 @@ func (p ProcState) String() string {
 	return "running"
 }
 
-// State reads the state of process id.
+// State reads the state of process id. A process whose /proc entry
+// cannot be read (out of file descriptors, say) is taken as running: only
+// its absence, a zombie or another start time says it is gone.
 func (id Ident) State() ProcState {
 	st, start := procStat(id.Pid)
-	if st == Gone || id.Start != 0 && start != id.Start {
+	if st == Gone || id.Start != 0 && start != 0 && start != id.Start {
 		return Gone
 	}
 	return st
@@ -215,8 +218,8 @@ func procStat(pid int32) (ProcState, uint64) {
 }
 
 // Notify tells ranks asleep in Futex.Wait that this rank has published:
-// a rank whose peers wait with Futex calls it after each Publish and
-// Share.
+// a rank whose peers wait with Futex calls it after each Publish, Agree
+// and Share.
 func (s *Segment) Notify() {
 	h := s.head()
 	h.arrivals.Add(1)
@@ -311,10 +314,13 @@ type Futex struct {
 }
 
 // Wait waits until every rank has reached phase ph of collective k, a
-// peer aborts (*AbortError), the process of the rank waited for is gone
-// (*PeerError), or the deadline passes (*PeerError with Timeout; a zero
-// deadline waits without one). peers[r] is rank r's process. It returns
-// the first rank it still waited for with the error.
+// peer aborts (*AbortError) or has closed (*PeerError with Closed), the
+// process of the rank waited for is gone (*PeerError), or the deadline
+// passes (*PeerError with Timeout; a zero deadline waits without one).
+// peers[r] is rank r's process. It returns the first rank it still waited
+// for with the error. A wait for Shared must not be given up at a
+// deadline: a stopped peer that resumes would still write this rank's
+// buffers; only a peer gone or aborted ends it (zero deadline).
 func (f Futex) Wait(e *Endpoint, k uint64, ph Phase, deadline time.Time, peers []Ident) (int, error) {
 	from := e.Lagging(k, ph, 0)
 	if from == e.n {
@@ -389,6 +395,12 @@ func (f Futex) Wait(e *Endpoint, k uint64, ph Phase, deadline time.Time, peers [
 		if from = e.Lagging(k, ph, from); from == e.n {
 			h.sleepers.Add(^uint32(0))
 			return from, nil
+		}
+		if err := abort(); err != nil {
+			// An Abort or MarkClosed whose bump v already counts would
+			// not wake this sleep.
+			h.sleepers.Add(^uint32(0))
+			return from, err
 		}
 		futexWait(&h.arrivals, v, max(slice, time.Microsecond))
 		h.sleepers.Add(^uint32(0))

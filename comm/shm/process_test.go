@@ -308,7 +308,7 @@ func runDirectRank(seg *Segment, r int, peers []Ident, maps *PeerMaps, deadline 
 			send[e] = float32((r+1)*(e%9+1)) + float32(k)
 		}
 		clear(recv)
-		d, ok := slabs.Describe(unsafe.Pointer(&send[0]), unsafe.Pointer(&recv[0]), count*4)
+		d, ok := slabs.Describe(unsafe.Pointer(&send[0]), count*4, unsafe.Pointer(&recv[0]), count*4)
 		if !ok {
 			return fmt.Errorf("collective #%d: buffers not in the slab", k)
 		}
@@ -323,7 +323,7 @@ func runDirectRank(seg *Segment, r int, peers []Ident, maps *PeerMaps, deadline 
 		maps.Begin(n, r)
 		mapped := true
 		for j := range n {
-			if j != r && maps.Attach(j, seg.Desc(j, k), count*4) != nil {
+			if j != r && maps.Attach(j, seg.Desc(j, k), count*4, count*4) != nil {
 				mapped = false
 			}
 		}
@@ -394,12 +394,12 @@ func TestPeerMaps(t *testing.T) {
 		return r.Addr
 	}
 	attach := func(p unsafe.Pointer) error {
-		d, ok := slabs.Describe(p, p, 4096)
+		d, ok := slabs.Describe(p, 4096, p, 4096)
 		if !ok {
 			t.Fatal("a slab's memory not described")
 		}
 		maps.Begin(2, 0)
-		return maps.Attach(1, &d, 4096)
+		return maps.Attach(1, &d, 4096, 4096)
 	}
 	a, b, c := alloc(), alloc(), alloc()
 	for _, p := range []unsafe.Pointer{a, a, b} {
@@ -422,20 +422,86 @@ func TestPeerMaps(t *testing.T) {
 		t.Fatalf("after a free: %v, %d mappings, want 1", err, maps.Mapped())
 	}
 	e := alloc() // not mapped yet: Attach opens its file
-	d, _ := slabs.Describe(e, e, 4096)
+	d, _ := slabs.Describe(e, 4096, e, 4096)
 	d.proc().SendSlab.Ino++
 	maps.Begin(2, 0)
-	if err := maps.Attach(1, &d, 4096); !errors.Is(err, syscall.ESTALE) {
+	if err := maps.Attach(1, &d, 4096, 4096); !errors.Is(err, syscall.ESTALE) {
 		t.Errorf("a descriptor of another file: %v, want ESTALE", err)
 	}
-	d, _ = slabs.Describe(c, c, 4096)
-	if err := maps.Attach(1, &d, 1<<17); err == nil {
+	d, _ = slabs.Describe(c, 4096, c, 4096)
+	if err := maps.Attach(1, &d, 4096, 1<<17); err == nil {
 		t.Error("a buffer past its slab's end was mapped")
 	}
-	if _, ok := slabs.Describe(unsafe.Pointer(&make([]byte, 64)[0]), c, 64); ok {
+	if _, ok := slabs.Describe(unsafe.Pointer(&make([]byte, 64)[0]), 64, c, 64); ok {
 		t.Error("Go heap memory described as a slab")
+	}
+	if _, ok := slabs.Describe(c, 4096, nil, 0); !ok {
+		t.Error("a send with no recv (a Reduce off its root) not described")
+	}
+	var one Slabs // one slab alone: nothing of its own begins where it ends
+	if r, err := one.Alloc(1 << 16); err == nil {
+		if _, ok := one.Describe(unsafe.Add(r.Addr, 1<<16), 0, nil, 0); ok {
+			t.Error("the first byte past a slab described as in it")
+		}
+		one.Free(r)
 	}
 	if err := slabs.Free(allocator.Region{Addr: c, Size: 4096}); err == nil {
 		t.Error("a slab freed with the wrong size")
+	}
+}
+
+// TestSlabsFreeNeighbours frees slabs that the kernel placed end to end,
+// in the order they were made: each is found by its own base, not taken
+// for the neighbour that ends where it begins.
+func TestSlabsFreeNeighbours(t *testing.T) {
+	var slabs Slabs
+	var rs []allocator.Region
+	for range 8 {
+		r, err := slabs.Alloc(1 << 16)
+		if err != nil {
+			t.Skip(err)
+		}
+		rs = append(rs, r)
+	}
+	for i, r := range rs {
+		if err := slabs.Free(r); err != nil {
+			t.Fatalf("slab %d: %v", i, err)
+		}
+	}
+	if len(slabs.slabs) != 0 || slabs.frees != 8 {
+		t.Errorf("%d slabs left, %d frees", len(slabs.slabs), slabs.frees)
+	}
+}
+
+// TestStateUnreadable: a process whose /proc entry cannot be read is not
+// taken for gone (a peer out of descriptors must not fail a wait).
+func TestStateUnreadable(t *testing.T) {
+	me := Self()
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Skip(err)
+	}
+	// Fill the descriptor table below a low limit, so that opening
+	// /proc/<pid>/stat fails with EMFILE.
+	low := lim
+	low.Cur = 64
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
+		t.Skip(err)
+	}
+	defer syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
+	var fds []int
+	for {
+		fd, err := syscall.Open("/dev/null", syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+		if err != nil {
+			break
+		}
+		fds = append(fds, fd)
+	}
+	st := me.State()
+	for _, fd := range fds {
+		syscall.Close(fd)
+	}
+	if st != Running {
+		t.Errorf("this process, its stat unreadable: %v, want running", st)
 	}
 }

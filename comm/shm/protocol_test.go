@@ -557,3 +557,24 @@ func FuzzInterleaving(f *testing.F) {
 		s.check()
 	})
 }
+
+// TestJudgePaths: the same calls, staged on one rank and direct on the
+// other, are a mismatch on both: neither reads the other's stale staging
+// buffer or descriptor.
+func TestJudgePaths(t *testing.T) {
+	seg, err := NewHeap(Layout{Ranks: 2, Stage: simStage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := comm.Call{Kind: comm.KindAllReduce, Op: comm.Sum, DType: comm.Float32, Count: 8, Seq: 1}
+	in := make([]float32, 8)
+	d := LocalDesc(unsafe.Pointer(&in[0]), unsafe.Pointer(&in[0]))
+	seg.Endpoint(0).Publish(1, c, Staged, unsafe.Pointer(&in[0]), nil)
+	seg.Endpoint(1).Publish(1, c, Direct, nil, &d)
+	for r := range 2 {
+		err := seg.Endpoint(r).Judge(1)
+		if !errors.Is(err, comm.ErrMismatch) || !strings.Contains(err.Error(), "rank 0: staged; rank 1: direct") {
+			t.Errorf("rank %d: %v, want a mismatch naming both paths", r, err)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"unsafe"
@@ -69,8 +70,8 @@ func (s *Slabs) Alloc(size int) (allocator.Region, error) {
 // process, whose descriptor carries the new count of frees.
 func (s *Slabs) Free(r allocator.Region) error {
 	s.mu.Lock()
-	i := s.find(uintptr(r.Addr), 0)
-	if i < 0 || s.slabs[i].base != uintptr(r.Addr) || len(s.slabs[i].mem) != r.Size {
+	i := slices.IndexFunc(s.slabs, func(sl slab) bool { return sl.base == uintptr(r.Addr) })
+	if i < 0 || len(s.slabs[i].mem) != r.Size {
 		s.mu.Unlock()
 		return fmt.Errorf("%w: shm: freeing %d bytes at %p, not a slab", allocator.ErrInvalid, r.Size, r.Addr)
 	}
@@ -88,12 +89,13 @@ func (s *Slabs) Name() string { return "shared memory" }
 // Host reports that Go code may read and write the memory.
 func (s *Slabs) Host() bool { return true }
 
-// find returns the index of the slab holding [p, p+n), or -1. s.mu is
-// held.
+// find returns the index of the slab holding [p, p+n), or -1: p itself
+// inside the slab, even for n == 0, so that a slab ending where the next
+// begins is not taken for it. s.mu is held.
 func (s *Slabs) find(p uintptr, n int) int {
 	for i := range s.slabs {
 		sl := &s.slabs[i]
-		if p >= sl.base && p-sl.base <= uintptr(len(sl.mem)) && uintptr(n) <= uintptr(len(sl.mem))-(p-sl.base) {
+		if p >= sl.base && p-sl.base < uintptr(len(sl.mem)) && uintptr(n) <= uintptr(len(sl.mem))-(p-sl.base) {
 			return i
 		}
 	}
@@ -118,10 +120,13 @@ var _ [DescBytes - unsafe.Sizeof(procDesc{})]byte // fits a Desc
 
 func (d *Desc) proc() *procDesc { return (*procDesc)(unsafe.Pointer(d)) }
 
-// Describe returns the descriptor of buffers send and recv, bytes each,
-// and whether both lie in this process's slabs (if not, the collective
-// cannot be direct: every rank must then leave it to another path).
-func (s *Slabs) Describe(send, recv unsafe.Pointer, bytes int) (Desc, bool) {
+// Describe returns the descriptor of a rank's buffers of a direct
+// collective, send of sendBytes and recv of recvBytes (a nil recv, as a
+// Reduce off its root has, is described as none), and whether they lie
+// in this process's slabs. Where they do not, the collective cannot be
+// direct: the adapter says so in its Agree, and every rank leaves it to
+// another path.
+func (s *Slabs) Describe(send unsafe.Pointer, sendBytes int, recv unsafe.Pointer, recvBytes int) (Desc, bool) {
 	var d Desc
 	p := d.proc()
 	p.Send, p.Recv = uintptr(send), uintptr(recv)
@@ -129,14 +134,21 @@ func (s *Slabs) Describe(send, recv unsafe.Pointer, bytes int) (Desc, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	p.Frees = s.frees
-	i, j := s.find(p.Send, bytes), s.find(p.Recv, bytes)
-	if i < 0 || j < 0 || p.Boot == 0 {
-		return d, false
-	}
 	ref := func(sl *slab) slabRef {
 		return slabRef{ID: sl.id, Ino: sl.ino, Base: uint64(sl.base), Size: uint64(len(sl.mem))}
 	}
+	i := s.find(p.Send, sendBytes)
+	if i < 0 || p.Boot == 0 {
+		return d, false
+	}
 	p.SendFd, p.SendSlab = int32(s.slabs[i].fd), ref(&s.slabs[i])
+	if recv == nil {
+		return d, true
+	}
+	j := s.find(p.Recv, recvBytes)
+	if j < 0 {
+		return d, false
+	}
 	p.RecvFd, p.RecvSlab = int32(s.slabs[j].fd), ref(&s.slabs[j])
 	return d, true
 }
@@ -184,19 +196,22 @@ func (m *PeerMaps) Begin(n, me int) {
 }
 
 // Attach maps rank's buffers of the collective begun, from its
-// descriptor d (bytes each), or says why it cannot.
-func (m *PeerMaps) Attach(rank int, d *Desc, bytes int) error {
+// descriptor d: send of sendBytes, recv of recvBytes (none where d
+// describes none), or says why it cannot.
+func (m *PeerMaps) Attach(rank int, d *Desc, sendBytes, recvBytes int) error {
 	p := d.proc()
 	if p.Boot == 0 || p.Boot != BootID() {
 		return fmt.Errorf("rank %d (process %d) is on another host", rank, p.Pid)
 	}
-	send, err := m.attach(p.Pid, p.SendFd, p.SendSlab, p.Send, bytes)
+	send, err := m.attach(p.Pid, p.SendFd, p.SendSlab, p.Send, sendBytes)
 	if err != nil {
 		return fmt.Errorf("rank %d's send buffer (/proc/%d/fd/%d): %w", rank, p.Pid, p.SendFd, err)
 	}
-	recv, err := m.attach(p.Pid, p.RecvFd, p.RecvSlab, p.Recv, bytes)
-	if err != nil {
-		return fmt.Errorf("rank %d's recv buffer (/proc/%d/fd/%d): %w", rank, p.Pid, p.RecvFd, err)
+	var recv unsafe.Pointer
+	if p.Recv != 0 {
+		if recv, err = m.attach(p.Pid, p.RecvFd, p.RecvSlab, p.Recv, recvBytes); err != nil {
+			return fmt.Errorf("rank %d's recv buffer (/proc/%d/fd/%d): %w", rank, p.Pid, p.RecvFd, err)
+		}
 	}
 	m.resolved[rank] = bufs{send, recv}
 	if p.Frees != m.seen[rank] {
@@ -222,7 +237,7 @@ func (m *PeerMaps) Map(rank int, d *Desc) (send, recv unsafe.Pointer) {
 // space) in slab ref, mapping the slab if it is not mapped yet.
 func (m *PeerMaps) attach(pid, fd int32, ref slabRef, at uintptr, bytes int) (unsafe.Pointer, error) {
 	off := uint64(at) - ref.Base
-	if uint64(at) < ref.Base || off > ref.Size || uint64(bytes) > ref.Size-off {
+	if uint64(at) < ref.Base || off >= ref.Size || uint64(bytes) > ref.Size-off {
 		return nil, fmt.Errorf("%d bytes at %#x are not in its slab [%#x, +%d)", bytes, at, ref.Base, ref.Size)
 	}
 	if m.fail {
