@@ -372,8 +372,14 @@ func (c *communicator) watch(opened time.Time) {
 	}
 	t := time.NewTicker(tick)
 	defer t.Stop()
-	low, watched := uint64(1), uint64(0)
-	var w comm.Watch
+	o := backend.Oldest{Dog: dog}
+	var kind comm.Kind
+	test := func(seq uint64) bool { done, _ := c.TestOp(seq); return done }
+	at := func(seq uint64) time.Time {
+		s := &c.stamps[seq%backend.RingSize]
+		kind = comm.Kind(s.kind.Load())
+		return epoch.Add(time.Duration(s.issued.Load()))
+	}
 	var paused pause
 	paused.tick(opened, tick) // a goroutine not yet run when the process stopped counts it too
 	for {
@@ -383,39 +389,12 @@ func (c *communicator) watch(opened time.Time) {
 		case <-t.C:
 		}
 		paused.tick(time.Now(), tick)
-		issued := c.ops.Issued()
-		// Every operation a whole ring before the last issued has
-		// completed: its slot's next operation waited for it (Reserve).
-		// Without this jump a tick tested every operation since the last
-		// one, millions a second at 4 KiB, on the processor the issuing
-		// goroutine needs.
-		if issued > backend.RingSize {
-			low = max(low, issued-backend.RingSize+1)
-		}
-		for low <= issued {
-			if done, _ := c.TestOp(low); !done {
-				break
-			}
-			low++
-		}
-		if low > issued {
+		due, ok := o.Check(c.ops.Issued(), test, at, time.Now())
+		if !ok {
 			continue
 		}
-		s := &c.stamps[low%backend.RingSize]
-		at, kind := s.issued.Load(), comm.Kind(s.kind.Load())
-		if done, _ := c.TestOp(low); done {
-			continue
-		}
-		issuedAt := epoch.Add(time.Duration(at))
-		if watched != low {
-			watched, w = low, dog.Start(issuedAt)
-		}
-		n := time.Now()
-		report, expired := w.Check(n)
-		if !report && !expired {
-			continue
-		}
-		st := comm.Stall{Rank: c.rank, Seq: low, Kind: kind, Waited: w.Waited(n)}
+		low, report, expired, issuedAt := due.Seq, due.Report, due.Expired, due.Issued
+		st := comm.Stall{Rank: c.rank, Seq: low, Kind: kind, Waited: due.Waited}
 		if c.running.Load() == low || c.inl.Load()>>2 == low {
 			// An all-reduce in shared memory knows who it waits for.
 			st.Missing, st.Detail = c.missing()

@@ -76,6 +76,16 @@
 // about to sleep, so something else must now complete the operation),
 // WaitErrorer (what a Wait that its context ended says) and Sticky.
 //
+// # Watching
+//
+// A backend's watchdog goroutine watches the oldest incomplete operation
+// through Oldest: on each tick Oldest.Check walks past what has completed
+// (never more than a ring: Reserve bounds how far behind the oldest
+// pending operation can be), reads when the oldest was issued, and says
+// whether a stall report or the timeout is due on the comm.Watchdog's
+// schedule. What the backend then does (report, abort its communicator,
+// end the job) is its own.
+//
 // # Arguments
 //
 // Rules.Check is the rulebook of the comm contract, the one every backend and
