@@ -1,13 +1,13 @@
 package nccl
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"runtime"
 	"time"
 
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/comm/backend"
 )
 
 // Every call into NCCL for a communicator, and every call that puts work
@@ -61,22 +61,6 @@ func newCallLock() callLock { return make(callLock, 1) }
 func (c *Comm) lockCalls() {
 	c.callMu <- struct{}{}
 	runtime.LockOSThread()
-}
-
-// lockCallsCtx is lockCalls that gives up, returning false, when ctx
-// ends first.
-func (c *Comm) lockCallsCtx(ctx context.Context) bool {
-	select {
-	case c.callMu <- struct{}{}:
-	default:
-		select {
-		case c.callMu <- struct{}{}:
-		case <-ctx.Done():
-			return false
-		}
-	}
-	runtime.LockOSThread()
-	return true
 }
 
 // tryLockCalls is lockCalls if nobody holds the lock.
@@ -270,28 +254,19 @@ func (c *Comm) asyncErr(st Result) error {
 // advance completes, in order, the operations whose events have
 // completed, after an ncclCommGetAsyncError check made once they had
 // (NCCL's kernels exit early on an error, and their events then complete
-// over wrong data). The check needs the call lock: with a nil ctx,
-// advance does not wait for it, and completes nothing if another holds
-// it; otherwise it waits until ctx ends, and then returns ctx's error.
-func (c *Comm) advance(ctx context.Context) error {
+// over wrong data). The check needs the call lock, which advance does not
+// wait for: it completes nothing if another caller holds it.
+func (c *Comm) advance() {
 	done, end, qerr := c.completed()
 	if qerr != nil {
 		c.Abort(qerr)
-		return nil
+		return
 	}
-	if end == done {
-		return nil
-	}
-	if ctx == nil {
-		if !c.tryLockCalls() {
-			return nil
-		}
-	} else if !c.lockCallsCtx(ctx) {
-		return ctx.Err()
+	if end == done || !c.tryLockCalls() {
+		return
 	}
 	c.complete(done, end)
 	c.unlockCalls()
-	return nil
 }
 
 // completed returns done and how far the operations after it have
@@ -301,8 +276,8 @@ func (c *Comm) completed() (done, end uint64, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	end = c.done
-	for end < c.seq && c.stopping == nil {
-		sl := c.slot(end + 1)
+	for last := c.ops.Issued(); end < last && c.stoppingErr() == nil; end++ {
+		sl := c.ops.Op(end + 1)
 		if !sl.recorded {
 			break
 		}
@@ -313,7 +288,6 @@ func (c *Comm) completed() (done, end uint64, err error) {
 		if !ok {
 			break
 		}
-		end++
 	}
 	return c.done, end, nil
 }
@@ -338,7 +312,9 @@ func (c *Comm) complete(done, end uint64) {
 	}
 	c.mu.Lock()
 	for s := max(c.done, done) + 1; s <= end; s++ {
-		c.unstage(c.slot(s))
+		sl := c.ops.Op(s)
+		c.unstage(sl)
+		c.ops.Complete(s, sl.err)
 	}
 	c.done = max(c.done, end)
 	c.mu.Unlock()
@@ -356,10 +332,8 @@ func (c *Comm) teardown(reason error, abort bool) error {
 		return nil
 	}
 	c.mu.Lock()
-	if c.stopping == nil {
-		c.stopping = reason
-	}
-	pending := c.done < c.seq
+	c.stopping.CompareAndSwap(nil, &reason)
+	pending := c.done < c.ops.Issued()
 	c.mu.Unlock()
 	c.torn = true
 	var err error
@@ -381,12 +355,12 @@ func (c *Comm) teardown(reason error, abort bool) error {
 	drained := c.drain()
 	c.mu.Lock()
 	c.undrained = !drained
-	for s := c.done + 1; s <= c.seq; s++ {
-		sl := c.slot(s)
+	last := c.ops.Issued() // nothing is published once stopping is set
+	for s := c.done + 1; s <= last; s++ {
+		sl := c.ops.Op(s)
 		if sl.err == nil {
 			sl.err = c.opError(sl, reason)
 		}
-		c.errs[s] = sl.err
 		if drained {
 			c.unstage(sl)
 		} else {
@@ -399,8 +373,9 @@ func (c *Comm) teardown(reason error, abort bool) error {
 			}
 			sl.stage, sl.pins = nil, nil
 		}
+		c.ops.Complete(s, sl.err)
 	}
-	c.done = c.seq
+	c.done = last
 	leaked := c.leaked
 	c.mu.Unlock()
 	c.noteKernErr(reason)
@@ -454,48 +429,64 @@ func (c *Comm) deregisterAll() {
 	}
 }
 
+// Polling for parked Waits: from fastPoll, doubling up to fastPollMax
+// between polls.
+const (
+	fastPoll    = 5 * time.Microsecond
+	fastPollMax = 200 * time.Microsecond
+)
+
 // watchdog polls ncclCommGetAsyncError and the deadlines every
-// Config.PollInterval until Close.
+// Config.PollInterval until Close, and the events often while a Wait is
+// parked (ringHooks.Parking wakes it): it is what completes an operation
+// that a Wait sleeps on.
 func (c *Comm) watchdog() {
 	defer c.wg.Done()
-	t := time.NewTicker(c.cfg.PollInterval)
+	t := time.NewTimer(c.cfg.PollInterval)
 	defer t.Stop()
-	dog := comm.Watchdog{StallInterval: c.cfg.StallInterval, Timeout: c.cfg.Timeout, OnStall: c.cfg.OnStall}
-	var watched uint64
-	var w comm.Watch
+	o := backend.Oldest{Dog: comm.Watchdog{StallInterval: c.cfg.StallInterval, Timeout: c.cfg.Timeout, OnStall: c.cfg.OnStall}}
+	// what at read of the oldest operation, for its report
+	var kind comm.Kind
+	var count int
+	var dt comm.DType
+	at := func(seq uint64) time.Time {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		sl := c.ops.Op(seq)
+		kind, count, dt = sl.kind, sl.count, sl.dtype
+		return sl.issued
+	}
+	slow := time.Now().Add(c.cfg.PollInterval) // the next poll of the asynchronous error and the deadlines
+	delay := time.Duration(0)
 	for {
+		if c.ops.Waiting() > 0 {
+			delay = min(max(2*delay, fastPoll), fastPollMax)
+		} else {
+			delay = max(time.Until(slow), 0)
+		}
+		t.Reset(delay)
 		select {
 		case <-c.stop:
 			return
+		case <-c.wake:
+			delay = 0
 		case <-t.C:
 		}
-		c.advance(nil)
-		c.mu.Lock()
-		if c.stopping != nil {
-			c.mu.Unlock()
+		c.advance()
+		n := time.Now()
+		if n.Before(slow) || c.stoppingErr() != nil {
 			continue
 		}
-		var stall *comm.Stall
-		var report, expired bool
-		if c.done < c.seq {
-			oldest := c.slot(c.done + 1)
-			if watched != oldest.seq {
-				watched, w = oldest.seq, dog.Start(oldest.issued)
+		slow = n.Add(c.cfg.PollInterval)
+		if due, ok := o.Check(c.ops.Issued(), c.ops.Ended, at, n); ok {
+			st := comm.Stall{Rank: c.rank, Seq: due.Seq, Kind: kind, Waited: due.Waited, Detail: fmt.Sprintf("%d x %s", count, dt)}
+			if due.Report {
+				o.Dog.Report(st)
 			}
-			n := time.Now()
-			report, expired = w.Check(n)
-			if report || expired {
-				stall = &comm.Stall{Rank: c.rank, Seq: oldest.seq, Kind: oldest.kind, Waited: w.Waited(n),
-					Detail: fmt.Sprintf("%d x %s", oldest.count, oldest.dtype)}
+			if due.Expired {
+				c.Abort(fmt.Errorf("nccl: %w (Config.Timeout %v)", st.TimeoutError(), c.cfg.Timeout))
+				continue
 			}
-		}
-		c.mu.Unlock()
-		if report {
-			dog.Report(*stall)
-		}
-		if expired {
-			c.Abort(fmt.Errorf("nccl: %w (Config.Timeout %v)", stall.TimeoutError(), c.cfg.Timeout))
-			continue
 		}
 		// An asynchronous error with nothing in flight: look, if nobody
 		// else is calling.
@@ -516,11 +507,13 @@ func (c *Comm) watchdog() {
 	}
 }
 
-// stoppingErr is why the communicator refuses work.
+// stoppingErr is why the communicator refuses work, nil until Abort,
+// Close or a failure.
 func (c *Comm) stoppingErr() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.stopping
+	if p := c.stopping.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // noteKernErr keeps the first error of stream work for Kernels().Sync.

@@ -274,13 +274,18 @@ type Comm struct {
 	evBuf   []uintptr
 	liveBuf []pending
 
+	// ops is the ring of operations (package backend): their slots,
+	// results, failure log and parked Waits. The issuer writes a slot and
+	// publishes it holding mu; everything else reads slots holding mu.
+	ops backend.Ring[slot]
+	// wake tells the watchdog that a Wait has parked: it then polls the
+	// events often until no Wait is parked (see ringHooks.Parking).
+	wake chan struct{}
+
 	mu       sync.Mutex
-	seq      uint64 // the last operation issued (1-based)
-	done     uint64 // every operation <= done has completed
-	slots    []*slot
-	errs     map[uint64]error // failed operations' errors, by sequence number
-	stopping error            // set by Abort or Close: every later operation fails with it
-	abortReq error            // an Abort or Close waiting for the call lock
+	done     uint64                // every operation <= done has completed (in order; completed under mu)
+	stopping atomic.Pointer[error] // set by Abort or Close: every later operation fails with it
+	abortReq error                 // an Abort or Close waiting for the call lock
 	closed   bool
 	// undrained: the stream did not drain after teardown, and may still
 	// write the communicator's memory, which is quarantined (kept, never
@@ -314,7 +319,9 @@ type Comm struct {
 	closeErr error
 }
 
-// slot is the state of one operation in flight.
+// slot is the state of one operation, in its ring slot: written by the
+// issuer, read until the operation completes. Its event and the capacity
+// of its staging lists stay for the slot's next operation.
 type slot struct {
 	seq      uint64
 	event    uintptr
@@ -340,8 +347,9 @@ type pending struct {
 func (l *Library) newComm(cfg Config, dev *device, h uintptr) (*Comm, error) {
 	c := &Comm{lib: l, d: l.d, dev: dev, ctx: dev.ctx, handle: h, cfg: cfg, rank: cfg.Rank, size: cfg.Size,
 		rules: backend.Rules{Rank: cfg.Rank, Size: cfg.Size, OneDevice: true, Device: cfg.Device},
-		errs:  map[uint64]error{}, regs: map[uintptr]uintptr{}, stop: make(chan struct{}),
+		regs:  map[uintptr]uintptr{}, stop: make(chan struct{}), wake: make(chan struct{}, 1),
 		callMu: newCallLock(), abortDrain: AbortDrain}
+	c.ops.Init(backend.Config{Backend: "nccl", Rank: cfg.Rank, Spin: true, Hooks: (*ringHooks)(c)})
 	n, r, dv, err := l.d.commInfo(h)
 	if err == nil && (n != cfg.Size || r != cfg.Rank || dv != cfg.Device) {
 		err = fmt.Errorf("nccl: the communicator reports rank %d of %d on device %d, want rank %d of %d on device %d", r, n, dv, cfg.Rank, cfg.Size, cfg.Device)
@@ -385,10 +393,6 @@ func (c *Comm) alloc() error {
 	if err != nil {
 		return err
 	}
-	c.slots = make([]*slot, 64)
-	for i := range c.slots {
-		c.slots[i] = &slot{}
-	}
 	return nil
 }
 
@@ -407,8 +411,8 @@ func (c *Comm) release() {
 	if c.scratch != nil {
 		c.d.memFree(c.ctx, c.scratch)
 	}
-	for _, s := range c.slots {
-		if s.event != 0 {
+	for i := range uint64(backend.RingSize) {
+		if s := c.ops.Op(i); s.event != 0 {
 			c.d.eventDestroy(c.ctx, s.event)
 		}
 	}
@@ -492,17 +496,22 @@ func (c *Comm) WaitEvent(e Event) error {
 // for w instead.
 func (c *Comm) StreamWait(s Stream, w comm.Work) error {
 	id := w.ID()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	switch {
-	case id > c.seq || id == 0:
-		return fmt.Errorf("%w: nccl: rank %d: StreamWait for operation %d, which this communicator has not issued (last %d)", comm.ErrInvalid, c.rank, id, c.seq)
-	case id <= c.done:
-		return c.errs[id]
-	case c.stopping != nil:
-		return fmt.Errorf("nccl: rank %d: StreamWait: %w", c.rank, c.stopping)
+	if last := c.ops.Issued(); id > last || id == 0 {
+		return fmt.Errorf("%w: nccl: rank %d: StreamWait for operation %d, which this communicator has not issued (last %d)", comm.ErrInvalid, c.rank, id, last)
 	}
-	sl := c.slot(id)
+	c.mu.Lock()
+	if id <= c.done {
+		// Completed: its result is the ring's (Test needs mu itself).
+		c.mu.Unlock()
+		_, err := c.ops.Test(id)
+		return err
+	}
+	defer c.mu.Unlock()
+	if err := c.stoppingErr(); err != nil {
+		return fmt.Errorf("nccl: rank %d: StreamWait: %w", c.rank, err)
+	}
+	// Not completed, so its slot is still its own.
+	sl := c.ops.Op(id)
 	if !sl.recorded {
 		// Launched operations are on the stream when their launch returns;
 		// only a group not yet ended is not.
@@ -514,56 +523,6 @@ func (c *Comm) StreamWait(s Stream, w comm.Work) error {
 		return fmt.Errorf("nccl: rank %d: StreamWait: %w", c.rank, err)
 	}
 	return nil
-}
-
-// slot returns the slot of operation seq; the caller holds c.mu.
-func (c *Comm) slot(seq uint64) *slot { return c.slots[seq%uint64(len(c.slots))] }
-
-// newSlot takes the slot for the next operation, growing the ring when
-// every slot is in flight. The caller holds c.mu.
-func (c *Comm) newSlot(kind comm.Kind, count int, dt comm.DType) (*slot, error) {
-	if c.seq-c.done >= uint64(len(c.slots)) {
-		c.grow()
-	}
-	sl := c.slot(c.seq + 1)
-	if sl.event == 0 {
-		ev, err := c.d.eventCreate(c.ctx)
-		if err != nil {
-			return nil, err
-		}
-		sl.event = ev
-	}
-	c.seq++
-	*sl = slot{seq: c.seq, event: sl.event, kind: kind, count: count, dtype: dt, issued: time.Now(), stage: sl.stage[:0], pins: sl.pins[:0]}
-	return sl, nil
-}
-
-func (c *Comm) grow() {
-	old := c.slots
-	n := uint64(2 * len(old))
-	slots := make([]*slot, n)
-	used := make(map[*slot]bool, len(old))
-	for s := c.done + 1; s <= c.seq; s++ {
-		sl := old[s%uint64(len(old))]
-		slots[s%n] = sl
-		used[sl] = true
-	}
-	spare := make([]*slot, 0, len(old))
-	for _, sl := range old {
-		if !used[sl] {
-			spare = append(spare, sl)
-		}
-	}
-	for i := range slots {
-		if slots[i] == nil {
-			if len(spare) > 0 {
-				slots[i], spare = spare[len(spare)-1], spare[:len(spare)-1]
-			} else {
-				slots[i] = &slot{}
-			}
-		}
-	}
-	c.slots = slots
 }
 
 // opError wraps err with the operation's identity.

@@ -51,14 +51,20 @@
 //
 // Each Comm owns a CUDA stream (non-blocking with respect to the legacy
 // default stream) on which its collectives and kernels run in issue order.
-// A Work is a CUDA event recorded after its operation: Test queries it,
-// Wait polls it (spinning briefly, then sleeping up to 200 µs) until it
-// completes or the context ends, also while another call holds the call
-// lock. An operation is called successful only
-// after an ncclCommGetAsyncError check made once its event completed:
-// NCCL's kernels exit early on an error, and their events then complete
-// over wrong data. Issuing allocates nothing in steady state (events live
-// in a ring of slots that only grows).
+// Operations live in the backend kit's ring (comm/backend.Ring: sequence
+// numbers, results, failures), each slot with a CUDA event recorded after
+// its operation. Test queries the events and completes, in order, what
+// has completed; Wait tests, spins briefly and parks, and while a Wait is
+// parked the watchdog polls the events for it (every 5 µs, backing off to
+// 200 µs); Wait returns at its context's end, also while another call
+// holds the call lock. An operation is called successful only after an
+// ncclCommGetAsyncError check made once its event completed: NCCL's
+// kernels exit early on an error, and their events then complete over
+// wrong data. Issuing allocates nothing in steady state (the events stay
+// in their slots). A rank with backend.RingSize operations pending waits,
+// to issue one more, until the oldest completes (Config.Timeout bounds
+// that); a group holds at most backend.RingSize operations, and the one
+// after fails with comm.ErrInvalid.
 //
 // WaitStream makes the communicator's stream wait for the work issued so
 // far on a stream of the caller's (a gradient is ready only once the
@@ -86,7 +92,7 @@
 //
 // A watchdog goroutine per communicator polls ncclCommGetAsyncError (when
 // no other call holds the lock) and the deadline of the oldest pending
-// operation every Config.PollInterval. A stall (Config.StallInterval) is
+// operation (comm/backend.Oldest) every Config.PollInterval. A stall (Config.StallInterval) is
 // reported to Config.OnStall as a comm.Stall, on comm.Watchdog's schedule
 // like every wait in ddpgo (NCCL cannot say which ranks are missing, so
 // its Missing is nil); an asynchronous error, or an operation pending past

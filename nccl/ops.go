@@ -2,10 +2,12 @@ package nccl
 
 import (
 	"fmt"
+	"time"
 	"unsafe"
 
 	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/comm/backend"
 )
 
 // ncclDataType_t and ncclRedOp_t values (src/nccl.h.in).
@@ -155,17 +157,43 @@ func (c *Comm) issue(kind comm.Kind, send, recv comm.Buffer, op, redop, peer, co
 	return c.issueKind(kind, send, recv, op, redop, peer, count, in, out, desc)
 }
 
+// newSlot reserves and publishes the next operation (backend.Ring). Inside
+// a group its slot must not be one of the group's, which are launched
+// only at GroupEnd: Reserve would wait for one of them. It fails once the
+// communicator is stopping. The caller holds issueMu.
+func (c *Comm) newSlot(kind comm.Kind, count int, dt comm.DType) (*slot, error) {
+	if err := c.stoppingErr(); err != nil {
+		return nil, err
+	}
+	if len(c.grouped) >= backend.RingSize {
+		return nil, fmt.Errorf("%w: nccl: rank %d: a group of more than %d operations (backend.RingSize)", comm.ErrInvalid, c.rank, backend.RingSize)
+	}
+	// Waits for the operation a ring before, which the watchdog bounds.
+	seq := c.ops.Reserve(c)
+	sl := c.ops.Op(seq)
+	ev := sl.event // the issuer's own: only it writes the field
+	if ev == 0 {
+		var err error
+		if ev, err = c.d.eventCreate(c.ctx); err != nil {
+			return nil, err
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.stoppingErr(); err != nil {
+		// Nothing published: teardown has failed everything that was.
+		sl.event = ev
+		return nil, err
+	}
+	*sl = slot{seq: seq, event: ev, kind: kind, count: count, dtype: dt, issued: time.Now(), stage: sl.stage[:0], pins: sl.pins[:0]}
+	c.ops.Publish(seq)
+	return sl, nil
+}
+
 func (c *Comm) issueKind(kind comm.Kind, send, recv comm.Buffer, op, redop, peer, count int, in, out bool, desc comm.Buffer) comm.Work {
 	c.issueMu.Lock()
 	defer c.issueMu.Unlock()
-	c.mu.Lock()
-	if c.stopping != nil {
-		err := c.stopping
-		c.mu.Unlock()
-		return comm.FailedWork(&comm.OpError{Rank: c.rank, Seq: 0, Kind: kind, Count: desc.Count, DType: desc.DType, Err: err})
-	}
 	sl, err := c.newSlot(kind, desc.Count, desc.DType)
-	c.mu.Unlock()
 	if err != nil {
 		return comm.FailedWork(&comm.OpError{Rank: c.rank, Kind: kind, Count: desc.Count, DType: desc.DType, Err: err})
 	}
@@ -308,14 +336,14 @@ func (c *Comm) failSlot(sl *slot, err error) comm.Work {
 	return comm.NewWork(c, sl.seq)
 }
 
-// failLocked marks sl failed; it completes in order with the rest. Its
-// staging memory stays its own: the caller returns it when nothing of the
-// operation is on the stream, else completing it (advance, teardown) does
-// once the stream has passed it. The caller holds c.mu.
+// failLocked marks sl failed; it completes in order with the rest, with
+// this error. Its staging memory stays its own: the caller returns it
+// when nothing of the operation is on the stream, else completing it
+// (advance, teardown) does once the stream has passed it. The caller
+// holds c.mu.
 func (c *Comm) failLocked(sl *slot, err error) {
 	sl.err = err
 	sl.recorded = true
-	c.errs[sl.seq] = err
 }
 
 // unstage returns an operation's staging memory. The caller holds c.mu.

@@ -4,64 +4,53 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
-	"time"
 
 	"github.com/ddpgo/ddpgo/comm"
 )
 
-// TestOp implements comm.Waiter. It completes what has completed, if no
-// other caller holds the communicator's call lock.
-func (c *Comm) TestOp(id uint64) (bool, error) {
-	c.advance(nil)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if id <= c.done {
-		return true, c.errs[id]
+// TestOp implements comm.Waiter: the ring's Test, which first completes
+// what has completed on the stream, if no other caller holds the
+// communicator's call lock (ringHooks.Advance).
+func (c *Comm) TestOp(id uint64) (bool, error) { return c.ops.Test(id) }
+
+// WaitOp implements comm.Waiter: the ring's Wait. It tests, spins briefly,
+// then parks, and the watchdog polls the events for it (every 5 µs,
+// backing off to 200 µs) until it completes or ctx ends. It returns at
+// ctx's end even while another call holds the call lock (a launch
+// settling, say): nothing in it waits for that lock.
+func (c *Comm) WaitOp(ctx context.Context, id uint64) error { return c.ops.Wait(ctx, id) }
+
+// ringHooks is how the communicator takes part in its ring's Test and
+// Wait (see backend.Config), kept off Comm's API.
+type ringHooks Comm
+
+// Advance completes what has completed on the stream, if nobody holds the
+// call lock.
+func (h *ringHooks) Advance(uint64) { (*Comm)(h).advance() }
+
+// Parking wakes the watchdog, which polls for a parked Wait.
+func (h *ringHooks) Parking(uint64) {
+	select {
+	case h.wake <- struct{}{}:
+	default:
 	}
-	return false, nil
 }
 
-// WaitOp implements comm.Waiter: it polls the operation's event, spinning
-// briefly and then sleeping up to 200 µs between polls, until it
-// completes or ctx ends. It returns at ctx's end even while another call
-// holds the call lock (a launch settling, say).
-func (c *Comm) WaitOp(ctx context.Context, id uint64) error {
-	delay := time.Duration(0)
-	for i := 0; ; i++ {
-		aerr := c.advance(ctx)
-		c.mu.Lock()
-		if id <= c.done {
-			err := c.errs[id]
-			c.mu.Unlock()
-			return err
-		}
-		c.mu.Unlock()
-		if err := ctx.Err(); err != nil || aerr != nil {
-			if err == nil {
-				err = aerr
-			}
-			c.mu.Lock()
-			sl := c.slot(id)
-			desc := fmt.Sprintf("%s #%d (%d x %s)", sl.kind, id, sl.count, sl.dtype)
-			if sl.seq != id {
-				desc = fmt.Sprintf("operation #%d", id)
-			}
-			c.mu.Unlock()
-			return fmt.Errorf("nccl: rank %d: waiting for %s: %w", c.rank, desc, err)
-		}
-		if i < 64 {
-			runtime.Gosched()
-			continue
-		}
-		delay = min(max(2*delay, 5*time.Microsecond), 200*time.Microsecond)
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-		case <-t.C:
-		}
-		t.Stop()
+// Failure is why the communicator stopped: once it has, every pending and
+// later operation fails.
+func (h *ringHooks) Failure() error { return (*Comm)(h).stoppingErr() }
+
+// WaitError names the operation a Wait that its context ended waited for.
+func (h *ringHooks) WaitError(id uint64, cause error) error {
+	c := (*Comm)(h)
+	c.mu.Lock()
+	sl := c.ops.Op(id)
+	desc := fmt.Sprintf("%s #%d (%d x %s)", sl.kind, id, sl.count, sl.dtype)
+	if sl.seq != id {
+		desc = fmt.Sprintf("operation #%d", id)
 	}
+	c.mu.Unlock()
+	return fmt.Errorf("nccl: rank %d: waiting for %s: %w", c.rank, desc, cause)
 }
 
 // Abort fails every pending and later operation of this rank with an
@@ -93,7 +82,7 @@ func (c *Comm) Abort(err error) {
 // reason.
 func (c *Comm) requestStop(reason error) {
 	c.mu.Lock()
-	if c.abortReq == nil && c.stopping == nil {
+	if c.abortReq == nil && c.stoppingErr() == nil {
 		c.abortReq = reason
 	}
 	c.mu.Unlock()
