@@ -18,7 +18,8 @@ import (
 // store replaces and arithmetic turns quiet, and keeps that memory out of
 // the pool until the step ends. Ready of such a parameter, and Wait
 // before it marks one unused, check every element of its old slot and
-// fail naming the parameter if one changed. The fill and the checks cost
+// fail naming the parameter if one changed (adopt, layout.go, refuses a
+// rebuild that cannot keep the old layout). The fill and the checks cost
 // one pass over the old layout's handed-out memory, once per layout
 // change. Device memory, which Go cannot address, and CopyGrads' slices,
 // which are the Reducer's own and do not move with the layout, have no

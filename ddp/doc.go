@@ -159,7 +159,13 @@
 // step that Begin starts, a write through such a slice, at any element,
 // makes Ready (or Wait, for a parameter it would mark unused) fail with
 // ErrStaleGrad naming the parameter, instead of being lost (host memory;
-// canary.go); after that step the memory is back in the pool (under the
+// canary.go). That needs the old layout kept out of the pool during that
+// step: where the pool cannot hold both layouts and a host gradient of
+// the old one was handed out, that Begin fails instead, wrapping
+// allocator.ErrExhausted, and aborts the group, so that every rank fails
+// rather than a write landing in another parameter's gradient (give the
+// pool room for two layouts, as the Reducer's own pool has, or set
+// KeepLayout). After that step the memory is back in the pool (under the
 // invariants build tag the pool poisons freed memory with NaNs, so stale
 // use shows). A model that keeps gradient slices fetches them again when
 // Generation changes, that is, with the default options, once, at the

@@ -36,14 +36,25 @@ type layout struct {
 // adopt makes bs the current layout: it takes new blocks from the pool
 // and returns the old layout's blocks. The new blocks are zeroed. It
 // takes the new blocks before returning the old ones, so that memory a
-// stale gradient slice still points to is not handed straight back (under
-// the invariants tag the pool poisons it); if the pool cannot hold both,
-// it returns the old blocks first. adopt runs only between steps, when no
-// collective uses the old layout's memory.
+// stale gradient slice still points to is not handed straight back: the
+// old layout stays out of the pool, with canaries, until the step ends
+// (canary.go). If the pool cannot hold both, adopt returns the old blocks
+// first, but only where no host gradient of the old layout was handed
+// out: a write through such a slice would land, unseen, in whatever the
+// new layout put at that address. With one handed out it fails instead,
+// and Begin's failure aborts the group, so that every rank fails rather
+// than some going on in a layout others did not adopt. adopt runs only
+// between steps, when no collective uses the old layout's memory.
 func (r *Reducer) adopt(bs []bucket.Bucket) error {
 	old := r.lay.Load()
 	L, err := r.build(bs)
 	if err != nil && old != nil && errors.Is(err, allocator.ErrExhausted) {
+		if i := r.handedOutHost(); i >= 0 {
+			return fmt.Errorf("the pool cannot hold the rebuilt layout (%d gradient bytes) beside the old one (%d bytes), "+
+				"which must stay out of the pool since parameter %d's (%q) gradient was handed out in it and a write through that slice "+
+				"would land in another gradient: give the pool room for both layouts, or set Options.KeepLayout: %w",
+				layoutBytes(bs), old.bytes(), i, r.params[i].Name, err)
+		}
 		if err := old.free(r.pool); err != nil {
 			return fmt.Errorf("ddp: returning the old bucket memory: %w", err)
 		}
@@ -60,13 +71,46 @@ func (r *Reducer) adopt(bs []bucket.Bucket) error {
 			return fmt.Errorf("ddp: returning the old bucket memory: %w", err)
 		}
 	} else if r.copies == nil {
-		// The old memory went back to make room: nothing of the new
-		// layout is handed out yet.
+		// The old memory went back to make room, and no host slice of
+		// it was handed out: nothing of the new layout is handed out yet.
 		for i := range r.out {
 			r.out[i].Store(false)
 		}
 	}
 	return nil
+}
+
+// handedOutHost returns the first parameter whose gradient slot in the
+// current layout was handed out as host memory that Go code may still
+// write, or -1. CopyGrads' slices are the Reducer's own and do not move.
+func (r *Reducer) handedOutHost() int {
+	if !r.host || r.copies != nil {
+		return -1
+	}
+	for i := range r.out {
+		if r.out[i].Load() {
+			return i
+		}
+	}
+	return -1
+}
+
+// layoutBytes is the gradient bytes of the buckets bs.
+func layoutBytes(bs []bucket.Bucket) int {
+	n := 0
+	for _, b := range bs {
+		n += b.Bytes
+	}
+	return n
+}
+
+// bytes is the memory the layout holds: its buckets and scratch.
+func (L *layout) bytes() int {
+	n := 0
+	for _, b := range L.blocks {
+		n += b.Size()
+	}
+	return n
 }
 
 // build takes memory for layout bs and lays the parameters out in it. The
