@@ -22,7 +22,12 @@ import (
 // failureOf makes of its error) still takes part in the AllGather, so that
 // every other rank learns of it, and of why where failureOf can tell, and
 // fails too. The exchanges go through pool memory (control.go).
-func (r *Reducer) checkParams(ctx context.Context, failed int64) error {
+//
+// exchange reports that err is a failure of one of the check's
+// collectives, which the peers may not share (they may have completed
+// it and gone on), rather than its verdict (a mismatch, a peer's
+// failure), which every rank reaches from the same gathered data.
+func (r *Reducer) checkParams(ctx context.Context, failed int64) (exchange bool, err error) {
 	c, params, o := r.c, r.params, &r.o
 	n := c.Size()
 	sum, maxDims := fingerprint(params)
@@ -42,19 +47,19 @@ func (r *Reducer) checkParams(ctx context.Context, failed int64) error {
 		int64(bufSum), int64(o.Join), failed}
 	all := make([]int64, words*n)
 	if err := r.ctlAllGather(ctx, "the parameter check", asBytes(mine), asBytes(all), comm.Int64); err != nil {
-		return fmt.Errorf("ddp: rank %d checking parameters across ranks: %w", c.Rank(), err)
+		return true, fmt.Errorf("ddp: rank %d checking parameters across ranks: %w", c.Rank(), err)
 	}
 	if failed != 0 {
-		return nil // the caller returns its own error
+		return false, nil // the caller returns its own error
 	}
 	for r := range n {
 		switch all[words*r+10] {
 		case 0:
 		case failedSharedHook:
-			return fmt.Errorf("ddp: rank %d: rank %d could not set up its hook %s: %w: one Hook value was given to several ranks of this process, and each rank needs its own (rank %d's error names the ranks)",
+			return false, fmt.Errorf("ddp: rank %d: rank %d could not set up its hook %s: %w: one Hook value was given to several ranks of this process, and each rank needs its own (rank %d's error names the ranks)",
 				c.Rank(), r, o.Hook.Name(), hooks.ErrShared, r)
 		default:
-			return fmt.Errorf("%w: rank %d could not build its reducer (its own error says why: an unsupported parameter, bad options or no memory), so rank %d cannot proceed either",
+			return false, fmt.Errorf("%w: rank %d could not build its reducer (its own error says why: an unsupported parameter, bad options or no memory), so rank %d cannot proceed either",
 				ErrParamMismatch, r, c.Rank())
 		}
 	}
@@ -72,14 +77,14 @@ func (r *Reducer) checkParams(ctx context.Context, failed int64) error {
 		for r := 1; r < n; r++ {
 			a := all[words*r : words*(r+1)]
 			if !slices.Equal(a[3:8], all[3:8]) || a[9] != all[9] {
-				return fmt.Errorf("%w: options differ between rank 0 and rank %d: rank 0 has hook %q, bucket caps [%d %d], KeepLayout %v, Join %v; rank %d has hook %q, bucket caps [%d %d], KeepLayout %v, Join %v",
+				return false, fmt.Errorf("%w: options differ between rank 0 and rank %d: rank 0 has hook %q, bucket caps [%d %d], KeepLayout %v, Join %v; rank %d has hook %q, bucket caps [%d %d], KeepLayout %v, Join %v",
 					ErrParamMismatch, r, unword(all[6], all[7]), all[3], all[4], all[5] != 0, JoinMode(all[9]), r, unword(a[6], a[7]), a[3], a[4], a[5] != 0, JoinMode(a[9]))
 			}
 			if a[8] != all[8] {
-				return fmt.Errorf("%w: Options.Buffers differ between rank 0 and rank %d (count, shapes or dtypes): every rank needs the same buffers", ErrParamMismatch, r)
+				return false, fmt.Errorf("%w: Options.Buffers differ between rank 0 and rank %d (count, shapes or dtypes): every rank needs the same buffers", ErrParamMismatch, r)
 			}
 		}
-		return nil
+		return false, nil
 	}
 	for r := range n {
 		all[3*r], all[3*r+1], all[3*r+2] = all[words*r], all[words*r+1], all[words*r+2]
@@ -103,10 +108,10 @@ func (r *Reducer) checkParams(ctx context.Context, failed int64) error {
 	allDesc := make([]int64, n*len(desc))
 	allNames := make([]uint8, n*len(names))
 	if err := r.ctlAllGather(ctx, "the parameter descriptors", asBytes(desc), asBytes(allDesc), comm.Int64); err != nil {
-		return fmt.Errorf("ddp: rank %d gathering parameter descriptors: %w", c.Rank(), err)
+		return true, fmt.Errorf("ddp: rank %d gathering parameter descriptors: %w", c.Rank(), err)
 	}
 	if err := r.ctlAllGather(ctx, "the parameter names", names, allNames, comm.Uint8); err != nil {
-		return fmt.Errorf("ddp: rank %d gathering parameter names: %w", c.Rank(), err)
+		return true, fmt.Errorf("ddp: rank %d gathering parameter names: %w", c.Rank(), err)
 	}
 	at := func(r, i int) []int64 { return allDesc[r*len(desc)+i*width : r*len(desc)+(i+1)*width] }
 	name := func(r, i int) string {
@@ -134,12 +139,12 @@ func (r *Reducer) checkParams(ctx context.Context, failed int64) error {
 				differ = a[j] != b[j]
 			}
 			if differ {
-				return fmt.Errorf("%w: parameter %d differs between rank 0 and rank %d: %s, %s (rank 0 has %d parameters, rank %d has %d)",
+				return false, fmt.Errorf("%w: parameter %d differs between rank 0 and rank %d: %s, %s (rank 0 has %d parameters, rank %d has %d)",
 					ErrParamMismatch, i, r, show(0, i), show(r, i), all[0], r, all[3*r])
 			}
 		}
 	}
-	return fmt.Errorf("%w: fingerprints differ but no differing parameter was found (rank %d)", ErrParamMismatch, c.Rank())
+	return false, fmt.Errorf("%w: fingerprints differ but no differing parameter was found (rank %d)", ErrParamMismatch, c.Rank())
 }
 
 // Failures New's check tells the peers of (see failureOf).

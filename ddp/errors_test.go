@@ -858,3 +858,55 @@ func TestSharedHook(t *testing.T) {
 		}
 	}
 }
+
+// TestNewAfterSharedHook: New failing because one Hook value was given to
+// both ranks is a verdict every rank reaches from the check's data, not a
+// failed collective: it leaves the communicators usable, as a parameter
+// mismatch does, and New on them with the mistake fixed succeeds.
+func TestNewAfterSharedHook(t *testing.T) {
+	testutil.NoLeak(t)
+	for _, c := range []struct {
+		name  string
+		first func(rank int, shared hooks.Hook) ([]Param, Options)
+		want  error
+	}{
+		{"shared hook", func(int, hooks.Hook) ([]Param, Options) { return threeParams, Options{} }, hooks.ErrShared},
+		{"mismatch", func(rank int, _ hooks.Hook) ([]Param, Options) { return threeParams[:2+rank], Options{} }, ErrParamMismatch},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cs := newTestGroup(t, 2)
+			shared := hooks.Avg()
+			errs := runRanks(cs, func(rank int, cm comm.Communicator) error {
+				params, o := c.first(rank, shared)
+				if c.want == hooks.ErrShared {
+					o.Hook = shared
+				}
+				r, err := New(context.Background(), cm, params, o)
+				if err == nil {
+					r.Close()
+					return fmt.Errorf("the first New succeeded")
+				}
+				if !errors.Is(err, c.want) {
+					return fmt.Errorf("the first New: %v, want %v", err, c.want)
+				}
+				r, err = New(context.Background(), cm, threeParams, Options{})
+				if err != nil {
+					return fmt.Errorf("New again, mistake fixed: %w", err)
+				}
+				defer r.Close()
+				if err := r.Begin(Sync); err != nil {
+					return err
+				}
+				for i := range threeParams {
+					if err := r.Ready(i); err != nil {
+						return err
+					}
+				}
+				return r.Wait(context.Background())
+			})
+			if err := firstErr(errs); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

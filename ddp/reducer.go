@@ -2,7 +2,6 @@ package ddp
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -113,13 +112,15 @@ func New(ctx context.Context, c comm.Communicator, params []Param, o Options) (*
 		local = r.prepare(params)
 	}
 	cctx, cancel, explain := bounded(ctx, o.Timeout)
-	err := explain(r.checkParams(cctx, failureOf(local)))
+	exchange, err := r.checkParams(cctx, failureOf(local))
+	err = explain(err)
 	cancel()
-	if err != nil && local == nil && !errors.Is(err, ErrParamMismatch) {
+	if exchange && local == nil {
 		// The check's collective failed here (a cancelled context, a
 		// timeout) but may have completed on the peers, which would go on
 		// to wait for this rank's buckets: abort the group, as a failed
-		// step does.
+		// step does. A verdict (a mismatch, a peer that could not build
+		// its Reducer) is every rank's alike, and the group stays usable.
 		c.Abort(err)
 	}
 	if err != nil || local != nil {
