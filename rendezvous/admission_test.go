@@ -89,6 +89,49 @@ func TestGreetingReadsNoFurther(t *testing.T) {
 	}
 }
 
+// TestGreetingAllocatesOneFrame: a valid greeting frame allocates one
+// buffer of greetingFrame bytes (64 in the runtime's size classes), as
+// the package doc says, whatever its value; one cut short in its value fails with
+// io.ErrUnexpectedEOF, not io.EOF, which would read as a peer that left
+// before its frame.
+func TestGreetingAllocatesOneFrame(t *testing.T) {
+	const frames = 1000
+	nonce := bytes.Repeat([]byte{7}, nonceSize)
+	for _, c := range []struct {
+		name  string
+		op    byte
+		value []byte
+	}{
+		{"a Hello without a secret", opHello, nil},
+		{"a Hello with a nonce", opHello, nonce},
+		{"an Auth with a proof", opAuth, nonce},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			stream := bytes.Repeat(frame(c.op, "", c.value), frames)
+			r := bytes.NewReader(stream)
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			for range frames {
+				v, err := readGreeting(r, c.op)
+				if err != nil || !bytes.Equal(v, c.value) {
+					t.Fatalf("readGreeting: %x, %v; want %x", v, err, c.value)
+				}
+			}
+			runtime.ReadMemStats(&after)
+			// A little room for what the runtime allocates meanwhile.
+			if got, most := after.TotalAlloc-before.TotalAlloc, uint64(frames*64+16<<10); got > most {
+				t.Fatalf("%d greeting frames allocated %d bytes (%d a frame), want at most %d", frames, got, got/frames, most)
+			}
+		})
+	}
+	for _, sent := range []int{0, 10} {
+		f := append(header(opHello, 0, nonceSize), nonce[:sent]...)
+		if _, err := readGreeting(bytes.NewReader(f), opHello); !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Errorf("a Hello announcing a nonce and carrying %d bytes of it: %v, want io.ErrUnexpectedEOF", sent, err)
+		}
+	}
+}
+
 // TestGreetingRefusedOnItsHeader: over the network, a Hello that
 // announces a large key is answered at once, naming the limit; the server
 // does not wait for the body.

@@ -27,8 +27,9 @@
 //     accept, or it is dropped;
 //   - each frame of the greeting is checked as it is read, its op first,
 //     then each length before the bytes it announces: the server reads at
-//     most 49 bytes of each of the (at most two) frames and allocates at
-//     most 32 for each, whatever the peer sends or announces;
+//     most 49 bytes of each of the (at most two) frames and allocates one
+//     buffer of that size for each (64 bytes in the Go runtime's size
+//     classes), whatever the peer sends or announces;
 //   - at most ServerOptions.MaxPending (256) such connections are kept: a
 //     connection accepted past the cap closes the oldest of them, and so
 //     does an Accept that fails for want of file descriptors (EMFILE,

@@ -338,7 +338,7 @@ func proof(secret string, who string, client, server []byte) []byte {
 // Every frame of the greeting is checked as it is read: its op before its
 // lengths, each length before the bytes it announces. A peer that has not
 // greeted makes the server read at most greetingFrame bytes of each of
-// its (at most two) frames, and allocate at most nonceSize for each.
+// its (at most two) frames, and allocate one buffer of that size for each.
 func (s *Server) greet(p *peer, reply func(byte, []byte) bool) bool {
 	refuse := func(status byte, format string, args ...any) bool {
 		reply(status, fmt.Appendf(nil, format, args...))
@@ -402,17 +402,44 @@ type wrongOp byte
 func (op wrongOp) Error() string { return opName(byte(op)) + " during the greeting" }
 
 // readGreeting reads one frame of the greeting, which must carry op want,
-// an empty key and a value of at most nonceSize bytes.
+// an empty key and a value of at most nonceSize bytes. The frame is read
+// into one buffer of greetingFrame bytes, its only allocation, and the
+// value returned is part of it.
 func readGreeting(r io.Reader, want byte) ([]byte, error) {
-	var op [1]byte
-	if _, err := io.ReadFull(r, op[:]); err != nil {
+	b := new([greetingFrame]byte)
+	if _, err := io.ReadFull(r, b[:1]); err != nil {
 		return nil, err
 	}
-	if op[0] != want {
-		return nil, wrongOp(op[0])
+	if b[0] != want {
+		return nil, wrongOp(b[0])
 	}
-	_, v, _, err := readBody(r, 0, nonceSize)
-	return v, err
+	if _, err := io.ReadFull(r, b[1:5]); err != nil {
+		return nil, err
+	}
+	if l := binary.BigEndian.Uint32(b[1:5]); l != 0 {
+		return nil, blockTooLong("key", l, 0)
+	}
+	if _, err := io.ReadFull(r, b[5:9]); err != nil {
+		return nil, err
+	}
+	l := binary.BigEndian.Uint32(b[5:9])
+	if l > nonceSize {
+		return nil, blockTooLong("value", l, nonceSize)
+	}
+	value := b[9 : 9+l]
+	if _, err := io.ReadFull(r, value); err != nil {
+		if err == io.EOF {
+			// The length was read: the value is cut short, as readBlock
+			// reports it.
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, err
+	}
+	// The wait, which a greeting does not use.
+	if _, err := io.ReadFull(r, b[9+l:9+l+8]); err != nil {
+		return nil, err
+	}
+	return value, nil
 }
 
 // readRequest reads one request whose key and value are at most max bytes
@@ -453,13 +480,19 @@ func readBlock(r io.Reader, what string, max uint32) ([]byte, error) {
 	}
 	l := binary.BigEndian.Uint32(n[:])
 	if l > max {
-		return nil, fmt.Errorf("a %s of %d bytes (at most %d)", what, l, max)
+		return nil, blockTooLong(what, l, max)
 	}
 	b, err := io.ReadAll(io.LimitReader(r, int64(l)))
 	if err == nil && len(b) < int(l) {
 		err = io.ErrUnexpectedEOF
 	}
 	return b, err
+}
+
+// blockTooLong is the error of a block whose announced length l passes
+// max.
+func blockTooLong(what string, l, max uint32) error {
+	return fmt.Errorf("a %s of %d bytes (at most %d)", what, l, max)
 }
 
 func answer(b []byte, status byte, v []byte) []byte {
