@@ -111,7 +111,12 @@
 // that did not cannot know, when it finishes, of a later one that did,
 // and updates as in any step. Keeping it costs a scan of the reduced
 // values: the new error is computed from the gradient (M plus the old
-// error) in the pass that writes P·Qᵀ over it.
+// error) in the pass that writes P·Qᵀ over it. That difference can
+// overflow on one rank in a step whose reduced values are finite, and an
+// Inf error would make every later step non-finite, so each element of
+// the new error that is not finite is set to 0 (ErrorResets counts them):
+// the error is the rank's own and Q comes only from reduced values, so the
+// ranks still agree, and only what that element lost is forgotten.
 //
 // The second all-reduce needs the result of the first, and Launch must not
 // wait for the network, so the hook issues its collectives from a

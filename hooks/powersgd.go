@@ -114,6 +114,7 @@ type PowerSGDHook struct {
 
 	before, after atomic.Int64 // elements before and after compression
 	nonfinite     atomic.Int64 // buckets whose average was not finite
+	errorResets   atomic.Int64 // this rank's error elements zeroed as non-finite
 }
 
 // paramState is one compressed parameter's state, in one pool block: its
@@ -262,6 +263,12 @@ func (h *PowerSGDHook) Compression() (before, after int64) {
 // kept their error and Q as they were before the step.
 func (h *PowerSGDHook) NonFinite() int64 { return h.nonfinite.Load() }
 
+// ErrorResets returns the number of elements of this rank's errors that
+// came out non-finite in a step whose average was finite (the gradient
+// plus the old error minus P·Qᵀ overflowed) and were set to 0. It is this
+// rank's own count: other ranks' may differ.
+func (h *PowerSGDHook) ErrorResets() int64 { return h.errorResets.Load() }
+
 // Launch prepares b and hands it to the issuer: in a compressed step, it
 // adds the error, computes the Ps and copies the uncompressed tensors into
 // the scratch. The issuer all-reduces the uncompressed tensors and the Ps,
@@ -297,7 +304,8 @@ func (h *PowerSGDHook) Launch(b *Bucket) (comm.Work, error) {
 }
 
 // Finish turns the reduced Qs into the average: each compressed gradient
-// becomes P·Qᵀ (and its error what that lost), and the uncompressed
+// becomes P·Qᵀ (and its error what that lost, an element of which that
+// overflows being set to 0: ErrorResets), and the uncompressed
 // tensors are copied back from the scratch. If any of the bucket's reduced
 // values (uncompressed tensors, Ps, Qs) is not finite, the average is not
 // either, and every matrix of the bucket keeps its error and Q as they
@@ -352,6 +360,21 @@ func (h *PowerSGDHook) Finish(b *Bucket) error {
 		// The new error is c (M plus the old error) minus P·Qᵀ, written
 		// in the pass that overwrites c.
 		lowrank.Reconstruct(c, st.err, p, st.q, t.n, t.m, t.r)
+		// The difference may overflow where the reduced values did not
+		// (c near +MaxFloat32, P·Qᵀ far below 0): kept, an Inf would make
+		// every later step of the bucket non-finite, and so kept out of
+		// the state for good. The error is this rank's alone, and Q comes
+		// only from reduced values, so zeroing it here leaves the ranks
+		// in agreement. c is finite (else so would not be P), and P's
+		// elements are at most 1 (orthonormal columns), so |P·Qᵀ| is at
+		// most r·max|Q|, and c − P·Qᵀ rounds to ±Inf only where that
+		// reaches 2^103, half an ulp of MaxFloat32: below 2^96, the error
+		// is not scanned (a scan costs as much as a quarter of the step).
+		if st.err != nil && float32(t.r)*maxAbs32(st.q) >= 0x1p96 {
+			if k := zeroNonfinite(st.err); k > 0 {
+				h.errorResets.Add(int64(k))
+			}
+		}
 	}
 	return nil
 }
@@ -739,12 +762,37 @@ func (h *PowerSGDHook) checkOptions() error {
 // finite32 reports whether every element of x is finite.
 func finite32(x []float32) bool {
 	for _, v := range x {
-		if math.Float32bits(v)&0x7f800000 == 0x7f800000 {
+		if nonfinite32(v) {
 			return false
 		}
 	}
 	return true
 }
+
+// zeroNonfinite sets x's infinities and NaNs to 0 and returns how many
+// there were.
+func zeroNonfinite(x []float32) int {
+	k := 0
+	for i, v := range x {
+		if nonfinite32(v) {
+			x[i] = 0
+			k++
+		}
+	}
+	return k
+}
+
+// maxAbs32 returns the largest |v| of x's elements, which are finite.
+func maxAbs32(x []float32) float32 {
+	var m float32
+	for _, v := range x {
+		m = max(m, v, -v)
+	}
+	return m
+}
+
+// nonfinite32 reports whether v is an infinity or a NaN.
+func nonfinite32(v float32) bool { return math.Float32bits(v)&0x7f800000 == 0x7f800000 }
 
 // scratch32 is b's scratch seen as float32 elements.
 func scratch32(b *Bucket) comm.Buffer {

@@ -604,6 +604,69 @@ func TestPowerSGDNonfinite(t *testing.T) {
 	}
 }
 
+// TestPowerSGDErrorOverflow makes one rank's new error overflow in a
+// step whose reduced values, and so whose average, are finite: rank 0's
+// gradient is +3e38 where the rank-1 average P·Qᵀ is -0.8e38. Two ranks,
+// a 4×8 matrix, rank 1, error feedback and warm start. Step 0, the same
+// on both ranks (rows 0 and 1 of column 1 are 1), makes the warm Q
+// column 1 and leaves errors of a rounding; in step 1, column 1 makes P
+// (1, 1, 0, 0)/√2 and column 0 carries the large values. That error
+// element must be zeroed (ErrorResets counts it on rank 0 only), not kept
+// as +Inf, which would make every later step's P, and so its average,
+// non-finite; the later steps must be finite and the same bits on both
+// ranks.
+func TestPowerSGDErrorOverflow(t *testing.T) {
+	const n, rows, cols, clean = 2, 4, 8, 4
+	const x, y, s = 3e38, 1.6e38, 1e37
+	at := func(g []float32, i, j int) *float32 { return &g[i*cols+j] }
+	out := make([][][]float32, n) // [rank][step]
+	resets := make([]int64, n)
+	noErrors(t, psgdGroup(t, n, func(int) PowerSGDOptions { return psgdOptions(1) }, func(r int, h *PowerSGDHook, pool *allocator.Pool) error {
+		pb, err := newPSGDBucket(pool, h, 0, [][]int{{rows, cols}})
+		if err != nil {
+			return err
+		}
+		defer pb.free(pool)
+		rng := rand.New(rand.NewPCG(5, 6)) // the same gradients on both ranks after step 1
+		for step := range 2 + clean {
+			clear(pb.g)
+			switch step {
+			case 0:
+				*at(pb.g, 0, 1), *at(pb.g, 1, 1) = 1, 1
+			case 1:
+				*at(pb.g, 0, 1), *at(pb.g, 1, 1) = s, s
+				*at(pb.g, 0, 0), *at(pb.g, 1, 0) = x, -y
+				if r == 1 {
+					*at(pb.g, 0, 0) = -x
+				}
+			default:
+				for i := range pb.g {
+					pb.g[i] = float32(rng.NormFloat64())
+				}
+			}
+			if err := reduceOnce(h, pb.b); err != nil {
+				return err
+			}
+			out[r] = append(out[r], slices.Clone(pb.g))
+		}
+		resets[r] = h.ErrorResets()
+		return nil
+	}))
+	if resets[0] != 1 || resets[1] != 0 {
+		t.Errorf("ErrorResets() = %d on rank 0, %d on rank 1; want 1 and 0", resets[0], resets[1])
+	}
+	for step := 1; step < 2+clean; step++ {
+		for r := range n {
+			if !finite32(out[r][step]) {
+				t.Fatalf("rank %d, step %d: the average is not finite: %v", r, step, out[r][step])
+			}
+		}
+		if !slices.Equal(bitsOf(out[0][step]), bitsOf(out[1][step])) {
+			t.Fatalf("step %d: ranks 0 and 1 differ", step)
+		}
+	}
+}
+
 func bitsOf(x []float32) []uint32 {
 	b := make([]uint32, len(x))
 	for i, v := range x {
