@@ -80,7 +80,8 @@
 //
 // The tests drive every rank of a group from one goroutine through chosen
 // and fuzzed interleavings (FuzzInterleaving), with mismatched, invalid
-// and abandoned calls.
+// and abandoned calls, ranks taking different paths, and ranks that
+// cannot map their peers' buffers.
 //
 // # Claims
 //
