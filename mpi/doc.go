@@ -270,69 +270,31 @@
 //
 // # Between hosts
 //
-// Between hosts Open MPI carries messages over TCP (its tcp transport,
-// BTL), and with its defaults an all-reduce loses much of the link's
-// rate. The backend changes three settings where the user has not chosen
-// them, and only with Open MPI 4 (the version measured).
+// Between hosts Open MPI carries messages over TCP, and with its defaults
+// an all-reduce loses much of the link's rate. So, when it initialises MPI
+// itself and with Open MPI 4 only, the backend sets three MCA parameters
+// in its environment before MPI_Init, each unless it is set already (an
+// mpirun --mca choice of the user's wins; a parameter file's is
+// overridden): btl_tcp_flags without "put" (Open MPI 4's default flags
+// otherwise), btl_tcp_eager_limit 300000, and, unless
+// DDPGO_MPI_ALLREDUCE=mpi, coll_tuned_use_dynamic_rules 1. A host program
+// that initialises MPI itself sets them the same way to have the same.
+// Info.TCPTuned, Info.TCPFlags and Info.TCPEagerLimit say what was set and
+// what MPI holds; shared memory uses none of them.
 //
-// The transport's "put" flag (btl_tcp_flags). With it, a large message
-// goes into the connection as one emulated RDMA write of all its bytes
-// once the receiver has answered its handshake. When two ranks send to
-// each other at once, as every all-reduce between two hosts does, the
-// answer to the message coming the other way can be queued behind that
-// write, and then waits for all of it: the two directions go one after the
-// other, at half a full-duplex link's rate (that is how the measurements
-// read; Open MPI's code was not traced). Without "put", a large message is
-// sent as a pipeline of fragments of up to 128 KiB (btl_tcp_max_send_size)
-// and both directions flow at once.
-//
-// The all-reduce algorithm. Open MPI 4.1's own choice for large messages
-// does not overlap the reduction of one piece with the transfer of the
-// next, and with four ranks it was slower than its ring. Its segmented
-// ring (algorithm 5) does, segment by segment; 256 KiB segments measured
-// best from two to four hosts (docs/mpi.md).
-//
-// The transport's eager limit (btl_tcp_eager_limit), raised from 64 KiB to
-// 300,000 bytes so that a segment and its headers go as one eager message,
-// without a handshake: with the default limit, the segmented ring in
-// 64 KiB or 1 MiB segments was slower than the plain ring with four ranks
-// (docs/mpi.md).
-//
-// So, when it initialises MPI itself, the backend sets
-// OMPI_MCA_btl_tcp_flags (Open MPI 4's default without "put":
-// send,inplace,need-ack,need-csum,hetero-rdma), OMPI_MCA_btl_tcp_eager_limit
-// (300000) and, unless DDPGO_MPI_ALLREDUCE=mpi,
-// OMPI_MCA_coll_tuned_use_dynamic_rules (1) in its environment before
-// MPI_Init, each unless it is set already: mpirun --mca NAME VALUE sets
-// it, and so keeps any choice of the user's; a setting in an MCA parameter
-// file is overridden. With dynamic rules on and nothing forced Open MPI
-// decides as it does without them; but an algorithm forced for some
-// collective (coll_tuned_bcast_algorithm, ...) or a rules file, in the
-// environment or a parameter file, which Open MPI ignores while dynamic
-// rules are off, then takes effect. A host program that
-// initialises MPI itself sets them the same way to have the same.
-// Info.TCPTuned says whether the backend set a TCP setting, Info.TCPFlags
-// and Info.TCPEagerLimit what MPI holds. Shared memory (the vader
-// transport) uses neither.
-//
-// Open then counts the hosts its ranks run on (a host: a name, a boot id
-// and a network namespace, or DDPGO_MPI_HOST where set). A blocking communicator
+// Open counts the hosts its ranks run on (a host: a name, a boot id and a
+// network namespace, or DDPGO_MPI_HOST where set). A blocking communicator
 // whose ranks span two or more hosts gets a second duplicate of
-// MPI_COMM_WORLD, made with coll_tuned_allreduce_algorithm and
-// coll_tuned_allreduce_algorithm_segmentsize set through MPI's tool
-// interface, and its all-reduces of 1 MiB and more run on it (Open MPI's
-// code, read but not measured here, runs its plain ring where a message
-// holds less than a segment per rank); smaller ones keep Open MPI's
-// latency-minded choice. This assumes Open MPI's tuned component runs the
-// all-reduce, as it does by default; another component (hcoll, say) would
-// not read these variables. Every rank decides from the same
-// gathered facts, so all take it or none: none when any rank set
-// DDPGO_MPI_ALLREDUCE=mpi, turned dynamic rules off, or chose an
-// algorithm, segment size or rules file of its own (--mca
-// coll_tuned_allreduce_algorithm ...), or runs another MPI than Open MPI
-// 4. Info.Hosts and Info.LargeAllReduce say what the last Open found and
-// chose. On one host the algorithm stays Open MPI's (none measured faster
-// there), and all-reduces run in shared memory instead (above).
+// MPI_COMM_WORLD whose all-reduce is Open MPI's segmented ring in 256 KiB
+// segments (set through MPI's tool interface), and its all-reduces of 1
+// MiB and more run on it; smaller ones keep Open MPI's choice. Every rank
+// decides from the same gathered facts, so all take it or none: none when
+// any rank set DDPGO_MPI_ALLREDUCE=mpi, turned dynamic rules off, chose
+// an all-reduce algorithm, segment size or rules file of its own, or runs
+// another MPI than Open MPI 4. Info.Hosts and Info.LargeAllReduce say what
+// the last Open found and chose. On one host the algorithm stays Open
+// MPI's, and all-reduces run in shared memory instead (above). Why each
+// setting, with the measurements: docs/mpi-tuning.md.
 //
 // # Testing
 //
