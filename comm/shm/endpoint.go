@@ -227,7 +227,7 @@ func (e *Endpoint) FinishStaged(k uint64, recv unsafe.Pointer) {
 			r.srcs[j] = in(j)
 		}
 		r.dsts[0] = recv
-		r.reduceInto(r.dsts[:1], r.srcs[:n], c.DType, c.Op, c.Count)
+		r.reduceInto(r.dsts[:1], r.srcs[:n], c.DType, c.Op, c.Count, false)
 	case comm.KindReduce:
 		if c.Root != e.rank {
 			return
@@ -236,7 +236,7 @@ func (e *Endpoint) FinishStaged(k uint64, recv unsafe.Pointer) {
 			r.srcs[j] = in(j)
 		}
 		r.dsts[0] = recv
-		r.reduceInto(r.dsts[:1], r.srcs[:n], c.DType, c.Op, c.Count)
+		r.reduceInto(r.dsts[:1], r.srcs[:n], c.DType, c.Op, c.Count, false)
 	case comm.KindBroadcast:
 		if c.Root != e.rank {
 			Move(recv, in(c.Root), c.Count*sz)
@@ -250,7 +250,7 @@ func (e *Endpoint) FinishStaged(k uint64, recv unsafe.Pointer) {
 			r.srcs[j] = unsafe.Add(in(j), e.rank*c.Count*sz)
 		}
 		r.dsts[0] = recv
-		r.reduceInto(r.dsts[:1], r.srcs[:n], c.DType, c.Op, c.Count)
+		r.reduceInto(r.dsts[:1], r.srcs[:n], c.DType, c.Op, c.Count, false)
 	}
 }
 
@@ -366,14 +366,14 @@ func (e *Endpoint) Share(k uint64, m Mapper) {
 			r.srcs[j] = unsafe.Add(r.sends[j], lo*sz)
 			r.dsts[j] = unsafe.Add(r.recvs[j], lo*sz)
 		}
-		r.reduceInto(r.dsts[:n], r.srcs[:n], c.DType, c.Op, hi-lo)
+		r.reduceInto(r.dsts[:n], r.srcs[:n], c.DType, c.Op, hi-lo, (hi-lo)*sz >= e.s.l.streamMin())
 	case comm.KindReduce:
 		lo, hi := Split(c.Count, sz, p, n)
 		for j := range n {
 			r.srcs[j] = unsafe.Add(r.sends[j], lo*sz)
 		}
 		r.dsts[0] = unsafe.Add(r.recvs[c.Root], lo*sz)
-		r.reduceInto(r.dsts[:1], r.srcs[:n], c.DType, c.Op, hi-lo)
+		r.reduceInto(r.dsts[:1], r.srcs[:n], c.DType, c.Op, hi-lo, false)
 	case comm.KindBroadcast:
 		lo, hi := Split(c.Count, sz, p, n)
 		src := unsafe.Add(r.sends[c.Root], lo*sz)
@@ -391,7 +391,7 @@ func (e *Endpoint) Share(k uint64, m Mapper) {
 			r.srcs[j] = unsafe.Add(r.sends[j], p*c.Count*sz)
 		}
 		r.dsts[0] = r.recvs[p]
-		r.reduceInto(r.dsts[:1], r.srcs[:n], c.DType, c.Op, c.Count)
+		r.reduceInto(r.dsts[:1], r.srcs[:n], c.DType, c.Op, c.Count, false)
 	}
 	clear(r.sends)
 	clear(r.recvs)

@@ -505,3 +505,59 @@ func TestStateUnreadable(t *testing.T) {
 		t.Errorf("this process, its stat unreadable: %v, want running", st)
 	}
 }
+
+// TestDescribed: a descriptor says whether both buffers lie in slabs, as
+// Describe reported, for every rank to read alike.
+func TestDescribed(t *testing.T) {
+	var slabs Slabs
+	r, err := slabs.Alloc(1 << 16)
+	if err != nil {
+		t.Skip(err)
+	}
+	defer slabs.Free(r)
+	heap := make([]byte, 4096)
+	other := unsafe.Pointer(&heap[0])
+	for _, tc := range []struct {
+		name       string
+		send, recv unsafe.Pointer
+		want       bool
+	}{
+		{"both in the slab", r.Addr, unsafe.Add(r.Addr, 8192), true},
+		{"in place", r.Addr, r.Addr, true},
+		{"no recv", r.Addr, nil, true},
+		{"recv elsewhere", r.Addr, other, false},
+		{"send elsewhere", other, r.Addr, false},
+	} {
+		d, ok := slabs.Describe(tc.send, 4096, tc.recv, 4096)
+		if ok != tc.want || d.Described() != tc.want {
+			t.Errorf("%s: Describe %v, Described %v; want %v", tc.name, ok, d.Described(), tc.want)
+		}
+	}
+	if (&Desc{}).Described() {
+		t.Error("the zero descriptor is described")
+	}
+}
+
+// TestAbortCause: a peer sees an abort only once its cause is written,
+// never the abort with an empty or partial cause, and never its own.
+func TestAbortCause(t *testing.T) {
+	seg, err := NewHeap(Layout{Ranks: 3, Stage: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := seg.head()
+	// Rank 2 has claimed the abort word and is writing its cause.
+	h.abort.Store(abortWriting | 3)
+	if r, cause, ok := seg.Aborted(0); ok {
+		t.Fatalf("an abort seen while its cause is written: rank %d, %q", r, cause)
+	}
+	h.abort.Store(0)
+	seg.Abort(2, "rank 2 gives up")
+	seg.Abort(1, "a later abort") // the first cause stays
+	if r, cause, ok := seg.Aborted(0); !ok || r != 2 || cause != "rank 2 gives up" {
+		t.Fatalf("Aborted: rank %d, %q, %v; want rank 2's cause", r, cause, ok)
+	}
+	if _, _, ok := seg.Aborted(2); ok {
+		t.Fatal("the aborting rank sees its own abort as a peer's")
+	}
+}

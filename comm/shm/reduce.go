@@ -42,7 +42,11 @@ func newReducer(n int) reducer {
 // reduceInto reduces m elements at srcs (every rank's, in rank order) into
 // dsts[0] and copies the result to the other dsts, chunk by chunk so the
 // copies read from L1.
-func (r *reducer) reduceInto(dsts, srcs []unsafe.Pointer, dt comm.DType, op comm.Op, m int) {
+//
+// stream, for the two-rank float32 sum and average into two outputs,
+// writes them with streaming stores when neither output is its rank's
+// input.
+func (r *reducer) reduceInto(dsts, srcs []unsafe.Pointer, dt comm.DType, op comm.Op, m int, stream bool) {
 	if len(srcs) == 1 {
 		// One rank: every op (Avg divides by 1) leaves the input as it is,
 		// so the reduction is at most a copy, and in place nothing at all.
@@ -56,9 +60,15 @@ func (r *reducer) reduceInto(dsts, srcs []unsafe.Pointer, dt comm.DType, op comm
 		// Avg is the same pre-multiplied sum as the general path's, in the
 		// same pass, so averaging costs what summing costs.
 		f := func(p unsafe.Pointer) []float32 { return unsafe.Slice((*float32)(p), m) }
-		if op == comm.Sum {
+		stream = stream && dsts[0] != srcs[0] && dsts[1] != srcs[1]
+		switch {
+		case op == comm.Sum && stream:
+			reduce.SumFloat32TwiceNT(f(dsts[0]), f(dsts[1]), f(srcs[0]), f(srcs[1]))
+		case op == comm.Sum:
 			reduce.SumFloat32Twice(f(dsts[0]), f(dsts[1]), f(srcs[0]), f(srcs[1]))
-		} else {
+		case stream:
+			reduce.AvgFloat32TwiceNT(f(dsts[0]), f(dsts[1]), f(srcs[0]), f(srcs[1]))
+		default:
 			reduce.AvgFloat32Twice(f(dsts[0]), f(dsts[1]), f(srcs[0]), f(srcs[1]))
 		}
 		return

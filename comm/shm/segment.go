@@ -31,6 +31,28 @@ type Layout struct {
 	// Stage is the size of a staging buffer: the largest input a staged
 	// collective may stage (every block of a ReduceScatter counted).
 	Stage int
+	// StreamMin is the size of a rank's slice of a two-rank direct float32
+	// sum or average, out of place on both ranks, from which Share writes
+	// both outputs with streaming (non-temporal) stores (package
+	// internal/reduce says when that pays): 0 means DefaultStreamMin, a
+	// negative value never.
+	StreamMin int
+}
+
+// DefaultStreamMin is Layout.StreamMin's default: from 512 KiB slices (a 1
+// MiB all-reduce of two ranks) the streamed stores measured faster than
+// ordinary ones, below it slower (docs/engine.md).
+const DefaultStreamMin = 512 << 10
+
+// streamMin is l.StreamMin with its default.
+func (l Layout) streamMin() int {
+	switch {
+	case l.StreamMin == 0:
+		return DefaultStreamMin
+	case l.StreamMin < 0:
+		return int(^uint(0) >> 1)
+	}
+	return l.StreamMin
 }
 
 // stageBytes is Stage rounded up to whole cache lines.
@@ -198,6 +220,11 @@ var (
 func (h *header) call() comm.Call {
 	return comm.Call{Kind: h.kind, Op: h.op, DType: h.dt, Count: int(h.count), Root: int(h.root), Seq: h.seq}
 }
+
+// Call returns rank r's call of collective k as it published it: valid
+// once the rank has reached phase Called of k, until it publishes k+2. An
+// adapter's error messages may name what a peer called.
+func (s *Segment) Call(r int, k uint64) comm.Call { return s.header(r, k).call() }
 
 // Desc is a rank's description of the buffers of a direct collective:
 // for ranks of one address space the addresses themselves (Local); an
