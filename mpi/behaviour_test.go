@@ -282,7 +282,7 @@ func TestLibraryInfo(t *testing.T) {
 }
 
 // TestStagedDoneAtIssue: a staged all-reduce that its issue finishes (in a
-// 1-rank world with a control segment of its own, every one is) has
+// 1-rank world with a segment of its own, every one is) has
 // completed when AllReduce returns, with the right result, and takes the
 // next operation number as any other: Test and Wait find it done, and the
 // next operation gets the number after it.
@@ -303,7 +303,7 @@ func TestStagedDoneAtIssue(t *testing.T) {
 	for i := range 3 {
 		w := c.AllReduce(send, recv, comm.Sum)
 		if i == 0 && mpi.StagedOps(c) == 0 {
-			t.Skip("no control segment here (DDPGO_MPI_SHM=0, or no shared memory)")
+			t.Skip("no shared-memory segment here (DDPGO_MPI_SHM=0, or no shared memory)")
 		}
 		if done, err := w.Test(); !done || err != nil || w.ID() != uint64(i+1) {
 			t.Fatalf("all-reduce %d: done %v, %v, id %d; want complete, id %d", i, done, err, w.ID(), i+1)
@@ -350,7 +350,7 @@ func TestWaitOldInline(t *testing.T) {
 		t.Fatal(err)
 	}
 	if mpi.StagedOps(c) == 0 {
-		t.Skip("no control segment here (DDPGO_MPI_SHM=0, or no shared memory)") // every rank alike
+		t.Skip("no shared-memory segment here (DDPGO_MPI_SHM=0, or no shared memory)") // every rank alike
 	}
 	for range backend.RingSize + 10 {
 		if c.Rank() == 0 {

@@ -31,7 +31,7 @@ var (
 	sweepModes  = flag.String("mpi.sweep", "", "run the all-reduce sweep for these progress modes (blocking, nonblocking, raw: blocking MPI calls made back to back by the owner, the backend's floor, or shared: blocking, on buffers from the communicator's shared memory; comma-separated)")
 	sweepDirect = flag.Int("mpi.directmin", 0, "with -mpi.sweep=shared, the size from which all-reduces read and write the buffers in place rather than staged (0: the backend's)")
 	sweepNTMin  = flag.Int("mpi.ntmin", -1, "with -mpi.sweep=shared, the size of a rank's slice from which two ranks' out-of-place all-reduces stream their outputs past the cache (-1: the backend's)")
-	sweepFloor  = flag.String("mpi.floor", "", "with -mpi.sweep=shared, time staged sizes without the API: c (post and complete in a C loop) or cgo (Go calls them); below 16 KiB only")
+	sweepFloor  = flag.Bool("mpi.floor", false, "with -mpi.sweep=shared, time staged sizes without the API (post, wait and finish on the segment, back to back); below 16 KiB only")
 	sweepTouch  = flag.Bool("mpi.touch", false, "rewrite each rank's input before every timed all-reduce (untimed), as a backward pass writes its gradients: in place, the buffers then no longer stay in this core's cache from one call to the next")
 	sweepCSV    = flag.String("mpi.csv", "", "append the sweep's rows to this CSV file (rank 0)")
 	sweepLabel  = flag.String("mpi.label", "", "label of the sweep's CSV rows")
@@ -164,11 +164,8 @@ func sweepOne(t *testing.T, c comm.Communicator, alloc func(testing.TB, int, com
 		if err := mpi.RawAllReduceTimes(c, send.Addr, recv.Addr, count, tf); err != nil {
 			t.Fatal(err)
 		}
-	} else if *sweepFloor != "" {
-		if *sweepFloor != "c" && *sweepFloor != "cgo" {
-			t.Fatalf("-mpi.floor=%s: want c or cgo", *sweepFloor)
-		}
-		if err := mpi.RawStagedTimes(c, send.Addr, recv.Addr, count, tf, *sweepFloor == "c"); err != nil {
+	} else if *sweepFloor {
+		if err := mpi.RawStagedTimes(c, send.Addr, recv.Addr, count, tf); err != nil {
 			t.Fatal(err)
 		}
 	} else {
@@ -200,7 +197,7 @@ func agree(t *testing.T, c comm.Communicator, x int64, op comm.Op) int64 {
 
 // BenchmarkRoundTrip measures the backend's own cost per collective: a
 // 4 KiB all-reduce in a 1-rank world, where MPI copies at most, issued and
-// waited for; staged, through a control segment of its own (the shared
+// waited for; staged, through a segment of its own (the shared
 // memory path's issue, post, completion and wait, with no peer to wait
 // for). It needs a 1-rank world (a benchmark's iteration count is each
 // process's own), so it is skipped under mpirun.

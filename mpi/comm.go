@@ -63,12 +63,12 @@ type communicator struct {
 	hasLarge bool
 	largeOps atomic.Uint64 // operations run on large, for tests
 	// shm: blocking, and every rank on one machine: all-reduces run in
-	// shared memory, through the control segment ctl (ddpctl.c), staged
-	// below directMin bytes and in place in the buffers from HostSource
-	// from there (ddpshm.c).
+	// shared memory, on the engine (package comm/shm, through hs; see
+	// shm.go), staged below directMin bytes and in place in the buffers
+	// from HostSource from there.
 	shm       bool
-	ctl       *C.ddp_ctl
-	ctlMu     sync.Mutex // orders freeing ctl after the goroutines that may touch it at any time (Abort, reports)
+	hs        *hostShm
+	ctlMu     sync.Mutex // orders closing hs after the goroutines that may touch it at any time (Abort, reports)
 	directMin int
 	inl       atomic.Uint64 // the inline all-reduce: sequence number<<2 | inlPosted or inlClaimed
 	running   atomic.Uint64 // the operation the owner runs in shared memory now (0: none)
@@ -112,8 +112,9 @@ type desc struct {
 	recv    unsafe.Pointer
 	root    int // root, or peer for Send and Recv
 	inplace bool
-	inline  bool  // a staged all-reduce posted by the issuing goroutine
-	err     error // an argument error: the operation fails without reaching MPI
+	inline  bool   // a staged all-reduce posted by the issuing goroutine
+	k       uint64 // its collective number on the segment, once posted there
+	err     error  // an argument error: the operation fails without reaching MPI
 	scratch allocator.Block
 }
 
@@ -131,8 +132,9 @@ func (c *communicator) Size() int { return c.size }
 
 // Capabilities reports what the MPI backend does natively: host memory;
 // Avg in the reduction pass for two ranks (an operation that averages its
-// two operands), otherwise as a Sum followed by a division; 16-bit sums
-// round once per pairwise addition, not once per element.
+// two operands), otherwise, where MPI carries it, as a Sum followed by a
+// division; there, 16-bit sums round once per pairwise addition, not once
+// per element (all-reduces in shared memory reduce as inproc does).
 func (c *communicator) Capabilities() comm.Caps {
 	return comm.Caps{Backend: "mpi", HostMemory: true, NativeAvg: c.size == 2}
 }
@@ -266,9 +268,9 @@ func (c *communicator) issue(d *desc) comm.Work {
 	// idle comes before failed: an operation that fails sets failed
 	// before it completes, so a communicator found idle shows every
 	// failure of its operations.
-	rc := C.int(C.DDP_PENDING)
+	end, err := stagedPending, error(nil)
 	if d.inline = c.staged(d) && c.idle() && c.failed.Load() == nil; d.inline {
-		if rc = c.post(d); rc == C.MPI_SUCCESS {
+		if end, err = c.post(d); end == stagedOK {
 			c.stagedDone(d)
 			seq := c.ops.Reserve(c) // free: every earlier operation is complete
 			c.ops.PublishDone(seq)  // the owner, walking past it, sees it has Ended
@@ -288,8 +290,8 @@ func (c *communicator) issue(d *desc) comm.Work {
 		// Posted before it is offered: a Test on another goroutine (the
 		// watchdog's) may claim and finish it as soon as it is. A post
 		// that failed it completes it here, and offers nothing.
-		if rc != C.DDP_PENDING {
-			c.finishStaged(seq, d, rc)
+		if end != stagedPending {
+			c.finishStaged(seq, d, end, err)
 		} else {
 			c.inl.Store(seq<<2 | inlPosted)
 		}

@@ -43,7 +43,7 @@
 // not spin, nor does Wait for an operation MPI runs, since a rank that
 // spins takes the CPU its peer needs (docs/mpi.md has the measurements).
 // Waits in shared memory (below) are another matter: they poll the
-// control segment for up to 50 us, which covers a peer that runs (CPU-bound
+// segment for up to 50 us, which covers a peer that runs (CPU-bound
 // neighbours included), and then sleep on a futex of the segment, which
 // the last rank to arrive wakes; where the ranks outnumber the machine's
 // processors, they call sched_yield between looks for up to 200 us
@@ -90,8 +90,9 @@
 // since MPI_IN_PLACE would leave it at the start of the buffer. Counts
 // are C ints in MPI: a buffer of more than 2^31-1 elements is ErrInvalid.
 //
-// Float16 and BFloat16 are reduced by user-defined MPI operations written
-// in C (F16C for binary16 where the CPU has it): each pairwise addition is
+// Where MPI carries a collective (every kind but an all-reduce in shared
+// memory, below), Float16 and BFloat16 are reduced by user-defined MPI
+// operations written in C (F16C for binary16 where the CPU has it): each pairwise addition is
 // computed in float32 and rounded once to the element type, as package
 // fp16 and inproc round, and Max and Min compare as inproc does. With 2
 // ranks a sum is therefore the same as inproc's; with N ranks MPI adds
@@ -145,7 +146,7 @@
 // not; when every rank has posted it, they name this rank, whose own part
 // is left; and they name the peers that have exited or closed their
 // communicator. A wait for a peer that has exited, closed its
-// communicator (Close marks it in the control segment) or aborted the job
+// communicator (Close marks it in the segment) or aborted the job
 // fails within 50 ms with comm.ErrAborted naming it.
 //
 // So Abort ends the job: it writes the cause to standard error and calls
@@ -186,87 +187,52 @@
 //
 // # Shared memory
 //
-// On one machine the ranks of an all-reduce can read each other's memory
+// On one machine the ranks of an all-reduce read each other's memory
 // instead of copying it through MPI. A blocking communicator whose ranks
-// all run on one machine (the host count below is 1) maps a control
-// segment at Open: one memfd, made by rank 0 and mapped by every rank
-// through /proc/<pid>/fd (the ranks agree, with MPI, that all could map
-// it; if one could not, the communicator has no shared memory). For each
-// rank it holds a header per all-reduce (a cache line: a number, the call,
-// flags and up to 40 bytes of input), two staging buffers, and the rank's
-// process id. Every all-reduce of the communicator then runs there, with
-// no MPI call unless it falls back to MPI:
+// all run on one machine (the host count below is 1) runs its all-reduces
+// on the shared-memory engine, package comm/shm, the one package inproc
+// runs on: its doc.go has the protocol, its state table and why it is
+// safe. This package is the engine's adapter for processes (shm.go):
 //
-//  1. Each rank numbers its all-reduces 1, 2, 3... and publishes its call
-//     (count, dtype, op) in its header, then waits until every rank has
-//     published the same number. Every rank reads the same calls and
-//     decides alike: ranks that disagree on the count, dtype or op all
-//     fail the call with comm.ErrMismatch, naming the first rank that
-//     differs (the communicator stays usable).
-//  2. An all-reduce of less than Info.SharedMemoryMin bytes (16 KiB) is
-//     staged: each rank copied its input into its header or staging
-//     buffer before it published, and computes its own result from every
-//     rank's staged input, combining them in rank order with the
-//     reductions MPI uses (the backend's operations for 16-bit floats and
-//     the pair averages, C for the others), so every rank gets the same
-//     bits, which are MPI_Reduce_local's. A rank writes only its own
-//     buffers, and nobody waits for anyone to finish reading: a rank
-//     stages its next input into the other buffer, and reuses this one
-//     only once every rank has published the call after next, which it
-//     does only once it has finished this one.
-//  3. A larger all-reduce reads and writes the ranks' buffers in place,
-//     where every rank's buffers lie in memory of HostSource
-//     (comm.HostSourcer), each slab a memfd mapped shared: a ddp Reducer
-//     given no pool takes its buckets from it, and so does ddpbench. The
-//     headers then carry each rank's buffers (the memfd's descriptor
-//     number, inode and offsets, the boot id). If one rank's buffers are
-//     not all shared, or the boot ids differ, all leave the call to
-//     MPI_Allreduce. Otherwise each rank maps the peers' slabs it has not
-//     met before (through /proc/<pid>/fd/<fd>, checked against the inode
-//     and size) and keeps them mapped, and publishes whether that worked;
-//     if one rank could not map, all leave this call and every later one
-//     of the communicator's in-place kind to MPI (Info.SharedMemoryFailure
-//     says why, on that rank). Each rank then reduces its slice (cut at
-//     64-byte multiples) from every rank's buffer, 64 KiB at a time
-//     through a chunk that stays in cache, in rank order with the same
-//     reductions as above, and writes the result into every rank's
-//     buffer: the slice is read once from each rank and written once to
-//     each. Two ranks' float32 sums and averages (ddp's gradients) reduce
-//     each 64 KiB block into one rank's buffer and copy it to the other's
-//     while in cache, with the same arithmetic. Every element is computed
-//     once. A last published number is the barrier: past it every slice is
-//     in every buffer, and no rank reads or writes another's buffer any
-//     more.
+//   - At Open, rank 0 makes the segment (a memfd), MPI broadcasts where it
+//     lies, the others map it through /proc/<pid>/fd, and MPI gathers every
+//     rank's process and whether it could; if one could not, the
+//     communicator has no shared memory (Info.SharedMemoryFailure says
+//     why).
+//   - An all-reduce of less than Info.SharedMemoryMin bytes (16 KiB) is
+//     staged: each rank publishes its call with a copy of its input and
+//     computes its own result from every rank's. Ranks that disagree on
+//     the count, dtype or op all fail the call with comm.ErrMismatch,
+//     naming the first rank that differs; the communicator stays usable.
+//   - A larger one runs in place (the engine's direct path), where every
+//     rank's buffers lie in memory of HostSource (comm.HostSourcer): slabs
+//     of memfds that the peers map through /proc and keep mapped (package
+//     comm/shm's Slabs and PeerMaps), which a ddp Reducer given no pool
+//     and ddpbench take their buckets from. If one rank's buffers are
+//     other memory, every rank leaves that call to MPI_Allreduce; if one
+//     rank could not map a peer's, every rank leaves it and every later
+//     one of the communicator to MPI (Info.SharedMemoryFailure says why,
+//     on that rank).
+//   - When an all-reduce is issued while nothing else of its communicator
+//     is pending, the issuing goroutine stages it itself (no hand-off to
+//     the owner), and the first of these finishes it: the issue itself,
+//     when every peer has posted it already (it is then published
+//     complete); a Test or Wait of its Work; or the owner when a later
+//     operation of the communicator (or Close) reaches it. Otherwise the
+//     owner runs it in turn.
 //
-// When an all-reduce is issued while nothing else of its communicator is
-// pending, the issuing goroutine stages it itself (no hand-off to the
-// owner), and the first of these finishes it: the issue itself, when
-// every peer has posted it already (it is then published complete, with
-// its number: nothing is left to run); a Test or Wait of its Work; or the
-// owner when a later operation of the communicator (or Close) reaches it.
-// Otherwise the owner runs it in turn.
-//
-// A peer writes into a rank's buffer only during an in-place all-reduce,
-// between that rank's publication of its call and the barrier, so no
-// memory is written after an operation completes. A slab this process
-// frees (its pool trims or closes) is unmapped here, and its pages live on
-// only in the peers' mappings, which no operation uses any more. Each
-// header carries the count of slabs its process has freed; when it
-// changes, the peers drop their mappings of that process's slabs that the
-// call does not use (and map again later any still alive). A peer also
-// drops a mapping when a later slab of the process overlaps its address
-// range, when it holds 256, and when its communicator is released. Pages
-// a process never touched are not allocated by the peers' mappings (no
-// MAP_POPULATE). Each slab holds a file descriptor while it is mapped.
-//
-// Only blocking mode takes this path. Between machines it is off: the
-// host count (below) is more than 1, and the boot ids keep ranks wrongly
-// named one host (DDPGO_MPI_HOST) apart. DDPGO_MPI_SHM=0 on any rank turns
-// it off for all; Info.SharedMemory says whether the last communicator
-// opened has it. An all-reduce of 16 KiB or more on memory of another
-// source pays for the exchange of calls before it goes to MPI (a
-// microsecond or so). The headers' numbers are published with sequentially
-// consistent stores, after the data they announce.
+// Results are the engine's: every rank reduces in rank order with the
+// kernels of package internal/reduce and fp16, so shared-memory
+// all-reduces have inproc's bits (16-bit sums rounded once, Avg the
+// pre-multiplied sum for any group size), and two ranks' float32 sums and
+// averages are MPI's too. Waits poll, yield and then sleep on the
+// segment's futex (shm.Futex; DDPGO_MPI_SPIN and DDPGO_MPI_YIELD set the
+// first two), and watch the process they wait for. Only blocking mode
+// takes this path. Between machines it is off: the host count is more
+// than 1, and the boot ids keep ranks wrongly named one host
+// (DDPGO_MPI_HOST) apart. DDPGO_MPI_SHM=0 on any rank turns it off for
+// all; Info.SharedMemory says whether the last communicator opened has
+// it.
 //
 // # Between hosts
 //

@@ -215,40 +215,17 @@ func (e *engine) start(c *communicator, seq uint64) {
 	if pairAvg(c, d) {
 		op = C.DDP_AVG2
 	}
-	if c.ctl != nil && blocking && d.kind == kindAllReduce {
-		if d.inplace {
-			send = recv
-		}
+	if c.hs != nil && blocking && d.kind == kindAllReduce && !c.hs.broken {
 		c.running.Store(seq)
-		rc := C.ddp_shm_allreduce(c.ctl, op, C.int(d.dt), C.int(dtypeSize(d.dt)),
-			C.int(d.count), C.uintptr_t(uintptr(send)), C.uintptr_t(uintptr(recv)))
+		taken, err := c.direct(d)
 		c.running.Store(0)
-		switch {
-		case rc == C.DDP_ERR_MISMATCH:
-			// Every rank saw the same calls and fails this one; the
-			// communicator stays usable.
+		if taken {
 			c.posted--
-			c.ops.Complete(seq, c.mismatch(d))
-			return
-		case rc == C.DDP_PEER_GONE || rc == C.DDP_PEER_CLOSED || rc == C.DDP_PEER_ABORTED:
-			c.posted--
-			err := c.opErr(d, c.peerFailure(rc))
-			c.fail(err)
-			c.ops.Complete(seq, err)
-			return
-		case rc != C.MPI_SUCCESS || C.ddp_shm_taken != 0:
-			if C.ddp_shm_taken != 0 {
+			if err == nil {
 				c.shmOps.Add(1)
 			}
-			e.finish(c, seq, int(rc), -1)
+			c.ops.Complete(seq, err)
 			return
-		case C.ddp_shm_broken != 0:
-			f := C.GoString(C.ddp_shm_failure())
-			rtMu.Lock()
-			if e.shmFailure == "" {
-				e.shmFailure = f
-			}
-			rtMu.Unlock()
 		}
 	}
 	h := c.h
@@ -374,17 +351,15 @@ func (e *engine) release(c *communicator) {
 		if rc := C.ddp_free(&c.h); rc != C.MPI_SUCCESS {
 			c.closeErr = fmt.Errorf("mpi: rank %d: MPI_Comm_free: %w", c.rank, mpiError(int(rc)))
 		}
-		if c.shm {
-			// The peers' slabs mapped here stay mapped until no
-			// communicator may use them (one at most is in blocking
-			// mode, which shared memory needs).
-			C.ddp_shm_detach_all()
+		if c.hs != nil {
 			c.ctlMu.Lock()
+			hs := c.hs
+			c.hs = nil
 			// The mark outlives this mapping in the peers' ones: a peer
 			// that waits for this rank learns why it never comes.
-			C.ddp_ctl_close(c.ctl)
-			C.ddp_ctl_free(c.ctl)
-			c.ctl = nil
+			hs.seg.MarkClosed(c.rank)
+			hs.maps.Close()
+			hs.seg.Close()
 			c.ctlMu.Unlock()
 		}
 		if c.hasLarge {

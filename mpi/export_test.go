@@ -42,17 +42,11 @@ func SetNTMin(n int) int { return setNTMin(n) }
 // StagedOps is the number of all-reduces c staged in shared memory.
 func StagedOps(c comm.Communicator) uint64 { return c.(*communicator).stagedOps.Load() }
 
-// CtlSleeps is the number of waits of c's control segment that slept.
-func CtlSleeps(c comm.Communicator) uint64 { return c.(*communicator).ctlSleeps() }
-
 // SharedMapped is the number of peers' slabs this process has mapped.
 var SharedMapped = sharedMapped
 
 // FailMapping exposes failMapping.
 var FailMapping = failMapping
-
-// SlowAbort exposes slowAbort.
-var SlowAbort = slowAbort
 
 // ExitMidCall exposes exitMidCall.
 var ExitMidCall = exitMidCall

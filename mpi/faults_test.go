@@ -199,9 +199,8 @@ func faultChild(t *testing.T, fault, dir string) {
 		case "exit":
 			mpi.ExitMidCall(2)
 		case "abort":
-			// The peers poll while this rank writes its cause: they must
-			// see the abort only with the cause.
-			mpi.SlowAbort(50 * time.Millisecond)
+			// The peers must see the abort with its cause (that they
+			// never see it without is comm/shm's TestAbortCause).
 			c.Abort(errors.New("injected failure"))
 		case "stop", "stuck":
 			self(syscall.SIGSTOP)

@@ -34,18 +34,6 @@ func averagePair(dt comm.DType, in, inout unsafe.Pointer, n int) {
 	}
 }
 
-// pairKernel runs the float32 pair kernel of one vector width (0 the
-// baseline, 1 AVX2, 2 AVX-512F) into d: the out-of-place one (d = b + a,
-// or the pair average), or with acc the in-place one; false if the CPU
-// lacks the width. For tests.
-func pairKernel(width int, acc bool, d, a, b []float32, avg bool) bool {
-	if len(d) == 0 {
-		return true
-	}
-	return C.ddp_test_pair_kernel(C.int(width), boolInt(acc), (*C.float)(unsafe.Pointer(&d[0])), (*C.float)(unsafe.Pointer(&a[0])),
-		(*C.float)(unsafe.Pointer(&b[0])), C.long(len(d)), boolInt(avg)) != 0
-}
-
 func boolInt(b bool) C.int {
 	if b {
 		return 1

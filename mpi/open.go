@@ -74,21 +74,27 @@ func Open(o Options) (comm.Communicator, error) {
 			// Every rank must take the same path at every all-reduce:
 			// one that opted out opts every rank out.
 			want := C.int(1)
-			if os.Getenv("DDPGO_MPI_SHM") == "0" || C.ddp_shm_prepare(n) != 0 {
+			if os.Getenv("DDPGO_MPI_SHM") == "0" {
 				want = 0
 			}
 			if rc := C.ddp_allreduce_int(c.h, &want, 1, 0); rc != C.MPI_SUCCESS {
 				return c.openFailed(fmt.Errorf("mpi: world rank %d: agreeing on shared memory: %w", e.worldRank, mpiError(int(rc))))
 			}
 			if want == 1 {
-				// Every rank maps the control segment, or none does.
+				// Every rank maps the segment, or none does.
 				c.directMin = directMin
-				spin, yield := waitFor(c.size)
-				if rc := C.ddp_ctl_open(c.h, r, n, C.int(max(c.directMin, 64)), C.longlong(spin), C.longlong(yield), &c.ctl); rc != C.MPI_SUCCESS {
-					return c.openFailed(fmt.Errorf("mpi: world rank %d: mapping the control segment: %w", e.worldRank, mpiError(int(rc))))
+				hs, why, err := openHost(c.h, c.rank, c.size)
+				if err != nil {
+					return c.openFailed(fmt.Errorf("mpi: world rank %d: sharing the segment: %w", e.worldRank, err))
 				}
+				if why != "" {
+					rtMu.Lock()
+					e.shmFailure = why
+					rtMu.Unlock()
+				}
+				c.hs = hs
 			}
-			c.shm = c.ctl != nil
+			c.shm = c.hs != nil
 		}
 		large := ""
 		if c.hasLarge {

@@ -106,7 +106,7 @@ type Info struct {
 	// SharedMemory reports whether the last communicator opened runs its
 	// all-reduces in memory its ranks map into each other (blocking mode,
 	// every rank on one machine; see the package documentation): those
-	// below SharedMemoryMin bytes staged in its control segment, larger
+	// below SharedMemoryMin bytes staged in its segment, larger
 	// ones in place where every rank's buffers come from its HostSource.
 	// SharedMemoryFailure is why an all-reduce of this process could not
 	// map a peer's memory and left the call to MPI, once one could not.

@@ -3,25 +3,7 @@
 package mpi
 
 /*
-#include <time.h>
 #include "ddpmpi.h"
-
-// ddp_staged_times times n staged float32 sum all-reduces of count
-// elements, from C: a post and, unless the post finished it, a complete.
-static int ddp_staged_times(ddp_ctl *x, uintptr_t send, uintptr_t recv, int count, double *t, int n) {
-	for (int i = 0; i < n; i++) {
-		struct timespec a, b;
-		clock_gettime(CLOCK_MONOTONIC, &a);
-		int rc = ddp_ctl_post(x, DDP_SUM, DDP_F32, 4, count, send, recv);
-		if (rc == DDP_PENDING)
-			rc = ddp_ctl_complete(x, recv, -1, 1);
-		clock_gettime(CLOCK_MONOTONIC, &b);
-		if (rc != MPI_SUCCESS)
-			return rc;
-		t[i] = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) * 1e-9;
-	}
-	return MPI_SUCCESS;
-}
 */
 import "C"
 
@@ -31,6 +13,7 @@ import (
 	"unsafe"
 
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/comm/shm"
 )
 
 // rawAllReduceTimes times len(times) float32 sum all-reduces of count
@@ -58,15 +41,13 @@ func rawAllReduceTimes(cm comm.Communicator, send, recv unsafe.Pointer, count in
 }
 
 // rawStagedTimes times len(times) float32 sum all-reduces of count
-// elements through c's control segment, staged, from the calling
-// goroutine with nothing else of c pending: each a post and, unless the
-// post finished it, a complete, with none of the backend's issue, ring or
-// Work between them. In C, the loop and its clock readings run in C (the
-// staged path's floor in this process); otherwise Go calls the two C
-// functions and reads the clock, adding cgo's transitions. The sweep
-// compares the two with the API (docs/small-messages.md). Its waits have
-// no deadline, and no watchdog sees them (nothing is in the ring).
-func rawStagedTimes(cm comm.Communicator, send, recv unsafe.Pointer, count int, times []float64, inC bool) error {
+// elements through c's segment, staged, from the calling goroutine with
+// nothing else of c pending: each a post and, unless the post finished
+// it, a wait and the finish, with none of the backend's issue, ring or
+// Work between them (the staged path's floor in this process). The sweep
+// compares it with the API (docs/small-messages.md). Its waits have no
+// deadline, and no watchdog sees them (nothing is in the ring).
+func rawStagedTimes(cm comm.Communicator, send, recv unsafe.Pointer, count int, times []float64) error {
 	c := cm.(*communicator)
 	// c.mu keeps issues out and Close from releasing the segment.
 	c.mu.Lock()
@@ -74,32 +55,30 @@ func rawStagedTimes(cm comm.Communicator, send, recv unsafe.Pointer, count int, 
 	if c.closed {
 		return fmt.Errorf("mpi: rank %d: %w", c.rank, comm.ErrClosed)
 	}
-	if c.ctl == nil || count*4 >= c.directMin {
-		return fmt.Errorf("mpi: rank %d: %d float32s are not staged (control segment %v, staged below %d bytes)", c.rank, count, c.ctl != nil, c.directMin)
+	if c.hs == nil || count*4 >= c.directMin {
+		return fmt.Errorf("mpi: rank %d: %d float32s are not staged (segment %v, staged below %d bytes)", c.rank, count, c.hs != nil, c.directMin)
 	}
 	if !c.idle() {
 		return fmt.Errorf("mpi: rank %d: an operation is pending", c.rank)
 	}
-	if len(times) == 0 {
-		return nil
-	}
-	s, r := C.uintptr_t(uintptr(send)), C.uintptr_t(uintptr(recv))
-	if inC {
-		if rc := C.ddp_staged_times(c.ctl, s, r, C.int(count), (*C.double)(unsafe.Pointer(&times[0])), C.int(len(times))); rc != C.MPI_SUCCESS {
-			return fmt.Errorf("mpi: rank %d: staged all-reduce: %d", c.rank, int(rc))
-		}
-		return nil
-	}
+	d := desc{kind: comm.KindAllReduce, op: comm.Sum, dt: comm.Float32, count: count, send: send, recv: recv, inplace: send == recv}
 	base := time.Now()
 	for i := range times {
 		t0 := time.Since(base)
-		rc := C.ddp_ctl_post(c.ctl, C.DDP_SUM, C.DDP_F32, 4, C.int(count), s, r)
-		if rc == C.DDP_PENDING {
-			rc = C.ddp_ctl_complete(c.ctl, r, -1, 1)
+		end, err := c.post(&d)
+		if end == stagedPending {
+			if err = c.hs.await(d.k, shm.Called, time.Time{}, true); err != nil {
+				end, err = c.failStaged(&d, err)
+			} else {
+				end, err = c.judge(&d)
+			}
 		}
 		times[i] = (time.Since(base) - t0).Seconds()
-		if rc != C.MPI_SUCCESS {
-			return fmt.Errorf("mpi: rank %d: staged all-reduce: %d", c.rank, int(rc))
+		if end != stagedOK {
+			if end == stagedFailed {
+				c.fail(err)
+			}
+			return err
 		}
 	}
 	return nil

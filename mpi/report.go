@@ -10,7 +10,7 @@ import (
 // all-reduce in shared memory, and about this rank's own pauses. It needs
 // no cgo, so that its words are tested in every build.
 
-// rankState is what the control segment tells of a rank.
+// rankState is what the shared-memory segment tells of a rank.
 type rankState uint8
 
 const (

@@ -19,10 +19,11 @@ import (
 // TestMPIMatchesInproc builds the example with the mpi tag and trains it
 // under mpirun with 2 and 4 processes: rank 0 alone prints, its epoch
 // lines (losses and accuracies) are those of the in-process run with the
-// same rank count, and its final weights are within 1e-6 of that run's
-// (bit for bit with 2 ranks, where the backend averages as inproc does;
-// with 4 it sums in its own order before dividing). Both runs shard the data by rank
-// with the same sampler, so they are the same computation.
+// same rank count, and its final weights are that run's bit for bit: on
+// one host the backend's all-reduces run on the shared-memory engine that
+// inproc runs on, with the same kernels in the same rank order. Both runs
+// shard the data by rank with the same sampler, so they are the same
+// computation.
 func TestMPIMatchesInproc(t *testing.T) {
 	mpirun := mpitest.Mpirun(t)
 	dir := t.TempDir()
@@ -57,11 +58,8 @@ func TestMPIMatchesInproc(t *testing.T) {
 			}
 		}
 		t.Logf("-np %d: max |w_mpi - w_inproc| = %.3g (weight %d)", np, worst, at)
-		if worst > 1e-6 {
-			t.Errorf("-np %d: weight %d is %g over MPI, %g in process: %.3g apart, want at most 1e-6", np, at, a[at], b[at], worst)
-		}
-		if np == 2 && worst != 0 {
-			t.Errorf("-np 2: the weights differ (%.3g); MPI's two-rank average is inproc's bit for bit", worst)
+		if worst != 0 {
+			t.Errorf("-np %d: weight %d is %g over MPI, %g in process: %.3g apart; on one host the backend reduces as inproc does, bit for bit", np, at, a[at], b[at], worst)
 		}
 	}
 
