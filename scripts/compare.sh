@@ -15,7 +15,10 @@
 # all-reduce's goals need (docs/small-messages.md): the ResNet-50 step
 # against gloo's flat all-reduce, the all-reduce against Open MPI's C loop
 # with 2, 3 and 4 processes, and the loaded rounds; the full run
-# (PARTS=all, the default) runs those too.
+# (PARTS=all, the default) runs those too. BASELINE=REV (a git revision)
+# also builds that revision's mpi.test, inproc.test and ddpbench and runs
+# them in the same interleaved rounds, each right after this tree's: the
+# before and after of a change, which the summary prints with each ratio.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 peers=$(pwd)/scripts/peers
@@ -36,6 +39,30 @@ case $parts in all | allreduce) ;; *)
 esac
 
 step() { printf '\n== %s\n$ %s\n' "$1" "$2" >&2; }
+
+base=${BASELINE:-}
+rm -f "$out"/mpi_resnet50_base_r*.json "$out/go_inproc_ab_new.txt" "$out/go_inproc_ab_base.txt"
+if [ -n "$base" ]; then
+	step "the baseline, $base" "git archive $base | tar -x; go test -c ./inproc/; go test -c -tags mpi ./mpi/; go build -tags mpi ./cmd/ddpbench"
+	mkdir "$work/base"
+	git archive "$base" | tar -x -C "$work/base"
+	(cd "$work/base" && go test -c -o "$work/base-inproc.test" ./inproc/)
+	if pkg-config --exists ompi-c 2>/dev/null; then
+		(cd "$work/base" && go test -c -tags mpi -o "$work/base-mpi.test" ./mpi/ && go build -tags mpi -o "$work/base-ddpbench-mpi" ./cmd/ddpbench)
+	fi
+	# In process: the engine's own rows, 2 ranks in place, this tree's
+	# binary and the baseline's alternately.
+	go test -c -o "$work/inproc.test" ./inproc/
+	step "inproc all_reduce against the baseline, $rounds interleaved rounds" "inproc.test -test.bench 'AllReducePerRank/float32/2ranks/^4KiB\$' -test.benchtime 20000x; -test.bench 'AllReduce/float32/2ranks/64MiB\$' -test.benchtime 20x"
+	for round in $(seq "$rounds"); do
+		for side in new base; do
+			bin="$work/inproc.test"
+			if [ $side = base ]; then bin="$work/base-inproc.test"; fi
+			"$bin" -test.run '^$' -test.bench 'AllReducePerRank/float32/2ranks/^4KiB$' -test.benchtime 20000x >> "$out/go_inproc_ab_$side.txt"
+			"$bin" -test.run '^$' -test.bench 'AllReduce/float32/2ranks/64MiB$' -test.benchtime 20x >> "$out/go_inproc_ab_$side.txt"
+		done
+	done
+fi
 
 # The loaded rounds' load: two CPU-bound processes beside both sides, as a
 # CPU backward or another job would be, started before and stopped after
@@ -105,6 +132,9 @@ if pkg-config --exists ompi-c 2>/dev/null && command -v mpirun >/dev/null; then
 	step "ddpbench over MPI, ResNet-50 step, 2 processes, against gloo's row f, $rounds interleaved rounds" "${mr[*]} ddpbench run --backend mpi --steps 40 --compute none --format json; python3 scripts/peers/ddp_step.py --only f"
 	for round in $(seq "$rounds"); do
 		"${mr[@]}" "$work/ddpbench-mpi" run --backend mpi --steps 40 --compute none --format json > "$out/mpi_resnet50_r$round.json"
+		if [ -n "$base" ]; then
+			"${mr[@]}" "$work/base-ddpbench-mpi" run --backend mpi --steps 40 --compute none --format json > "$out/mpi_resnet50_base_r$round.json"
+		fi
 		$py "$peers/ddp_step.py" --only f --out "$out/ddp_step_f_r$round.csv" > "$out/ddp_step_f_r$round.txt" 2>&1
 	done
 	if [ "$parts" = all ]; then
@@ -141,6 +171,12 @@ if pkg-config --exists ompi-c 2>/dev/null && command -v mpirun >/dev/null; then
 			-mpi.label="_r$round" -mpi.csv="$out/mpi_sweep.csv" >> "$out/mpi_sweep.txt"
 		"${mr[@]}" "${tuned[@]}" "$work/mpi.test" -test.run TestSweep -mpi.sweep=shared -mpi.budget=1s -mpi.bytes=$bytes \
 			-mpi.label="_tuned_r$round" -mpi.csv="$out/mpi_sweep.csv" >> "$out/mpi_sweep.txt"
+		if [ -n "$base" ]; then
+			"${mr[@]}" "$work/base-mpi.test" -test.run TestSweep -mpi.sweep=shared -mpi.budget=1s -mpi.bytes=$bytes \
+				-mpi.label="_base_r$round" -mpi.csv="$out/mpi_sweep.csv" >> "$out/mpi_sweep.txt"
+			"${mr[@]}" "${tuned[@]}" "$work/base-mpi.test" -test.run TestSweep -mpi.sweep=shared -mpi.budget=1s -mpi.bytes=$bytes \
+				-mpi.label="_tuned_base_r$round" -mpi.csv="$out/mpi_sweep.csv" >> "$out/mpi_sweep.txt"
+		fi
 		"${mr[@]}" -x DDPGO_MPI_SHM=0 "$work/mpi.test" -test.run TestSweep -mpi.sweep=blocking -mpi.budget=1s -mpi.bytes=$bytes \
 			-mpi.label="_r$round" -mpi.csv="$out/mpi_sweep.csv" >> "$out/mpi_sweep.txt"
 		"${cmr[@]}" "$work/mpi_allreduce" "$out/mpi_interleaved.csv" "vader_r$round" >> "$out/mpi_interleaved.txt"
@@ -162,7 +198,7 @@ if pkg-config --exists ompi-c 2>/dev/null && command -v mpirun >/dev/null; then
 	# 4 KiB all-reduce (goroutines), against Open MPI's processes as
 	# before; across processes: the 4 KiB rows of the rounds above.
 	step "4 KiB all-reduce with two CPU-bound processes beside, $rounds interleaved rounds" "inproc.test -test.bench 'AllReduce/float32/2ranks/4KiB\$'; ${mr[*]} mpi.test ... -mpi.bytes=4096; mpirun ... -x BENCH_MAX_BYTES=4096 mpi_allreduce (vader, vader_tuned); each with load_on"
-	go test -c -o "$work/inproc.test" ./inproc/
+	if [ ! -x "$work/inproc.test" ]; then go test -c -o "$work/inproc.test" ./inproc/; fi
 	for round in $(seq "$rounds"); do
 		load_on
 		"$work/inproc.test" -test.run '^$' -test.bench 'AllReduce/float32/2ranks/4KiB$' -test.benchtime 300ms -test.count 3 >> "$out/go_inproc_loaded.txt"
