@@ -66,14 +66,20 @@ func (h *plain) Launch(b *Bucket) (comm.Work, error) {
 		return comm.Work{}, err
 	}
 	b.WireBytes = int64(b.Buf.Bytes())
+	op := h.op
 	if b.Buf.DType == comm.Float64 {
-		return h.c.AllReduce(b.Buf, b.Buf, comm.Avg), nil
-	}
-	if h.op == comm.Sum && h.n > 1 {
+		op = comm.Avg
+	} else if op == comm.Sum && h.n > 1 {
 		h.k.Scale(b.Buf, 1/float32(h.n))
 	}
-	return h.c.AllReduce(b.Buf, b.Buf, h.op), nil
+	if b.Scatter {
+		return h.c.ReduceScatter(b.Buf, b.Part(h.c.Rank(), h.n), op), nil
+	}
+	return h.c.AllReduce(b.Buf, b.Buf, op), nil
 }
+
+// Scatters: the reduce-scatter does the all-reduce's arithmetic.
+func (h *plain) Scatters() bool { return true }
 
 // KernelOps is the prescaling Scale, where Launch does one: for every
 // dtype but float64, when the collective is a Sum over more than one rank.

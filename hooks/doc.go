@@ -51,6 +51,18 @@
 // one collective needs another's result (PowerSGD), from a goroutine of its
 // own that issues them in Launch order.
 //
+// # Reduce-scatter
+//
+// A bucket with Bucket.Scatter set (ddp.Options.Shard, ZeRO stage 1) is
+// reduce-scattered instead of all-reduced: its Buf holds N equal blocks,
+// and the hook leaves the average in this rank's block (Bucket.Part)
+// only. Avg, AllReduce, FP16 and BF16 do it (Scatterer) with the same
+// operations as their all-reduce, in place: the same prescaling or
+// compression of the whole bucket, a ReduceScatter instead of the
+// AllReduce, and FP16's and BF16's overflow count and decompression on
+// this rank's block. Each step is elementwise, so the block holds the
+// bits the all-reduce would leave there. PowerSGD is not a Scatterer.
+//
 // # Memory
 //
 // A Hook value belongs to one rank and is bound to its communicator and

@@ -84,13 +84,24 @@ func (h *half) Launch(b *Bucket) (comm.Work, error) {
 			h.k.Scale(b.Buf, h.scale)
 		}
 		b.WireBytes = int64(b.Buf.Bytes())
+		if b.Scatter {
+			return h.c.ReduceScatter(b.Buf, b.Part(h.c.Rank(), h.c.Size()), comm.Sum), nil
+		}
 		return h.c.AllReduce(b.Buf, b.Buf, comm.Sum), nil
 	}
 	w := h.wireBuf(b)
 	h.k.Compress(w, b.Buf, h.scale)
 	b.WireBytes = int64(w.Bytes())
+	if b.Scatter {
+		return h.c.ReduceScatter(w, part(w, h.c.Rank(), h.c.Size()), comm.Sum), nil
+	}
 	return h.c.AllReduce(w, w, comm.Sum), nil
 }
+
+// Scatters: compression and decompression are elementwise, so a
+// reduce-scatter of the wire buffer gives each rank the bits the
+// all-reduce gives that part.
+func (h *half) Scatters() bool { return true }
 
 func (h *half) Finish(b *Bucket) error {
 	dt := b.Buf.DType
@@ -101,15 +112,18 @@ func (h *half) Finish(b *Bucket) error {
 		b.Overflows = 0
 		return nil
 	}
-	w := h.wireBuf(b)
-	// b.Buf still holds this rank's float32 input: count the elements
+	w, buf := h.wireBuf(b), b.Buf
+	if b.Scatter { // only this rank's part was reduced
+		w, buf = part(w, h.c.Rank(), h.c.Size()), b.Part(h.c.Rank(), h.c.Size())
+	}
+	// buf still holds this rank's float32 input: count the elements
 	// whose sum is Inf or NaN although the input was finite. A rank's own
 	// conversion overflow makes the sum non-finite, so this counts it,
 	// the overflows of other ranks' conversions and those of the sum
 	// itself. The common case (nothing non-finite) costs one word-wise
 	// scan of the half-precision sum.
-	b.Overflows = h.k.Overflows(w, b.Buf)
-	h.k.Decompress(b.Buf, w)
+	b.Overflows = h.k.Overflows(w, buf)
+	h.k.Decompress(buf, w)
 	return nil
 }
 

@@ -99,8 +99,25 @@ type Bucket struct {
 	WireBytes int64 // set by Launch: payload bytes handed to the collective
 	// Overflows is set by Finish for FP16 and BF16 on float32 buckets:
 	// the elements whose reduced value is Inf or NaN although this rank's
-	// float32 gradient was finite (see the package documentation).
+	// float32 gradient was finite (see the package documentation). For a
+	// Scatter bucket it counts this rank's part only.
 	Overflows int64
+	// Scatter asks for a reduce-scatter instead of an all-reduce
+	// (ddp.Options.Shard): Buf.Count is a multiple of the group size N,
+	// and Finish leaves the average in this rank's part of Buf (Part)
+	// only; the rest of Buf is undefined. The Reducer sets it only for a
+	// hook that is a Scatterer.
+	Scatter bool
+}
+
+// Part returns block rank of Buf's size equal blocks: what a reduce-scatter
+// of a Scatter bucket leaves, averaged, on rank rank of a group of size.
+func (b *Bucket) Part(rank, size int) comm.Buffer { return part(b.Buf, rank, size) }
+
+// part is block rank of buf's size equal blocks.
+func part(buf comm.Buffer, rank, size int) comm.Buffer {
+	n := buf.Count / size
+	return buf.Slice(rank*n, n)
 }
 
 // Tensor is one gradient in a bucket.
@@ -124,6 +141,17 @@ func ScratchFor(h Hook, b *Bucket) int {
 		return ts.TensorScratch(b)
 	}
 	return h.Scratch(b.Buf.Count, b.Buf.DType)
+}
+
+// Scatterer is implemented by a hook that can reduce-scatter a bucket
+// (Bucket.Scatter) with the same arithmetic, element for element, as its
+// all-reduce: so the part a rank receives holds the same bits as that
+// part of the all-reduced bucket would. Avg, AllReduce, FP16 and BF16 are
+// Scatterers; PowerSGD is not (its low-rank factors are not elementwise).
+type Scatterer interface {
+	Hook
+	// Scatters reports that Launch and Finish honour Bucket.Scatter.
+	Scatters() bool
 }
 
 // PoolUser is implemented by a hook that keeps state between steps in pool
