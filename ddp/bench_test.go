@@ -335,6 +335,7 @@ func TestStepAllocsVariants(t *testing.T) {
 		{"static-graph", func() Options { return Options{StaticGraph: true} }},
 		{"copy", func() Options { return Options{CopyGrads: true, FindUnusedParameters: true} }},
 		{"nozero-fp16", func() Options { return Options{NoZeroGrad: true, FindUnusedParameters: true, Hook: hooks.FP16()} }},
+		{"shard-fp16", func() Options { return Options{Shard: ShardElements, FindUnusedParameters: true, Hook: hooks.FP16()} }},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			r, err := New(ctx, commtest.Solo{}, threeParams, tt.o())
@@ -344,6 +345,7 @@ func TestStepAllocsVariants(t *testing.T) {
 			defer r.Close()
 			var st StepStats
 			var stepErr error
+			values := zeroValues(threeParams)
 			step := func() {
 				for _, synced := range []bool{false, true} {
 					if err := r.Begin(modeOf(synced)); err != nil {
@@ -362,6 +364,18 @@ func TestStepAllocsVariants(t *testing.T) {
 				if err := r.Wait(ctx); err != nil {
 					stepErr = err
 					return
+				}
+				if r.o.Shard != ShardOff {
+					for k := range r.lay.Load().buckets {
+						if err := r.Gather(k, values); err != nil {
+							stepErr = err
+							return
+						}
+					}
+					if err := r.WaitGather(ctx); err != nil {
+						stepErr = err
+						return
+					}
 				}
 				r.StatsInto(&st)
 			}

@@ -40,7 +40,7 @@ func (r *Reducer) Broadcast(parent context.Context, root int, values []comm.Buff
 	}
 	defer r.leave()
 	if r.state.Load() == syncing {
-		return fmt.Errorf("%w: rank %d: Broadcast during synced step %d", ErrStepInProgress, r.c.Rank(), r.stepNo)
+		return fmt.Errorf("%w: rank %d: Broadcast during synced step %d: call %s first", ErrStepInProgress, r.c.Rank(), r.stepNo, r.stepEnd())
 	}
 	if root < 0 || root >= r.c.Size() {
 		return r.fail(fmt.Errorf("%w: rank %d: Broadcast from rank %d of %d", ErrIndex, r.c.Rank(), root, r.c.Size()))

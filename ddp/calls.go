@@ -23,9 +23,10 @@ const (
 	callJoin
 	callBroadcast
 	callBegin // never held: Begin only checks
+	callWaitGather
 )
 
-var callNames = [...]string{"no call", "Wait", "WaitEach", "Join", "Broadcast", "Begin"}
+var callNames = [...]string{"no call", "Wait", "WaitEach", "Join", "Broadcast", "Begin", "WaitGather"}
 
 // enter makes call the Reducer's blocking call in progress, or fails with
 // ErrConcurrent if another goroutine is in one; leave must follow a nil

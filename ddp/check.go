@@ -37,9 +37,9 @@ func (r *Reducer) checkParams(ctx context.Context, failed int64) (exchange bool,
 	// buffers and the join mode.
 	var hookName [16]byte
 	copy(hookName[:], o.Hook.Name())
-	keep := int64(0)
+	keep := int64(o.Shard) << 1 // Options.Shard shares KeepLayout's word
 	if o.KeepLayout {
-		keep = 1
+		keep |= 1
 	}
 	const words = 11
 	mine := []int64{int64(len(params)), int64(sum), int64(maxDims),
@@ -77,8 +77,8 @@ func (r *Reducer) checkParams(ctx context.Context, failed int64) (exchange bool,
 		for r := 1; r < n; r++ {
 			a := all[words*r : words*(r+1)]
 			if !slices.Equal(a[3:8], all[3:8]) || a[9] != all[9] {
-				return false, fmt.Errorf("%w: options differ between rank 0 and rank %d: rank 0 has hook %q, bucket caps [%d %d], KeepLayout %v, Join %v; rank %d has hook %q, bucket caps [%d %d], KeepLayout %v, Join %v",
-					ErrParamMismatch, r, unword(all[6], all[7]), all[3], all[4], all[5] != 0, JoinMode(all[9]), r, unword(a[6], a[7]), a[3], a[4], a[5] != 0, JoinMode(a[9]))
+				return false, fmt.Errorf("%w: options differ between rank 0 and rank %d: rank 0 has hook %q, bucket caps [%d %d], KeepLayout %v, Shard %v, Join %v; rank %d has hook %q, bucket caps [%d %d], KeepLayout %v, Shard %v, Join %v",
+					ErrParamMismatch, r, unword(all[6], all[7]), all[3], all[4], all[5]&1 != 0, ShardMode(all[5]>>1), JoinMode(all[9]), r, unword(a[6], a[7]), a[3], a[4], a[5]&1 != 0, ShardMode(a[5]>>1), JoinMode(a[9]))
 			}
 			if a[8] != all[8] {
 				return false, fmt.Errorf("%w: Options.Buffers differ between rank 0 and rank %d (count, shapes or dtypes): every rank needs the same buffers", ErrParamMismatch, r)

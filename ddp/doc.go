@@ -33,7 +33,7 @@
 // follow the roles: options.go, reducer.go (New, Close, the layout's
 // queries), step.go (Begin, Grad, Ready and the other calls of backward),
 // pipeline.go (the launcher and the finisher), wait.go (Wait, WaitEach),
-// failure.go (sticky errors, aborts, memory held back), zero.go, join.go,
+// shard.go (Options.Shard: Owned, Gather, WaitGather), failure.go (sticky errors, aborts, memory held back), zero.go, join.go,
 // buffers.go, check.go and control.go (New's cross-rank check and the
 // Reducer's own collectives), broadcast.go, stats.go and timeline.go.
 //
@@ -144,6 +144,78 @@
 // and AsFloat32 views a host training loop writes through. Broadcast
 // carries parameter values of every dtype; BroadcastParameters is its
 // float32 form from rank 0.
+//
+// # Sharded optimizer state
+//
+// Options.Shard is ZeRO stage 1 (DeepSpeed; PyTorch's
+// ZeroRedundancyOptimizer): instead of every rank stepping every
+// parameter with the same averaged gradient, each rank owns a part of
+// each bucket, keeps the optimizer state of that part alone, and steps
+// it alone. Each bucket is reduce-scattered instead of all-reduced, so a
+// rank receives the average of its part only; once it has stepped that
+// part, an all-gather gives every rank every part. The two carry the
+// bytes of one all-reduce, and every rank issues them in the same order:
+// the buckets' reduce-scatters as they complete (overlapping backward as
+// the all-reduces do), then the all-gathers in bucket order.
+//
+//	r.Begin(ddp.Sync)
+//	// ... backward: Grad, Ready as above
+//	r.WaitEach(ctx, func(b ddp.Reduced) {
+//		for _, p := range b.Owned { // this rank's part of bucket b
+//			g, _ := r.Grad(p.Param)
+//			opt.Step(p, values[p.Param][p.Lo:p.Hi], g[p.Lo:p.Hi])
+//		}
+//		r.Gather(b.Bucket, values) // publish it; its all-gather follows the step's reductions
+//	})
+//	r.WaitGather(ctx) // values now hold every rank's updates
+//
+// Owned(k) lists a bucket's parts ahead of time, for the optimizer to
+// size its state. The partition is of each bucket, not of the model, so
+// that a rank can step bucket k as soon as it is reduced: ShardElements
+// splits the bucket into N equal ranges of elements (padded at the end
+// with fewer than N zeros, which no one writes; the bucket is reduced
+// whatever its size), so a parameter may be split between ranks, which
+// suits elementwise optimizers (SGD, momentum, Adam, AdamW) and holds
+// each rank's share to 1/N of the bucket plus at most one element.
+// ShardParams gives each parameter wholly to one rank, largest first to
+// the least loaded (PyTorch's greedy rule), for optimizers that need a
+// whole tensor; a rank's share is then within 1/N plus its largest
+// parameter, and the bucket's memory is N times the largest share.
+// Both pad inside pool memory only; a Part is always a range of the
+// caller's own parameter.
+//
+// The reduce-scatter does the all-reduce's arithmetic, element for
+// element (hooks.Scatterer: Avg, AllReduce, FP16 and BF16 compress,
+// reduce and decompress elementwise), so the average of an owned element
+// has the same bits as without Shard, and an elementwise optimizer
+// computes the same update: training gives the same parameters, bit for
+// bit, as the unsharded step. Outside the owned part, a bucket's
+// gradients are undefined after the reduction.
+//
+// Gather copies the owned elements of the caller's values into the
+// bucket (whose averaged gradients there are spent) and publishes it;
+// it never waits. The launcher issues the published all-gathers in
+// bucket order once the step's last bucket has launched, so a rank's
+// optimizer may run at its own pace; WaitGather waits for them and
+// copies the other ranks' parts into the values, on the caller's
+// goroutine, so the Reducer writes the caller's memory only inside
+// WaitGather. Until WaitGather returns, the step is open: Begin, Join
+// and Broadcast fail with ErrStepInProgress, and the gradients of a
+// gathered bucket with ErrBusy (its memory carries the parameters).
+// Gathering every bucket is part of the step: WaitGather fails with
+// ErrGather, naming the buckets not gathered, rather than leave ranks
+// with different parameters.
+//
+// Shard keeps the initial layout (it implies KeepLayout), since a
+// rebuilt layout would move parts, and their optimizer state, between
+// ranks. It needs a hook that is a hooks.Scatterer (New refuses PowerSGD,
+// whose factors are not elementwise, naming the option), a host pool and
+// float32 parameters (Gather takes []float32 values), and, for now, no
+// Join: a joined rank would have to step its part in its peers' steps.
+// No-sync steps, CopyGrads (the owned elements are copied back), unused
+// parameters, StaticGraph, buffers and the watchdog work as without it;
+// New's check compares Shard across ranks. Without Shard nothing of this
+// runs.
 //
 // # Views and the rebuild
 //

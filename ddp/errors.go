@@ -68,6 +68,9 @@ var (
 	// without touching the step or issuing a collective, and the first
 	// goes on.
 	ErrConcurrent = errors.New("ddp: another call is in progress")
+	// ErrGather: with Options.Shard, a bucket was gathered twice in one
+	// step, or WaitGather found buckets not gathered (it names them).
+	ErrGather = errors.New("ddp: bucket gathered twice or not at all")
 	// ErrClosed: the Reducer was closed.
 	ErrClosed = errors.New("ddp: reducer closed")
 )

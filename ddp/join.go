@@ -222,7 +222,7 @@ func (r *Reducer) Join(ctx context.Context) (int, error) {
 	}
 	switch r.state.Load() {
 	case syncing:
-		return -1, fmt.Errorf("%w: rank %d: Join during synced step %d: call Wait first", ErrStepInProgress, r.c.Rank(), r.stepNo)
+		return -1, fmt.Errorf("%w: rank %d: Join during synced step %d: call %s first", ErrStepInProgress, r.c.Rank(), r.stepNo, r.stepEnd())
 	case local:
 		r.finish()
 	}

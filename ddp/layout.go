@@ -31,6 +31,7 @@ type layout struct {
 	// goroutine reads first.
 	works  []comm.Work
 	issued atomic.Int32
+	shard  *shardLayout // Options.Shard's partition (shard.go); nil without it
 }
 
 // adopt makes bs the current layout: it takes new blocks from the pool
@@ -131,28 +132,50 @@ func (r *Reducer) build(bs []bucket.Bucket) (*layout, error) {
 	if r.host {
 		L.views = make([][]float32, len(r.params))
 	}
+	if r.o.Shard != ShardOff {
+		L.shard = &shardLayout{
+			owned:  make([][]Part, len(bs)),
+			lo:     make([]int, len(r.params)),
+			hi:     make([]int, len(r.params)),
+			values: make([][][]float32, len(bs)),
+			works:  make([]comm.Work, len(bs)),
+		}
+	}
 	loc := location(r.host)
 	for k, b := range bs {
 		size := b.DType.Size()
 		n := b.Bytes / size
-		blk, err := r.pool.Get(max(b.Bytes, size))
+		var offs []int // the tensors' element offsets, where sharding moves them
+		if L.shard != nil {
+			// N blocks of per elements: the reduce-scatter's and the
+			// all-gather's shape (shard.go).
+			var per int
+			offs, per = place(b, r.tensors, r.c.Size(), r.o.Shard)
+			n = per * r.c.Size()
+			L.shard.owned[k] = ownedParts(b, r.tensors, offs, r.c.Rank(), per, L.shard.lo, L.shard.hi)
+		}
+		blk, err := r.pool.Get(max(n*size, size))
 		if err != nil {
 			L.free(r.pool)
-			return nil, fmt.Errorf("ddp: memory for bucket %d (%d bytes): %w", k, b.Bytes, err)
+			return nil, fmt.Errorf("ddp: memory for bucket %d (%d bytes): %w", k, n*size, err)
 		}
 		L.blocks = append(L.blocks, blk)
 		buf := r.region(blk, 0, n, b.DType)
 		r.kern.Zero(buf)
 		ts := make([]hooks.Tensor, len(b.Tensors))
 		for j, p := range b.Tensors {
-			L.bufs[p] = buf.Slice(b.Offsets[j]/size, r.tensors[p].Numel)
+			off := b.Offsets[j] / size
+			if offs != nil {
+				off = offs[j]
+			}
+			L.bufs[p] = buf.Slice(off, r.tensors[p].Numel)
 			if r.host && b.DType == comm.Float32 {
 				L.views[p] = L.bufs[p].AsFloat32()
 			}
 			L.bucketOf[p] = k
-			ts[j] = hooks.Tensor{Param: p, Offset: b.Offsets[j] / size, Shape: r.params[p].Shape}
+			ts[j] = hooks.Tensor{Param: p, Offset: off, Shape: r.params[p].Shape}
 		}
-		L.hb[k] = hooks.Bucket{Index: k, Buf: buf, Tensors: ts, Scratch: comm.Buffer{DType: comm.Uint8, Loc: loc, Device: r.dev}}
+		L.hb[k] = hooks.Bucket{Index: k, Buf: buf, Tensors: ts, Scratch: comm.Buffer{DType: comm.Uint8, Loc: loc, Device: r.dev}, Scatter: L.shard != nil}
 	}
 	slots := min(r.window, len(bs))
 	need := make([]int, slots)
@@ -174,6 +197,9 @@ func (r *Reducer) build(bs []bucket.Bucket) (*layout, error) {
 		}
 	}
 	L.sched = newSchedule(L.bucketOf, len(bs))
+	if L.shard != nil {
+		L.sched.shard()
+	}
 	return L, nil
 }
 

@@ -96,6 +96,19 @@ type Options struct {
 	// KeepLayout disables the rebuild of buckets after the first synced
 	// step: the initial layout stays.
 	KeepLayout bool
+	// Shard shards the optimizer's work and state across ranks (ZeRO
+	// stage 1; package documentation, "Sharded optimizer state"): each
+	// bucket is reduce-scattered instead of all-reduced, so a rank
+	// receives the average of its own part of the bucket only (Owned),
+	// steps those elements alone, and publishes them with Gather;
+	// WaitGather then gives every rank every updated parameter.
+	// ShardElements partitions each bucket by elements, for elementwise
+	// optimizers; ShardParams by whole parameters. Shard implies
+	// KeepLayout, since a rebuilt layout would move the ownership, and
+	// with it the optimizer state, between ranks. It needs a hook that is
+	// a hooks.Scatterer (not PowerSGD), a host pool, float32 parameters,
+	// and no Join.
+	Shard ShardMode
 	// Buffers are model state that is not a gradient but must be the same
 	// on every rank, such as BatchNorm's running statistics (PyTorch's
 	// broadcast_buffers): any dtype, the same on every rank. The Reducer
@@ -157,6 +170,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Hook == nil {
 		o.Hook = hooks.Avg()
+	}
+	if o.Shard != ShardOff {
+		o.KeepLayout = true
 	}
 	return o
 }

@@ -61,8 +61,13 @@ func (r *Reducer) startWorkers() {
 	r.progress = make(chan struct{}, 1)
 	r.quit = make(chan struct{})
 	// A bucket holds at least one parameter, and a step adds the buffer
-	// groups and the join flag: sends never block.
-	r.fifo = make(chan inflight, len(r.params)+len(r.bufs.wire)+1)
+	// groups and the join flag, and with Options.Shard a gather per
+	// bucket: sends never block.
+	n := len(r.params) + len(r.bufs.wire) + 1
+	if r.o.Shard != ShardOff {
+		n += len(r.params)
+	}
+	r.fifo = make(chan inflight, n)
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.timer = time.NewTimer(time.Hour)
 	r.timer.Stop()
@@ -139,6 +144,9 @@ func (r *Reducer) launchReady() {
 	for !r.failed.Load() {
 		n := L.sched.ready(int(r.reduced.Load()) + r.window)
 		if n == 0 {
+			if L.shard != nil {
+				r.launchGathers(L)
+			}
 			return
 		}
 		if L.sched.launched() == 0 && !r.launchPrefix() {
@@ -268,6 +276,8 @@ func (r *Reducer) finishItem(e inflight, err error) {
 		r.finishOne(e.k, err)
 	case kindJoin:
 		r.readFlag(err)
+	case kindGather:
+		r.finishGather(e.k, err)
 	case kindBuffers:
 		if err != nil {
 			r.fail(fmt.Errorf("ddp: rank %d step %d: broadcasting the %s buffers from rank %d: %w", r.c.Rank(), r.stepNo, r.bufs.groups[e.k].DType, r.bufRoot, err))
@@ -291,11 +301,21 @@ func (r *Reducer) finishOne(k int, err error) {
 		return
 	}
 	s.Overflows = hb.Overflows
-	r.rescale(hb.Buf)
+	if L.shard == nil {
+		r.rescale(hb.Buf)
+	} else {
+		r.rescale(hb.Part(r.c.Rank(), r.c.Size())) // the rest is undefined
+	}
 	s.DecompressEnd = time.Since(r.start)
 	if r.copies != nil {
-		for _, p := range L.buckets[k].Tensors {
-			r.kern.Copy(r.copies[p], L.bufs[p])
+		if L.shard == nil {
+			for _, p := range L.buckets[k].Tensors {
+				r.kern.Copy(r.copies[p], L.bufs[p])
+			}
+		} else {
+			for _, pt := range L.shard.owned[k] {
+				r.kern.Copy(r.copies[pt.Param].Slice(pt.Lo, pt.Hi-pt.Lo), L.bufs[pt.Param].Slice(pt.Lo, pt.Hi-pt.Lo))
+			}
 		}
 	}
 	s.Done = time.Since(r.start)

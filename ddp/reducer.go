@@ -60,6 +60,10 @@ type Reducer struct {
 	static   []bool        // StaticGraph: unused in the first synced step
 	staticOK bool          // static set known
 	reduced  atomic.Int32
+	// Options.Shard (shard.go): the step's buckets all-gathered so far,
+	// and whether its reduction is over and WaitGather awaited.
+	gathered  atomic.Int32
+	gathering atomic.Bool
 
 	cur, last *StepStats
 	statsBuf  [2]StepStats
@@ -251,6 +255,9 @@ func (r *Reducer) prepare(params []Param) error {
 		}
 		r.tensors[i] = bucket.Tensor{Numel: n, DType: p.DType}
 		total += n * size
+	}
+	if err := r.checkShard(); err != nil {
+		return err
 	}
 
 	// Initial layout: buckets over the parameters in reverse registration

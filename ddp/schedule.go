@@ -26,9 +26,14 @@ type schedule struct {
 	complete []atomic.Bool  // per bucket: pending reached zero
 	nmarked  atomic.Int32   // parameters marked in this step
 	next     atomic.Int32   // next bucket to launch; written by the launcher only
+	// With Options.Shard: which buckets Gather has published, and the
+	// next whose all-gather may launch (the launcher's). nil otherwise.
+	published []atomic.Bool
+	gnext     atomic.Int32
 }
 
-// errMarked is returned by mark for a parameter already marked this step.
+// errMarked is returned by mark for a parameter already marked this step,
+// and by publish for a bucket already published.
 var errMarked = errors.New("already marked")
 
 // newSchedule returns a schedule for len(bucketOf) parameters in nb
@@ -61,6 +66,10 @@ func (s *schedule) reset() {
 	}
 	s.nmarked.Store(0)
 	s.next.Store(0)
+	for b := range s.published {
+		s.published[b].Store(false)
+	}
+	s.gnext.Store(0)
 }
 
 // claim marks parameter p without counting it towards its bucket yet. It
@@ -130,6 +139,56 @@ func (s *schedule) ready(limit int) int {
 // launched returns how many buckets have launched this step.
 func (s *schedule) launched() int { return int(s.next.Load()) }
 
+// shard makes the schedule track the gathers of Options.Shard.
+func (s *schedule) shard() {
+	s.published = make([]atomic.Bool, len(s.counts))
+}
+
+// publish records that bucket b's gather may launch. It returns errMarked
+// if b was published already this step.
+func (s *schedule) publish(b int) error {
+	if !s.published[b].CompareAndSwap(false, true) {
+		return errMarked
+	}
+	return nil
+}
+
+// isPublished reports whether bucket b was published this step (false
+// without Options.Shard).
+func (s *schedule) isPublished(b int) bool {
+	return s.published != nil && s.published[b].Load()
+}
+
+// gatherReady returns how many gathers may launch now, in index order
+// from the next one: each published, and every bucket launched for its
+// reduction, so that the gathers follow the step's last reduction on the
+// wire of every rank, whenever each rank's optimizer publishes them.
+func (s *schedule) gatherReady() int {
+	if s.published == nil || int(s.next.Load()) < len(s.counts) {
+		return 0
+	}
+	k := int(s.gnext.Load())
+	n := 0
+	for k+n < len(s.published) && s.published[k+n].Load() {
+		n++
+	}
+	return n
+}
+
+// launchGather returns the next gather that may launch and advances past
+// it, or -1.
+func (s *schedule) launchGather() int {
+	if s.gatherReady() == 0 {
+		return -1
+	}
+	k := s.gnext.Load()
+	s.gnext.Store(k + 1)
+	return int(k)
+}
+
+// gathersLaunched returns how many gathers have launched this step.
+func (s *schedule) gathersLaunched() int { return int(s.gnext.Load()) }
+
 // buckets returns the number of buckets.
 func (s *schedule) buckets() int { return len(s.counts) }
 
@@ -138,6 +197,7 @@ const (
 	kindBucket  uint8 = iota // a bucket (k: its index)
 	kindBuffers              // a group of buffers (k: the group)
 	kindJoin                 // the join flag
+	kindGather               // a bucket's all-gather (k: its index; Options.Shard)
 )
 
 // sequence is the order of a synced step's collectives and who reads the

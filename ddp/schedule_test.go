@@ -285,3 +285,60 @@ func FuzzSequence(f *testing.F) {
 		}
 	})
 }
+
+// TestScheduleGathers: under Options.Shard the gathers launch in bucket
+// order, published or not in that order, and only once every bucket has
+// launched for its reduction, so every rank's wire carries the step's
+// reductions first whatever the timing of its optimizer.
+func TestScheduleGathers(t *testing.T) {
+	s := newSchedule([]int{0, 1, 2}, 3)
+	s.shard()
+	for p := range 3 {
+		if _, err := s.mark(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.launch()
+	for _, step := range []struct {
+		publish  int // -1: none
+		launch   bool
+		ready    int
+		gathered []int
+	}{
+		{publish: 1, ready: 0}, // bucket 0 not published
+		{publish: 0, ready: 0}, // buckets 1 and 2 not launched for reduction
+		{publish: -1, launch: true, ready: 2, gathered: []int{0, 1}},
+		{publish: 2, ready: 1, gathered: []int{2}},
+	} {
+		if step.publish >= 0 {
+			if err := s.publish(step.publish); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if step.launch {
+			s.launch()
+			s.launch()
+		}
+		if got := s.gatherReady(); got != step.ready {
+			t.Fatalf("after publishing %d: %d gathers ready, want %d", step.publish, got, step.ready)
+		}
+		for _, want := range step.gathered {
+			if got := s.launchGather(); got != want {
+				t.Fatalf("launched gather %d, want %d", got, want)
+			}
+		}
+		if got := s.launchGather(); got != -1 {
+			t.Fatalf("launched gather %d, want none", got)
+		}
+	}
+	if err := s.publish(2); err == nil {
+		t.Fatal("published bucket 2 twice")
+	}
+	if s.gathersLaunched() != 3 {
+		t.Fatalf("%d gathers launched, want 3", s.gathersLaunched())
+	}
+	s.reset()
+	if s.isPublished(0) || s.gathersLaunched() != 0 {
+		t.Fatal("reset kept the gathers")
+	}
+}

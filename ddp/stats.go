@@ -95,6 +95,10 @@ type BucketStats struct {
 	Done            time.Duration // the bucket holds the average
 	WireBytes       int64         // payload bytes handed to collectives
 	Overflows       int64
+	// With Options.Shard: the all-gather of the bucket's parameters was
+	// issued and seen complete, and the bytes this rank contributed.
+	GatherStart, GatherEnd time.Duration
+	GatherBytes            int64
 }
 
 // Latency is the time from the bucket being complete to it being reduced.

@@ -51,7 +51,7 @@ func (r *Reducer) Begin(mode SyncMode) error {
 	}
 	switch r.state.Load() {
 	case syncing:
-		return fmt.Errorf("%w: rank %d: Begin(%v) while synced step %d is running: call Wait first", ErrStepInProgress, r.c.Rank(), mode, r.stepNo)
+		return fmt.Errorf("%w: rank %d: Begin(%v) while synced step %d is running: call %s first", ErrStepInProgress, r.c.Rank(), mode, r.stepNo, r.stepEnd())
 	case local:
 		r.finish()
 	}
@@ -81,6 +81,7 @@ func (r *Reducer) open(sync, shadow bool) error {
 	L.issued.Store(0)
 	r.nready.Store(0)
 	r.reduced.Store(0)
+	r.gathered.Store(0)
 	clear(r.isUnused)
 	s := r.cur
 	s.reset(r.stepNo, sync, len(r.params))
@@ -195,6 +196,10 @@ func (r *Reducer) gradOK(op string, i int) error {
 		if L.sched.isMarked(i) && L.bucketOf[i] >= int(r.reduced.Load()) {
 			return fmt.Errorf("%w: rank %d step %d: %s(%d): parameter %q is marked ready and its bucket %d is being reduced; "+
 				"read it once Wait returns (or once WaitEach reports bucket %d)", ErrBusy, r.c.Rank(), r.stepNo, op, i, r.params[i].Name, L.bucketOf[i], L.bucketOf[i])
+		}
+		if L.sched.isPublished(L.bucketOf[i]) {
+			return fmt.Errorf("%w: rank %d step %d: %s(%d): parameter %q is in bucket %d, which Gather has published: its memory carries the parameters until WaitGather returns",
+				ErrBusy, r.c.Rank(), r.stepNo, op, i, r.params[i].Name, L.bucketOf[i])
 		}
 	}
 	return nil

@@ -35,6 +35,10 @@ func (r *Reducer) Wait(ctx context.Context) error {
 type Reduced struct {
 	Bucket int   // index in the current layout
 	Params []int // its parameters: the Reducer's own slice, valid until the next Begin; do not modify
+	// Owned is the bucket's part this rank owns under Options.Shard
+	// (Owned(Bucket)): the only elements whose gradients hold the
+	// average. nil without Shard.
+	Owned []Part
 }
 
 // WaitEach is Wait that also calls each, on the calling goroutine, once
@@ -65,6 +69,9 @@ func (r *Reducer) wait(ctx context.Context, each func(Reduced)) error {
 	if err := r.usable(); err != nil {
 		return err
 	}
+	if r.gathering.Load() {
+		return fmt.Errorf("%w: rank %d: Wait in step %d, whose buckets are reduced already: Gather each and call WaitGather", ErrStepInProgress, r.c.Rank(), r.stepNo)
+	}
 	switch r.state.Load() {
 	case idle:
 		return fmt.Errorf("%w: rank %d: Wait without a step (the last was step %d): call Begin first", ErrNoStep, r.c.Rank(), r.stepNo)
@@ -87,6 +94,11 @@ func (r *Reducer) wait(ctx context.Context, each func(Reduced)) error {
 	if r.o.StaticGraph && !r.staticOK {
 		copy(r.static, r.isUnused)
 		r.staticOK = true
+	}
+	if L.shard != nil {
+		// The step goes on until WaitGather; Shard keeps the layout.
+		r.gathering.Store(true)
+		return nil
 	}
 	first := !r.rebuilt
 	r.finish()
@@ -144,7 +156,11 @@ func (r *Reducer) waitDone(ctx context.Context, L *layout, each func(Reduced)) e
 	next := 0 // the next bucket to report to each
 	report := func() {
 		for n := int(r.reduced.Load()); next < n && !r.failed.Load(); next++ {
-			each(Reduced{Bucket: next, Params: L.buckets[next].Tensors})
+			var owned []Part
+			if L.shard != nil {
+				owned = L.shard.owned[next]
+			}
+			each(Reduced{Bucket: next, Params: L.buckets[next].Tensors, Owned: owned})
 		}
 	}
 	if each != nil {
@@ -266,6 +282,10 @@ func (r *Reducer) finish() {
 		if n := len(L.buckets); L.sched.launched() != n || int(r.reduced.Load()) != n || int(L.sched.nmarked.Load()) != len(r.params) {
 			panic(fmt.Sprintf("ddp: invariant: step %d finished with %d of %d buckets launched, %d reduced, %d of %d parameters marked",
 				r.stepNo, L.sched.launched(), n, r.reduced.Load(), L.sched.nmarked.Load(), len(r.params)))
+		}
+		if n := len(L.buckets); L.shard != nil && (L.sched.gathersLaunched() != n || int(r.gathered.Load()) != n) {
+			panic(fmt.Sprintf("ddp: invariant: sharded step %d finished with %d of %d gathers launched, %d complete",
+				r.stepNo, L.sched.gathersLaunched(), n, r.gathered.Load()))
 		}
 		for i := range r.fresh {
 			if r.isStale(i) {

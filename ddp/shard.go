@@ -1,0 +1,441 @@
+package ddp
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/ddpgo/ddpgo/bucket"
+	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/hooks"
+)
+
+// Sharded optimizer state (ZeRO stage 1): what callers see is in the
+// package documentation, "Sharded optimizer state"; this is how.
+//
+// Each bucket of N ranks is laid out as N equal blocks of per elements
+// (padded with zeros at the end, or between the ranks' parameters with
+// ShardParams), and the hook reduce-scatters it in place: block r of rank
+// r's bucket receives the average. The padding is zero on every rank and
+// nothing writes it, so it reduces and gathers to zero. Once the caller
+// has stepped its part of bucket k, Gather copies the updated values of
+// that part into block r (the averaged gradients there are spent) and
+// publishes the bucket; the launcher all-gathers published buckets in
+// place, in index order, after the step's last reduce-scatter, which
+// keeps the order of collectives the same on every rank whatever the
+// timing of each rank's optimizer; the finisher waits for them as for
+// the buckets; WaitGather copies every other rank's part out of the
+// bucket into the caller's values.
+
+// ShardMode selects whether and how Options.Shard partitions the
+// optimizer's work across ranks.
+type ShardMode uint8
+
+const (
+	// ShardOff: every rank receives every averaged gradient (an
+	// all-reduce per bucket) and steps every parameter.
+	ShardOff ShardMode = iota
+	// ShardElements partitions each bucket by elements, as DeepSpeed's
+	// ZeRO does: rank r owns elements [r·c, (r+1)·c) of the bucket, c
+	// the bucket's element count divided by N and rounded up, so a
+	// parameter may be split between ranks. For elementwise optimizers
+	// (SGD, momentum, Adam, AdamW). A rank's share of each bucket is at
+	// most one element above 1/N of it.
+	ShardElements
+	// ShardParams partitions each bucket by whole parameters, as
+	// PyTorch's ZeroRedundancyOptimizer does (greedily, largest first,
+	// to the least loaded rank): for optimizers that need a whole tensor
+	// (LAMB's and LARS's norms, Shampoo). A rank's share of each bucket
+	// is at most 1/N of it plus its largest parameter; the bucket's
+	// memory is N times the largest share.
+	ShardParams
+)
+
+func (m ShardMode) String() string {
+	switch m {
+	case ShardOff:
+		return "ShardOff"
+	case ShardElements:
+		return "ShardElements"
+	case ShardParams:
+		return "ShardParams"
+	}
+	return fmt.Sprintf("ShardMode(%d)", uint8(m))
+}
+
+// Part is the elements [Lo, Hi) of parameter Param that this rank owns
+// under Options.Shard: once its bucket is reduced, the gradient holds
+// the average there (Grad(Param)[Lo:Hi]), and this rank alone steps
+// those elements of the parameter and keeps their optimizer state.
+type Part struct {
+	Param  int
+	Lo, Hi int
+}
+
+// Owned returns the parts of bucket k that this rank owns under
+// Options.Shard, in the bucket's order: the Reducer's own slice, the same
+// in every step (Shard keeps the layout); do not modify it. It returns
+// nil without Options.Shard or for a bucket index out of range. Every
+// element of every parameter is owned by exactly one rank.
+func (r *Reducer) Owned(k int) []Part {
+	L := r.lay.Load()
+	if L == nil || L.shard == nil || k < 0 || k >= len(L.buckets) {
+		return nil
+	}
+	return L.shard.owned[k]
+}
+
+// Gather publishes this rank's part of bucket k's parameters: it copies
+// the owned elements (Owned(k)) of values, the parameters this rank has
+// just stepped, into the bucket, whose averaged gradients there are then
+// spent, and has the bucket all-gathered, so that every rank receives
+// every rank's part. values[i] holds parameter i (as in
+// BroadcastParameters); Gather reads only the owned elements of bucket
+// k's parameters, and WaitGather writes the others. It never waits for
+// the network: the launcher issues the all-gathers, in bucket order,
+// once the step's last bucket has been launched for reduction.
+//
+// Gather may be called, for each bucket of a synced step, once the
+// bucket is reduced: inside WaitEach's each (the gather of bucket k then
+// overlaps the reduction and the optimizer of later buckets) or after
+// Wait, from any goroutine, and must return before WaitGather is called.
+// values must stay untouched, and the bucket's gradients unread, until
+// WaitGather returns (Grad fails with ErrBusy meanwhile). It fails with
+// ErrOptions without Options.Shard, ErrNoStep outside a synced step,
+// ErrIndex for a bucket out of range, ErrBusy before the bucket is
+// reduced, ErrGather for a bucket already gathered in this step, and
+// ErrGradSize for values of the wrong length.
+func (r *Reducer) Gather(k int, values [][]float32) error {
+	if err := r.usable(); err != nil {
+		return err
+	}
+	L := r.lay.Load()
+	rank := r.c.Rank()
+	switch {
+	case L.shard == nil:
+		return fmt.Errorf("%w: rank %d: Gather(%d) needs Options.Shard", ErrOptions, rank, k)
+	case r.state.Load() != syncing:
+		return fmt.Errorf("%w: rank %d: Gather(%d) outside a synced step (the last was step %d)", ErrNoStep, rank, k, r.stepNo)
+	case k < 0 || k >= len(L.buckets):
+		return fmt.Errorf("%w: rank %d: Gather(%d): the layout has %d buckets", ErrIndex, rank, k, len(L.buckets))
+	case k >= int(r.reduced.Load()):
+		return fmt.Errorf("%w: rank %d step %d: Gather(%d): bucket %d (%s) is not reduced yet; gather it once WaitEach reports it, or after Wait",
+			ErrBusy, rank, r.stepNo, k, k, L.describe(k, r.params))
+	case L.sched.isPublished(k):
+		return fmt.Errorf("%w: rank %d step %d: Gather(%d): bucket %d (%s) is gathered already in this step", ErrGather, rank, r.stepNo, k, k, L.describe(k, r.params))
+	case len(values) != len(r.params):
+		return fmt.Errorf("%w: rank %d: Gather(%d): %d value slices for %d parameters", ErrGradSize, rank, k, len(values), len(r.params))
+	}
+	for _, p := range L.buckets[k].Tensors {
+		if n := r.tensors[p].Numel; len(values[p]) != n {
+			return fmt.Errorf("%w: rank %d: Gather(%d): parameter %d (%q, shape %v) has %d elements, its value slice %d",
+				ErrGradSize, rank, k, p, r.params[p].Name, r.params[p].Shape, n, len(values[p]))
+		}
+	}
+	for _, pt := range L.shard.owned[k] {
+		copy(L.views[pt.Param][pt.Lo:pt.Hi], values[pt.Param][pt.Lo:pt.Hi])
+	}
+	L.shard.values[k] = values
+	if L.sched.publish(k) != nil {
+		// Gather ran concurrently with itself for bucket k: both copied
+		// the same elements, one publishes.
+		return fmt.Errorf("%w: rank %d step %d: Gather(%d) called twice at once", ErrGather, rank, r.stepNo, k)
+	}
+	r.wakeLauncher()
+	return nil
+}
+
+// WaitGather ends a synced step under Options.Shard: it waits for the
+// all-gathers that Gather published and copies every other rank's part
+// of the parameters into the values given to Gather, bucket by bucket as
+// each gather completes, on the calling goroutine. On return every rank
+// holds the same values, and the next Begin may follow. The bucket
+// memory then holds parameter values: a gradient slice read before the
+// next Begin shows them, not gradients.
+//
+// WaitGather must follow Wait (or WaitEach) and a Gather of every
+// bucket. If some bucket was not gathered, it fails with ErrGather
+// naming them, and the step stays open: gather them and call WaitGather
+// again. It honours ctx and Options.Timeout and fails, aborting the
+// group, as Wait does. In a no-sync step it only ends the step, as Wait
+// does.
+func (r *Reducer) WaitGather(ctx context.Context) error {
+	if err := r.enter(callWaitGather); err != nil {
+		return err
+	}
+	defer r.leave()
+	L := r.lay.Load()
+	rank := r.c.Rank()
+	if L.shard == nil {
+		return fmt.Errorf("%w: rank %d: WaitGather needs Options.Shard", ErrOptions, rank)
+	}
+	switch r.state.Load() {
+	case idle:
+		return fmt.Errorf("%w: rank %d: WaitGather without a step (the last was step %d): call Begin first", ErrNoStep, rank, r.stepNo)
+	case local:
+		r.finish()
+		return nil
+	}
+	if !r.gathering.Load() {
+		return fmt.Errorf("%w: rank %d: WaitGather in step %d before its reduction: call Wait (or WaitEach) first", ErrStepInProgress, rank, r.stepNo)
+	}
+	var missing []string
+	for k := range L.buckets {
+		if !L.sched.isPublished(k) {
+			missing = append(missing, fmt.Sprint(k))
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w: rank %d step %d: WaitGather with %d of %d buckets not gathered: %s; call Gather for each (the step stays open)",
+			ErrGather, rank, r.stepNo, len(missing), len(L.buckets), strings.Join(missing, ", "))
+	}
+	if err := r.waitGathers(ctx, L); err != nil {
+		return err
+	}
+	if err := r.usable(); err != nil {
+		return err
+	}
+	r.gathering.Store(false)
+	r.finish()
+	return nil
+}
+
+// waitGathers waits until every bucket's all-gather has completed,
+// copying each out as it does.
+func (r *Reducer) waitGathers(ctx context.Context, L *layout) error {
+	watch := r.dog.Start(time.Now())
+	nb := len(L.buckets)
+	next := 0
+	r.watch.Store(true) // the finisher pokes progress per gather
+	defer r.watch.Store(false)
+	for {
+		for n := int(r.gathered.Load()); next < n; next++ {
+			r.copyOut(L, next)
+		}
+		if next == nb || r.failed.Load() {
+			return nil
+		}
+		r.timer.Reset(max(watch.Next(time.Now()), time.Nanosecond))
+		select {
+		case <-r.progress:
+			r.timer.Stop()
+		case <-r.done: // a failure
+			r.timer.Stop()
+		case <-ctx.Done():
+			r.timer.Stop()
+			if int(r.gathered.Load()) == nb {
+				continue // finished as ctx ended: it stands
+			}
+			k := int(r.gathered.Load())
+			return r.fail(fmt.Errorf("ddp: rank %d step %d: waiting for the gather of bucket %d of %d (%s): %w", r.c.Rank(), r.stepNo, k, nb, L.describe(k, r.params), ctxErr(ctx)))
+		case <-r.timer.C:
+			now := time.Now()
+			report, expired := watch.Check(now)
+			if !report && !expired {
+				continue
+			}
+			s := r.gatherStall(L, int(r.gathered.Load()), watch.Waited(now))
+			if report {
+				r.dog.Report(s)
+			}
+			if expired && int(r.gathered.Load()) < nb {
+				return r.fail(fmt.Errorf("ddp: %w", s.TimeoutError()))
+			}
+		}
+	}
+}
+
+// gatherStall describes the wait for bucket k's all-gather.
+func (r *Reducer) gatherStall(L *layout, k int, waited time.Duration) comm.Stall {
+	s := comm.Stall{Rank: r.c.Rank(), Waited: waited}
+	where := fmt.Sprintf("ddp step %d, gather of bucket %d of %d (%s)", r.stepNo, k, len(L.buckets), L.describe(k, r.params))
+	if int(L.shard.issued.Load()) > k {
+		w := L.shard.works[k]
+		s.Seq = w.ID()
+		s.Missing = comm.MissingRanks(r.c, w)
+		s.Detail = where + ": its collective is on the wire"
+		return s
+	}
+	s.Missing = []int{r.c.Rank()}
+	s.Detail = where + ": waiting for the launcher"
+	return s
+}
+
+// copyOut copies the parts of bucket k that other ranks own, now
+// gathered, into the values Gather was given.
+func (r *Reducer) copyOut(L *layout, k int) {
+	vals := L.shard.values[k]
+	for _, p := range L.buckets[k].Tensors {
+		lo, hi := L.shard.lo[p], L.shard.hi[p]
+		copy(vals[p][:lo], L.views[p][:lo])
+		copy(vals[p][hi:], L.views[p][hi:])
+	}
+	L.shard.values[k] = nil
+}
+
+// launchGathers issues the all-gathers that may go: published, in index
+// order, once the step's last bucket is launched. It runs on the launcher.
+func (r *Reducer) launchGathers(L *layout) {
+	n := L.sched.gatherReady()
+	if n == 0 {
+		return
+	}
+	if n > 1 {
+		comm.GroupStart(r.c)
+	}
+	for range n {
+		k := L.sched.launchGather()
+		hb := &L.hb[k]
+		s := &r.cur.Buckets[k]
+		s.GatherStart = time.Since(r.start)
+		own := hb.Part(r.c.Rank(), r.c.Size())
+		w := r.c.AllGather(own, hb.Buf)
+		s.GatherBytes = int64(own.Bytes())
+		L.shard.works[k] = w
+		L.shard.issued.Store(int32(k + 1))
+		r.fifo <- inflight{k: k, w: w, kind: kindGather}
+	}
+	if n > 1 {
+		if err := comm.GroupEnd(r.c); err != nil {
+			r.fail(fmt.Errorf("ddp: rank %d step %d: launching %d gathers as a group: %w", r.c.Rank(), r.stepNo, n, err))
+			r.signal()
+		}
+	}
+}
+
+// finishGather records bucket k's all-gather, complete with err. It runs
+// on the finisher.
+func (r *Reducer) finishGather(k int, err error) {
+	if err != nil {
+		L := r.lay.Load()
+		r.fail(fmt.Errorf("ddp: rank %d step %d: gathering the parameters of bucket %d (%s): %w", r.c.Rank(), r.stepNo, k, L.describe(k, r.params), err))
+		r.signal()
+		return
+	}
+	r.cur.Buckets[k].GatherEnd = time.Since(r.start)
+	r.gathered.Add(1)
+	if r.watch.Load() {
+		select {
+		case r.progress <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// shardLayout is a layout's partition under Options.Shard.
+type shardLayout struct {
+	owned  [][]Part      // per bucket: this rank's parts
+	lo, hi []int         // per parameter: its owned elements (lo == hi: none)
+	values [][][]float32 // per bucket: what Gather was given, until copied out
+	works  []comm.Work   // per bucket: its all-gather in this step
+	issued atomic.Int32  // all-gathers issued in this step
+}
+
+// place lays bucket b out for a group of n ranks under mode: the
+// element offset of each of its tensors (in b.Tensors' order) and the
+// elements per rank, per. The bucket then holds n·per elements, rank r's
+// block being [r·per, (r+1)·per).
+func place(b bucket.Bucket, tensors []bucket.Tensor, n int, mode ShardMode) (offs []int, per int) {
+	size := b.DType.Size()
+	offs = make([]int, len(b.Tensors))
+	if mode == ShardElements {
+		for j, o := range b.Offsets {
+			offs[j] = o / size
+		}
+		return offs, max(1, (b.Bytes/size+n-1)/n)
+	}
+	// ShardParams: largest first, each to the least loaded rank (the
+	// lowest on ties), then each rank's in bucket order.
+	order := make([]int, len(b.Tensors))
+	for j := range order {
+		order[j] = j
+	}
+	slices.SortStableFunc(order, func(a, c int) int {
+		return cmp.Compare(tensors[b.Tensors[c]].Numel, tensors[b.Tensors[a]].Numel)
+	})
+	owner := make([]int, len(b.Tensors))
+	load := make([]int, n)
+	for _, j := range order {
+		r := 0
+		for q := range load {
+			if load[q] < load[r] {
+				r = q
+			}
+		}
+		owner[j] = r
+		load[r] += tensors[b.Tensors[j]].Numel
+	}
+	per = max(1, slices.Max(load))
+	at := make([]int, n)
+	for j, t := range b.Tensors {
+		r := owner[j]
+		offs[j] = r*per + at[r]
+		at[r] += tensors[t].Numel
+	}
+	return offs, per
+}
+
+// ownedParts returns rank's parts of a bucket whose tensors (b.Tensors)
+// start at element offsets offs, rank's block being [rank·per,
+// (rank+1)·per), and records each parameter's range in lo and hi.
+func ownedParts(b bucket.Bucket, tensors []bucket.Tensor, offs []int, rank, per int, lo, hi []int) []Part {
+	var parts []Part
+	blo, bhi := rank*per, (rank+1)*per
+	for j, p := range b.Tensors {
+		from, to := max(offs[j], blo), min(offs[j]+tensors[p].Numel, bhi)
+		if from >= to {
+			lo[p], hi[p] = 0, 0
+			continue
+		}
+		lo[p], hi[p] = from-offs[j], to-offs[j]
+		parts = append(parts, Part{Param: p, Lo: lo[p], Hi: hi[p]})
+	}
+	if parts == nil {
+		parts = []Part{}
+	}
+	return parts
+}
+
+// checkShard refuses what Options.Shard cannot do yet or at all. It runs
+// in prepare, once the parameters are known.
+func (r *Reducer) checkShard() error {
+	o, rank := &r.o, r.c.Rank()
+	switch {
+	case o.Shard == ShardOff:
+		return nil
+	case o.Shard > ShardParams:
+		return fmt.Errorf("%w: rank %d: Options.Shard %v", ErrOptions, rank, o.Shard)
+	case !scatters(r.hook):
+		return fmt.Errorf("%w: rank %d: Options.Shard reduce-scatters each bucket, which hook %s cannot do (it is no hooks.Scatterer); use avg, allreduce, fp16 or bf16, or drop Options.Shard",
+			ErrOptions, rank, r.hook.Name())
+	case !r.host:
+		return fmt.Errorf("%w: rank %d: Options.Shard gathers parameters through Go slices, so it needs a host pool", ErrOptions, rank)
+	case o.Join != JoinOff:
+		return fmt.Errorf("%w: rank %d: Options.Shard with Options.Join %v: a joined rank would have to step its part of every bucket, which Join does not do yet", ErrOptions, rank, o.Join)
+	}
+	for i, p := range r.params {
+		if p.DType != comm.Float32 {
+			return fmt.Errorf("%w: rank %d: parameter %d (%q) is %s: Options.Shard gathers float32 parameters only", ErrUnsupported, rank, i, p.Name, p.DType)
+		}
+	}
+	return nil
+}
+
+// scatters reports whether h honours hooks.Bucket.Scatter.
+func scatters(h hooks.Hook) bool {
+	s, ok := h.(hooks.Scatterer)
+	return ok && s.Scatters()
+}
+
+// stepEnd names the call that ends the synced step running: Wait, or
+// under Options.Shard once the buckets are reduced, WaitGather.
+func (r *Reducer) stepEnd() string {
+	if r.gathering.Load() {
+		return "WaitGather"
+	}
+	return "Wait"
+}

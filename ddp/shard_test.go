@@ -1,0 +1,529 @@
+package ddp
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/hooks"
+	"github.com/ddpgo/ddpgo/internal/testutil"
+)
+
+// shardParams have element counts that no bucket cap below divides
+// evenly among 2, 3 or 4 ranks (77 elements in all).
+var shardParams = []Param{
+	{Name: "l1.weight", Shape: []int{7, 5}},
+	{Name: "l1.bias", Shape: []int{5}},
+	{Name: "l2.weight", Shape: []int{3, 7}},
+	{Name: "l2.bias", Shape: []int{3}},
+	{Name: "head", Shape: []int{13}},
+}
+
+// shardGrad is rank's gradient of parameter p at step, a function of the
+// parameter's values, so that any difference between two runs grows.
+func shardGrad(w []float32, rank, step, p int) []float32 {
+	g := make([]float32, len(w))
+	for j, v := range w {
+		g[j] = float32(math.Sin(float64(v)*float64(rank+1)+float64(step)+float64(j)*0.37)) * float32(1+p%3)
+	}
+	return g
+}
+
+// elementwise is an optimizer written for the test: it steps the elements
+// [Lo, Hi) of a parameter, keeping state for those elements only.
+type elementwise interface {
+	step(pt Part, w, g []float32)
+}
+
+// momentumSGD is SGD with momentum (PyTorch's: buf = μ·buf + g; w -= lr·buf).
+type momentumSGD struct {
+	lr, mu float32
+	buf    map[Part][]float32
+}
+
+func (o *momentumSGD) step(pt Part, w, g []float32) {
+	b, ok := o.buf[pt]
+	if !ok {
+		b = make([]float32, len(w))
+		o.buf[pt] = b
+	}
+	for j := range w {
+		b[j] = o.mu*b[j] + g[j]
+		w[j] -= o.lr * b[j]
+	}
+}
+
+// adam is Adam with bias correction, in float32.
+type adam struct {
+	lr, b1, b2, eps float32
+	t               map[Part]int
+	m, v            map[Part][]float32
+}
+
+func newAdam() *adam {
+	return &adam{lr: 0.01, b1: 0.9, b2: 0.999, eps: 1e-8, t: map[Part]int{}, m: map[Part][]float32{}, v: map[Part][]float32{}}
+}
+
+func (o *adam) step(pt Part, w, g []float32) {
+	m, v := o.m[pt], o.v[pt]
+	if m == nil {
+		m, v = make([]float32, len(w)), make([]float32, len(w))
+		o.m[pt], o.v[pt] = m, v
+	}
+	o.t[pt]++
+	t := float64(o.t[pt])
+	c1 := float32(1 - math.Pow(float64(o.b1), t))
+	c2 := float32(1 - math.Pow(float64(o.b2), t))
+	for j := range w {
+		m[j] = o.b1*m[j] + (1-o.b1)*g[j]
+		v[j] = o.b2*v[j] + (1-o.b2)*g[j]*g[j]
+		mh, vh := m[j]/c1, v[j]/c2
+		w[j] -= o.lr * mh / (float32(math.Sqrt(float64(vh))) + o.eps)
+	}
+}
+
+// shardRun is how a training run steps its optimizer.
+type shardRun uint8
+
+const (
+	runPlain    shardRun = iota // no Shard: Wait, then step every parameter
+	runEach                     // Shard: step and Gather inside WaitEach
+	runAfter                    // Shard: Wait, then step and Gather each bucket
+	runReversed                 // Shard: Wait, then Gather the buckets last to first
+)
+
+// shardTrain trains shardParams for steps on every rank of a new group of
+// n and returns every rank's values.
+func shardTrain(t *testing.T, n, steps int, run shardRun, mode ShardMode, opt func() elementwise, o func() Options) [][][]float32 {
+	t.Helper()
+	cs := newTestGroup(t, n)
+	out := make([][][]float32, n)
+	init := rand.New(rand.NewPCG(3, 4))
+	start := make([][]float32, len(shardParams))
+	for i, p := range shardParams {
+		start[i] = make([]float32, p.Numel())
+		for j := range start[i] {
+			start[i][j] = float32(init.NormFloat64())
+		}
+	}
+	errs := runRanks(cs, func(rank int, c comm.Communicator) error {
+		ctx := context.Background()
+		opts := o()
+		if run != runPlain {
+			opts.Shard = mode
+		}
+		r, err := New(ctx, c, shardParams, opts)
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		values := make([][]float32, len(start))
+		for i := range start {
+			values[i] = slices.Clone(start[i])
+		}
+		o := opt()
+		stepBucket := func(k int, owned []Part) error {
+			for _, pt := range owned {
+				g, err := r.Grad(pt.Param)
+				if err != nil {
+					return err
+				}
+				o.step(pt, values[pt.Param][pt.Lo:pt.Hi], g[pt.Lo:pt.Hi])
+			}
+			return r.Gather(k, values)
+		}
+		for s := range steps {
+			if err := r.Begin(Sync); err != nil {
+				return err
+			}
+			for i := len(shardParams) - 1; i >= 0; i-- {
+				if err := r.SetGrad(i, shardGrad(values[i], rank, s, i)); err != nil {
+					return err
+				}
+			}
+			switch run {
+			case runPlain:
+				if err := r.Wait(ctx); err != nil {
+					return err
+				}
+				for i := range values {
+					g, err := r.Grad(i)
+					if err != nil {
+						return err
+					}
+					o.step(Part{Param: i, Lo: 0, Hi: len(g)}, values[i], g)
+				}
+				continue
+			case runEach:
+				var stepErr error
+				err := r.WaitEach(ctx, func(b Reduced) {
+					if err := stepBucket(b.Bucket, b.Owned); err != nil && stepErr == nil {
+						stepErr = err
+					}
+				})
+				if err != nil {
+					return err
+				}
+				if stepErr != nil {
+					return stepErr
+				}
+			case runAfter, runReversed:
+				if err := r.Wait(ctx); err != nil {
+					return err
+				}
+				nb := len(r.Buckets())
+				for j := range nb {
+					k := j
+					if run == runReversed {
+						k = nb - 1 - j
+					}
+					if err := stepBucket(k, r.Owned(k)); err != nil {
+						return err
+					}
+				}
+			}
+			if err := r.WaitGather(ctx); err != nil {
+				return err
+			}
+		}
+		out[rank] = values
+		return nil
+	})
+	if err := firstErr(errs); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestShardEquivalence trains with sharded optimizer state and without,
+// on 1 to 4 ranks, and wants the same bits: the reduce-scatter leaves
+// each rank the bits the all-reduce leaves in its part (the same
+// elementwise reduction, in the same rank order), the optimizers are
+// elementwise, and the gather copies bits.
+func TestShardEquivalence(t *testing.T) {
+	testutil.NoLeak(t)
+	const steps = 4
+	opts := []struct {
+		name string
+		opt  func() elementwise
+	}{
+		{"momentum", func() elementwise { return &momentumSGD{lr: 0.05, mu: 0.9, buf: map[Part][]float32{}} }},
+		{"adam", func() elementwise { return newAdam() }},
+	}
+	cases := []struct {
+		name string
+		hook func() hooks.Hook
+		caps [2]int // first, rest: 44 bytes is 11 elements, prime
+		run  shardRun
+		mode ShardMode
+	}{
+		{"avg/each", hooks.Avg, [2]int{44, 88}, runEach, ShardElements},
+		{"avg/after", hooks.Avg, [2]int{44, 88}, runAfter, ShardElements},
+		{"avg/reversed", hooks.Avg, [2]int{44, 88}, runReversed, ShardElements},
+		{"avg/one-bucket", hooks.Avg, [2]int{1 << 20, 1 << 20}, runEach, ShardElements},
+		{"allreduce/each", hooks.AllReduce, [2]int{44, 88}, runEach, ShardElements},
+		{"fp16/each", hooks.FP16, [2]int{44, 88}, runEach, ShardElements},
+		{"bf16/after", hooks.BF16, [2]int{44, 88}, runAfter, ShardElements},
+		{"avg/params", hooks.Avg, [2]int{44, 88}, runEach, ShardParams},
+		{"fp16/params-one-bucket", hooks.FP16, [2]int{1 << 20, 1 << 20}, runAfter, ShardParams},
+	}
+	for n := 1; n <= 4; n++ {
+		for _, op := range opts {
+			for _, c := range cases {
+				t.Run(fmt.Sprintf("n=%d/%s/%s", n, op.name, c.name), func(t *testing.T) {
+					o := func() Options {
+						return Options{FirstBucketCap: c.caps[0], BucketCap: c.caps[1], Hook: c.hook(), KeepLayout: true, Timeout: time.Minute}
+					}
+					want := shardTrain(t, n, steps, runPlain, ShardOff, op.opt, o)
+					got := shardTrain(t, n, steps, c.run, c.mode, op.opt, o)
+					for rank := range n {
+						for i := range want[rank] {
+							if j := firstDiff(got[rank][i], want[rank][i]); j >= 0 {
+								t.Fatalf("rank %d parameter %d (%q) element %d: sharded %v, unsharded %v", rank, i, shardParams[i].Name, j, got[rank][i][j], want[rank][i][j])
+							}
+						}
+					}
+					if moved := !slices.Equal(bitsOf(want[0][0]), bitsOf(shardTrain(t, n, 0, runPlain, ShardOff, op.opt, o)[0][0])); !moved {
+						t.Fatal("training did not change the parameters: the comparison proves nothing")
+					}
+				})
+			}
+		}
+	}
+}
+
+// firstDiff returns the first index where a and b differ in their bits,
+// or -1.
+func firstDiff(a, b []float32) int {
+	for j := range a {
+		if math.Float32bits(a[j]) != math.Float32bits(b[j]) {
+			return j
+		}
+	}
+	return -1
+}
+
+func bitsOf(v []float32) []uint32 {
+	b := make([]uint32, len(v))
+	for j, x := range v {
+		b[j] = math.Float32bits(x)
+	}
+	return b
+}
+
+// TestShardPartition checks that every element of every parameter is
+// owned by exactly one rank, that each rank's share of a bucket is within
+// the bound its mode promises, and that ShardParams owns whole
+// parameters.
+func TestShardPartition(t *testing.T) {
+	testutil.NoLeak(t)
+	for n := 1; n <= 4; n++ {
+		for _, mode := range []ShardMode{ShardElements, ShardParams} {
+			t.Run(fmt.Sprintf("n=%d/%v", n, mode), func(t *testing.T) {
+				cs := newTestGroup(t, n)
+				owned := make([][][]Part, n)
+				var layout []BucketInfo
+				errs := withReducers(t, cs, shardParams, func() Options {
+					return Options{FirstBucketCap: 44, BucketCap: 88, Shard: mode}
+				}, func(rank int, r *Reducer) error {
+					mine := r.Buckets()
+					if rank == 0 {
+						layout = mine
+					}
+					for k := range mine {
+						owned[rank] = append(owned[rank], r.Owned(k))
+					}
+					if r.Owned(len(mine)) != nil || r.Owned(-1) != nil {
+						return fmt.Errorf("Owned out of range is not nil")
+					}
+					return nil
+				})
+				if err := firstErr(errs); err != nil {
+					t.Fatal(err)
+				}
+				count := make([][]int, len(shardParams))
+				for i, p := range shardParams {
+					count[i] = make([]int, p.Numel())
+				}
+				for k, b := range layout {
+					elems, largest := 0, 0
+					for _, p := range b.Params {
+						elems += shardParams[p].Numel()
+						largest = max(largest, shardParams[p].Numel())
+					}
+					for rank := range n {
+						share := 0
+						for _, pt := range owned[rank][k] {
+							if !slices.Contains(b.Params, pt.Param) || pt.Lo >= pt.Hi {
+								t.Fatalf("rank %d bucket %d: part %+v", rank, k, pt)
+							}
+							if mode == ShardParams && (pt.Lo != 0 || pt.Hi != shardParams[pt.Param].Numel()) {
+								t.Errorf("rank %d bucket %d: ShardParams part %+v is not a whole parameter", rank, k, pt)
+							}
+							for j := pt.Lo; j < pt.Hi; j++ {
+								count[pt.Param][j]++
+							}
+							share += pt.Hi - pt.Lo
+						}
+						limit := (elems + n - 1) / n // ShardElements: 1/N, rounded up
+						if mode == ShardParams {
+							limit = elems/n + largest
+						}
+						if share > limit {
+							t.Errorf("rank %d bucket %d: owns %d of %d elements, above %d", rank, k, share, elems, limit)
+						}
+					}
+				}
+				for i, c := range count {
+					for j, v := range c {
+						if v != 1 {
+							t.Fatalf("parameter %d element %d owned by %d ranks", i, j, v)
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestShardErrors covers the refusals and the misuse of the sharded step.
+func TestShardErrors(t *testing.T) {
+	testutil.NoLeak(t)
+	ctx := context.Background()
+	t.Run("powersgd", func(t *testing.T) {
+		cs := newTestGroup(t, 2)
+		errs := withReducers(t, cs, shardParams, func() Options {
+			o := hooks.DefaultPowerSGDOptions()
+			return Options{Shard: ShardElements, Hook: hooks.PowerSGD(o)}
+		}, func(int, *Reducer) error { return nil })
+		for _, err := range errs {
+			wantErr(t, err, ErrOptions, "Options.Shard", "powersgd")
+		}
+	})
+	t.Run("mismatch", func(t *testing.T) {
+		cs := newTestGroup(t, 2)
+		errs := withReducers(t, cs, shardParams, func() Options { return Options{} }, func(int, *Reducer) error { return nil })
+		if firstErr(errs) != nil {
+			t.Fatal(firstErr(errs))
+		}
+		errs = runRanks(cs, func(rank int, c comm.Communicator) error {
+			o := Options{KeepLayout: true}
+			if rank == 1 {
+				o.Shard = ShardElements
+			}
+			r, err := New(ctx, c, shardParams, o)
+			if err == nil {
+				r.Close()
+			}
+			return err
+		})
+		for _, err := range errs {
+			wantErr(t, err, ErrParamMismatch, "Shard ShardOff", "Shard ShardElements")
+		}
+	})
+	t.Run("misuse", func(t *testing.T) {
+		cs := newTestGroup(t, 1)
+		r, err := New(ctx, cs[0], shardParams, Options{Shard: ShardElements, FirstBucketCap: 44, BucketCap: 88})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		values := zeroValues(shardParams)
+		wantErr(t, r.Gather(0, values), ErrNoStep)
+		wantErr(t, r.WaitGather(ctx), ErrNoStep)
+		if err := r.Begin(Sync); err != nil {
+			t.Fatal(err)
+		}
+		wantErr(t, r.WaitGather(ctx), ErrStepInProgress, "call Wait")
+		for i := range shardParams {
+			if err := r.SetGrad(i, values[i]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := r.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		wantErr(t, r.Begin(Sync), ErrStepInProgress, "WaitGather")
+		wantErr(t, r.Wait(ctx), ErrStepInProgress, "WaitGather")
+		wantErr(t, r.Gather(99, values), ErrIndex)
+		wantErr(t, r.Gather(0, values[:1]), ErrGradSize)
+		if err := r.Gather(0, values); err != nil {
+			t.Fatal(err)
+		}
+		wantErr(t, r.Gather(0, values), ErrGather, "already")
+		p := r.Buckets()[0].Params[0]
+		if _, err := r.Grad(p); err == nil {
+			t.Fatal("Grad of a published bucket's parameter succeeded")
+		} else {
+			wantErr(t, err, ErrBusy, "WaitGather")
+		}
+		wantErr(t, r.WaitGather(ctx), ErrGather, "not gathered")
+		for k := 1; k < len(r.Buckets()); k++ {
+			if err := r.Gather(k, values); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := r.WaitGather(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Begin(Sync); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("off", func(t *testing.T) {
+		cs := newTestGroup(t, 1)
+		r, err := New(ctx, cs[0], shardParams, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		wantErr(t, r.Gather(0, zeroValues(shardParams)), ErrOptions, "Options.Shard")
+		wantErr(t, r.WaitGather(ctx), ErrOptions, "Options.Shard")
+		if r.Owned(0) != nil {
+			t.Fatal("Owned without Shard is not nil")
+		}
+	})
+}
+
+// countComm counts the collectives a rank issues, by kind.
+type countComm struct {
+	comm.Communicator
+	allReduce, reduceScatter, allGather int
+}
+
+func (c *countComm) Capabilities() comm.Caps { return comm.CapsOf(c.Communicator) }
+func (c *countComm) AllReduce(send, recv comm.Buffer, op comm.Op) comm.Work {
+	c.allReduce++
+	return c.Communicator.AllReduce(send, recv, op)
+}
+func (c *countComm) ReduceScatter(send, recv comm.Buffer, op comm.Op) comm.Work {
+	c.reduceScatter++
+	return c.Communicator.ReduceScatter(send, recv, op)
+}
+func (c *countComm) AllGather(send, recv comm.Buffer) comm.Work {
+	c.allGather++
+	return c.Communicator.AllGather(send, recv)
+}
+
+// TestShardCollectives checks that a sharded step reduce-scatters and
+// all-gathers each bucket once, and all-reduces nothing: the bytes of one
+// all-reduce, as the ring's reduce-scatter and all-gather halves.
+func TestShardCollectives(t *testing.T) {
+	testutil.NoLeak(t)
+	for _, h := range []func() hooks.Hook{hooks.Avg, hooks.FP16} {
+		cs := newTestGroup(t, 2)
+		counted := make([]comm.Communicator, len(cs))
+		for r, c := range cs {
+			counted[r] = &countComm{Communicator: c}
+		}
+		const steps = 2
+		var buckets int
+		errs := withReducers(t, counted, shardParams, func() Options {
+			return Options{FirstBucketCap: 44, BucketCap: 88, Shard: ShardElements, Hook: h()}
+		}, func(rank int, r *Reducer) error {
+			ctx := context.Background()
+			values := zeroValues(shardParams)
+			if rank == 0 {
+				buckets = len(r.Buckets())
+			}
+			c := counted[rank].(*countComm)
+			c.allReduce, c.allGather = 0, 0 // New's check
+			for range steps {
+				if err := r.Begin(Sync); err != nil {
+					return err
+				}
+				for i := range shardParams {
+					if err := r.SetGrad(i, values[i]); err != nil {
+						return err
+					}
+				}
+				if err := r.WaitEach(ctx, func(b Reduced) {
+					if err := r.Gather(b.Bucket, values); err != nil {
+						t.Error(err)
+					}
+				}); err != nil {
+					return err
+				}
+				if err := r.WaitGather(ctx); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err := firstErr(errs); err != nil {
+			t.Fatal(err)
+		}
+		for r, c := range counted {
+			c := c.(*countComm)
+			if c.allReduce != 0 || c.reduceScatter != steps*buckets || c.allGather != steps*buckets {
+				t.Errorf("rank %d: %d all-reduces, %d reduce-scatters, %d all-gathers in %d steps of %d buckets",
+					r, c.allReduce, c.reduceScatter, c.allGather, steps, buckets)
+			}
+		}
+	}
+}
