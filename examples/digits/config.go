@@ -24,8 +24,13 @@ type config struct {
 	RanksSet bool
 	// PowerSGD's rank and start step (-hook powersgd).
 	PowerSGDRank, PowerSGDStart int
+	// Optimizer is momentum (SGD with Momentum) or adam.
+	Optimizer string
+	// Shard keeps each rank's optimizer state for its part of each
+	// bucket only (ddp.Options.Shard, ZeRO stage 1).
+	Shard bool
 }
 
 func defaultConfig() config {
-	return config{Backend: "inproc", Ranks: 4, Epochs: 20, Batch: 64, Hidden: 128, LR: 0.05, Momentum: 0.9, Hook: "none", Seed: 1, PowerSGDRank: 4, PowerSGDStart: 10}
+	return config{Backend: "inproc", Ranks: 4, Epochs: 20, Batch: 64, Hidden: 128, LR: 0.05, Momentum: 0.9, Optimizer: "momentum", Hook: "none", Seed: 1, PowerSGDRank: 4, PowerSGDStart: 10}
 }

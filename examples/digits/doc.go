@@ -23,7 +23,15 @@
 //
 // Usage:
 //
-//	go run ./examples/digits [-ranks 4] [-epochs 20] [-batch 64] [-hidden 128] [-lr 0.05] [-momentum 0.9] [-hook none|fp16|bf16|powersgd] [-powersgd-rank 4] [-powersgd-start 10] [-seed 1] [-data file.csv.gz] [-stats] [-trace out.json] [-save weights.bin]
+//	go run ./examples/digits [-ranks 4] [-epochs 20] [-batch 64] [-hidden 128] [-lr 0.05] [-momentum 0.9] [-opt momentum|adam] [-shard] [-hook none|fp16|bf16|powersgd] [-powersgd-rank 4] [-powersgd-start 10] [-seed 1] [-data file.csv.gz] [-stats] [-trace out.json] [-save weights.bin]
+//
+// -opt adam trains with Adam instead of SGD with momentum (try -lr
+// 0.002). -shard shards the optimizer state (ddp.Options.Shard, ZeRO
+// stage 1): the gradients are reduce-scattered, each rank steps only its
+// part of each bucket, keeping a quarter of the state with 4 ranks, and
+// publishes it with Gather as soon as it is stepped; WaitGather gives
+// every rank the whole model. The losses and weights are the same bits as
+// without -shard (TestShardMatchesUnsharded).
 //
 // Across processes, one rank each, over Open MPI (the job's size is the
 // number of ranks; rank 0 prints):

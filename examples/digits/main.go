@@ -29,6 +29,8 @@ func main() {
 	flag.IntVar(&cfg.Hidden, "hidden", cfg.Hidden, "hidden units")
 	flag.Float64Var(&cfg.LR, "lr", cfg.LR, "learning rate")
 	flag.Float64Var(&cfg.Momentum, "momentum", cfg.Momentum, "SGD momentum")
+	flag.StringVar(&cfg.Optimizer, "opt", cfg.Optimizer, "optimizer: momentum (SGD with -momentum) or adam (try -lr 0.002)")
+	flag.BoolVar(&cfg.Shard, "shard", cfg.Shard, "shard the optimizer state (ZeRO stage 1): each rank reduce-scatters the gradients, steps its own part of each bucket and all-gathers the parameters")
 	flag.StringVar(&cfg.Hook, "hook", cfg.Hook, "gradient communication: none (fp32 average), allreduce (fp32, divide then sum), fp16, bf16 or powersgd")
 	flag.IntVar(&cfg.PowerSGDRank, "powersgd-rank", cfg.PowerSGDRank, "with -hook powersgd: the rank of each weight matrix's approximation")
 	flag.IntVar(&cfg.PowerSGDStart, "powersgd-start", cfg.PowerSGDStart, "with -hook powersgd: synced steps averaged uncompressed before compression starts")
@@ -76,6 +78,10 @@ func (c config) validate() error {
 		return fmt.Errorf("%w: -lr %v, want > 0", errConfig, c.LR)
 	case !(c.Momentum >= 0 && c.Momentum < 1):
 		return fmt.Errorf("%w: -momentum %v, want in [0, 1)", errConfig, c.Momentum)
+	case c.Optimizer != "momentum" && c.Optimizer != "adam":
+		return fmt.Errorf("%w: -opt %q, want momentum or adam", errConfig, c.Optimizer)
+	case c.Shard && c.Hook == "powersgd":
+		return fmt.Errorf("%w: -shard reduce-scatters each bucket, which -hook powersgd cannot do", errConfig)
 	}
 	return nil
 }
@@ -135,6 +141,22 @@ func run(out io.Writer, cfg config) error {
 				sum.backward += s.Compute
 				sum.comm += s.Comm
 				sum.ovlap += s.Overlap
+			}
+		},
+		state: func(rank, bytes int) {
+			if rank == 0 && (cfg.Shard || cfg.Optimizer != "momentum") {
+				all := 0 // unsharded: a float32 per element, two with Adam
+				for _, p := range params {
+					all += 4 * p.Numel()
+				}
+				if cfg.Optimizer == "adam" {
+					all *= 2
+				}
+				fmt.Fprintf(out, "optimizer %s: rank 0 keeps %d of %d bytes of state", cfg.Optimizer, bytes, all)
+				if cfg.Shard {
+					fmt.Fprint(out, " (-shard)")
+				}
+				fmt.Fprintln(out)
 			}
 		},
 		epoch: func(epoch int, m *mlp) {

@@ -242,45 +242,6 @@ func (m *mlp) backward(grad func(i int) ([]float32, error), ready func(i int) er
 	return ready(pW1)
 }
 
-// sgd is stochastic gradient descent with (heavy-ball) momentum:
-// v = mu v + g; w -= lr v.
-type sgd struct {
-	lr, mu float32
-	v      [][]float32
-}
-
-func newSGD(params [][]float32, lr, momentum float32) *sgd {
-	o := &sgd{lr: lr, mu: momentum, v: make([][]float32, len(params))}
-	for i, p := range params {
-		o.v[i] = make([]float32, len(p))
-	}
-	return o
-}
-
-// step updates every parameter i with gradient grad(i).
-func (o *sgd) step(params [][]float32, grad func(i int) ([]float32, error)) error {
-	for i := range params {
-		if err := o.update(params, i, grad); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// update updates parameter i with gradient grad(i).
-func (o *sgd) update(params [][]float32, i int, grad func(i int) ([]float32, error)) error {
-	g, err := grad(i)
-	if err != nil {
-		return err
-	}
-	w, v := params[i], o.v[i]
-	for k := range w {
-		v[k] = o.mu*v[k] + g[k]
-		w[k] -= o.lr * v[k]
-	}
-	return nil
-}
-
 // evaluate returns the mean loss and the accuracy (fraction correct) of m
 // on d, in chunks of at most batch rows.
 func (m *mlp) evaluate(d *dataset, batch int) (loss, accuracy float64) {

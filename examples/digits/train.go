@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -27,6 +28,7 @@ const bucketCap = 4 << 10
 type observer struct {
 	step  func(rank int, s *ddp.StepStats) // every rank, after every step
 	epoch func(epoch int, m *mlp)          // rank 0, after every epoch
+	state func(rank, bytes int)            // every rank, once: its optimizer state's size
 }
 
 // train is one rank's training loop; every rank of c runs it at the same
@@ -37,7 +39,11 @@ type observer struct {
 // backward runs.
 func train(ctx context.Context, c comm.Communicator, data *dataset, cfg config, hook hooks.Hook, obs observer) (*mlp, error) {
 	m := newMLP(cfg.Seed, Pixels, cfg.Hidden, Classes)
-	r, err := ddp.New(ctx, c, m.params(), ddp.Options{Hook: hook, FirstBucketCap: bucketCap, BucketCap: bucketCap})
+	opts := ddp.Options{Hook: hook, FirstBucketCap: bucketCap, BucketCap: bucketCap}
+	if cfg.Shard {
+		opts.Shard = ddp.ShardElements
+	}
+	r, err := ddp.New(ctx, c, m.params(), opts)
 	if err != nil {
 		return nil, err
 	}
@@ -45,7 +51,17 @@ func train(ctx context.Context, c comm.Communicator, data *dataset, cfg config, 
 	if err := r.BroadcastParameters(ctx, m.values()); err != nil { // start from rank 0's weights
 		return nil, err
 	}
-	opt := newSGD(m.values(), float32(cfg.LR), float32(cfg.Momentum))
+	parts := wholeParts(m.values())
+	if cfg.Shard { // state for this rank's part of each bucket only
+		parts = parts[:0]
+		for k := range r.Buckets() {
+			parts = append(parts, r.Owned(k)...)
+		}
+	}
+	opt := newOptimizer(cfg, parts)
+	if obs.state != nil {
+		obs.state(c.Rank(), opt.stateBytes())
+	}
 	shard := cfg.Batch / c.Size()
 	// This rank's share of every epoch: the shuffle is the same on every
 	// rank, and batch b of all ranks together is the global batch b.
@@ -68,11 +84,17 @@ func train(ctx context.Context, c comm.Communicator, data *dataset, cfg config, 
 			if err := m.backward(r.Grad, r.Ready); err != nil { // layer 2's all-reduce overlaps layer 1
 				return nil, err
 			}
-			if err := r.Wait(ctx); err != nil { // gradients now hold the average over ranks
-				return nil, err
-			}
-			if err := opt.step(m.values(), r.Grad); err != nil {
-				return nil, err
+			if cfg.Shard {
+				if err := shardedStep(ctx, r, opt, m.values()); err != nil {
+					return nil, err
+				}
+			} else {
+				if err := r.Wait(ctx); err != nil { // gradients now hold the average over ranks
+					return nil, err
+				}
+				if err := opt.step(m.values(), r.Grad); err != nil {
+					return nil, err
+				}
 			}
 			if obs.step != nil {
 				r.StatsInto(&stats) // timings of this step: compute, comm, overlap, per bucket
@@ -84,6 +106,31 @@ func train(ctx context.Context, c comm.Communicator, data *dataset, cfg config, 
 		}
 	}
 	return m, nil
+}
+
+// shardedStep ends a step with -shard: as each bucket is reduced, this
+// rank steps the part of it that it owns (the only part whose gradients
+// it received) and publishes it with Gather, which all-gathers it while
+// later buckets are still reduced or stepped; WaitGather then gives every
+// rank every rank's updates.
+func shardedStep(ctx context.Context, r *ddp.Reducer, opt *optimizer, values [][]float32) error {
+	opt.begin()
+	var stepErr error
+	err := r.WaitEach(ctx, func(b ddp.Reduced) {
+		for _, pt := range b.Owned {
+			g, err := r.Grad(pt.Param)
+			if err != nil {
+				stepErr = cmp.Or(stepErr, err)
+				return
+			}
+			opt.update(pt, values[pt.Param][pt.Lo:pt.Hi], g[pt.Lo:pt.Hi])
+		}
+		stepErr = cmp.Or(stepErr, r.Gather(b.Bucket, values))
+	})
+	if err = cmp.Or(err, stepErr); err != nil {
+		return err
+	}
+	return r.WaitGather(ctx)
 }
 
 // params describes the model's parameters to the Reducer, in registration

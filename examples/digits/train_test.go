@@ -115,6 +115,89 @@ func TestAccuracy(t *testing.T) {
 	}
 }
 
+// TestShardMatchesUnsharded trains with -shard and without, with
+// momentum and Adam, on 1, 2 and 4 ranks: the loss after every epoch
+// and the final weights of every rank must be the same bits, since the
+// reduce-scatter leaves each rank the averaged gradient bits the
+// all-reduce does and the optimizers are elementwise; and each rank
+// must keep at most a quarter of the state (plus an element a bucket)
+// with 4 ranks.
+func TestShardMatchesUnsharded(t *testing.T) {
+	train, _ := testData(t)
+	cfg := defaultConfig()
+	cfg.Epochs = 2
+	if invariants.RaceEnabled {
+		cfg.Epochs, cfg.Hidden = 1, 32
+		train = train.subset(seq(8 * cfg.Batch))
+	}
+	for _, opt := range []string{"momentum", "adam"} {
+		for _, ranks := range []int{1, 2, 4} {
+			cfg.Optimizer, cfg.Ranks, cfg.LR = opt, ranks, 0.05
+			if opt == "adam" {
+				cfg.LR = 0.002
+			}
+			type run struct {
+				losses []float64
+				models []*mlp
+				state  []int
+			}
+			runs := make([]run, 2)
+			for i, shard := range []bool{false, true} {
+				cfg.Shard = shard
+				r := &runs[i]
+				r.state = make([]int, ranks)
+				obs := observer{
+					epoch: func(_ int, m *mlp) {
+						loss, _ := m.evaluate(train, 256)
+						r.losses = append(r.losses, loss)
+					},
+					state: func(rank, bytes int) { r.state[rank] = bytes },
+				}
+				var err error
+				if r.models, err = trainGroup(context.Background(), train, cfg, obs); err != nil {
+					t.Fatalf("%s, %d ranks, shard %v: %v", opt, ranks, shard, err)
+				}
+			}
+			plain, sharded := runs[0], runs[1]
+			for e := range plain.losses {
+				if math.Float64bits(sharded.losses[e]) != math.Float64bits(plain.losses[e]) {
+					t.Errorf("%s, %d ranks: epoch %d's loss is %v sharded, %v not", opt, ranks, e+1, sharded.losses[e], plain.losses[e])
+				}
+			}
+			names, _ := plain.models[0].shapes()
+			for r := range ranks {
+				for p := range numParams {
+					if !slices.Equal(bitsOf(sharded.models[r].w[p]), bitsOf(plain.models[r].w[p])) {
+						t.Fatalf("%s, %d ranks: rank %d's %s differs between the sharded and the plain run", opt, ranks, r, names[p])
+					}
+				}
+				// Each layer has a bucket of its own (bucketCap): a
+				// rank's share is 1/N of it, rounded up.
+				buckets := 2
+				if limit := plain.state[r]/ranks + 4*buckets*(1+boolInt(opt == "adam")); sharded.state[r] > limit {
+					t.Errorf("%s, %d ranks: rank %d keeps %d bytes of optimizer state sharded, %d not: over %d", opt, ranks, r, sharded.state[r], plain.state[r], limit)
+				}
+			}
+			t.Logf("%s, %d ranks: final train loss %.4f, rank 0 keeps %d of %d bytes of state", opt, ranks, plain.losses[len(plain.losses)-1], sharded.state[0], plain.state[0])
+		}
+	}
+}
+
+func bitsOf(v []float32) []uint32 {
+	b := make([]uint32, len(v))
+	for j, x := range v {
+		b[j] = math.Float32bits(x)
+	}
+	return b
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // TestPowerSGDAccuracy trains the default configuration with PowerSGD at
 // ranks 1, 2 and 4, compressing from the first step: the test accuracy
 // must be within half a point of fp32's (one test image is 0.28 points),
