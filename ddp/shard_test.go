@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ddpgo/ddpgo/bucket"
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/hooks"
 	"github.com/ddpgo/ddpgo/internal/testutil"
@@ -523,6 +524,68 @@ func TestShardCollectives(t *testing.T) {
 			if c.allReduce != 0 || c.reduceScatter != steps*buckets || c.allGather != steps*buckets {
 				t.Errorf("rank %d: %d all-reduces, %d reduce-scatters, %d all-gathers in %d steps of %d buckets",
 					r, c.allReduce, c.reduceScatter, c.allGather, steps, buckets)
+			}
+		}
+	}
+}
+
+// TestShardMemoryResNet50 measures the optimizer state per rank that
+// Options.Shard leaves Adam (two float32s per owned element) on
+// ResNet-50's parameters, in the Reducer's initial layout with the
+// default bucket caps, for 2, 4 and 8 ranks, from the partition the
+// Reducer computes (place, ownedParts) without allocating the buckets;
+// it asserts each mode's bound: ShardElements within 1/N plus one
+// element per bucket, ShardParams within 1/N plus the largest parameter
+// of each bucket. go test -run TestShardMemoryResNet50 -v prints them.
+func TestShardMemoryResNet50(t *testing.T) {
+	params := loadManifest(t, "resnet50")
+	tensors := make([]bucket.Tensor, len(params))
+	total := 0
+	for i, p := range params {
+		tensors[i] = bucket.Tensor{Numel: p.Numel(), DType: comm.Float32}
+		total += p.Numel()
+	}
+	rev := make([]int, len(params))
+	for i := range rev {
+		rev[i] = len(params) - 1 - i
+	}
+	bs, err := bucket.Assign(tensors, []int{DefaultFirstBucketCap, DefaultBucketCap}, rev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const adam = 2 * 4 // bytes of state per element
+	t.Logf("ResNet-50: %d parameters, %d elements, %d buckets; Adam's state unsharded: %d bytes a rank", len(params), total, len(bs), adam*total)
+	for _, mode := range []ShardMode{ShardElements, ShardParams} {
+		for _, n := range []int{2, 4, 8} {
+			worst, slack := 0, 0
+			for rank := range n {
+				owned := 0
+				lo, hi := make([]int, len(params)), make([]int, len(params))
+				for _, b := range bs {
+					offs, per := place(b, tensors, n, mode)
+					for _, pt := range ownedParts(b, tensors, offs, rank, per, lo, hi) {
+						owned += pt.Hi - pt.Lo
+					}
+				}
+				worst = max(worst, owned)
+			}
+			for _, b := range bs {
+				switch mode {
+				case ShardElements:
+					slack += 1
+				case ShardParams:
+					largest := 0
+					for _, p := range b.Tensors {
+						largest = max(largest, tensors[p].Numel)
+					}
+					slack += largest
+				}
+			}
+			limit := total/n + slack
+			t.Logf("%v, %d ranks: at most %d bytes a rank (%.4f of unsharded; 1/N = %.4f), bound %d",
+				mode, n, adam*worst, float64(worst)/float64(total), 1/float64(n), adam*limit)
+			if worst > limit {
+				t.Errorf("%v, %d ranks: a rank owns %d of %d elements, above %d", mode, n, worst, total, limit)
 			}
 		}
 	}
