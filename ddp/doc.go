@@ -210,9 +210,11 @@
 // rebuilt layout would move parts, and their optimizer state, between
 // ranks. It needs a hook that is a hooks.Scatterer (New refuses PowerSGD,
 // whose factors are not elementwise, naming the option), a host pool and
-// float32 parameters (Gather takes []float32 values), and, for now, no
-// Join: a joined rank would have to step its part in its peers' steps.
-// No-sync steps, CopyGrads (the owned elements are copied back), unused
+// float32 parameters (Gather takes []float32 values). With Options.Join a
+// joined rank still owns its parts, so it calls JoinEach instead of
+// Join, whose each steps and gathers them in every step it shadows (as
+// PyTorch's ZeRO join hook steps the optimizer): its model keeps
+// training with its peers'. No-sync steps, CopyGrads (the owned elements are copied back), unused
 // parameters, StaticGraph, buffers and the watchdog work as without it;
 // New's check compares Shard across ranks. Without Shard nothing of this
 // runs.

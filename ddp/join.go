@@ -213,6 +213,30 @@ func (r *Reducer) joinedRanks() string {
 // Options.Timeout for each round, and on failure makes the Reducer fail
 // as Wait does. Gradients read after Join hold the last step's average.
 func (r *Reducer) Join(ctx context.Context) (int, error) {
+	if r.o.Shard != ShardOff {
+		return -1, fmt.Errorf("%w: rank %d: Join with Options.Shard: call JoinEach, whose each steps this rank's part of every bucket and gathers it", ErrOptions, r.c.Rank())
+	}
+	return r.joinEach(ctx, nil)
+}
+
+// JoinEach is Join that, in every step it shadows, reports each reduced
+// bucket to each on the calling goroutine, as WaitEach does. With
+// Options.Shard a joined rank still owns its part of every bucket, and
+// its peers wait for it: each must step that part (Reduced.Owned, with
+// the average of the active ranks' gradients) and Gather it, as in a
+// step of the rank's own, and JoinEach then waits for the gathers, as
+// WaitGather does. The joined rank's parameters thus keep training with
+// its peers' (PyTorch's ZeroRedundancyOptimizer join hook steps the
+// optimizer likewise). A bucket each does not gather fails the Reducer
+// with ErrGather, since the peers would wait for it. Without Shard, each
+// may step a joined rank's optimizer, or do nothing.
+func (r *Reducer) JoinEach(ctx context.Context, each func(Reduced)) (int, error) {
+	return r.joinEach(ctx, each)
+}
+
+// joinEach is Join, reporting the buckets of shadowed steps to each if it is
+// not nil.
+func (r *Reducer) joinEach(ctx context.Context, each func(Reduced)) (int, error) {
 	if err := r.enter(callJoin); err != nil {
 		return -1, err
 	}
@@ -257,15 +281,17 @@ func (r *Reducer) Join(ctx context.Context) (int, error) {
 		if r.o.Join == JoinThrow {
 			return -1, r.fail(fmt.Errorf("%w: %s after step %d (Options.Join is JoinThrow)", ErrJoined, r.joinedRanks(), r.stepNo))
 		}
-		if err := r.shadow(ctx); err != nil {
+		if err := r.shadow(ctx, each); err != nil {
 			return -1, err
 		}
 	}
 }
 
 // shadow runs one synced step of a joined rank: every gradient marked as
-// zero, reduced with the peers' through the usual launcher and finisher.
-func (r *Reducer) shadow(ctx context.Context) error {
+// zero, reduced with the peers' through the usual launcher and finisher,
+// each bucket reported to each (if not nil) and, with Options.Shard,
+// gathered.
+func (r *Reducer) shadow(ctx context.Context, each func(Reduced)) error {
 	active := r.join.active
 	if err := r.open(true, true); err != nil {
 		return err
@@ -279,7 +305,13 @@ func (r *Reducer) shadow(ctx context.Context) error {
 			r.arrive(L, i, true)
 		}
 	}
-	return r.wait(ctx, nil)
+	if err := r.wait(ctx, each); err != nil || L.shard == nil {
+		return err
+	}
+	if err := r.notGathered(L); err != nil {
+		return r.fail(err) // the peers wait for this rank's gathers
+	}
+	return r.endGathers(ctx, L)
 }
 
 // rescale turns bucket b's average over the group into JoinActive's

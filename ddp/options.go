@@ -106,8 +106,8 @@ type Options struct {
 	// optimizers; ShardParams by whole parameters. Shard implies
 	// KeepLayout, since a rebuilt layout would move the ownership, and
 	// with it the optimizer state, between ranks. It needs a hook that is
-	// a hooks.Scatterer (not PowerSGD), a host pool, float32 parameters,
-	// and no Join.
+	// a hooks.Scatterer (not PowerSGD), a host pool and float32
+	// parameters; with Join, a joined rank calls JoinEach.
 	Shard ShardMode
 	// Buffers are model state that is not a gradient but must be the same
 	// on every rank, such as BatchNorm's running statistics (PyTorch's

@@ -183,16 +183,31 @@ func (r *Reducer) WaitGather(ctx context.Context) error {
 	if !r.gathering.Load() {
 		return fmt.Errorf("%w: rank %d: WaitGather in step %d before its reduction: call Wait (or WaitEach) first", ErrStepInProgress, rank, r.stepNo)
 	}
+	if err := r.notGathered(L); err != nil {
+		return fmt.Errorf("%w (the step stays open)", err)
+	}
+	return r.endGathers(ctx, L)
+}
+
+// notGathered returns the ErrGather naming the buckets of the step that
+// Gather has not published, or nil.
+func (r *Reducer) notGathered(L *layout) error {
 	var missing []string
 	for k := range L.buckets {
 		if !L.sched.isPublished(k) {
 			missing = append(missing, fmt.Sprint(k))
 		}
 	}
-	if len(missing) > 0 {
-		return fmt.Errorf("%w: rank %d step %d: WaitGather with %d of %d buckets not gathered: %s; call Gather for each (the step stays open)",
-			ErrGather, rank, r.stepNo, len(missing), len(L.buckets), strings.Join(missing, ", "))
+	if len(missing) == 0 {
+		return nil
 	}
+	return fmt.Errorf("%w: rank %d step %d: %d of %d buckets not gathered: %s; call Gather for each",
+		ErrGather, r.c.Rank(), r.stepNo, len(missing), len(L.buckets), strings.Join(missing, ", "))
+}
+
+// endGathers waits for the step's gathers, every bucket published, and
+// ends the step.
+func (r *Reducer) endGathers(ctx context.Context, L *layout) error {
 	if err := r.waitGathers(ctx, L); err != nil {
 		return err
 	}
@@ -414,8 +429,6 @@ func (r *Reducer) checkShard() error {
 			ErrOptions, rank, r.hook.Name())
 	case !r.host:
 		return fmt.Errorf("%w: rank %d: Options.Shard gathers parameters through Go slices, so it needs a host pool", ErrOptions, rank)
-	case o.Join != JoinOff:
-		return fmt.Errorf("%w: rank %d: Options.Shard with Options.Join %v: a joined rank would have to step its part of every bucket, which Join does not do yet", ErrOptions, rank, o.Join)
 	}
 	for i, p := range r.params {
 		if p.DType != comm.Float32 {

@@ -1,6 +1,7 @@
 package ddp
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -589,4 +590,135 @@ func TestShardMemoryResNet50(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestShardJoin trains with uneven inputs (rank r takes batches[r]
+// steps, then joins) sharded, the joined ranks stepping and gathering
+// their parts in JoinEach, and unsharded, the joined ranks idle and the
+// model broadcast from the rank Join returns at the end: every rank of
+// the sharded run must end with the unsharded run's final bits, since
+// each element's owner, joined or not, steps it with the same averages
+// that an active rank steps it with unsharded.
+func TestShardJoin(t *testing.T) {
+	testutil.NoLeak(t)
+	for _, mode := range []JoinMode{JoinWorld, JoinActive} {
+		for _, batches := range [][]int{{2, 4}, {3, 5, 4}, {1, 3, 3, 2}} {
+			for _, h := range []func() hooks.Hook{hooks.Avg, hooks.FP16} {
+				n := len(batches)
+				name := fmt.Sprintf("%v/%v/%s", mode, batches, h().Name())
+				o := func() Options {
+					return Options{FirstBucketCap: 44, BucketCap: 88, Hook: h(), KeepLayout: true, Join: mode, Timeout: time.Minute}
+				}
+				want := shardJoinTrain(t, batches, false, o)
+				got := shardJoinTrain(t, batches, true, o)
+				for rank := range n {
+					for i := range want[rank] {
+						if j := firstDiff(got[rank][i], want[rank][i]); j >= 0 {
+							t.Fatalf("%s: rank %d parameter %d element %d: sharded %v, unsharded %v", name, rank, i, j, got[rank][i][j], want[rank][i][j])
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// shardJoinTrain runs TestShardJoin's training with Adam, sharded or not,
+// and returns every rank's values.
+func shardJoinTrain(t *testing.T, batches []int, shard bool, o func() Options) [][][]float32 {
+	t.Helper()
+	n := len(batches)
+	cs := newTestGroup(t, n)
+	out := make([][][]float32, n)
+	errs := runRanks(cs, func(rank int, c comm.Communicator) error {
+		ctx := context.Background()
+		opts := o()
+		if shard {
+			opts.Shard = ShardElements
+		}
+		r, err := New(ctx, c, shardParams, opts)
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		values := make([][]float32, len(shardParams))
+		for i, p := range shardParams {
+			values[i] = make([]float32, p.Numel())
+			for j := range values[i] {
+				values[i][j] = float32(math.Cos(float64(7*i + j)))
+			}
+		}
+		opt := newAdam()
+		var stepErr error
+		each := func(b Reduced) {
+			for _, pt := range b.Owned {
+				g, err := r.Grad(pt.Param)
+				if err != nil {
+					stepErr = cmp.Or(stepErr, err)
+					return
+				}
+				opt.step(pt, values[pt.Param][pt.Lo:pt.Hi], g[pt.Lo:pt.Hi])
+			}
+			stepErr = cmp.Or(stepErr, r.Gather(b.Bucket, values))
+		}
+		for s := range batches[rank] {
+			if err := r.Begin(Sync); err != nil {
+				return err
+			}
+			for i := len(shardParams) - 1; i >= 0; i-- {
+				if err := r.SetGrad(i, shardGrad(values[i], rank, s, i)); err != nil {
+					return err
+				}
+			}
+			if !shard {
+				if err := r.Wait(ctx); err != nil {
+					return err
+				}
+				for i := range values {
+					g, err := r.Grad(i)
+					if err != nil {
+						return err
+					}
+					opt.step(Part{Param: i, Lo: 0, Hi: len(g)}, values[i], g)
+				}
+				continue
+			}
+			if err := cmp.Or(r.WaitEach(ctx, each), stepErr); err != nil {
+				return err
+			}
+			if err := r.WaitGather(ctx); err != nil {
+				return err
+			}
+		}
+		if !shard {
+			last, err := r.Join(ctx)
+			if err != nil {
+				return err
+			}
+			if err := r.Broadcast(ctx, last, float32Buffers(values)); err != nil {
+				return err
+			}
+		} else {
+			if _, err := r.JoinEach(ctx, each); err != nil {
+				return err
+			}
+			if stepErr != nil {
+				return stepErr
+			}
+		}
+		out[rank] = values
+		return nil
+	})
+	if err := firstErr(errs); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func float32Buffers(values [][]float32) []comm.Buffer {
+	bufs := make([]comm.Buffer, len(values))
+	for i, v := range values {
+		bufs[i] = comm.Float32s(v)
+	}
+	return bufs
 }
