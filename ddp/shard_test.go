@@ -3,6 +3,7 @@ package ddp
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -99,9 +100,15 @@ const (
 	runReversed                 // Shard: Wait, then Gather the buckets last to first
 )
 
+// shardVariant is what a training step does besides the synced step.
+type shardVariant struct {
+	micro  bool // a no-sync step first, which the synced step accumulates onto
+	unused int  // a parameter never marked (FindUnusedParameters); 0: none
+}
+
 // shardTrain trains shardParams for steps on every rank of a new group of
 // n and returns every rank's values.
-func shardTrain(t *testing.T, n, steps int, run shardRun, mode ShardMode, opt func() elementwise, o func() Options) [][][]float32 {
+func shardTrain(t *testing.T, n, steps int, run shardRun, mode ShardMode, opt func() elementwise, o func() Options, v shardVariant) [][][]float32 {
 	t.Helper()
 	cs := newTestGroup(t, n)
 	out := make([][][]float32, n)
@@ -140,12 +147,20 @@ func shardTrain(t *testing.T, n, steps int, run shardRun, mode ShardMode, opt fu
 			return r.Gather(k, values)
 		}
 		for s := range steps {
-			if err := r.Begin(Sync); err != nil {
-				return err
-			}
-			for i := len(shardParams) - 1; i >= 0; i-- {
-				if err := r.SetGrad(i, shardGrad(values[i], rank, s, i)); err != nil {
+			for _, micro := range []bool{true, false} {
+				if micro && !v.micro {
+					continue
+				}
+				if err := r.Begin(modeOf(!micro)); err != nil {
 					return err
+				}
+				for i := len(shardParams) - 1; i >= 0; i-- {
+					if v.unused != 0 && i == v.unused {
+						continue
+					}
+					if err := r.AddGrad(i, shardGrad(values[i], rank, 2*s+boolInt(micro), i)); err != nil {
+						return err
+					}
 				}
 			}
 			switch run {
@@ -223,26 +238,35 @@ func TestShardEquivalence(t *testing.T) {
 		caps [2]int // first, rest: 44 bytes is 11 elements, prime
 		run  shardRun
 		mode ShardMode
+		mod  func(*Options)
+		v    shardVariant
 	}{
-		{"avg/each", hooks.Avg, [2]int{44, 88}, runEach, ShardElements},
-		{"avg/after", hooks.Avg, [2]int{44, 88}, runAfter, ShardElements},
-		{"avg/reversed", hooks.Avg, [2]int{44, 88}, runReversed, ShardElements},
-		{"avg/one-bucket", hooks.Avg, [2]int{1 << 20, 1 << 20}, runEach, ShardElements},
-		{"allreduce/each", hooks.AllReduce, [2]int{44, 88}, runEach, ShardElements},
-		{"fp16/each", hooks.FP16, [2]int{44, 88}, runEach, ShardElements},
-		{"bf16/after", hooks.BF16, [2]int{44, 88}, runAfter, ShardElements},
-		{"avg/params", hooks.Avg, [2]int{44, 88}, runEach, ShardParams},
-		{"fp16/params-one-bucket", hooks.FP16, [2]int{1 << 20, 1 << 20}, runAfter, ShardParams},
+		{"avg/each", hooks.Avg, [2]int{44, 88}, runEach, ShardElements, nil, shardVariant{}},
+		{"avg/after", hooks.Avg, [2]int{44, 88}, runAfter, ShardElements, nil, shardVariant{}},
+		{"avg/reversed", hooks.Avg, [2]int{44, 88}, runReversed, ShardElements, nil, shardVariant{}},
+		{"avg/one-bucket", hooks.Avg, [2]int{1 << 20, 1 << 20}, runEach, ShardElements, nil, shardVariant{}},
+		{"allreduce/each", hooks.AllReduce, [2]int{44, 88}, runEach, ShardElements, nil, shardVariant{}},
+		{"fp16/each", hooks.FP16, [2]int{44, 88}, runEach, ShardElements, nil, shardVariant{}},
+		{"bf16/after", hooks.BF16, [2]int{44, 88}, runAfter, ShardElements, nil, shardVariant{}},
+		{"avg/params", hooks.Avg, [2]int{44, 88}, runEach, ShardParams, nil, shardVariant{}},
+		{"fp16/params-one-bucket", hooks.FP16, [2]int{1 << 20, 1 << 20}, runAfter, ShardParams, nil, shardVariant{}},
+		{"avg/no-sync", hooks.Avg, [2]int{44, 88}, runEach, ShardElements, nil, shardVariant{micro: true}},
+		{"fp16/unused-copy", hooks.FP16, [2]int{44, 88}, runEach, ShardElements, func(o *Options) { o.FindUnusedParameters, o.CopyGrads = true, true }, shardVariant{unused: 3}},
+		{"avg/static-nozero", hooks.Avg, [2]int{44, 88}, runAfter, ShardElements, func(o *Options) { o.StaticGraph, o.NoZeroGrad = true, true }, shardVariant{unused: 1}},
 	}
 	for n := 1; n <= 4; n++ {
 		for _, op := range opts {
 			for _, c := range cases {
 				t.Run(fmt.Sprintf("n=%d/%s/%s", n, op.name, c.name), func(t *testing.T) {
 					o := func() Options {
-						return Options{FirstBucketCap: c.caps[0], BucketCap: c.caps[1], Hook: c.hook(), KeepLayout: true, Timeout: time.Minute}
+						o := Options{FirstBucketCap: c.caps[0], BucketCap: c.caps[1], Hook: c.hook(), KeepLayout: true, Timeout: time.Minute}
+						if c.mod != nil {
+							c.mod(&o)
+						}
+						return o
 					}
-					want := shardTrain(t, n, steps, runPlain, ShardOff, op.opt, o)
-					got := shardTrain(t, n, steps, c.run, c.mode, op.opt, o)
+					want := shardTrain(t, n, steps, runPlain, ShardOff, op.opt, o, c.v)
+					got := shardTrain(t, n, steps, c.run, c.mode, op.opt, o, c.v)
 					for rank := range n {
 						for i := range want[rank] {
 							if j := firstDiff(got[rank][i], want[rank][i]); j >= 0 {
@@ -250,7 +274,7 @@ func TestShardEquivalence(t *testing.T) {
 							}
 						}
 					}
-					if moved := !slices.Equal(bitsOf(want[0][0]), bitsOf(shardTrain(t, n, 0, runPlain, ShardOff, op.opt, o)[0][0])); !moved {
+					if moved := !slices.Equal(bitsOf(want[0][0]), bitsOf(shardTrain(t, n, 0, runPlain, ShardOff, op.opt, o, c.v)[0][0])); !moved {
 						t.Fatal("training did not change the parameters: the comparison proves nothing")
 					}
 				})
@@ -268,6 +292,13 @@ func firstDiff(a, b []float32) int {
 		}
 	}
 	return -1
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func bitsOf(v []float32) []uint32 {
@@ -721,4 +752,53 @@ func float32Buffers(values [][]float32) []comm.Buffer {
 		bufs[i] = comm.Float32s(v)
 	}
 	return bufs
+}
+
+// TestShardGatherFails: a WaitGather whose gathers cannot complete (the
+// peer has not gathered) ends with its context, naming the bucket,
+// aborts the group so that the peer fails too instead of waiting, and
+// Close returns every block (nothing leaks, nothing hangs).
+func TestShardGatherFails(t *testing.T) {
+	testutil.NoLeak(t)
+	cs := newTestGroup(t, 2)
+	failed := make(chan struct{})
+	errs := withReducers(t, cs, shardParams, func() Options {
+		return Options{FirstBucketCap: 44, BucketCap: 88, Shard: ShardElements, Timeout: time.Minute}
+	}, func(rank int, r *Reducer) error {
+		values := zeroValues(shardParams)
+		if err := r.Begin(Sync); err != nil {
+			return err
+		}
+		for i := range shardParams {
+			if err := r.SetGrad(i, values[i]); err != nil {
+				return err
+			}
+		}
+		if err := r.Wait(context.Background()); err != nil {
+			return err
+		}
+		if rank == 1 {
+			<-failed // rank 0 has given up on its gathers
+		} else {
+			defer close(failed)
+		}
+		for k := range r.Buckets() {
+			if err := r.Gather(k, values); err != nil {
+				return err
+			}
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		if rank == 1 {
+			defer cancel()
+			return r.WaitGather(ctx)
+		}
+		cancel()
+		err := r.WaitGather(ctx)
+		if again := r.Begin(Sync); !errors.Is(again, context.Canceled) {
+			return fmt.Errorf("the failure is not sticky: WaitGather: %v; then Begin: %v", err, again)
+		}
+		return err
+	})
+	wantErr(t, errs[0], context.Canceled, "gather of bucket 0")
+	wantErr(t, errs[1], comm.ErrAborted)
 }
