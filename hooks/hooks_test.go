@@ -595,3 +595,67 @@ func load(b comm.Buffer, i int) float64 {
 	}
 	return b.AsFloat64()[i]
 }
+
+// TestScatterMatchesAllReduce reduces the same float32 gradients with
+// each hook twice, all-reduced and reduce-scattered (Bucket.Scatter), on
+// 1-4 ranks: each rank's part of the scattered bucket must hold the bits
+// the all-reduce leaves there, with the overflow count of that part
+// (some values overflow fp16 after scaling).
+func TestScatterMatchesAllReduce(t *testing.T) {
+	const per = 1031
+	for n := 1; n <= 4; n++ {
+		for _, k := range kinds {
+			t.Run(fmt.Sprintf("n=%d/%s", n, k.name), func(t *testing.T) {
+				if _, ok := k.hook().(Scatterer); !ok {
+					t.Fatalf("%s is not a Scatterer", k.name)
+				}
+				rng := rand.New(rand.NewPCG(uint64(n), 29))
+				in := randomGrads(rng, n, n*per)
+				for r := range n {
+					in[r][7] = 1e5 * float32(r+1) // beyond fp16 once scaled
+				}
+				group(t, n, k, func(rank int, c comm.Communicator, h Hook, pool *allocator.Pool) error {
+					all, ab, err := reduceValues(pool, h, in[rank])
+					if err != nil {
+						return err
+					}
+					blk, err := pool.Get(4 * n * per)
+					if err != nil {
+						return err
+					}
+					defer pool.Put(blk)
+					buf := blk.Float32s()[:n*per]
+					copy(buf, in[rank])
+					b, put, err := newBucket(pool, h, buf)
+					if err != nil {
+						return err
+					}
+					defer put()
+					b.Scatter = true
+					if err := reduceOnce(h, b); err != nil {
+						return err
+					}
+					if got := b.Part(rank, n); got.Count != per || got.Addr != comm.Float32s(buf[rank*per:]).Addr {
+						return fmt.Errorf("Part(%d, %d) is %d elements at the wrong place", rank, n, got.Count)
+					}
+					for j := rank * per; j < (rank+1)*per; j++ {
+						if math.Float32bits(buf[j]) != math.Float32bits(all[j]) {
+							return fmt.Errorf("element %d: scattered %g, all-reduced %g", j, buf[j], all[j])
+						}
+					}
+					if k.name == "fp16" && ab.Overflows == 0 {
+						return fmt.Errorf("no overflow in the all-reduce: the count is not tested")
+					}
+					want := int64(0)
+					if k.name == "fp16" && rank == 0 {
+						want = ab.Overflows // element 7 is in rank 0's part
+					}
+					if b.Overflows != want {
+						return fmt.Errorf("%d overflows in rank %d's part, want %d (all-reduce: %d)", b.Overflows, rank, want, ab.Overflows)
+					}
+					return nil
+				})
+			})
+		}
+	}
+}
