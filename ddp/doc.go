@@ -186,11 +186,15 @@
 //
 // The reduce-scatter does the all-reduce's arithmetic, element for
 // element (hooks.Scatterer: Avg, AllReduce, FP16 and BF16 compress,
-// reduce and decompress elementwise), so the average of an owned element
-// has the same bits as without Shard, and an elementwise optimizer
-// computes the same update: training gives the same parameters, bit for
-// bit, as the unsharded step. Outside the owned part, a bucket's
-// gradients are undefined after the reduction.
+// reduce and decompress elementwise), so where the backend sums each
+// element over the ranks in the same order in its reduce-scatter as in
+// its all-reduce (inproc does), the average of an owned element has the
+// same bits as without Shard, and an elementwise optimizer computes the
+// same update: training gives the same parameters, bit for bit, as the
+// unsharded step. Where the orders differ, each average is still within
+// the hooks' bound of the exact one (package hooks, "Accuracy"), so the
+// two within twice it. Outside the owned part, a bucket's gradients are
+// undefined after the reduction.
 //
 // Gather copies the owned elements of the caller's values into the
 // bucket (whose averaged gradients there are spent) and publishes it;
