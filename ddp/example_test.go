@@ -131,6 +131,87 @@ func ExampleReducer_WaitEach() {
 	// [bucket 0: fc2.weight bucket 1: fc1.weight] [[0.85 0.85 0.85 0.85] [1.85 1.85 1.85 1.85]]
 }
 
+// Sharded optimizer state (Options.Shard, ZeRO stage 1): each rank keeps
+// momentum for the part of each bucket it owns, steps that part as soon
+// as the bucket is reduced, and publishes it with Gather; WaitGather
+// gives every rank the whole model.
+func ExampleReducer_Gather() {
+	comms, err := inproc.NewGroup(2)
+	if err != nil {
+		panic(err)
+	}
+	params := []ddp.Param{
+		{Name: "fc1.weight", Shape: []int{3}},
+		{Name: "fc2.weight", Shape: []int{4}},
+	}
+	out := make([]string, 2)
+	var wg sync.WaitGroup
+	for rank, c := range comms {
+		wg.Go(func() {
+			ctx := context.Background()
+			r, err := ddp.New(ctx, c, params, ddp.Options{Shard: ddp.ShardElements})
+			if err != nil {
+				panic(err)
+			}
+			defer r.Close()
+			weights := [][]float32{{1, 1, 1}, {2, 2, 2, 2}}
+			momentum := map[ddp.Part][]float32{} // this rank's parts only
+			for k := range r.Buckets() {
+				for _, p := range r.Owned(k) {
+					momentum[p] = make([]float32, p.Hi-p.Lo)
+				}
+			}
+			for range 2 {
+				if err := r.Begin(ddp.Sync); err != nil {
+					panic(err)
+				}
+				for i := len(params) - 1; i >= 0; i-- {
+					g, _ := r.Grad(i)
+					for j := range g {
+						g[j] = float32(rank + 1) // the average is 1.5
+					}
+					if err := r.Ready(i); err != nil {
+						panic(err)
+					}
+				}
+				err = r.WaitEach(ctx, func(b ddp.Reduced) {
+					for _, p := range b.Owned { // SGD, learning rate 0.1, momentum 0.9
+						g, _ := r.Grad(p.Param)
+						w, m := weights[p.Param][p.Lo:p.Hi], momentum[p]
+						for j := range w {
+							m[j] = 0.9*m[j] + g[p.Lo+j]
+							w[j] -= 0.1 * m[j]
+						}
+					}
+					if err := r.Gather(b.Bucket, weights); err != nil {
+						panic(err)
+					}
+				})
+				if err != nil {
+					panic(err)
+				}
+				if err := r.WaitGather(ctx); err != nil {
+					panic(err)
+				}
+			}
+			owned := 0
+			for _, m := range momentum {
+				owned += len(m)
+			}
+			out[rank] = fmt.Sprintf("rank %d keeps momentum for %d of 7 elements; weights %v", rank, owned, weights)
+		})
+	}
+	wg.Wait()
+	for _, c := range comms {
+		c.Close()
+	}
+	fmt.Println(out[0])
+	fmt.Println(out[1])
+	// Output:
+	// rank 0 keeps momentum for 4 of 7 elements; weights [[0.56500006 0.56500006 0.56500006] [1.565 1.565 1.565 1.565]]
+	// rank 1 keeps momentum for 3 of 7 elements; weights [[0.56500006 0.56500006 0.56500006] [1.565 1.565 1.565 1.565]]
+}
+
 // Three ranks with 1, 3 and 2 batches: each calls Join once out of data,
 // and shadows the steps the others still take, contributing zeros; the
 // average divides by the group size (JoinWorld). Join returns the rank
