@@ -1,6 +1,7 @@
 package ddp
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/hooks"
 	"github.com/ddpgo/ddpgo/internal/testutil"
+	"github.com/ddpgo/ddpgo/trace"
 )
 
 // shardParams have element counts that no bucket cap below divides
@@ -801,4 +804,55 @@ func TestShardGatherFails(t *testing.T) {
 	})
 	wantErr(t, errs[0], context.Canceled, "gather of bucket 0")
 	wantErr(t, errs[1], comm.ErrAborted)
+}
+
+// TestShardTimeline: a sharded step's timeline has a gather span per
+// bucket on the gather lane.
+func TestShardTimeline(t *testing.T) {
+	testutil.NoLeak(t)
+	cs := newTestGroup(t, 1)
+	r, err := New(context.Background(), cs[0], shardParams, Options{FirstBucketCap: 44, BucketCap: 88, Shard: ShardElements})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	values := zeroValues(shardParams)
+	if err := r.Begin(Sync); err != nil {
+		t.Fatal(err)
+	}
+	for i := range shardParams {
+		if err := r.SetGrad(i, values[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for k := range r.Buckets() {
+		if err := r.Gather(k, values); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.WaitGather(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	s := r.Stats()
+	for _, b := range s.Buckets {
+		if b.GatherEnd <= b.GatherStart || b.GatherStart < b.Done || b.GatherBytes <= 0 {
+			t.Errorf("bucket %d: gather [%v, %v] after done %v, %d bytes", b.Index, b.GatherStart, b.GatherEnd, b.Done, b.GatherBytes)
+		}
+	}
+	var buf bytes.Buffer
+	w := trace.New(&buf, trace.Options{Start: s.Start.Add(-time.Second)})
+	WriteTimeline(w, 0, &s, shardParams)
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	sum, _ := validTimeline(t, buf.Bytes())
+	if names := laneNames(sum, 1); !slices.Contains(names, "gather") {
+		t.Errorf("lanes %q lack %q", names, "gather")
+	}
+	if n := strings.Count(buf.String(), `"gather_bytes"`); n != len(s.Buckets) {
+		t.Errorf("%d gather spans in the timeline, want %d", n, len(s.Buckets))
+	}
 }

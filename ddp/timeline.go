@@ -20,6 +20,7 @@ const (
 	LaneCompress   = 1 + 2*LaneStride // hook: conversion to the wire type
 	LaneCollective = 1 + 3*LaneStride // the collective on the wire
 	LaneDecompress = 1 + 4*LaneStride // hook: back to float32
+	LaneGather     = 1 + 5*LaneStride // Options.Shard: the parameters' all-gather
 	LaneStride     = 1 << 10
 )
 
@@ -34,7 +35,8 @@ func TimelinePid(rank int) int { return rank + 1 }
 //     Wait) and an instant per parameter marked ready, named after params
 //     (nil: by index);
 //   - per bucket, spans on the wait lane (complete to launched), the
-//     compress lane, the collective lane and the decompress lane; phases
+//     compress lane, the collective lane and the decompress lane, and with
+//     Options.Shard the gather lane (the parameters' all-gather); phases
 //     a hook does not have are left out;
 //   - an arrow from the bucket's last ready mark to its collective;
 //   - a "bytes in flight" counter: the wire bytes of the collectives
@@ -107,6 +109,7 @@ func WriteTimeline(w *trace.Writer, rank int, s *StepStats, params []Param) {
 		collTid := phase(LaneCollective, "collective", b.CollectiveStart, collEnd, bucketArg,
 			trace.Int("wire_bytes", b.WireBytes), trace.Int("bytes", b.Bytes), trace.Int("overflows", b.Overflows))
 		phase(LaneDecompress, "decompress", b.CollectiveEnd, b.DecompressEnd, bucketArg)
+		phase(LaneGather, "gather", b.GatherStart, b.GatherEnd, bucketArg, trace.Int("gather_bytes", b.GatherBytes))
 
 		from := trace.Point{Pid: pid, Tid: LaneCompute, TS: t0 + min(b.Ready, b.CollectiveStart)}
 		to := trace.Point{Pid: pid, Tid: collTid, TS: t0 + b.CollectiveStart}
