@@ -82,14 +82,14 @@ func openHost(h C.MPI_Comm, rank, size int) (*hostShm, string, error) {
 	// where the segment lies: pid, fd, inode, size, boot id, and 1 if rank
 	// 0 made it
 	where := make([]int64, 6)
+	why := ""
 	if rank == 0 {
 		s, f, err := shm.Create(l)
 		if err == nil {
 			seg = s
 			where = []int64{int64(f.Pid), int64(f.Fd), int64(f.Ino), int64(f.Size), int64(f.Boot), 1}
 		} else {
-			where[5] = 0
-			fmt.Fprintf(os.Stderr, "mpi: rank 0: no shared-memory segment: %v\n", err)
+			why = fmt.Sprintf("rank 0 could not create the segment: %v", err)
 		}
 	}
 	if rc := C.ddp_start(h, 1, 0, C.int(comm.KindBroadcast), 0, C.int(comm.Int64), C.int(len(where)),
@@ -97,9 +97,10 @@ func openHost(h C.MPI_Comm, rank, size int) (*hostShm, string, error) {
 		closeSeg(seg)
 		return nil, "", fmt.Errorf("broadcasting the segment: %w", mpiError(int(rc)))
 	}
-	why := ""
 	if where[5] == 0 {
-		why = "rank 0 could not create the segment"
+		if why == "" {
+			why = "rank 0 could not create the segment"
+		}
 	} else if rank != 0 {
 		f := shm.File{Pid: int32(where[0]), Fd: int32(where[1]), Ino: uint64(where[2]), Size: uint64(where[3]), Boot: uint64(where[4])}
 		s, err := shm.Open(f, l)
