@@ -1,0 +1,413 @@
+package hier
+
+import (
+	"fmt"
+
+	"github.com/ddpgo/ddpgo/allocator"
+	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/internal/reduce"
+)
+
+// execute runs one valid operation, phase after phase, and returns its
+// error.
+func (c *Comm) execute(d *op) error {
+	switch d.call.Kind {
+	case comm.KindAllReduce:
+		return c.allReduce(d.send, d.recv, d.call.Op)
+	case comm.KindBroadcast:
+		return c.broadcast(d.send, d.call.Root)
+	case comm.KindReduce:
+		return c.reduce(d.send, d.recv, d.call.Op, d.call.Root)
+	case comm.KindAllGather:
+		return c.allGather(d.send, d.recv)
+	case comm.KindReduceScatter:
+		return c.reduceScatter(d.send, d.recv, d.call.Op)
+	case comm.KindSend:
+		lv, peer := c.route(d.call.Root)
+		return c.do(lv, comm.KindSend, func(x comm.Communicator) comm.Work { return x.Send(d.send, peer) })
+	case comm.KindRecv:
+		lv, peer := c.route(d.call.Root)
+		return c.do(lv, comm.KindRecv, func(x comm.Communicator) comm.Work { return x.Recv(d.send, peer) })
+	case comm.KindBarrier:
+		return c.barrier()
+	}
+	return fmt.Errorf("%w: hier: operation kind %s", comm.ErrInvalid, d.call.Kind)
+}
+
+// do issues an operation on level lv, unless the Comm has failed, and
+// waits for it.
+func (c *Comm) do(lv int, what comm.Kind, issue func(x comm.Communicator) comm.Work) error {
+	if err := c.halted(); err != nil {
+		return err
+	}
+	return c.inner(lv, what, issue(c.lv[lv].c))
+}
+
+// route returns the level that carries a message between this rank and
+// peer, and peer's rank on it.
+func (c *Comm) route(peer int) (lv, rank int) {
+	p := c.t.places[peer]
+	switch {
+	case p.Host == c.host:
+		return lvLocal, p.Local
+	case p.Local == c.local:
+		return lvCross, c.t.crossRank(p.Host, c.local)
+	}
+	return lvWorld, peer
+}
+
+// flat returns the level that spans the whole job, if one does (one host,
+// or one rank per host), and the rank of global rank r on it; lv is -1
+// otherwise. Operations then go to that level whole.
+func (c *Comm) flat(r int) (lv, rank int) {
+	switch {
+	case c.t.hosts == 1:
+		return lvLocal, c.t.places[r].Local
+	case c.t.shards == 1 && len(c.t.places) == c.t.hosts:
+		return lvCross, c.t.places[r].Host
+	}
+	return -1, 0
+}
+
+// innerOp is the reduction the levels do for op: Avg is summed and
+// divided once at the end, since the levels' averages would weigh the
+// hosts alike whatever their number of ranks.
+func innerOp(o comm.Op) comm.Op {
+	if o == comm.Avg {
+		return comm.Sum
+	}
+	return o
+}
+
+func (c *Comm) allReduce(send, recv comm.Buffer, o comm.Op) error {
+	n := send.Count
+	if n == 0 {
+		return nil
+	}
+	if lv, _ := c.flat(0); lv >= 0 {
+		return c.do(lv, comm.KindAllReduce, func(x comm.Communicator) comm.Work { return x.AllReduce(send, recv, o) })
+	}
+	lo, big := innerOp(o), c.t.size[c.host] > 1
+	src := send
+	if big {
+		if err := c.collect(send, recv, lo); err != nil {
+			return err
+		}
+		src = recv
+	}
+	if c.local < c.t.shards {
+		off, k := c.t.shard(n, c.local)
+		if k > 0 {
+			if err := c.do(lvCross, comm.KindAllReduce, func(x comm.Communicator) comm.Work {
+				return x.AllReduce(src.Slice(off, k), recv.Slice(off, k), lo)
+			}); err != nil {
+				return err
+			}
+			if o == comm.Avg {
+				divide(recv.Slice(off, k), c.Size())
+			}
+		}
+	}
+	if big {
+		return c.spread(recv)
+	}
+	return nil
+}
+
+// collect reduces src over the host's ranks into the shards of work:
+// shard j (see topo.shard) on local rank j. A host with S ranks does it
+// with one reduce-scatter of the S·q elements the shards share and a
+// reduce of the leftover to local rank S-1; a host with more ranks, one
+// reduce per shard.
+func (c *Comm) collect(src, work comm.Buffer, o comm.Op) error {
+	t, n := c.t, src.Count
+	s := t.shards
+	if t.size[c.host] == s {
+		q := n / s
+		if q > 0 {
+			if err := c.do(lvLocal, comm.KindReduceScatter, func(x comm.Communicator) comm.Work {
+				return x.ReduceScatter(src.Slice(0, s*q), work.Slice(c.local*q, q), o)
+			}); err != nil {
+				return err
+			}
+		}
+		if tail := n - s*q; tail > 0 {
+			return c.do(lvLocal, comm.KindReduce, func(x comm.Communicator) comm.Work {
+				return x.Reduce(src.Slice(s*q, tail), work.Slice(s*q, tail), o, s-1)
+			})
+		}
+		return nil
+	}
+	for j := range s {
+		off, k := t.shard(n, j)
+		if k == 0 {
+			continue
+		}
+		if err := c.do(lvLocal, comm.KindReduce, func(x comm.Communicator) comm.Work {
+			return x.Reduce(src.Slice(off, k), work.Slice(off, k), o, j)
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// spread copies each shard of buf from its owner (local rank j for shard
+// j) to every rank of the host: the inverse of collect, with an
+// all-gather and a broadcast of the leftover, or a broadcast per shard.
+func (c *Comm) spread(buf comm.Buffer) error {
+	t, n := c.t, buf.Count
+	s := t.shards
+	if t.size[c.host] == s {
+		q := n / s
+		if q > 0 {
+			if err := c.do(lvLocal, comm.KindAllGather, func(x comm.Communicator) comm.Work {
+				return x.AllGather(buf.Slice(c.local*q, q), buf.Slice(0, s*q))
+			}); err != nil {
+				return err
+			}
+		}
+		if tail := n - s*q; tail > 0 {
+			return c.do(lvLocal, comm.KindBroadcast, func(x comm.Communicator) comm.Work {
+				return x.Broadcast(buf.Slice(s*q, tail), s-1)
+			})
+		}
+		return nil
+	}
+	for j := range s {
+		off, k := t.shard(n, j)
+		if k == 0 {
+			continue
+		}
+		if err := c.do(lvLocal, comm.KindBroadcast, func(x comm.Communicator) comm.Work {
+			return x.Broadcast(buf.Slice(off, k), j)
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *Comm) broadcast(buf comm.Buffer, root int) error {
+	n := buf.Count
+	if n == 0 {
+		return nil
+	}
+	if lv, r := c.flat(root); lv >= 0 {
+		return c.do(lv, comm.KindBroadcast, func(x comm.Communicator) comm.Work { return x.Broadcast(buf, r) })
+	}
+	rp, big := c.t.places[root], c.t.size[c.host] > 1
+	if c.host == rp.Host && big {
+		if err := c.do(lvLocal, comm.KindBroadcast, func(x comm.Communicator) comm.Work { return x.Broadcast(buf, rp.Local) }); err != nil {
+			return err
+		}
+	}
+	if c.local < c.t.shards {
+		off, k := c.t.shard(n, c.local)
+		if k > 0 {
+			if err := c.do(lvCross, comm.KindBroadcast, func(x comm.Communicator) comm.Work {
+				return x.Broadcast(buf.Slice(off, k), c.t.crossRank(rp.Host, c.local))
+			}); err != nil {
+				return err
+			}
+		}
+	}
+	if c.host != rp.Host && big {
+		return c.spread(buf)
+	}
+	return nil
+}
+
+func (c *Comm) reduce(send, recv comm.Buffer, o comm.Op, root int) error {
+	n := send.Count
+	if n == 0 {
+		return nil
+	}
+	if lv, r := c.flat(root); lv >= 0 {
+		return c.do(lv, comm.KindReduce, func(x comm.Communicator) comm.Work { return x.Reduce(send, recv, o, r) })
+	}
+	work := recv
+	if c.rank != root {
+		b, blk, err := c.scratch(n, send.DType)
+		if err != nil {
+			return err
+		}
+		defer c.release(blk)
+		work = b
+	}
+	rp, lo, big := c.t.places[root], innerOp(o), c.t.size[c.host] > 1
+	src := send
+	if big {
+		if err := c.collect(send, work, lo); err != nil {
+			return err
+		}
+		src = work
+	}
+	if c.local < c.t.shards {
+		off, k := c.t.shard(n, c.local)
+		if k > 0 {
+			if err := c.do(lvCross, comm.KindReduce, func(x comm.Communicator) comm.Work {
+				return x.Reduce(src.Slice(off, k), work.Slice(off, k), lo, c.t.crossRank(rp.Host, c.local))
+			}); err != nil {
+				return err
+			}
+		}
+	}
+	// On root's host, local rank j holds shard j of the result; root
+	// takes the shards it does not hold.
+	if c.host == rp.Host && big {
+		for j := range c.t.shards {
+			off, k := c.t.shard(n, j)
+			if j == rp.Local || k == 0 {
+				continue
+			}
+			if err := c.do(lvLocal, comm.KindBroadcast, func(x comm.Communicator) comm.Work {
+				return x.Broadcast(work.Slice(off, k), j)
+			}); err != nil {
+				return err
+			}
+		}
+	}
+	if o == comm.Avg && c.rank == root {
+		divide(recv, c.Size())
+	}
+	return nil
+}
+
+func (c *Comm) allGather(send, recv comm.Buffer) error {
+	k := send.Count
+	if k == 0 {
+		return nil
+	}
+	t := c.t
+	if lv, _ := c.flat(0); lv >= 0 && t.hostMajor {
+		return c.do(lv, comm.KindAllGather, func(x comm.Communicator) comm.Work { return x.AllGather(send, recv) })
+	}
+	// work holds the blocks host by host, each host's in local order:
+	// recv itself when the numbering is host-major.
+	work := recv
+	if !t.hostMajor {
+		b, blk, err := c.scratch(recv.Count, recv.DType)
+		if err != nil {
+			return err
+		}
+		defer c.release(blk)
+		work = b
+	}
+	section := func(h int) comm.Buffer { return work.Slice(t.first[h]*k, t.size[h]*k) }
+	own := section(c.host)
+	if t.size[c.host] > 1 {
+		if err := c.do(lvLocal, comm.KindAllGather, func(x comm.Communicator) comm.Work { return x.AllGather(send, own) }); err != nil {
+			return err
+		}
+	} else if !comm.InPlace(send, own) {
+		comm.HostKernels().Copy(own, send)
+	}
+	// Local ranks 0 (the cross group of local rank 0 has every host, in
+	// host order) exchange the hosts' sections.
+	if c.local == 0 {
+		for h := range t.hosts {
+			if err := c.do(lvCross, comm.KindBroadcast, func(x comm.Communicator) comm.Work { return x.Broadcast(section(h), h) }); err != nil {
+				return err
+			}
+		}
+	}
+	if t.size[c.host] > 1 {
+		lo, hi := t.first[c.host]*k, (t.first[c.host]+t.size[c.host])*k
+		for _, b := range []comm.Buffer{work.Slice(0, lo), work.Slice(hi, work.Count-hi)} {
+			if b.Count == 0 {
+				continue
+			}
+			if err := c.do(lvLocal, comm.KindBroadcast, func(x comm.Communicator) comm.Work { return x.Broadcast(b, 0) }); err != nil {
+				return err
+			}
+		}
+	}
+	if !t.hostMajor {
+		for r, p := range t.places {
+			comm.HostKernels().Copy(recv.Slice(r*k, k), work.Slice((t.first[p.Host]+p.Local)*k, k))
+		}
+	}
+	return nil
+}
+
+func (c *Comm) reduceScatter(send, recv comm.Buffer, o comm.Op) error {
+	k := recv.Count
+	if k == 0 {
+		return nil
+	}
+	if lv, _ := c.flat(0); lv >= 0 && c.t.hostMajor {
+		return c.do(lv, comm.KindReduceScatter, func(x comm.Communicator) comm.Work { return x.ReduceScatter(send, recv, o) })
+	}
+	work, blk, err := c.scratch(send.Count, send.DType)
+	if err != nil {
+		return err
+	}
+	defer c.release(blk)
+	if err := c.allReduce(send, work, o); err != nil {
+		return err
+	}
+	comm.HostKernels().Copy(recv, work.Slice(c.rank*k, k))
+	return nil
+}
+
+func (c *Comm) barrier() error {
+	if lv, _ := c.flat(0); lv >= 0 {
+		return c.do(lv, comm.KindBarrier, func(x comm.Communicator) comm.Work { return x.Barrier() })
+	}
+	big := c.t.size[c.host] > 1
+	barrier := func(x comm.Communicator) comm.Work { return x.Barrier() }
+	if big {
+		if err := c.do(lvLocal, comm.KindBarrier, barrier); err != nil {
+			return err
+		}
+	}
+	// Local rank 0's cross group has every host.
+	if c.local == 0 {
+		if err := c.do(lvCross, comm.KindBarrier, barrier); err != nil {
+			return err
+		}
+	}
+	if big {
+		return c.do(lvLocal, comm.KindBarrier, barrier)
+	}
+	return nil
+}
+
+// scratch returns n elements of dt from the pool, and the block to
+// release once no level can write them.
+func (c *Comm) scratch(n int, dt comm.DType) (comm.Buffer, allocator.Block, error) {
+	blk, err := c.pool.Get(n * dt.Size())
+	if err != nil {
+		return comm.Buffer{}, blk, fmt.Errorf("hier: rank %d: scratch memory for %d x %s: %w", c.rank, n, dt, err)
+	}
+	return comm.HostBuffer(blk.Addr(), n, dt), blk, nil
+}
+
+// release returns a scratch block. Every inner operation that used it has
+// completed (the worker waits for each), so no level writes it again.
+func (c *Comm) release(blk allocator.Block) {
+	if err := c.pool.Put(blk); err != nil {
+		panic(fmt.Sprintf("hier: rank %d: returning a scratch block: %v", c.rank, err))
+	}
+}
+
+// divide divides every element of b by n in b's own arithmetic (integers
+// truncate toward zero); a half-precision element is multiplied by 1/n in
+// float32 and rounded once.
+func divide(b comm.Buffer, n int) {
+	switch b.DType {
+	case comm.Float32:
+		reduce.Div(b.AsFloat32(), n)
+	case comm.Float64:
+		reduce.Div(b.AsFloat64(), n)
+	case comm.Int32:
+		reduce.Div(b.AsInt32(), n)
+	case comm.Int64:
+		reduce.Div(b.AsInt64(), n)
+	case comm.Uint8:
+		reduce.Div(b.AsBytes(), n)
+	case comm.Float16, comm.BFloat16:
+		comm.HostKernels().Scale(b, 1/float32(n))
+	}
+}
