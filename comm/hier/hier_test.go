@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/comm/checked"
 	"github.com/ddpgo/ddpgo/comm/commtest"
 	"github.com/ddpgo/ddpgo/comm/hier"
 	"github.com/ddpgo/ddpgo/inproc"
@@ -131,6 +132,26 @@ func TestConformance(t *testing.T) {
 			}, commtest.Ranks(n), commtest.AbortReachesPeers(), commtest.HalfTolerance(h, h+1), commtest.Large(1<<20, n))
 		})
 	}
+}
+
+// TestConformanceChecked runs the suite over the composite wrapped by
+// comm/checked on the uneven 3+1 layout, mismatch checks included: the
+// composite cannot name a disagreement itself (its levels see only parts
+// of the job), and the wrapper's fingerprint exchange runs through it.
+func TestConformanceChecked(t *testing.T) {
+	l := hier.PerHost(3, 1)
+	h := halfULPs(l)
+	commtest.Run(t, func(t *testing.T, size int) []comm.Communicator {
+		out := make([]comm.Communicator, size)
+		for r, c := range newJob(t, l, inproc.Options{}) {
+			w, err := checked.Wrap(c, checked.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[r] = w
+		}
+		return out
+	}, commtest.Ranks(len(l)), commtest.AbortReachesPeers(), commtest.HalfTolerance(h, h+1), commtest.Large(0))
 }
 
 func TestNewChecksLevels(t *testing.T) {
