@@ -283,6 +283,9 @@ func (c *Comm) allGather(send, recv comm.Buffer) error {
 	if lv, _ := c.flat(0); lv >= 0 && t.hostMajor {
 		return c.do(lv, comm.KindAllGather, func(x comm.Communicator) comm.Work { return x.AllGather(send, recv) })
 	}
+	if t.even {
+		return c.allGatherEven(send, recv)
+	}
 	// work holds the blocks host by host, each host's in local order:
 	// recv itself when the numbering is host-major.
 	work := recv
@@ -339,6 +342,9 @@ func (c *Comm) reduceScatter(send, recv comm.Buffer, o comm.Op) error {
 	if lv, _ := c.flat(0); lv >= 0 && c.t.hostMajor {
 		return c.do(lv, comm.KindReduceScatter, func(x comm.Communicator) comm.Work { return x.ReduceScatter(send, recv, o) })
 	}
+	if c.t.even {
+		return c.reduceScatterEven(send, recv, o)
+	}
 	work, blk, err := c.scratch(send.Count, send.DType)
 	if err != nil {
 		return err
@@ -348,6 +354,80 @@ func (c *Comm) reduceScatter(send, recv comm.Buffer, o comm.Op) error {
 		return err
 	}
 	comm.HostKernels().Copy(recv, work.Slice(c.rank*k, k))
+	return nil
+}
+
+// reduceScatterEven is ReduceScatter on hosts of L ranks each. Block
+// (h, j), the block of local rank j of host h, is copied to place j·H+h
+// of scratch memory, so that local rank j's share of the host's
+// reduce-scatter is the blocks of local rank j of every host, in host
+// order; local rank j then reduce-scatters that share in its cross group,
+// whose rank h is host h, and keeps block h: its own. Each rank sends
+// (H-1)·count elements across hosts, as with one rank per host.
+func (c *Comm) reduceScatterEven(send, recv comm.Buffer, o comm.Op) error {
+	t, k := c.t, recv.Count
+	hosts, per := t.hosts, t.shards
+	work, blk, err := c.scratch(send.Count, send.DType)
+	if err != nil {
+		return err
+	}
+	defer c.release(blk)
+	for h := range hosts {
+		for j := range per {
+			comm.HostKernels().Copy(work.Slice((j*hosts+h)*k, k), send.Slice(t.global[t.first[h]+j]*k, k))
+		}
+	}
+	share, lo := work.Slice(c.local*hosts*k, hosts*k), innerOp(o)
+	if per > 1 {
+		if err := c.do(lvLocal, comm.KindReduceScatter, func(x comm.Communicator) comm.Work { return x.ReduceScatter(work, share, lo) }); err != nil {
+			return err
+		}
+	}
+	if hosts > 1 {
+		if err := c.do(lvCross, comm.KindReduceScatter, func(x comm.Communicator) comm.Work { return x.ReduceScatter(share, recv, lo) }); err != nil {
+			return err
+		}
+	} else {
+		comm.HostKernels().Copy(recv, share)
+	}
+	if o == comm.Avg {
+		divide(recv, c.Size())
+	}
+	return nil
+}
+
+// allGatherEven is AllGather on hosts of L ranks each, the inverse of
+// reduceScatterEven: local rank j gathers local rank j's blocks of every
+// host in its cross group, into its share of scratch memory; the host
+// gathers the shares; and each block is copied from place j·H+h to its
+// rank's place in recv. Every local rank carries its part of the traffic
+// between hosts.
+func (c *Comm) allGatherEven(send, recv comm.Buffer) error {
+	t, k := c.t, send.Count
+	hosts, per := t.hosts, t.shards
+	work, blk, err := c.scratch(recv.Count, recv.DType)
+	if err != nil {
+		return err
+	}
+	defer c.release(blk)
+	share := work.Slice(c.local*hosts*k, hosts*k)
+	if hosts > 1 {
+		if err := c.do(lvCross, comm.KindAllGather, func(x comm.Communicator) comm.Work { return x.AllGather(send, share) }); err != nil {
+			return err
+		}
+	} else {
+		comm.HostKernels().Copy(share, send)
+	}
+	if per > 1 {
+		if err := c.do(lvLocal, comm.KindAllGather, func(x comm.Communicator) comm.Work { return x.AllGather(share, work) }); err != nil {
+			return err
+		}
+	}
+	for h := range hosts {
+		for j := range per {
+			comm.HostKernels().Copy(recv.Slice(t.global[t.first[h]+j]*k, k), work.Slice((j*hosts+h)*k, k))
+		}
+	}
 	return nil
 }
 

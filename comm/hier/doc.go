@@ -9,8 +9,8 @@
 //
 // # The model
 //
-// A Layout gives every global rank its Place: a host index and a local
-// rank. Host h has L_h ranks, local ranks 0 to L_h-1; L_h may differ from
+// A Layout gives every global rank its Place: a host index, 0 to H-1, and
+// a local rank. Host h has L_h ranks, local ranks 0 to L_h-1; L_h may differ from
 // host to host (3 ranks on one, 1 on another), and the global numbering
 // is free. Local rank j's cross group is local rank j of every host that
 // has one, ranked in host order. New checks that each level's rank and
@@ -65,13 +65,21 @@
 // a broadcast from each owner; ranks other than root work in scratch
 // memory, since their recv is not theirs to write. Barrier: a barrier
 // inside each host, one in the cross group of local rank 0 (every host),
-// and one more inside each host. AllGather: each host gathers its ranks'
-// blocks, the local ranks 0 broadcast their host's blocks to each other in
-// turn, and each local rank 0 broadcasts the other hosts' blocks inside its
-// host; a layout that is not host-major gathers in scratch memory and
-// copies the blocks to their ranks' places. ReduceScatter: an AllReduce
+// and one more inside each host. ReduceScatter on hosts of equal size L:
+// each rank copies its send so that local rank j's share of the host's
+// reduce-scatter is local rank j's blocks of every host, in host order;
+// local rank j then reduce-scatters that share in its cross group and
+// keeps its own block, so each rank sends (H-1)·count elements between
+// hosts, as with one rank per host. On uneven hosts it is an AllReduce
 // into scratch memory, of which each rank keeps its block (a full
-// all-reduce's traffic, twice what a reduce-scatter needs). Send and
+// all-reduce's traffic). AllGather on hosts of equal size is the inverse:
+// local rank j gathers local rank j's blocks of every host in its cross
+// group, the host gathers the shares, and the blocks are copied to their
+// ranks' places. On uneven hosts each host gathers its ranks' blocks, the
+// local ranks 0 (every host's) broadcast their host's blocks to each other
+// in turn, and each local rank 0 broadcasts the other hosts' blocks inside
+// its host; with a numbering that is not host-major it gathers in scratch
+// memory and copies the blocks to their ranks' places. Send and
 // Recv go over the level the two ranks share, else over World. When one
 // level is the whole job (one host, or one rank per host) every operation
 // goes to it whole, but AllGather and ReduceScatter when the numbering is

@@ -29,10 +29,10 @@ type Config struct {
 	// share neither host nor local rank, which the two levels cannot
 	// reach; without it those fail with comm.ErrInvalid.
 	World comm.Communicator
-	// Pool provides the scratch memory of Reduce on ranks other than the
-	// root, of ReduceScatter and of an AllGather whose layout is not
-	// host-major. It must hold memory both levels carry. Nil makes a
-	// private host pool that Close releases.
+	// Pool provides the scratch memory that Reduce (on ranks other than
+	// the root), AllGather and ReduceScatter work in. It must hold memory
+	// both levels carry. Nil makes a private host pool that Close
+	// releases.
 	Pool *allocator.Pool
 }
 
@@ -188,15 +188,17 @@ func (c *Comm) Reduce(send, recv comm.Buffer, o comm.Op, root int) comm.Work {
 }
 
 // AllGather concatenates every rank's send into recv, in global rank
-// order: gathered inside each host, exchanged between hosts by each
-// host's local rank 0, and spread inside each host.
+// order: gathered across hosts by each local rank, then inside the host
+// (on uneven hosts: inside the host, then between the hosts' local ranks
+// 0, then inside the host again).
 func (c *Comm) AllGather(send, recv comm.Buffer) comm.Work {
 	return c.issue(comm.Call{Kind: comm.KindAllGather, Count: send.Count}, send, recv)
 }
 
 // ReduceScatter reduces send over every rank and leaves block Rank in
-// recv: an AllReduce into scratch memory, of which the rank keeps its
-// block.
+// recv: reduce-scattered inside the host, then across hosts by each local
+// rank (on uneven hosts: an AllReduce into scratch memory, of which the
+// rank keeps its block).
 func (c *Comm) ReduceScatter(send, recv comm.Buffer, o comm.Op) comm.Work {
 	return c.issue(comm.Call{Kind: comm.KindReduceScatter, Op: o, Count: recv.Count}, send, recv)
 }
@@ -332,8 +334,8 @@ func (c *Comm) Abort(err error) {
 
 // Close fails the pending operations with comm.ErrClosed, unless the Comm
 // had failed before, closes the levels, waits for the worker and releases
-// a private pool. It is idempotent; it returns the first error of the
-// levels' Close.
+// a private pool. It is idempotent; it returns the levels' and the
+// pool's errors, joined.
 func (c *Comm) Close() error {
 	c.mu.Lock()
 	if c.closed {

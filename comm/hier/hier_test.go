@@ -23,6 +23,8 @@ var layouts = []struct {
 	{"2+2+1", hier.PerHost(2, 2, 1)},
 	// Round robin: rank r on host r%2.
 	{"2x2rr", hier.Layout{{0, 0}, {1, 0}, {0, 1}, {1, 1}}},
+	// Uneven and not host-major: rank 1 alone on host 1.
+	{"3+1mixed", hier.Layout{{0, 0}, {1, 0}, {0, 1}, {0, 2}}},
 }
 
 // levels are the inproc groups one job's composite is made of, by global

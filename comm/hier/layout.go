@@ -50,6 +50,8 @@ type topo struct {
 	// hostMajor: every rank's global rank is first[host]+local, so each
 	// host's ranks are one range of the global numbering, in local order
 	hostMajor bool
+	// even: every host has the same number of ranks, S
+	even bool
 }
 
 func newTopo(l Layout) (*topo, error) {
@@ -77,6 +79,7 @@ func newTopo(l Layout) (*topo, error) {
 			t.first[h] = t.first[h-1] + t.size[h-1]
 		}
 	}
+	t.even = t.shards*hosts == len(l)
 	seen := make([]int, len(l))
 	for i := range seen {
 		seen[i] = -1
