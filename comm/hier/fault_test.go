@@ -7,9 +7,12 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/ddpgo/ddpgo/comm"
+	"github.com/ddpgo/ddpgo/comm/backend"
+	"github.com/ddpgo/ddpgo/comm/commtest"
 	"github.com/ddpgo/ddpgo/comm/hier"
 	"github.com/ddpgo/ddpgo/inproc"
 	"github.com/ddpgo/ddpgo/internal/testutil"
@@ -154,4 +157,81 @@ func TestFaultReachesEveryRank(t *testing.T) {
 			}
 		})
 	}
+}
+
+// never is a level whose collectives never complete until it is closed
+// or aborted, as peers that never come would leave them. It starts no
+// goroutine and reads no clock, so it runs in a testing/synctest bubble.
+type never struct {
+	commtest.Solo
+	size int
+	once sync.Once
+	done chan struct{}
+	err  error // set before done is closed
+}
+
+func newNever(size int) *never { return &never{size: size, done: make(chan struct{})} }
+
+func (n *never) Size() int { return n.size }
+func (n *never) ReduceScatter(_, _ comm.Buffer, _ comm.Op) comm.Work {
+	return comm.NewWork(n, 1)
+}
+func (n *never) AllReduce(_, _ comm.Buffer, _ comm.Op) comm.Work { return comm.NewWork(n, 1) }
+func (n *never) end(err error) {
+	n.once.Do(func() {
+		n.err = err
+		close(n.done)
+	})
+}
+func (n *never) Abort(err error) { n.end(fmt.Errorf("never: %w: %w", comm.ErrAborted, err)) }
+func (n *never) Close() error    { n.end(fmt.Errorf("never: %w", comm.ErrClosed)); return nil }
+func (n *never) WaitOp(ctx context.Context, _ uint64) error {
+	select {
+	case <-n.done:
+		return n.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+func (n *never) TestOp(uint64) (bool, error) {
+	select {
+	case <-n.done:
+		return true, n.err
+	default:
+		return false, nil
+	}
+}
+
+// TestCloseWithFullRing closes a rank whose issuing goroutine waits for a
+// free slot of the ring, behind operations that wait for peers that never
+// come: Close must not wait behind that issue, and every operation, the
+// waiting one included, fails with comm.ErrClosed.
+func TestCloseWithFullRing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, err := hier.New(hier.Config{Layout: hier.PerHost(2, 2), Rank: 0, Local: newNever(2), Cross: newNever(2)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]float32, 4)
+		const n = backend.RingSize + 1
+		ws := make([]comm.Work, n)
+		issued := make(chan struct{})
+		go func() {
+			defer close(issued)
+			for i := range ws {
+				ws[i] = c.AllReduce(comm.Float32s(buf), comm.Float32s(buf), comm.Sum)
+			}
+		}()
+		synctest.Wait() // the last issue waits for the first operation
+		if err := c.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+		<-issued
+		for i, err := range testutil.WaitAll(t, ws...) {
+			if !errors.Is(err, comm.ErrClosed) {
+				t.Errorf("operation %d of %d: %v; want an error wrapping comm.ErrClosed", i+1, n, err)
+				break
+			}
+		}
+	})
 }

@@ -50,10 +50,13 @@ type Comm struct {
 	rules       backend.Rules
 
 	mu     sync.Mutex // orders the issues
-	closed bool       // under mu
-	ops    backend.Ring[op]
-	queue  chan uint64 // published operations, for the worker
-	exited chan struct{}
+	closed bool       // under mu: the queue is closed
+
+	closeOnce sync.Once
+	closeErr  error // Close's result
+	ops       backend.Ring[op]
+	queue     chan uint64 // published operations, for the worker
+	exited    chan struct{}
 
 	failed  atomic.Pointer[error] // the first failure: Abort, Close or a level's
 	abortMu sync.Mutex            // serialises the aborts of the levels
@@ -334,32 +337,32 @@ func (c *Comm) Abort(err error) {
 
 // Close fails the pending operations with comm.ErrClosed, unless the Comm
 // had failed before, closes the levels, waits for the worker and releases
-// a private pool. It is idempotent; it returns the levels' and the
-// pool's errors, joined.
+// a private pool. The levels are closed first, so that a Close never waits
+// behind an issue that waits for a free slot of the ring. It is
+// idempotent; it returns the levels' and the pool's errors, joined.
 func (c *Comm) Close() error {
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return nil
-	}
-	c.closed = true
-	e := fmt.Errorf("hier: rank %d: %w", c.rank, comm.ErrClosed)
-	c.failed.CompareAndSwap(nil, &e)
-	close(c.queue)
-	c.mu.Unlock()
-	var errs []error
-	for _, lv := range c.lv {
-		if lv.c != nil {
-			if err := lv.c.Close(); err != nil {
-				errs = append(errs, fmt.Errorf("hier: rank %d: closing the %s communicator: %w", c.rank, lv.name, err))
+	c.closeOnce.Do(func() {
+		e := fmt.Errorf("hier: rank %d: %w", c.rank, comm.ErrClosed)
+		c.failed.CompareAndSwap(nil, &e)
+		var errs []error
+		for _, lv := range c.lv {
+			if lv.c != nil {
+				if err := lv.c.Close(); err != nil {
+					errs = append(errs, fmt.Errorf("hier: rank %d: closing the %s communicator: %w", c.rank, lv.name, err))
+				}
 			}
 		}
-	}
-	<-c.exited
-	if c.ownPool {
-		if err := c.pool.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("hier: rank %d: closing the scratch pool: %w", c.rank, err))
+		c.mu.Lock()
+		c.closed = true
+		close(c.queue)
+		c.mu.Unlock()
+		<-c.exited
+		if c.ownPool {
+			if err := c.pool.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("hier: rank %d: closing the scratch pool: %w", c.rank, err))
+			}
 		}
-	}
-	return errors.Join(errs...)
+		c.closeErr = errors.Join(errs...)
+	})
+	return c.closeErr
 }
