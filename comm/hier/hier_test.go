@@ -1,6 +1,7 @@
 package hier_test
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/ddpgo/ddpgo/comm"
@@ -177,6 +178,17 @@ func TestNewChecksLevels(t *testing.T) {
 	}
 	for _, c := range append(append(lv.local, lv.cross...), lv.world...) {
 		c.Close()
+	}
+}
+
+func TestFromHosts(t *testing.T) {
+	got := hier.FromHosts([]string{"b", "a", "b", "c", "a", "b"})
+	want := hier.Layout{{0, 0}, {1, 0}, {0, 1}, {2, 0}, {1, 1}, {0, 2}}
+	if !slices.Equal(got, want) {
+		t.Errorf("FromHosts = %v, want %v", got, want)
+	}
+	if err := got.Validate(); err != nil {
+		t.Error(err)
 	}
 }
 

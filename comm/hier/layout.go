@@ -30,6 +30,30 @@ func PerHost(hosts ...int) Layout {
 	return l
 }
 
+// FromHosts returns the layout of a job whose rank r runs on the host
+// named hosts[r] (a host name, or any key equal for the ranks of one host
+// and different between hosts): hosts are numbered in the order their
+// first rank appears, and a host's ranks get local ranks in global rank
+// order. A backend gathers its ranks' host names and splits its world by
+// the result: Local by host index (key: local rank), Cross by local rank
+// (key: host index).
+func FromHosts(hosts []string) Layout {
+	index := make(map[string]int)
+	count := make([]int, 0)
+	l := make(Layout, len(hosts))
+	for r, name := range hosts {
+		h, ok := index[name]
+		if !ok {
+			h = len(count)
+			index[name] = h
+			count = append(count, 0)
+		}
+		l[r] = Place{Host: h, Local: count[h]}
+		count[h]++
+	}
+	return l
+}
+
 // Validate reports whether l is a layout: at least one rank, hosts
 // numbered without gaps, and on each host the local ranks 0 to L_h-1 once
 // each. Its error wraps comm.ErrInvalid and names the rank at fault.
