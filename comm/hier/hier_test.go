@@ -137,6 +137,20 @@ func TestConformance(t *testing.T) {
 	}
 }
 
+// TestSPMD runs the suite one rank's side per goroutine, as ranks in
+// separate processes would: every rank issues on its own schedule.
+func TestSPMD(t *testing.T) {
+	for _, tc := range []int{0, 1, 4} { // 2x2, 3+1, 2+2+1
+		l := layouts[tc].l
+		t.Run(layouts[tc].name, func(t *testing.T) {
+			h := halfULPs(l)
+			commtest.RunGoroutines(t, len(l), func(t *testing.T, size int) []comm.Communicator {
+				return asComms(newJob(t, l, inproc.Options{}))
+			}, commtest.AbortReachesPeers(), commtest.HalfTolerance(h, h+1), commtest.Large(1<<20))
+		})
+	}
+}
+
 // TestConformanceChecked runs the suite over the composite wrapped by
 // comm/checked on the uneven 3+1 layout, mismatch checks included: the
 // composite cannot name a disagreement itself (its levels see only parts
