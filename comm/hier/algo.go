@@ -34,13 +34,47 @@ func (c *Comm) execute(d *op) error {
 	return fmt.Errorf("%w: hier: operation kind %s", comm.ErrInvalid, d.call.Kind)
 }
 
+// pending is an inner operation issued and not yet waited for.
+type pending struct {
+	lv   int
+	what comm.Kind
+	w    comm.Work
+}
+
+// start issues an operation on level lv, unless the Comm has failed, for
+// settle to wait for. Operations started on one level before a settle run
+// in the order they were started, as the level runs every rank's
+// operations.
+func (c *Comm) start(lv int, what comm.Kind, issue func(x comm.Communicator) comm.Work) {
+	if c.halted() != nil {
+		return
+	}
+	c.pend = append(c.pend, pending{lv, what, issue(c.lv[lv].c)})
+}
+
+// settle waits for every operation started since the last settle, all of
+// them even after one has failed (their buffers are the levels' until
+// then), and returns the first failure, or the Comm's if it failed
+// meanwhile.
+func (c *Comm) settle() error {
+	var first error
+	for _, p := range c.pend {
+		if err := c.inner(p.lv, p.what, p.w); err != nil && first == nil {
+			first = err
+		}
+	}
+	c.pend = c.pend[:0]
+	if first != nil {
+		return first
+	}
+	return c.halted()
+}
+
 // do issues an operation on level lv, unless the Comm has failed, and
 // waits for it.
 func (c *Comm) do(lv int, what comm.Kind, issue func(x comm.Communicator) comm.Work) error {
-	if err := c.halted(); err != nil {
-		return err
-	}
-	return c.inner(lv, what, issue(c.lv[lv].c))
+	c.start(lv, what, issue)
+	return c.settle()
 }
 
 // route returns the level that carries a message between this rank and
@@ -88,104 +122,120 @@ func (c *Comm) allReduce(send, recv comm.Buffer, o comm.Op) error {
 		return c.do(lv, comm.KindAllReduce, func(x comm.Communicator) comm.Work { return x.AllReduce(send, recv, o) })
 	}
 	lo, big := innerOp(o), c.t.size[c.host] > 1
+	per := c.chunkCount(n, send.DType)
+	chunks := (n + per - 1) / per
+	part := func(b comm.Buffer, i int) comm.Buffer { return b.Slice(i*per, min(per, n-i*per)) }
 	src := send
 	if big {
-		if err := c.collect(send, recv, lo); err != nil {
+		c.collect(part(send, 0), part(recv, 0), lo)
+		if err := c.settle(); err != nil {
 			return err
 		}
 		src = recv
 	}
-	if c.local < c.t.shards {
-		off, k := c.t.shard(n, c.local)
-		if k > 0 {
-			if err := c.do(lvCross, comm.KindAllReduce, func(x comm.Communicator) comm.Work {
-				return x.AllReduce(src.Slice(off, k), recv.Slice(off, k), lo)
-			}); err != nil {
-				return err
-			}
-			if o == comm.Avg {
-				divide(recv.Slice(off, k), c.Size())
-			}
+	// Step i: chunk i crosses the hosts while the host collects chunk i+1
+	// and spreads chunk i-1.
+	for i := range chunks {
+		s, r := part(src, i), part(recv, i)
+		owner, off, k := false, 0, 0
+		if c.local < c.t.shards {
+			off, k = c.t.shard(r.Count, c.local)
+			owner = k > 0
+		}
+		if owner {
+			c.start(lvCross, comm.KindAllReduce, func(x comm.Communicator) comm.Work {
+				return x.AllReduce(s.Slice(off, k), r.Slice(off, k), lo)
+			})
+		}
+		if big && i+1 < chunks {
+			c.collect(part(send, i+1), part(recv, i+1), lo)
+		}
+		if big && i > 0 {
+			c.spread(part(recv, i-1))
+		}
+		if err := c.settle(); err != nil {
+			return err
+		}
+		if owner && o == comm.Avg {
+			divide(r.Slice(off, k), c.Size())
 		}
 	}
 	if big {
-		return c.spread(recv)
+		c.spread(part(recv, chunks-1))
+		return c.settle()
 	}
 	return nil
 }
 
-// collect reduces src over the host's ranks into the shards of work:
-// shard j (see topo.shard) on local rank j. A host with S ranks does it
-// with one reduce-scatter of the S·q elements the shards share and a
-// reduce of the leftover to local rank S-1; a host with more ranks, one
-// reduce per shard.
-func (c *Comm) collect(src, work comm.Buffer, o comm.Op) error {
+// chunkCount returns how many elements of dt an all-reduce of n elements
+// moves per chunk: all n up to twice the chunk size, Config.ChunkBytes'
+// worth otherwise.
+func (c *Comm) chunkCount(n int, dt comm.DType) int {
+	per := c.chunk / dt.Size()
+	if c.chunk <= 0 || per < 1 || n <= 2*per {
+		return n
+	}
+	return per
+}
+
+// collect starts the reduction of src over the host's ranks into the
+// shards of work: shard j (see topo.shard) on local rank j. A host with S
+// ranks does it with one reduce-scatter of the S·q elements the shards
+// share and a reduce of the leftover to local rank S-1; a host with more
+// ranks, one reduce per shard.
+func (c *Comm) collect(src, work comm.Buffer, o comm.Op) {
 	t, n := c.t, src.Count
 	s := t.shards
 	if t.size[c.host] == s {
 		q := n / s
 		if q > 0 {
-			if err := c.do(lvLocal, comm.KindReduceScatter, func(x comm.Communicator) comm.Work {
+			c.start(lvLocal, comm.KindReduceScatter, func(x comm.Communicator) comm.Work {
 				return x.ReduceScatter(src.Slice(0, s*q), work.Slice(c.local*q, q), o)
-			}); err != nil {
-				return err
-			}
+			})
 		}
 		if tail := n - s*q; tail > 0 {
-			return c.do(lvLocal, comm.KindReduce, func(x comm.Communicator) comm.Work {
+			c.start(lvLocal, comm.KindReduce, func(x comm.Communicator) comm.Work {
 				return x.Reduce(src.Slice(s*q, tail), work.Slice(s*q, tail), o, s-1)
 			})
 		}
-		return nil
+		return
 	}
 	for j := range s {
-		off, k := t.shard(n, j)
-		if k == 0 {
-			continue
-		}
-		if err := c.do(lvLocal, comm.KindReduce, func(x comm.Communicator) comm.Work {
-			return x.Reduce(src.Slice(off, k), work.Slice(off, k), o, j)
-		}); err != nil {
-			return err
+		if off, k := t.shard(n, j); k > 0 {
+			c.start(lvLocal, comm.KindReduce, func(x comm.Communicator) comm.Work {
+				return x.Reduce(src.Slice(off, k), work.Slice(off, k), o, j)
+			})
 		}
 	}
-	return nil
 }
 
-// spread copies each shard of buf from its owner (local rank j for shard
-// j) to every rank of the host: the inverse of collect, with an
+// spread starts copying each shard of buf from its owner (local rank j
+// for shard j) to every rank of the host: the inverse of collect, with an
 // all-gather and a broadcast of the leftover, or a broadcast per shard.
-func (c *Comm) spread(buf comm.Buffer) error {
+func (c *Comm) spread(buf comm.Buffer) {
 	t, n := c.t, buf.Count
 	s := t.shards
 	if t.size[c.host] == s {
 		q := n / s
 		if q > 0 {
-			if err := c.do(lvLocal, comm.KindAllGather, func(x comm.Communicator) comm.Work {
+			c.start(lvLocal, comm.KindAllGather, func(x comm.Communicator) comm.Work {
 				return x.AllGather(buf.Slice(c.local*q, q), buf.Slice(0, s*q))
-			}); err != nil {
-				return err
-			}
+			})
 		}
 		if tail := n - s*q; tail > 0 {
-			return c.do(lvLocal, comm.KindBroadcast, func(x comm.Communicator) comm.Work {
+			c.start(lvLocal, comm.KindBroadcast, func(x comm.Communicator) comm.Work {
 				return x.Broadcast(buf.Slice(s*q, tail), s-1)
 			})
 		}
-		return nil
+		return
 	}
 	for j := range s {
-		off, k := t.shard(n, j)
-		if k == 0 {
-			continue
-		}
-		if err := c.do(lvLocal, comm.KindBroadcast, func(x comm.Communicator) comm.Work {
-			return x.Broadcast(buf.Slice(off, k), j)
-		}); err != nil {
-			return err
+		if off, k := t.shard(n, j); k > 0 {
+			c.start(lvLocal, comm.KindBroadcast, func(x comm.Communicator) comm.Work {
+				return x.Broadcast(buf.Slice(off, k), j)
+			})
 		}
 	}
-	return nil
 }
 
 func (c *Comm) broadcast(buf comm.Buffer, root int) error {
@@ -213,7 +263,8 @@ func (c *Comm) broadcast(buf comm.Buffer, root int) error {
 		}
 	}
 	if c.host != rp.Host && big {
-		return c.spread(buf)
+		c.spread(buf)
+		return c.settle()
 	}
 	return nil
 }
@@ -238,7 +289,8 @@ func (c *Comm) reduce(send, recv comm.Buffer, o comm.Op, root int) error {
 	rp, lo, big := c.t.places[root], innerOp(o), c.t.size[c.host] > 1
 	src := send
 	if big {
-		if err := c.collect(send, work, lo); err != nil {
+		c.collect(send, work, lo)
+		if err := c.settle(); err != nil {
 			return err
 		}
 		src = work

@@ -43,7 +43,12 @@
 // and the host spreads the shards back to all its ranks (spread: an
 // all-gather and a broadcast of the leftover, or a broadcast per shard).
 // Counts that S does not divide are handled exactly by that uneven last
-// shard, without padding or copies. Avg is summed on both levels and
+// shard, without padding or copies. An all-reduce of more than twice
+// Config.ChunkBytes is cut into chunks that go through the same three
+// phases as a pipeline: while chunk i crosses the hosts, the host
+// collects chunk i+1 and spreads chunk i-1 (on the host's level in that
+// order, the same on every rank), so that the work inside the hosts
+// overlaps the network's. Avg is summed on both levels and
 // divided by the job's size once, by the shard's owner (in the element
 // type's arithmetic; integers truncate; half-precision elements are
 // multiplied by 1/size in float32 and rounded), since the levels' own
@@ -92,9 +97,11 @@
 // each phase issued once the phase before it has completed, so each
 // level's sequence of inner collectives is a function of the rank's calls
 // alone and is the same on every rank of that level. Consecutive
-// operations do not overlap their phases: the next one's local phase
-// could otherwise be issued before or after this one's last local phase
-// depending on timing, and the ranks of a host would disagree. Scratch
+// operations do not overlap their phases (only the chunks of one
+// all-reduce do): the next one's local phase could otherwise be issued
+// before or after this one's last local phase depending on timing, and
+// the ranks of a host would disagree; and the next one may read what this
+// one writes. Scratch
 // memory comes from Config.Pool (or a private host pool) and goes back
 // once every inner operation that used it has completed.
 //

@@ -23,8 +23,8 @@ var compareLayouts = append(layouts[:len(layouts):len(layouts)], struct {
 	l    hier.Layout
 }{"3+2", hier.PerHost(3, 2)})
 
-// TestAgainstFlat runs the same all-reduces on the composite and on one
-// flat inproc group of all the ranks: every rank of the composite must
+// TestAgainstFlat runs the same all-reduces on the composite (whole, and
+// in chunks of 1 KiB) and on one flat inproc group of all the ranks: every rank of the composite must
 // have the same bits; float32 sums and averages must be within the bound
 // the package documents of the flat result, and integer results equal.
 // The inputs have mixed signs and magnitudes, so that the order of
@@ -37,47 +37,49 @@ func TestAgainstFlat(t *testing.T) {
 	}
 	t.Cleanup(func() { pool.Close() })
 	for _, tc := range compareLayouts {
-		t.Run(tc.name, func(t *testing.T) {
-			n := len(tc.l)
-			hc := newJob(t, tc.l, inproc.Options{})
-			fc, err := inproc.NewGroup(n)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				for r := range n {
-					hc[r].Close()
-					fc[r].Close()
+		for _, chunk := range []int{0, 1 << 10} {
+			t.Run(fmt.Sprintf("%s/chunk%d", tc.name, chunk), func(t *testing.T) {
+				n := len(tc.l)
+				hc := newChunkedJob(t, tc.l, inproc.Options{}, chunk)
+				fc, err := inproc.NewGroup(n)
+				if err != nil {
+					t.Fatal(err)
 				}
-			})
-			rng := rand.New(rand.NewPCG(uint64(n), 7))
-			for _, count := range []int{1, 2, 3, 5, 7, 1000, 4099} {
-				for _, dt := range []comm.DType{comm.Float32, comm.Int32, comm.Int64} {
-					for _, op := range comm.Ops {
-						if dt == comm.Float32 && (op == comm.Max || op == comm.Min) {
-							continue // exact, as the conformance suite checks
-						}
-						what := fmt.Sprintf("all_reduce(%s) of %d x %s", op, count, dt)
-						in := make([][]byte, n)
-						for r := range n {
-							in[r] = randomBytes(rng, dt, count)
-						}
-						flat := run(t, pool, ctx, asComms(fc), in, dt, op, true)
-						for _, inPlace := range []bool{true, false} {
-							got := run(t, pool, ctx, asComms(hc), in, dt, op, inPlace)
-							for r := 1; r < n; r++ {
-								if i := firstDiff(got[0], got[r]); i >= 0 {
-									t.Fatalf("%s, in place %v: rank %d's element %d differs from rank 0's", what, inPlace, r, i/dt.Size())
-								}
+				t.Cleanup(func() {
+					for r := range n {
+						hc[r].Close()
+						fc[r].Close()
+					}
+				})
+				rng := rand.New(rand.NewPCG(uint64(n), 7))
+				for _, count := range []int{1, 2, 3, 5, 7, 1000, 4099} {
+					for _, dt := range []comm.DType{comm.Float32, comm.Int32, comm.Int64} {
+						for _, op := range comm.Ops {
+							if dt == comm.Float32 && (op == comm.Max || op == comm.Min) {
+								continue // exact, as the conformance suite checks
 							}
-							if msg := compare(dt, op, in, got[0], flat[0]); msg != "" {
-								t.Fatalf("%s, in place %v: %s", what, inPlace, msg)
+							what := fmt.Sprintf("all_reduce(%s) of %d x %s", op, count, dt)
+							in := make([][]byte, n)
+							for r := range n {
+								in[r] = randomBytes(rng, dt, count)
+							}
+							flat := run(t, pool, ctx, asComms(fc), in, dt, op, true)
+							for _, inPlace := range []bool{true, false} {
+								got := run(t, pool, ctx, asComms(hc), in, dt, op, inPlace)
+								for r := 1; r < n; r++ {
+									if i := firstDiff(got[0], got[r]); i >= 0 {
+										t.Fatalf("%s, in place %v: rank %d's element %d differs from rank 0's", what, inPlace, r, i/dt.Size())
+									}
+								}
+								if msg := compare(dt, op, in, got[0], flat[0]); msg != "" {
+									t.Fatalf("%s, in place %v: %s", what, inPlace, msg)
+								}
 							}
 						}
 					}
 				}
-			}
-		})
+			})
+		}
 	}
 }
 

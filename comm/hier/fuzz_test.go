@@ -15,17 +15,18 @@ import (
 
 // FuzzLayouts runs the collectives on any layout of up to four hosts of
 // one to three ranks, numbered in any order, with any count, and checks
-// every rank's result exactly against one computed here: int64 all-reduce
+// every rank's result exactly against one computed here, with and
+// without all-reduces cut into chunks: int64 all-reduce
 // (sum) and reduce (sum), int32 broadcast, all-gather and reduce-scatter
 // (max).
 func FuzzLayouts(f *testing.F) {
-	f.Add([]byte{2, 2}, uint64(0), uint16(7), uint8(1))
-	f.Add([]byte{3, 1}, uint64(1), uint16(1), uint8(3))
-	f.Add([]byte{1, 3, 2}, uint64(2), uint16(100), uint8(2))
-	f.Add([]byte{2, 2, 1}, uint64(3), uint16(0), uint8(4))
-	f.Add([]byte{3, 3}, uint64(4), uint16(8), uint8(0))
-	f.Add([]byte{1, 1, 1, 1}, uint64(5), uint16(5), uint8(2))
-	f.Fuzz(func(t *testing.T, sizes []byte, shuffle uint64, count uint16, root uint8) {
+	f.Add([]byte{2, 2}, uint64(0), uint16(7), uint8(1), uint8(0))
+	f.Add([]byte{3, 1}, uint64(1), uint16(1), uint8(3), uint8(1))
+	f.Add([]byte{1, 3, 2}, uint64(2), uint16(100), uint8(2), uint8(2))
+	f.Add([]byte{2, 2, 1}, uint64(3), uint16(0), uint8(4), uint8(1))
+	f.Add([]byte{3, 3}, uint64(4), uint16(8), uint8(0), uint8(2))
+	f.Add([]byte{1, 1, 1, 1}, uint64(5), uint16(5), uint8(2), uint8(0))
+	f.Fuzz(func(t *testing.T, sizes []byte, shuffle uint64, count uint16, root, chunk uint8) {
 		if len(sizes) == 0 || len(sizes) > 4 {
 			t.Skip()
 		}
@@ -45,7 +46,8 @@ func FuzzLayouts(f *testing.F) {
 			l[r] = hm[i]
 		}
 		rt := int(root) % n
-		cs := newJob(t, l, inproc.Options{})
+		// Chunks of the whole, 64 or 256 bytes: 8 or 32 int64s.
+		cs := newChunkedJob(t, l, inproc.Options{}, [3]int{0, 64, 256}[chunk%3])
 		defer func() {
 			for _, c := range cs {
 				c.Close()
@@ -89,7 +91,7 @@ func FuzzLayouts(f *testing.F) {
 				c.Broadcast(bc[r], rt), c.AllGather(gs[r], gr[r]), c.ReduceScatter(ss[r], sr[r], comm.Max))
 		}
 		testutil.MustWaitAll(t, ws...)
-		what := fmt.Sprintf("layout %v, count %d, root %d", l, k, rt)
+		what := fmt.Sprintf("layout %v, count %d, root %d, chunk %d", l, k, rt, chunk%3)
 		for r := range n {
 			for i := range k {
 				var s int64

@@ -34,7 +34,17 @@ type Config struct {
 	// both levels carry. Nil makes a private host pool that Close
 	// releases.
 	Pool *allocator.Pool
+	// ChunkBytes is the size of the chunks a large AllReduce is cut into,
+	// so that one chunk crosses the hosts while the host reduces the next
+	// and spreads the one before. An AllReduce of at most twice as many
+	// bytes is one chunk. Zero means DefaultChunkBytes; a negative value
+	// never cuts.
+	ChunkBytes int
 }
+
+// DefaultChunkBytes is the chunk size of a large AllReduce when
+// Config.ChunkBytes is zero.
+const DefaultChunkBytes = 4 << 20
 
 // Comm is one rank's communicator over the whole job, composed of its
 // host's and its cross group's (see the package documentation). It
@@ -47,6 +57,8 @@ type Comm struct {
 	lv          [3]level
 	pool        *allocator.Pool
 	ownPool     bool
+	chunk       int       // Config.ChunkBytes, defaulted
+	pend        []pending // the worker's inner operations in flight
 	rules       backend.Rules
 
 	mu     sync.Mutex // orders the issues
@@ -128,6 +140,10 @@ func New(cfg Config) (*Comm, error) {
 			return nil, fmt.Errorf("hier: rank %d: a pool for scratch buffers: %w", cfg.Rank, err)
 		}
 		c.ownPool = true
+	}
+	c.chunk = cfg.ChunkBytes
+	if c.chunk == 0 {
+		c.chunk = DefaultChunkBytes
 	}
 	c.rules = backend.Rules{Rank: cfg.Rank, Size: len(t.places), HostOnly: true}
 	c.queue = make(chan uint64, backend.RingSize)

@@ -88,11 +88,16 @@ func newLevels(t testing.TB, l hier.Layout, o inproc.Options) levels {
 // newJob returns the composite communicators of a job of layout l, by
 // global rank; the caller closes them.
 func newJob(t testing.TB, l hier.Layout, o inproc.Options) []*hier.Comm {
+	return newChunkedJob(t, l, o, 0)
+}
+
+// newChunkedJob is newJob with Config.ChunkBytes set to chunk.
+func newChunkedJob(t testing.TB, l hier.Layout, o inproc.Options, chunk int) []*hier.Comm {
 	t.Helper()
 	lv := newLevels(t, l, o)
 	cs := make([]*hier.Comm, len(l))
 	for r := range l {
-		c, err := hier.New(hier.Config{Layout: l, Rank: r, Local: lv.local[r], Cross: lv.cross[r], World: lv.world[r]})
+		c, err := hier.New(hier.Config{Layout: l, Rank: r, Local: lv.local[r], Cross: lv.cross[r], World: lv.world[r], ChunkBytes: chunk})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -132,6 +137,24 @@ func TestConformance(t *testing.T) {
 					out[r] = c
 				}
 				return out
+			}, commtest.Ranks(n), commtest.AbortReachesPeers(), commtest.HalfTolerance(h, h+1), commtest.Large(1<<20, n))
+		})
+	}
+}
+
+// TestConformanceChunked runs the suite with all-reduces of more than
+// 8 KiB cut into 4 KiB chunks, so that the 4 KiB+3-element and 1 MiB
+// cases run the pipeline of chunks, with a leftover chunk and shards that
+// the ranks do not divide evenly.
+func TestConformanceChunked(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		l    hier.Layout
+	}{layouts[0], layouts[1], {"3+2", hier.PerHost(3, 2)}} {
+		t.Run(tc.name, func(t *testing.T) {
+			n, h := len(tc.l), halfULPs(tc.l)
+			commtest.Run(t, func(t *testing.T, size int) []comm.Communicator {
+				return asComms(newChunkedJob(t, tc.l, inproc.Options{}, 4<<10))
 			}, commtest.Ranks(n), commtest.AbortReachesPeers(), commtest.HalfTolerance(h, h+1), commtest.Large(1<<20, n))
 		})
 	}
