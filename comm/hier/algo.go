@@ -168,8 +168,8 @@ func (c *Comm) allReduce(send, recv comm.Buffer, o comm.Op) error {
 }
 
 // chunkCount returns how many elements of dt an all-reduce of n elements
-// moves per chunk: all n up to twice the chunk size, Config.ChunkBytes'
-// worth otherwise.
+// moves per chunk: all n without Config.ChunkBytes or up to twice it,
+// ChunkBytes' worth otherwise.
 func (c *Comm) chunkCount(n int, dt comm.DType) int {
 	per := c.chunk / dt.Size()
 	if c.chunk <= 0 || per < 1 || n <= 2*per {

@@ -43,8 +43,8 @@
 // and the host spreads the shards back to all its ranks (spread: an
 // all-gather and a broadcast of the leftover, or a broadcast per shard).
 // Counts that S does not divide are handled exactly by that uneven last
-// shard, without padding or copies. An all-reduce of more than twice
-// Config.ChunkBytes is cut into chunks that go through the same three
+// shard, without padding or copies. With Config.ChunkBytes set, an all-reduce
+// of more than twice that is cut into chunks that go through the same three
 // phases as a pipeline: while chunk i crosses the hosts, the host
 // collects chunk i+1 and spreads chunk i-1 (on the host's level in that
 // order, the same on every rank), so that the work inside the hosts

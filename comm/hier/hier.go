@@ -34,17 +34,13 @@ type Config struct {
 	// both levels carry. Nil makes a private host pool that Close
 	// releases.
 	Pool *allocator.Pool
-	// ChunkBytes is the size of the chunks a large AllReduce is cut into,
-	// so that one chunk crosses the hosts while the host reduces the next
-	// and spreads the one before. An AllReduce of at most twice as many
-	// bytes is one chunk. Zero means DefaultChunkBytes; a negative value
-	// never cuts.
+	// ChunkBytes, if positive, cuts an AllReduce of more than twice as
+	// many bytes into chunks of ChunkBytes, so that one chunk crosses the
+	// hosts while the host reduces the next and spreads the one before.
+	// Zero never cuts: whether the overlap pays depends on the network
+	// and the hosts, and is for a run across hosts to tell.
 	ChunkBytes int
 }
-
-// DefaultChunkBytes is the chunk size of a large AllReduce when
-// Config.ChunkBytes is zero.
-const DefaultChunkBytes = 4 << 20
 
 // Comm is one rank's communicator over the whole job, composed of its
 // host's and its cross group's (see the package documentation). It
@@ -57,7 +53,7 @@ type Comm struct {
 	lv          [3]level
 	pool        *allocator.Pool
 	ownPool     bool
-	chunk       int       // Config.ChunkBytes, defaulted
+	chunk       int       // Config.ChunkBytes
 	pend        []pending // the worker's inner operations in flight
 	rules       backend.Rules
 
@@ -142,9 +138,6 @@ func New(cfg Config) (*Comm, error) {
 		c.ownPool = true
 	}
 	c.chunk = cfg.ChunkBytes
-	if c.chunk == 0 {
-		c.chunk = DefaultChunkBytes
-	}
 	c.rules = backend.Rules{Rank: cfg.Rank, Size: len(t.places), HostOnly: true}
 	c.queue = make(chan uint64, backend.RingSize)
 	c.exited = make(chan struct{})
