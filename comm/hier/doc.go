@@ -114,7 +114,11 @@
 // level with the cause; a peer waiting on this rank on another level fails
 // too (at once where that level's Abort reaches its peers, as inproc's
 // does, and aborts its own levels in turn) instead of waiting for its
-// deadline. Abort aborts the levels the same way, with an error wrapping
+// deadline. A rank does not watch its idle levels: one that waits on its
+// cross group while a peer aborts its host's level learns of it from the
+// cross group's peers (which fail in turn when they use a failed level of
+// theirs), or when its next phase uses the host's level, or at the cross
+// level's deadline. Abort aborts the levels the same way, with an error wrapping
 // comm.ErrAborted and the cause; Close closes them. The bound within which
 // a pending operation completes after Abort or Close is therefore that of
 // the levels', and the Comm writes no buffer after an operation's Work has
