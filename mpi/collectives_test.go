@@ -171,7 +171,10 @@ func testAllReduceWith(t *testing.T, c comm.Communicator, alloc func(testing.TB,
 	}
 }
 
-func testBroadcast(t *testing.T, c comm.Communicator) {
+func testBroadcast(t *testing.T, c comm.Communicator) { testBroadcastWith(t, c, alloc) }
+
+// testBroadcastWith is testBroadcast on buffers from alloc.
+func testBroadcastWith(t *testing.T, c comm.Communicator, alloc func(testing.TB, int, comm.DType) comm.Buffer) {
 	n, r := c.Size(), c.Rank()
 	for _, dt := range comm.DTypes {
 		for root := range n {
@@ -190,7 +193,10 @@ func testBroadcast(t *testing.T, c comm.Communicator) {
 	}
 }
 
-func testReduce(t *testing.T, c comm.Communicator) {
+func testReduce(t *testing.T, c comm.Communicator) { testReduceWith(t, c, alloc) }
+
+// testReduceWith is testReduce on buffers from alloc.
+func testReduceWith(t *testing.T, c comm.Communicator, alloc func(testing.TB, int, comm.DType) comm.Buffer) {
 	n, r := c.Size(), c.Rank()
 	for _, dt := range comm.DTypes {
 		for _, op := range comm.Ops {
@@ -220,7 +226,10 @@ func testReduce(t *testing.T, c comm.Communicator) {
 	}
 }
 
-func testAllGather(t *testing.T, c comm.Communicator) {
+func testAllGather(t *testing.T, c comm.Communicator) { testAllGatherWith(t, c, alloc) }
+
+// testAllGatherWith is testAllGather on buffers from alloc.
+func testAllGatherWith(t *testing.T, c comm.Communicator, alloc func(testing.TB, int, comm.DType) comm.Buffer) {
 	n, r := c.Size(), c.Rank()
 	for _, dt := range comm.DTypes {
 		for _, count := range testSizes {
@@ -240,7 +249,10 @@ func testAllGather(t *testing.T, c comm.Communicator) {
 	}
 }
 
-func testReduceScatter(t *testing.T, c comm.Communicator) {
+func testReduceScatter(t *testing.T, c comm.Communicator) { testReduceScatterWith(t, c, alloc) }
+
+// testReduceScatterWith is testReduceScatter on buffers from alloc.
+func testReduceScatterWith(t *testing.T, c comm.Communicator, alloc func(testing.TB, int, comm.DType) comm.Buffer) {
 	n, r := c.Size(), c.Rank()
 	for _, dt := range comm.DTypes {
 		for _, op := range comm.Ops {

@@ -74,6 +74,7 @@ type communicator struct {
 	running   atomic.Uint64 // the operation the owner runs in shared memory now (0: none)
 	shmOps    atomic.Uint64 // all-reduces run in shared memory in place (direct), for tests
 	stagedOps atomic.Uint64 // all-reduces staged in shared memory, for tests
+	engineOps atomic.Uint64 // other collectives run in shared memory, staged or direct, for tests
 	opts      Options
 
 	mu      sync.Mutex // serialises issuing

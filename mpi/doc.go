@@ -90,8 +90,8 @@
 // since MPI_IN_PLACE would leave it at the start of the buffer. Counts
 // are C ints in MPI: a buffer of more than 2^31-1 elements is ErrInvalid.
 //
-// Where MPI carries a collective (every kind but an all-reduce in shared
-// memory, below), Float16 and BFloat16 are reduced by user-defined MPI
+// Where MPI carries a collective (every one between hosts, and Send and
+// Recv everywhere; below), Float16 and BFloat16 are reduced by user-defined MPI
 // operations written in C (F16C for binary16 where the CPU has it): each pairwise addition is
 // computed in float32 and rounded once to the element type, as package
 // fp16 and inproc round, and Max and Min compare as inproc does. With 2
@@ -187,33 +187,34 @@
 //
 // # Shared memory
 //
-// On one machine the ranks of an all-reduce read each other's memory
-// instead of copying it through MPI. A blocking communicator whose ranks
-// all run on one machine (the host count below is 1) runs its all-reduces
-// on the shared-memory engine, package comm/shm, the one package inproc
-// runs on: its doc.go has the protocol, its state table and why it is
-// safe. This package is the engine's adapter for processes (shm.go):
+// On one machine the ranks read each other's memory instead of copying
+// it through MPI. A blocking communicator whose ranks all run on one
+// machine (the host count below is 1) runs every collective but Send and
+// Recv on the shared-memory engine, package comm/shm, the one package
+// inproc runs on: its doc.go has the protocol, its state table and why it
+// is safe. This package is the engine's adapter for processes (shm.go):
 //
 //   - At Open, rank 0 makes the segment (a memfd), MPI broadcasts where it
 //     lies, the others map it through /proc/<pid>/fd, and MPI gathers every
 //     rank's process and whether it could; if one could not, the
 //     communicator has no shared memory (Info.SharedMemoryFailure says
 //     why).
-//   - An all-reduce of less than Info.SharedMemoryMin bytes (16 KiB) is
-//     staged: each rank publishes its call with a copy of its input and
-//     computes its own result from every rank's. Ranks that disagree on
-//     the count, dtype or op all fail the call with comm.ErrMismatch,
-//     naming the first rank that differs; the communicator stays usable.
+//   - A collective whose input (every block of a ReduceScatter) is less
+//     than Info.SharedMemoryMin bytes (16 KiB) is staged: each rank
+//     publishes its call with a copy of its input and computes its own
+//     result from every rank's. Ranks that disagree on the call all fail
+//     it with comm.ErrMismatch, naming the first rank that differs; the
+//     communicator stays usable.
 //   - A larger one runs in place (the engine's direct path), where every
 //     rank's buffers lie in memory of HostSource (comm.HostSourcer): slabs
 //     of memfds that the peers map through /proc and keep mapped (package
 //     comm/shm's Slabs and PeerMaps), which a ddp Reducer given no pool
 //     and ddpbench take their buckets from. If one rank's buffers are
-//     other memory, every rank leaves that call to MPI_Allreduce; if one
+//     other memory, every rank leaves that call to MPI; if one
 //     rank could not map a peer's, every rank leaves it and every later
 //     one of the communicator to MPI (Info.SharedMemoryFailure says why,
 //     on that rank).
-//   - When an all-reduce is issued while nothing else of its communicator
+//   - When a staged collective is issued while nothing else of its communicator
 //     is pending, the issuing goroutine stages it itself (no hand-off to
 //     the owner), and the first of these finishes it: the issue itself,
 //     when every peer has posted it already (it is then published
@@ -222,10 +223,11 @@
 //     owner runs it in turn.
 //
 // Results are the engine's: every rank reduces in rank order with the
-// kernels of package internal/reduce and fp16, so shared-memory
-// all-reduces have inproc's bits (16-bit sums rounded once, Avg the
-// pre-multiplied sum for any group size), and two ranks' float32 sums and
-// averages are MPI's too. Waits poll, yield and then sleep on the
+// kernels of package internal/reduce and fp16, so collectives in shared
+// memory have inproc's bits (16-bit sums rounded once, Avg as package
+// internal/reduce computes it), a reduce-scatter's block is the
+// all-reduce's bit for bit, and two ranks' float32 sums and averages are
+// MPI's too. Waits poll, yield and then sleep on the
 // segment's futex (shm.Futex; DDPGO_MPI_SPIN and DDPGO_MPI_YIELD set the
 // first two), and watch the process they wait for. Only blocking mode
 // takes this path. Between machines it is off: the host count is more

@@ -191,6 +191,23 @@ func (e *engine) start(c *communicator, seq uint64) {
 		e.runStaged(c, seq, d)
 		return
 	}
+	if c.hs != nil && !c.hs.broken && onEngine(d.kind) {
+		// In place in the ranks' buffers, where they are all shared.
+		c.running.Store(seq)
+		taken, err := c.direct(d)
+		c.running.Store(0)
+		if taken {
+			switch {
+			case err != nil:
+			case d.kind == kindAllReduce:
+				c.shmOps.Add(1)
+			default:
+				c.engineOps.Add(1)
+			}
+			c.ops.Complete(seq, err)
+			return
+		}
+	}
 	send, recv := d.send, d.recv
 	if d.kind == kindReduceScatter && d.inplace {
 		b, err := e.scratch(c, d.count*dtypeSize(d.dt))
@@ -214,19 +231,6 @@ func (e *engine) start(c *communicator, seq uint64) {
 	op := C.int(d.op)
 	if pairAvg(c, d) {
 		op = C.DDP_AVG2
-	}
-	if c.hs != nil && blocking && d.kind == kindAllReduce && !c.hs.broken {
-		c.running.Store(seq)
-		taken, err := c.direct(d)
-		c.running.Store(0)
-		if taken {
-			c.posted--
-			if err == nil {
-				c.shmOps.Add(1)
-			}
-			c.ops.Complete(seq, err)
-			return
-		}
 	}
 	h := c.h
 	if c.hasLarge && blocking && d.kind == kindAllReduce && d.count*dtypeSize(d.dt) >= largeMin {

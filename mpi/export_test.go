@@ -39,6 +39,10 @@ func SetStagedAlone(on bool) bool { old := stagedAlone; stagedAlone = on; return
 // cache, and returns the previous one.
 func SetNTMin(n int) int { return setNTMin(n) }
 
+// EngineOps is the number of collectives but all-reduces that c ran in
+// shared memory, staged or in place.
+func EngineOps(c comm.Communicator) uint64 { return c.(*communicator).engineOps.Load() }
+
 // StagedOps is the number of all-reduces c staged in shared memory.
 func StagedOps(c comm.Communicator) uint64 { return c.(*communicator).stagedOps.Load() }
 

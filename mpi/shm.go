@@ -253,6 +253,9 @@ func (c *communicator) peerFailure(err error) error {
 // engine's verdict, told as this rank's call against the first rank's
 // that differs (every rank fails it; the communicator stays usable).
 func (c *communicator) mismatch(d *desc, verdict error) error {
+	if d.kind != kindAllReduce {
+		return c.opErr(d, verdict)
+	}
 	seg := c.hs.seg
 	mine := seg.Call(c.rank, d.k)
 	for r := range c.size {
@@ -321,7 +324,20 @@ func (c *communicator) missing() ([]int, string) {
 	return shmWait(c.rank, missing, others)
 }
 
-// direct runs blocking all-reduce d of c on the owner in place in the
+// directBytes are the sizes of d's send and recv buffers on every rank
+// (recv 0 where d has none: a Reduce off its root).
+func (c *communicator) directBytes(d *desc) (send, recv int) {
+	b := d.count * dtypeSize(d.dt)
+	switch d.kind {
+	case comm.KindAllGather:
+		return b, c.size * b
+	case comm.KindReduceScatter:
+		return c.size * b, b
+	}
+	return b, b
+}
+
+// direct runs blocking collective d of c on the owner in place in the
 // ranks' buffers, through the engine's direct path, where every rank's
 // buffers lie in the slabs of its HostSource and every rank could map its
 // peers'. It reports whether it did (and the result): if not, every rank
@@ -329,18 +345,18 @@ func (c *communicator) missing() ([]int, string) {
 // slabs, every later one too. A peer's failure fails c.
 func (c *communicator) direct(d *desc) (taken bool, err error) {
 	hs := c.hs
-	bytes := d.count * dtypeSize(d.dt)
-	send := d.send
-	if d.inplace {
-		send = d.recv
+	sendBytes, recvBytes := c.directBytes(d)
+	recvMine := recvBytes
+	if d.recv == nil {
+		recvMine = 0
 	}
-	dsc, _ := hostSlabs.Describe(send, bytes, d.recv, bytes)
+	dsc, _ := hostSlabs.Describe(d.send, sendBytes, d.recv, recvMine)
 	hs.k++
 	d.k = hs.k
 	k := d.k
 	hs.target.Store(k<<2 | uint64(shm.Called))
 	defer hs.target.Store(0)
-	hs.ep.Publish(k, comm.Call{Kind: comm.KindAllReduce, Op: d.op, DType: d.dt, Count: d.count, Seq: k}, shm.Direct, nil, &dsc)
+	hs.ep.Publish(k, d.call(k), shm.Direct, nil, &dsc)
 	hs.seg.Notify()
 	failed := func(err error) (bool, error) {
 		err = c.opErr(d, c.peerFailure(err))
@@ -368,7 +384,7 @@ func (c *communicator) direct(d *desc) (taken bool, err error) {
 		if failMaps.Load() {
 			err = errors.New("mapping disabled by a test")
 		} else {
-			err = hs.maps.Attach(r, hs.seg.Desc(r, k), bytes, bytes)
+			err = hs.maps.Attach(r, hs.seg.Desc(r, k), sendBytes, recvBytes)
 		}
 		if err != nil {
 			ok = false

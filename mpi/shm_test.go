@@ -313,3 +313,47 @@ func TestSharedMemoryBits(t *testing.T) {
 		}
 	}
 }
+
+// TestSharedMemoryCollectives: on shared memory, every collective but
+// Send and Recv runs on the engine too, staged below the direct minimum
+// and in place in the buffers above it, with the results of
+// TestBlockingCollectives (which runs them on other memory, where the
+// larger ones go to MPI).
+func TestSharedMemoryCollectives(t *testing.T) {
+	c := open(t, mpi.Options{Blocking: true})
+	src := comm.HostSourceOf(c)
+	if src == nil {
+		t.Skip("no shared memory (one rank)")
+	}
+	shared := allocFrom(newPool(t, src))
+	before := mpi.EngineOps(c)
+	t.Run("Broadcast", func(t *testing.T) { testBroadcastWith(t, c, shared) })
+	t.Run("Reduce", func(t *testing.T) { testReduceWith(t, c, shared) })
+	t.Run("AllGather", func(t *testing.T) { testAllGatherWith(t, c, shared) })
+	t.Run("ReduceScatter", func(t *testing.T) { testReduceScatterWith(t, c, shared) })
+	t.Run("Barrier", func(t *testing.T) { testutil.MustWaitAll(t, c.Barrier(), c.Barrier()) })
+	if got := mpi.EngineOps(c) - before; got == 0 {
+		t.Fatalf("rank %d: no collective ran in shared memory", c.Rank())
+	}
+	// A reduce-scatter has the bits of the all-reduce it is a block of:
+	// both reduce in rank order with the same kernels. Random floats make
+	// any other order show.
+	const per = 1<<14 + 5
+	n := c.Size()
+	rng := rand.New(rand.NewPCG(uint64(c.Rank())+1, 11))
+	for _, count := range []int{3, per} { // staged, then in place
+		all := shared(t, n*count, comm.Float32)
+		for i := range all.AsFloat32() {
+			all.AsFloat32()[i] = float32(math.Ldexp(rng.Float64()-0.5, rng.IntN(40)-20))
+		}
+		block := shared(t, count, comm.Float32)
+		testutil.MustWaitAll(t, c.ReduceScatter(all, block, comm.Avg))
+		testutil.MustWaitAll(t, c.AllReduce(all, all, comm.Avg))
+		want := all.AsFloat32()[c.Rank()*count : (c.Rank()+1)*count]
+		for i, g := range block.AsFloat32() {
+			if math.Float32bits(g) != math.Float32bits(want[i]) {
+				t.Fatalf("rank %d, count %d: reduce_scatter element %d is %v, the all-reduce's %v", c.Rank(), count, i, g, want[i])
+			}
+		}
+	}
+}

@@ -45,9 +45,19 @@ const (
 // without a deadline is seen.
 const waitSlice = 100 * time.Millisecond
 
-// staged reports whether d is an all-reduce that c stages.
+// staged reports whether c stages d: a collective the engine runs whose
+// staged input (every block of a ReduceScatter) is below directMin bytes.
 func (c *communicator) staged(d *desc) bool {
-	return c.hs != nil && d.kind == kindAllReduce && d.err == nil && d.count*dtypeSize(d.dt) < c.directMin
+	return c.hs != nil && onEngine(d.kind) && d.err == nil && shm.StagedBytes(d.call(0), c.size) < c.directMin
+}
+
+// onEngine reports whether the engine runs collectives of kind k (on a
+// communicator with a segment): every kind but Send and Recv.
+func onEngine(k comm.Kind) bool { return k != kindSend && k != kindRecv }
+
+// call is d as the engine's collective number k.
+func (d *desc) call(k uint64) comm.Call {
+	return comm.Call{Kind: d.kind, Op: d.op, DType: d.dt, Count: d.count, Root: d.root, Seq: k}
 }
 
 // How a staged all-reduce stands after a look at the segment.
@@ -60,20 +70,16 @@ const (
 	stagedFailed                    // a peer failed: c is unusable
 )
 
-// post publishes staged all-reduce d (this rank's input, copied), and
+// post publishes staged collective d (this rank's input, copied), and
 // finishes it if every peer has posted it already (for finishStaged). The
 // caller holds what orders c's operations: c.mu with every earlier
 // operation complete, or the owner.
 func (c *communicator) post(d *desc) (stagedEnd, error) {
 	hs := c.hs
-	send := d.send
-	if d.inplace {
-		send = d.recv
-	}
 	hs.k++
 	d.k = hs.k
 	hs.target.Store(d.k<<2 | uint64(shm.Called))
-	hs.ep.Publish(d.k, comm.Call{Kind: comm.KindAllReduce, Op: d.op, DType: d.dt, Count: d.count, Seq: d.k}, shm.Staged, send, nil)
+	hs.ep.Publish(d.k, d.call(d.k), shm.Staged, d.send, nil)
 	hs.seg.Notify()
 	return c.poll(d)
 }
@@ -121,9 +127,15 @@ func (c *communicator) idle() bool {
 	return n == 0 || c.ops.Done(n)
 }
 
-// stagedDone counts staged all-reduce d, which the engine finished
+// stagedDone counts staged collective d, which the engine finished
 // without error: its result, Avg included, is complete.
-func (c *communicator) stagedDone(*desc) { c.stagedOps.Add(1) }
+func (c *communicator) stagedDone(d *desc) {
+	if d.kind == kindAllReduce {
+		c.stagedOps.Add(1)
+	} else {
+		c.engineOps.Add(1)
+	}
+}
 
 // finishStaged completes staged all-reduce seq, which ended as end says,
 // with err.
