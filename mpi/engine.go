@@ -191,7 +191,7 @@ func (e *engine) start(c *communicator, seq uint64) {
 		e.runStaged(c, seq, d)
 		return
 	}
-	if c.hs != nil && !c.hs.broken && onEngine(d.kind) {
+	if c.hs != nil && onEngine(d.kind) {
 		// In place in the ranks' buffers, where they are all shared.
 		c.running.Store(seq)
 		taken, err := c.direct(d)

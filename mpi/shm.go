@@ -223,6 +223,12 @@ func (hs *hostShm) await(k uint64, ph shm.Phase, deadline time.Time, spin bool) 
 	if lag < len(hs.procs) {
 		hs.lag.Store(int64(lag))
 	}
+	if err != nil && !timedOut(err) && hs.ep.Lagging(k, ph, 0) == len(hs.procs) {
+		// The rank waited for reached the phase and then closed, or a
+		// rank aborted, between the wait's looks: the phase is reached,
+		// as its peers saw, and this rank must not fail what they complete.
+		return nil
+	}
 	return err
 }
 
@@ -369,6 +375,11 @@ func (c *communicator) direct(d *desc) (taken bool, err error) {
 	if v := hs.ep.Judge(k); v != nil {
 		return true, c.mismatch(d, v)
 	}
+	if hs.broken {
+		// Judged as every call is, so that ranks that disagree fail alike;
+		// then MPI carries it.
+		return false, nil
+	}
 	for r := range c.size {
 		if !hs.seg.Desc(r, k).Described() {
 			return false, nil // some rank's buffers are other memory: this call goes to MPI
@@ -399,6 +410,15 @@ func (c *communicator) direct(d *desc) (taken bool, err error) {
 	hs.ep.Agree(k, ok)
 	hs.seg.Notify()
 	if err := hs.await(k, shm.Agreed, time.Time{}, true); err != nil {
+		// A peer aborted or is gone: nobody writes this rank's buffers
+		// unless a rank that saw every agreement opened the collective
+		// first, and then this rank must do its part before it fails.
+		if cancelled, _ := hs.ep.Cancel(k); cancelled {
+			return failed(err)
+		}
+		hs.ep.Share(k, &hs.maps)
+		hs.seg.Notify()
+		hs.await(k, shm.Shared, time.Time{}, false)
 		return failed(err)
 	}
 	if !hs.ep.Agreement(k) {
@@ -408,7 +428,10 @@ func (c *communicator) direct(d *desc) (taken bool, err error) {
 	if exitAfter.Load() == int32(shm.Agreed) {
 		os.Exit(3) // a test: every rank has mapped, none has reduced
 	}
-	hs.ep.Open(k)
+	if open, _ := hs.ep.Open(k); !open {
+		// A rank whose wait failed cancelled it: nobody shares.
+		return failed(fmt.Errorf("a peer's wait failed: cancelled"))
+	}
 	hs.ep.Share(k, &hs.maps)
 	hs.seg.Notify()
 	if err := hs.await(k, shm.Shared, time.Time{}, true); err != nil {

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/ddpgo/ddpgo/allocator"
@@ -164,10 +165,15 @@ func testSharedMemory(t *testing.T) {
 	} {
 		n := count(c.Rank())
 		b := shared(t, n, comm.Float32)
-		err = c.AllReduce(b, b, comm.Sum).Wait(context.Background())
+		w := c.AllReduce(b, b, comm.Sum)
+		err = w.Wait(context.Background())
 		want := fmt.Sprintf("rank %d all-reduces %d elements of %s (%s), rank %d %d of", c.Rank(), n, comm.Float32, comm.Sum, other, count(other))
 		if !errors.Is(err, comm.ErrMismatch) || !strings.Contains(err.Error(), want) {
 			t.Fatalf("rank %d: all-reduces of different counts: %v; want ErrMismatch saying %q", c.Rank(), err, want)
+		}
+		// Judged at its issue or later, it names its own number.
+		if oe := (*comm.OpError)(nil); !errors.As(err, &oe) || oe.Seq != w.ID() {
+			t.Fatalf("rank %d: the mismatch error of operation #%d: %v", c.Rank(), w.ID(), err)
 		}
 		for _, n := range []int{1 << 14, 100} {
 			b = shared(t, n, comm.Float32)
@@ -206,6 +212,18 @@ func TestSharedMemoryUnmappable(t *testing.T) {
 		checkBuf(t, "all_reduce left to MPI", b, func(j int) float64 {
 			return reduceValues(comm.Float32, comm.Sum, c.Size(), j, func(q int) float64 { return value(comm.Float32, q, j+i) })
 		})
+	}
+	// Left to MPI, the calls are still judged first: ranks that disagree
+	// (staged on one, direct-sized on another) fail alike, at once.
+	n := 100
+	if c.Rank() == c.Size()-1 {
+		n = 1 << 14
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b := shared(t, n, comm.Float32)
+	if err := c.AllReduce(b, b, comm.Sum).Wait(ctx); !errors.Is(err, comm.ErrMismatch) {
+		t.Fatalf("rank %d: all-reduces of different counts after the fallback: %v; want ErrMismatch", c.Rank(), err)
 	}
 	if got := mpi.SharedOps(c); got != 0 {
 		t.Fatalf("rank %d: %d all-reduces ran in shared memory, want 0", c.Rank(), got)

@@ -4,6 +4,7 @@ package mpi
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/ddpgo/ddpgo/comm"
@@ -140,6 +141,10 @@ func (c *communicator) stagedDone(d *desc) {
 // finishStaged completes staged all-reduce seq, which ended as end says,
 // with err.
 func (c *communicator) finishStaged(seq uint64, d *desc, end stagedEnd, err error) {
+	var oe *comm.OpError
+	if errors.As(err, &oe) && oe.Seq == 0 {
+		oe.Seq = seq // judged at its issue, before it had its number
+	}
 	switch end {
 	case stagedOK:
 		c.stagedDone(d)

@@ -18,15 +18,6 @@ import (
 // peers' buffers in place, so the buffers must be memory the peers can
 // map. Slabs is such memory (an allocator.Source: each slab a memfd
 // mapped shared), Describe says where a rank's buffers lie in it, and
-// Described reports whether d describes buffers that lie in their
-// process's slabs, as Describe reported: every rank reads every peer's
-// descriptor, so every rank can tell alike whether a collective can be
-// direct at all, before any tries to map.
-func (d *Desc) Described() bool {
-	p := d.proc()
-	return p.Boot != 0 && p.SendSlab.Size != 0 && (p.Recv == 0 || p.RecvSlab.Size != 0)
-}
-
 // PeerMaps maps the peers' slabs through /proc/<pid>/fd, keeping the
 // mappings from one collective to the next.
 
@@ -160,6 +151,15 @@ func (s *Slabs) Describe(send unsafe.Pointer, sendBytes int, recv unsafe.Pointer
 	}
 	p.RecvFd, p.RecvSlab = int32(s.slabs[j].fd), ref(&s.slabs[j])
 	return d, true
+}
+
+// Described reports whether d describes buffers that lie in their
+// process's slabs, as Describe reported: every rank reads every peer's
+// descriptor, so every rank can tell alike whether a collective can be
+// direct at all, before any tries to map.
+func (d *Desc) Described() bool {
+	p := d.proc()
+	return p.Boot != 0 && p.SendSlab.Size != 0 && (p.Recv == 0 || p.RecvSlab.Size != 0)
 }
 
 // PeerMaps maps the peers' slabs into this process, for Share (it is a
