@@ -54,7 +54,8 @@ type communicator struct {
 	h          C.MPI_Comm
 	rank, size int
 	blocking   bool
-	hosts      int // the hosts the ranks run on
+	counted    bool // the process's one communicator in blocking mode (not a level of a hierarchy)
+	hosts      int  // the hosts the ranks run on
 	// large, where hasLarge, is a second duplicate of MPI_COMM_WORLD
 	// whose all-reduce is the segmented ring, for blocking all-reduces of
 	// at least largeMin bytes between hosts (see the package

@@ -461,6 +461,17 @@ int ddp_dup(MPI_Comm *out, int *rank, int *size) {
 
 int ddp_free(MPI_Comm *c) { return MPI_Comm_free(c); }
 
+int ddp_split(MPI_Comm c, int color, int key, MPI_Comm *out, int *rank, int *size) {
+	int rc = MPI_Comm_split(c, color, key, out);
+	if (rc != MPI_SUCCESS)
+		return rc;
+	if ((rc = MPI_Comm_set_errhandler(*out, MPI_ERRORS_RETURN)) != MPI_SUCCESS)
+		return rc;
+	MPI_Comm_rank(*out, rank);
+	MPI_Comm_size(*out, size);
+	return MPI_SUCCESS;
+}
+
 // ---- the all-reduce algorithm between hosts -----------------------------
 
 #define FNV_OFFSET 1469598103934665603ULL
@@ -520,7 +531,7 @@ static int rules_file(void) {
 	return set;
 }
 
-int ddp_hosts(MPI_Comm c, int size, int *hosts, int *can) {
+int ddp_hosts(MPI_Comm c, int size, int *hosts, int *can, int *host_of) {
 	struct {
 		uint64_t key;
 		int32_t can, pad;
@@ -570,10 +581,13 @@ int ddp_hosts(MPI_Comm c, int size, int *hosts, int *can) {
 		*hosts = 0;
 		*can = 1;
 		for (int i = 0; i < size; i++) {
-			int seen = 0;
-			for (int j = 0; j < i && !seen; j++)
-				seen = all[j].key == all[i].key;
-			*hosts += !seen;
+			int seen = -1;
+			for (int j = 0; j < i && seen < 0; j++)
+				if (all[j].key == all[i].key)
+					seen = j;
+			if (host_of != NULL)
+				host_of[i] = seen < 0 ? *hosts : host_of[seen];
+			*hosts += seen < 0;
 			*can &= all[i].can;
 		}
 	}
@@ -628,7 +642,7 @@ int ddp_dup_algorithm(MPI_Comm c, int alg, int segsize, MPI_Comm *out, int *made
 	int ok = set_allreduce_algorithm(alg, segsize);
 	int rc = MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, c);
 	if (rc == MPI_SUCCESS && ok) {
-		rc = MPI_Comm_dup(MPI_COMM_WORLD, out);
+		rc = MPI_Comm_dup(c, out);
 		if (rc == MPI_SUCCESS) {
 			*made = 1;
 			rc = MPI_Comm_set_errhandler(*out, MPI_ERRORS_RETURN);

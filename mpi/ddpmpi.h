@@ -48,13 +48,18 @@ uint64_t ddp_boot_id(void);
 
 int ddp_dup(MPI_Comm *out, int *rank, int *size);
 int ddp_free(MPI_Comm *c);
+// ddp_split is MPI_Comm_split(c, color, key) into *out, with errors
+// returned, and its rank and size; collective over c.
+int ddp_split(MPI_Comm c, int color, int key, MPI_Comm *out, int *rank, int *size);
 
 // ddp_hosts counts the hosts c's ranks run on (a host: a name, a boot id
-// and a network namespace, or DDPGO_MPI_HOST) and whether every rank can choose Open MPI's
-// all-reduce algorithm (*can); collective over c.
-int ddp_hosts(MPI_Comm c, int size, int *hosts, int *can);
+// and a network namespace, or DDPGO_MPI_HOST), says whether every rank
+// can choose Open MPI's all-reduce algorithm (*can) and, unless host_of is
+// NULL, on which host each rank runs (host_of[r]; hosts are numbered in
+// the order their first rank appears); collective over c.
+int ddp_hosts(MPI_Comm c, int size, int *hosts, int *can, int *host_of);
 
-// ddp_dup_algorithm duplicates MPI_COMM_WORLD into *out with Open MPI's
+// ddp_dup_algorithm duplicates c into *out with Open MPI's
 // all-reduce algorithm alg and segment size segsize
 // (coll_tuned_allreduce_algorithm and _segmentsize), or leaves *out
 // MPI_COMM_NULL and *made 0 when some rank could not set them; collective

@@ -44,6 +44,7 @@ type engine struct {
 	lastHosts                         int
 	lastLarge                         string
 	lastShared                        bool
+	lastHier                          string // the ranks per host of the last hierarchical Open ("": flat)
 	shmFailure                        string // why an all-reduce could not map a peer's memory, once one could not
 	ours, mallocTuned, tcpTuned, f16c bool
 
@@ -349,7 +350,7 @@ func pairAvg(c *communicator, d *desc) bool {
 func (e *engine) release(c *communicator) {
 	if !c.released {
 		c.released = true
-		if c.blocking {
+		if c.counted {
 			e.blockingComms--
 		}
 		if rc := C.ddp_free(&c.h); rc != C.MPI_SUCCESS {

@@ -13,16 +13,27 @@ import (
 	"math"
 	"os"
 	"runtime"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/comm/backend"
+	"github.com/ddpgo/ddpgo/comm/hier"
 )
 
 // Open returns this rank's communicator over a duplicate of
 // MPI_COMM_WORLD (MPI_Comm_dup), initialising MPI on first use. It is
 // collective: every rank of the world calls it at the same point.
+//
+// A blocking communicator whose ranks span several hosts with more than
+// one rank on some host is hierarchical (package comm/hier): Open splits
+// the world into a communicator per host (its collectives in shared
+// memory) and one per local rank across the hosts, and returns their
+// composite, unless a rank set DDPGO_MPI_HIER=0 (see "Several ranks per
+// host" in the package documentation).
 func Open(o Options) (comm.Communicator, error) {
 	if o.AbortCode < 0 || o.AbortCode > 255 {
 		return nil, fmt.Errorf("%w: mpi: Options.AbortCode %d: want 0..255", comm.ErrInvalid, o.AbortCode)
@@ -32,6 +43,8 @@ func Open(o Options) (comm.Communicator, error) {
 		return nil, err
 	}
 	c := &communicator{e: e, opts: o, freed: make(chan struct{})}
+	var local, cross *communicator
+	var hostOf []int
 	err = e.call(func() error {
 		var r, n C.int
 		if rc := C.ddp_dup(&c.h, &r, &n); rc != C.MPI_SUCCESS {
@@ -54,72 +67,198 @@ func Open(o Options) (comm.Communicator, error) {
 		c.blocking = want == 1
 		if c.blocking {
 			e.blockingComms++
+			c.counted = true
 		}
-		var hosts, can C.int
-		if rc := C.ddp_hosts(c.h, n, &hosts, &can); rc != C.MPI_SUCCESS {
-			return c.openFailed(fmt.Errorf("mpi: world rank %d: counting the hosts: %w", e.worldRank, mpiError(int(rc))))
+		hostOf = make([]int, c.size)
+		if err := c.setUp(hostOf); err != nil {
+			return c.openFailed(err)
 		}
-		c.hosts = int(hosts)
-		if c.blocking && c.size >= 2 && c.hosts >= 2 && can != 0 {
-			var made C.int
-			if rc := C.ddp_dup_algorithm(c.h, segmentedRing, C.DDP_SEGMENT, &c.large, &made); rc != C.MPI_SUCCESS {
-				if made != 0 {
-					C.ddp_free(&c.large)
-				}
-				return c.openFailed(fmt.Errorf("mpi: world rank %d: MPI_Comm_dup with the segmented ring all-reduce: %w", e.worldRank, mpiError(int(rc))))
-			}
-			c.hasLarge = made != 0
+		if !c.blocking || c.hosts < 2 || slices.Max(hostCounts(hostOf)) < 2 {
+			return nil
 		}
-		if c.blocking && (c.size >= 2 || stagedAlone) && c.hosts == 1 {
-			// Every rank must take the same path at every all-reduce:
-			// one that opted out opts every rank out.
-			want := C.int(1)
-			if os.Getenv("DDPGO_MPI_SHM") == "0" {
-				want = 0
-			}
-			if rc := C.ddp_allreduce_int(c.h, &want, 1, 0); rc != C.MPI_SUCCESS {
-				return c.openFailed(fmt.Errorf("mpi: world rank %d: agreeing on shared memory: %w", e.worldRank, mpiError(int(rc))))
-			}
-			if want == 1 {
-				// Every rank maps the segment, or none does.
-				c.directMin = directMin
-				hs, why, err := openHost(c.h, c.rank, c.size)
-				if err != nil {
-					return c.openFailed(fmt.Errorf("mpi: world rank %d: sharing the segment: %w", e.worldRank, err))
-				}
-				if why != "" {
-					rtMu.Lock()
-					e.shmFailure = why
-					rtMu.Unlock()
-				}
-				c.hs = hs
-			}
-			c.shm = c.hs != nil
+		// Several ranks on some host: the hierarchy, unless a rank opts
+		// out (every rank must take the same path).
+		want = 1
+		if os.Getenv("DDPGO_MPI_HIER") == "0" {
+			want = 0
+		}
+		if rc := C.ddp_allreduce_int(c.h, &want, 1, 0); rc != C.MPI_SUCCESS {
+			return c.openFailed(fmt.Errorf("mpi: world rank %d: agreeing on the hierarchy: %w", e.worldRank, mpiError(int(rc))))
+		}
+		if want == 0 {
+			return nil
+		}
+		var err error
+		if local, cross, err = c.split(hostOf); err != nil {
+			return c.openFailed(err)
 		}
 		large := ""
-		if c.hasLarge {
+		if cross.hasLarge {
 			large = fmt.Sprintf("segmented ring (%d KiB segments)", C.DDP_SEGMENT>>10)
 		}
 		rtMu.Lock()
-		e.lastHosts, e.lastLarge, e.lastShared = c.hosts, large, c.shm
+		e.lastHosts, e.lastLarge, e.lastShared, e.lastHier = c.hosts, large, local.shm, layoutName(hostOf)
 		rtMu.Unlock()
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
+	for _, x := range []*communicator{c, local, cross} {
+		if x != nil {
+			x.ready()
+		}
+	}
+	if local == nil {
+		return c, nil
+	}
+	names := make([]string, len(hostOf))
+	for r, h := range hostOf {
+		names[r] = strconv.Itoa(h)
+	}
+	hc, err := hier.New(hier.Config{Layout: hier.FromHosts(names), Rank: c.rank, Local: local, Cross: cross, World: c})
+	if err != nil {
+		err = fmt.Errorf("mpi: world rank %d: the hierarchy: %w", e.worldRank, err)
+		return nil, errors.Join(err, cross.Close(), local.Close(), c.Close())
+	}
+	return hc, nil
+}
+
+// hostCounts is the number of ranks on each host of hostOf.
+func hostCounts(hostOf []int) []int {
+	n := make([]int, slices.Max(hostOf)+1)
+	for _, h := range hostOf {
+		n[h]++
+	}
+	return n
+}
+
+// layoutName says how many ranks each host runs: "2+2", "3+1".
+func layoutName(hostOf []int) string {
+	var parts []string
+	for _, n := range hostCounts(hostOf) {
+		parts = append(parts, strconv.Itoa(n))
+	}
+	return strings.Join(parts, "+")
+}
+
+// setUp readies communicator c, whose c.h, rank, size and blocking are
+// set: it counts the hosts (and fills hostOf, if not nil, with each rank's
+// host), gives a blocking communicator across hosts its segmented ring
+// and one on a single host its shared-memory segment. On the owner.
+func (c *communicator) setUp(hostOf []int) error {
+	e := c.e
+	var hosts, can C.int
+	var at *C.int
+	if hostOf != nil {
+		tmp := make([]C.int, c.size)
+		at = &tmp[0]
+		defer func() {
+			for i := range tmp {
+				hostOf[i] = int(tmp[i])
+			}
+		}()
+	}
+	if rc := C.ddp_hosts(c.h, C.int(c.size), &hosts, &can, at); rc != C.MPI_SUCCESS {
+		return fmt.Errorf("mpi: world rank %d: counting the hosts: %w", e.worldRank, mpiError(int(rc)))
+	}
+	c.hosts = int(hosts)
+	if c.blocking && c.size >= 2 && c.hosts >= 2 && can != 0 {
+		var made C.int
+		if rc := C.ddp_dup_algorithm(c.h, segmentedRing, C.DDP_SEGMENT, &c.large, &made); rc != C.MPI_SUCCESS {
+			if made != 0 {
+				C.ddp_free(&c.large)
+			}
+			return fmt.Errorf("mpi: world rank %d: MPI_Comm_dup with the segmented ring all-reduce: %w", e.worldRank, mpiError(int(rc)))
+		}
+		c.hasLarge = made != 0
+	}
+	if c.blocking && (c.size >= 2 || stagedAlone) && c.hosts == 1 {
+		// Every rank must take the same path at every collective: one
+		// that opted out opts every rank out.
+		want := C.int(1)
+		if os.Getenv("DDPGO_MPI_SHM") == "0" {
+			want = 0
+		}
+		if rc := C.ddp_allreduce_int(c.h, &want, 1, 0); rc != C.MPI_SUCCESS {
+			return fmt.Errorf("mpi: world rank %d: agreeing on shared memory: %w", e.worldRank, mpiError(int(rc)))
+		}
+		if want == 1 {
+			// Every rank maps the segment, or none does.
+			c.directMin = directMin
+			hs, why, err := openHost(c.h, c.rank, c.size)
+			if err != nil {
+				return fmt.Errorf("mpi: world rank %d: sharing the segment: %w", e.worldRank, err)
+			}
+			if why != "" {
+				rtMu.Lock()
+				e.shmFailure = why
+				rtMu.Unlock()
+			}
+			c.hs = hs
+		}
+		c.shm = c.hs != nil
+	}
+	large := ""
+	if c.hasLarge {
+		large = fmt.Sprintf("segmented ring (%d KiB segments)", C.DDP_SEGMENT>>10)
+	}
+	rtMu.Lock()
+	e.lastHosts, e.lastLarge, e.lastShared, e.lastHier = c.hosts, large, c.shm, ""
+	rtMu.Unlock()
+	return nil
+}
+
+// split makes the two levels of c's hierarchy, blocking both: the ranks of
+// this rank's host (by host, in rank order), and the ranks of every host
+// with this rank's local rank (by local rank, in host order). They are
+// the composite's alone, which issues on them one phase at a time in the
+// same order on every rank, so they do not count against the one blocking
+// communicator of a process (c is it). On the owner; collective over c.
+func (c *communicator) split(hostOf []int) (local, cross *communicator, err error) {
+	me := hostOf[c.rank]
+	localRank := 0
+	for r := range c.rank {
+		if hostOf[r] == me {
+			localRank++
+		}
+	}
+	level := func(color, key int, what string) (*communicator, error) {
+		x := &communicator{e: c.e, opts: c.opts, freed: make(chan struct{}), blocking: true}
+		var r, n C.int
+		if rc := C.ddp_split(c.h, C.int(color), C.int(key), &x.h, &r, &n); rc != C.MPI_SUCCESS {
+			return nil, fmt.Errorf("mpi: world rank %d: MPI_Comm_split for the %s level: %w", c.e.worldRank, what, mpiError(int(rc)))
+		}
+		x.rank, x.size = int(r), int(n)
+		if err := x.setUp(nil); err != nil {
+			return nil, x.openFailed(err)
+		}
+		return x, nil
+	}
+	if local, err = level(me, c.rank, "host"); err != nil {
+		return nil, nil, err
+	}
+	if cross, err = level(localRank, me, "cross-host"); err != nil {
+		c.e.release(local)
+		return nil, nil, err
+	}
+	return local, cross, nil
+}
+
+// ready finishes what Open made of c: its ring, its place among the open
+// communicators, its watchdog.
+func (c *communicator) ready() {
 	// Park at once in Wait: the owner, readied by the issue, then runs on
 	// the waiter's processor (see engine.loop).
 	c.ops.Init(backend.Config{Backend: "mpi", Rank: c.rank, Hooks: (*ringHooks)(c)})
 	c.rules = backend.Rules{Rank: c.rank, Size: c.size, HostOnly: true, MaxCount: math.MaxInt32}
-	e.mu.Lock()
-	e.comms[c] = struct{}{}
-	e.mu.Unlock()
-	if o.StallInterval >= 0 || o.Timeout >= 0 {
+	c.e.mu.Lock()
+	c.e.comms[c] = struct{}{}
+	c.e.mu.Unlock()
+	if c.opts.StallInterval >= 0 || c.opts.Timeout >= 0 {
 		c.wdStop, c.wdDone = make(chan struct{}), make(chan struct{})
 		go c.watch(time.Now())
 	}
-	return c, nil
 }
 
 // forcedAllReduce returns the all-reduce algorithm and segment size Open
@@ -141,10 +280,7 @@ func forcedAllReduce() (alg, segsize int, err error) {
 
 // openFailed frees what Open made of c and returns err; on the owner.
 func (c *communicator) openFailed(err error) error {
-	C.ddp_free(&c.h)
-	if c.blocking {
-		c.e.blockingComms--
-	}
+	c.e.release(c)
 	return err
 }
 

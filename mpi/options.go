@@ -113,6 +113,11 @@ type Info struct {
 	SharedMemory        bool
 	SharedMemoryMin     int
 	SharedMemoryFailure string
+	// Hierarchy is how many ranks each host runs, "2+2" or "3+1", where
+	// the last communicator opened is hierarchical (its SharedMemory is
+	// then its host level's, its LargeAllReduce its cross-host level's);
+	// "" where it is flat.
+	Hierarchy string
 	// F16C reports whether the 16-bit sums use the CPU's F16C
 	// conversions.
 	F16C bool

@@ -31,8 +31,9 @@ type Config struct {
 	World comm.Communicator
 	// Pool provides the scratch memory that Reduce (on ranks other than
 	// the root), AllGather and ReduceScatter work in. It must hold memory
-	// both levels carry. Nil makes a private host pool that Close
-	// releases.
+	// both levels carry. Nil makes a private pool that Close releases,
+	// over Local's HostSource (comm.HostSourceOf) where it has one, else
+	// over host memory.
 	Pool *allocator.Pool
 	// ChunkBytes, if positive, cuts an AllReduce of more than twice as
 	// many bytes into chunks of ChunkBytes, so that one chunk crosses the
@@ -132,7 +133,10 @@ func New(cfg Config) (*Comm, error) {
 		}
 	}
 	if c.pool == nil {
-		if c.pool, err = allocator.New(allocator.Options{}); err != nil {
+		// Memory of the host level's own source where it has one (the
+		// shared memory its collectives run on in place), so that the
+		// scratch buffers' phases take the same path as the user's.
+		if c.pool, err = allocator.New(allocator.Options{Source: comm.HostSourceOf(cfg.Local)}); err != nil {
 			return nil, fmt.Errorf("hier: rank %d: a pool for scratch buffers: %w", cfg.Rank, err)
 		}
 		c.ownPool = true
