@@ -223,6 +223,11 @@ func TestProcState(t *testing.T) {
 	if me.Start == 0 || me.State() != Running {
 		t.Fatalf("this process: %+v %v", me, me.State())
 	}
+	// Waits look at their peers' processes; a warm collective allocates
+	// nothing, however long it waits.
+	if a := testing.AllocsPerRun(20, func() { me.State() }); a != 0 {
+		t.Errorf("State allocates %v times", a)
+	}
 	if (Ident{Pid: me.Pid, Start: me.Start + 1}).State() != Gone {
 		t.Error("a pid with another start time is not gone")
 	}
