@@ -252,8 +252,8 @@
 //
 // Open counts the hosts its ranks run on (a host: a name, a boot id and a
 // network namespace, or DDPGO_MPI_HOST where set). A blocking communicator
-// whose ranks span two or more hosts gets a second duplicate of
-// MPI_COMM_WORLD whose all-reduce is Open MPI's segmented ring in 256 KiB
+// whose ranks span two or more hosts gets a second duplicate of its
+// MPI communicator whose all-reduce is Open MPI's segmented ring in 256 KiB
 // segments (set through MPI's tool interface), and its all-reduces of 1
 // MiB and more run on it; smaller ones keep Open MPI's choice. Every rank
 // decides from the same gathered facts, so all take it or none: none when
@@ -264,12 +264,30 @@
 // MPI's, and all-reduces run in shared memory instead (above). Why each
 // setting, with the measurements: docs/mpi-tuning.md.
 //
+// # Several ranks per host
+//
+// A blocking communicator whose ranks span two or more hosts, with more
+// than one rank on some host, is hierarchical: Open splits the world by
+// host (MPI_Comm_split; its collectives run in shared memory, above) and
+// by local rank across the hosts (its large all-reduces on the segmented
+// ring, below), and returns the composite of package comm/hier, whose doc
+// has the algorithms: an all-reduce reduces inside each host, each local
+// rank all-reduces its shard across the hosts, and each host spreads the
+// result, so a host's link carries what it carries with one rank per host.
+// Hosts of different sizes work (the shards follow the smallest host).
+// The flat communicator over the world carries the Sends and Recvs
+// between ranks that share neither host nor local rank. DDPGO_MPI_HIER=0
+// on any rank keeps every rank flat; Info.Hierarchy says "2+2", "3+1".
+// Failures end the job as everywhere in this package: a failed level
+// aborts the others, and Abort is MPI_Abort.
+//
 // # Testing
 //
 // The tests are SPMD: go test -tags mpi ./mpi/ runs them in one process
 // (a 1-rank world) and then, in TestUnderMpirun, under mpirun with 2 and 3
-// ranks (DDPGO_MPI_NP=1,2,3,4 to choose). A test binary runs under mpirun
-// directly too:
+// ranks (DDPGO_MPI_NP=1,2,3,4 to choose), and TestHierarchyUnderMpirun
+// runs 4 ranks named onto two hosts (2+2, 3+1) through DDPGO_MPI_HOST. A
+// test binary runs under mpirun directly too:
 //
 //	go test -c -tags mpi -o mpi.test ./mpi/
 //	mpirun -np 4 --oversubscribe ./mpi.test

@@ -163,7 +163,7 @@ func faultChild(t *testing.T, fault, dir string) {
 	}
 	c := open(t, o)
 	if comm.HostSourceOf(c) == nil {
-		t.Fatalf("rank %d: the ranks do not share memory", c.Rank())
+		t.Fatalf("rank %d: the ranks do not share memory (%s)", c.Rank(), mpi.LibraryInfo().SharedMemoryFailure)
 	}
 	n := 1000 // 4 KB: staged
 	if fault == "exit" {

@@ -418,8 +418,10 @@ func TestRingBetweenHosts(t *testing.T) {
 		env  [3]string // each rank's environment, beyond DDPGO_MPI_CHILD ("": no such rank)
 		want string    // what every rank says of both of its communicators
 	}{
-		{"two-hosts", [3]string{"DDPGO_MPI_HOST=a", "DDPGO_MPI_HOST=b", "DDPGO_MPI_HOST=b"}, "hosts 2; ring true;"},
-		{"opted-out", [3]string{"DDPGO_MPI_HOST=a", "DDPGO_MPI_HOST=b DDPGO_MPI_ALLREDUCE=mpi", "DDPGO_MPI_HOST=b"}, "hosts 2; ring false;"},
+		// 1+2 ranks would be hierarchical: kept flat (DDPGO_MPI_HIER=0 on
+		// one rank is every rank's choice), the world is the ring's.
+		{"two-hosts", [3]string{"DDPGO_MPI_HOST=a", "DDPGO_MPI_HOST=b DDPGO_MPI_HIER=0", "DDPGO_MPI_HOST=b"}, "hosts 2; ring true;"},
+		{"opted-out", [3]string{"DDPGO_MPI_HOST=a", "DDPGO_MPI_HOST=b DDPGO_MPI_ALLREDUCE=mpi DDPGO_MPI_HIER=0", "DDPGO_MPI_HOST=b"}, "hosts 2; ring false;"},
 		{"one-host", [3]string{"DDPGO_MPI_HOST=a", "DDPGO_MPI_HOST=a", "DDPGO_MPI_HOST=a"}, "hosts 1; ring false;"},
 		{"two-ranks", [3]string{"DDPGO_MPI_HOST=a", "DDPGO_MPI_HOST=b"}, "hosts 2; ring true;"},
 		// A rules file is the user's choice (this one sets only Bcast's

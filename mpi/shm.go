@@ -3,6 +3,7 @@
 package mpi
 
 /*
+#include <stdlib.h>
 #include "ddpmpi.h"
 */
 import "C"
@@ -81,13 +82,14 @@ func openHost(h C.MPI_Comm, rank, size int) (*hostShm, string, error) {
 	var seg *shm.Segment
 	// where the segment lies: pid, fd, inode, size, boot id, and 1 if rank
 	// 0 made it
-	where := make([]int64, 6)
+	where, free := cInt64s(6)
+	defer free()
 	why := ""
 	if rank == 0 {
 		s, f, err := shm.Create(l)
 		if err == nil {
 			seg = s
-			where = []int64{int64(f.Pid), int64(f.Fd), int64(f.Ino), int64(f.Size), int64(f.Boot), 1}
+			copy(where, []int64{int64(f.Pid), int64(f.Fd), int64(f.Ino), int64(f.Size), int64(f.Boot), 1})
 		} else {
 			why = fmt.Sprintf("rank 0 could not create the segment: %v", err)
 		}
@@ -115,11 +117,13 @@ func openHost(h C.MPI_Comm, rank, size int) (*hostShm, string, error) {
 	if seg != nil {
 		ok = 1
 	}
-	mine := []int64{int64(me.Pid), int64(me.Start), ok}
-	all := make([]int64, 3*size)
+	mine, free1 := cInt64s(3)
+	defer free1()
+	all, free2 := cInt64s(3 * size)
+	defer free2()
+	copy(mine, []int64{int64(me.Pid), int64(me.Start), ok})
 	rc := C.ddp_start(h, 1, 0, C.int(comm.KindAllGather), 0, C.int(comm.Int64), C.int(len(mine)),
 		C.uintptr_t(uintptr(unsafe.Pointer(&mine[0]))), C.uintptr_t(uintptr(unsafe.Pointer(&all[0]))), 0, 0)
-	runtime.KeepAlive(mine)
 	if rc != C.MPI_SUCCESS {
 		closeSeg(seg)
 		return nil, "", fmt.Errorf("gathering the ranks' processes: %w", mpiError(int(rc)))
@@ -143,6 +147,18 @@ func openHost(h C.MPI_Comm, rank, size int) (*hostShm, string, error) {
 	hs := &hostShm{seg: seg, ep: seg.Endpoint(rank), procs: procs, wait: shm.Futex{Spin: spin, Yield: yield}}
 	hs.lag.Store(-1)
 	return hs, "", nil
+}
+
+// cInt64s returns n int64s of C memory, for MPI calls that take their
+// buffers as addresses: Go memory (a slice the compiler may place on the
+// goroutine's stack) can move before the call reads it, when the call's
+// own Go wrapper grows the stack.
+func cInt64s(n int) ([]int64, func()) {
+	p := C.calloc(C.size_t(n), 8)
+	if p == nil {
+		panic(fmt.Sprintf("mpi: %d bytes of C memory", 8*n))
+	}
+	return unsafe.Slice((*int64)(p), n), func() { C.free(p) }
 }
 
 func closeSeg(s *shm.Segment) {

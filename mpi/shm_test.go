@@ -49,7 +49,7 @@ func testSharedMemory(t *testing.T) {
 		t.Skip("one rank: nothing to share")
 	}
 	if src == nil || !info.SharedMemory {
-		t.Fatalf("rank %d: a blocking communicator on one machine offers no shared memory (Info.SharedMemory %v)", c.Rank(), info.SharedMemory)
+		t.Fatalf("rank %d: a blocking communicator on one machine offers no shared memory (Info.SharedMemory %v; %q)", c.Rank(), info.SharedMemory, info.SharedMemoryFailure)
 	}
 	p := newPool(t, src)
 	shared := allocFrom(p)

@@ -208,8 +208,11 @@ func (c *communicator) completeStaged(ctx context.Context, seq uint64, spin bool
 	deadline, hasDeadline := ctx.Deadline()
 	for {
 		until := time.Now().Add(waitSlice)
-		if hasDeadline && deadline.Before(until) {
+		switch {
+		case hasDeadline && deadline.Before(until):
 			until = deadline
+		case ctx.Done() == nil:
+			until = time.Time{} // nothing to notice between slices
 		}
 		err := c.hs.await(d.k, shm.Called, until, spin)
 		spin = false
