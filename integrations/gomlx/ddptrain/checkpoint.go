@@ -1,6 +1,10 @@
 package ddptrain
 
-import "github.com/gomlx/gomlx/pkg/ml/context/checkpoints"
+import (
+	"fmt"
+
+	"github.com/gomlx/gomlx/pkg/ml/context/checkpoints"
+)
 
 // Save saves a checkpoint of the context's variables through h on rank 0,
 // and does nothing on the other ranks, whose variables are rank 0's (h may
@@ -15,7 +19,13 @@ import "github.com/gomlx/gomlx/pkg/ml/context/checkpoints"
 // lazily, as checkpoints.Build does by default: Config.Immediate creates
 // the variables in an order of its own, which then differs from the
 // other ranks' (ErrMismatch too).
+//
+// With Options.Reducer.Shard, Save fails with ErrUnsupported on every
+// rank: rank 0 holds the optimizer state of its own variables only.
 func (t *Trainer) Save(h *checkpoints.Handler) error {
+	if t.shard {
+		return fmt.Errorf("%w: rank %d: Save with Options.Reducer.Shard: rank 0 holds the optimizer state of its own variables only, and the trainer does not consolidate the others'", ErrUnsupported, t.c.Rank())
+	}
 	if t.c.Rank() != 0 {
 		return nil
 	}

@@ -107,6 +107,43 @@
 //     a load on other ranks without rank 0 is refused (ErrMismatch, naming
 //     them), since rank 0's fresh variables would replace it.
 //
+// # Sharded optimizer state
+//
+// With Options.Reducer.Shard = ddp.ShardParams (ZeRO stage 1; package
+// ddp, "Sharded optimizer state"), the Reducer gives each trainable
+// variable wholly to one rank (greedily, within each bucket) and
+// reduce-scatters the buckets, so each rank receives the averages of its
+// own variables only. The optimizer graph then takes those averages and
+// uses those variables alone: GoMLX's optimizer creates its state (Adam's
+// moments) for them alone and updates them alone. Each rank then copies
+// its variables' new values into Go memory (one float32 copy of the
+// model), the Reducer all-gathers every bucket, and each rank copies the
+// others' values into its variables. The step counters and the learning
+// rate, which every rank's optimizer graph updates alike, stay on every
+// rank; Owned and OptimizerState name what this rank keeps, and
+// Times.Gather is the gather's share of the step. Training gives the
+// unsharded run's variables bit for bit where the backend's
+// reduce-scatter sums as its all-reduce does (inproc; 2 processes of
+// package mpi), since GoMLX's SGD and Adam update each variable from its
+// own gradient and state (an optimizer that reads several variables'
+// gradients at once, such as a clip by the global norm, would see only
+// this rank's).
+//
+// ddp.ShardElements is refused: GoMLX's optimizers take whole variables
+// and size their state by the variable's shape, so a graph over element
+// ranges would need an optimizer of the trainer's own. Per bucket, a
+// rank's state is then within 1/N of it plus its largest variable's. The
+// optimizer graph cannot overlap the reductions (it needs all of this
+// rank's averages) and the gather starts after it. The status of the
+// ranks (see Failures) travels in the gather, so under Shard a peer's
+// failure is reported after every rank has stepped and gathered its
+// variables: the variables then hold that step's update but for the
+// failing rank's own, which it gathers unchanged. Join is refused with
+// Shard, and Save, since rank 0 holds only its own variables' state:
+// load a checkpoint on every rank instead (the first step refuses one
+// loaded on some ranks only, ErrMismatch), and each rank takes the state
+// of the variables it owns from it.
+//
 // # Failures
 //
 // A rank whose graph fails or panics must still take part in the step's

@@ -79,6 +79,11 @@ func (t *Trainer) tellPeers(ctx context.Context, mode ddp.SyncMode, cause error)
 	t.failed = t.failed[:0]
 	if err := t.r.Wait(ctx); err != nil {
 		errs = append(errs, err)
+	} else if t.shard {
+		// The peers step and gather their variables before they read
+		// the status: gather this rank's, as they were.
+		t.outErr = nil
+		errs = append(errs, t.gather(ctx))
 	}
 	return errors.Join(append([]error{cause}, errs...)...)
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ddpgo/ddpgo/ddp"
 	"github.com/ddpgo/ddpgo/inproc"
 	"github.com/ddpgo/ddpgo/integrations/gomlx/ddptrain"
 	. "github.com/gomlx/gomlx/pkg/core/graph"
@@ -24,7 +25,8 @@ import (
 // step, and checks that every rank's call fails in that same step, the
 // failing rank's with ErrGraph and its cause, every other rank's with
 // ErrPeer naming it, and that nothing hangs: every rank returns well
-// within the test's deadline, far below the Reducer's timeouts.
+// within the test's deadline, far below the Reducer's timeouts; with the
+// optimizer sharded too (the status then travels in the gather).
 func TestFailure(t *testing.T) {
 	const ranks = 3
 	cases := []struct {
@@ -40,53 +42,60 @@ func TestFailure(t *testing.T) {
 		{"graph error in a synced step", 2, 2, false, "error", "Sub"},
 		{"graph error in a no-sync step", 1, 3, true, "error", "Sub"},
 	}
+	sharded := smallBuckets
+	sharded.Reducer.Shard = ddp.ShardParams
 	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			p := newLSQ(4, 3)
-			comms, err := inproc.NewGroup(ranks)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer closeAll(comms)
-			backend := newBackend(t)
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			failedAt := make([]int, ranks)
-			errs := make([]error, ranks)
-			var wg sync.WaitGroup
-			for r, c := range comms {
-				wg.Go(func() {
-					failedAt[r], errs[r] = faultyRank(ctx, c, backend, p, tc.bad, tc.step, tc.how, tc.noSync)
-				})
-			}
-			done := make(chan struct{})
-			go func() { wg.Wait(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(45 * time.Second):
-				t.Fatal("the ranks hang after a failure")
-			}
-			for r, err := range errs {
-				// A no-sync step communicates nothing: the peers learn of
-				// the failure in their next (synced) step.
-				want := tc.step
-				if tc.noSync && r != tc.bad {
-					want++
+		for _, o := range []struct {
+			name string
+			o    ddptrain.Options
+		}{{"", smallBuckets}, {", sharded", sharded}} {
+			t.Run(tc.name+o.name, func(t *testing.T) {
+				p := newLSQ(4, 3)
+				comms, err := inproc.NewGroup(ranks)
+				if err != nil {
+					t.Fatal(err)
 				}
-				switch {
-				case err == nil:
-					t.Errorf("rank %d did not fail", r)
-				case failedAt[r] != want:
-					t.Errorf("rank %d failed at step %d, want %d: %v", r, failedAt[r], want, err)
-				case r == tc.bad && (!errors.Is(err, ddptrain.ErrGraph) || !strings.Contains(err.Error(), tc.cause)):
-					t.Errorf("rank %d (the failing one): %v, want ErrGraph with %q", r, err, tc.cause)
-				case r != tc.bad && (!errors.Is(err, ddptrain.ErrPeer) || !strings.Contains(err.Error(), fmt.Sprintf("rank %d failed", tc.bad))):
-					t.Errorf("rank %d: %v, want ErrPeer naming rank %d", r, err, tc.bad)
-				default:
-					t.Logf("rank %d: %v", r, err)
+				defer closeAll(comms)
+				backend := newBackend(t)
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				failedAt := make([]int, ranks)
+				errs := make([]error, ranks)
+				var wg sync.WaitGroup
+				for r, c := range comms {
+					wg.Go(func() {
+						failedAt[r], errs[r] = faultyRank(ctx, c, backend, p, tc.bad, tc.step, tc.how, tc.noSync, o.o)
+					})
 				}
-			}
-		})
+				done := make(chan struct{})
+				go func() { wg.Wait(); close(done) }()
+				select {
+				case <-done:
+				case <-time.After(45 * time.Second):
+					t.Fatal("the ranks hang after a failure")
+				}
+				for r, err := range errs {
+					// A no-sync step communicates nothing: the peers learn of
+					// the failure in their next (synced) step.
+					want := tc.step
+					if tc.noSync && r != tc.bad {
+						want++
+					}
+					switch {
+					case err == nil:
+						t.Errorf("rank %d did not fail", r)
+					case failedAt[r] != want:
+						t.Errorf("rank %d failed at step %d, want %d: %v", r, failedAt[r], want, err)
+					case r == tc.bad && (!errors.Is(err, ddptrain.ErrGraph) || !strings.Contains(err.Error(), tc.cause)):
+						t.Errorf("rank %d (the failing one): %v, want ErrGraph with %q", r, err, tc.cause)
+					case r != tc.bad && (!errors.Is(err, ddptrain.ErrPeer) || !strings.Contains(err.Error(), fmt.Sprintf("rank %d failed", tc.bad))):
+						t.Errorf("rank %d: %v, want ErrPeer naming rank %d", r, err, tc.bad)
+					default:
+						t.Logf("rank %d: %v", r, err)
+					}
+				}
+			})
+		}
 	}
 }
 
@@ -95,13 +104,13 @@ func TestFailure(t *testing.T) {
 // or its graph does not build ("error": labels of the wrong shape); with
 // noSync that step is an AccumulateStep on every rank. It returns the
 // step of the rank's first error, and the error.
-func faultyRank(ctx context.Context, c comm.Communicator, backend backends.Backend, p *lsq, bad, step int, how string, noSync bool) (int, error) {
+func faultyRank(ctx context.Context, c comm.Communicator, backend backends.Backend, p *lsq, bad, step int, how string, noSync bool, o ddptrain.Options) (int, error) {
 	r, n := c.Rank(), c.Size()
 	model := p.model(r)
 	if r == bad && how == "panic" {
 		model = panicking(model)
 	}
-	tr, err := ddptrain.New(c, backend, mlctx.New(), model, lsqLoss, optimizer("sgd", 1), smallBuckets)
+	tr, err := ddptrain.New(c, backend, mlctx.New(), model, lsqLoss, optimizer("sgd", 1), o)
 	if err != nil {
 		return 0, err
 	}

@@ -121,6 +121,9 @@ func (t *Trainer) wait(ctx context.Context) error {
 	if err := t.readBuffers(); err != nil && t.outErr == nil {
 		t.outErr = err
 	}
+	if t.shard {
+		return nil // the status and t.outErr are read after the gather (shard.go)
+	}
 	if len(t.failed) > 0 {
 		return fmt.Errorf("%w: rank %d: step %d: %s failed (its own error says why)", ErrPeer, t.c.Rank(), t.steps, rankList(t.failed))
 	}
@@ -136,6 +139,17 @@ func (t *Trainer) wait(ctx context.Context) error {
 // status of the ranks from the trainer's own parameter.
 func (t *Trainer) copyAverages(red ddp.Reduced) {
 	start := time.Now()
+	if t.shard {
+		// Only this rank's variables hold averages; the status, if
+		// it is this rank's, is gathered (shard.go).
+		for _, pt := range red.Owned {
+			if pt.Param != t.status {
+				t.note(t.copyOutOne(pt.Param))
+			}
+		}
+		t.copyTime += time.Since(start)
+		return
+	}
 	for _, p := range red.Params {
 		var err error
 		if p == t.status {

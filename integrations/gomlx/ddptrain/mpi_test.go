@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ddpgo/ddpgo/ddp"
 	"github.com/ddpgo/ddpgo/internal/mpitest"
 	"github.com/ddpgo/ddpgo/launch"
 	"github.com/ddpgo/ddpgo/mpi"
@@ -21,7 +22,7 @@ import (
 // The flags of a rank of TestEquivalenceMPI's jobs: the test binary, built
 // with the mpi tag, runs TestMPIRank as every rank under mpirun.
 var (
-	mpiJob = flag.String("ddptrain.job", "", "TestMPIRank's job: sgd, adam or fail")
+	mpiJob = flag.String("ddptrain.job", "", "TestMPIRank's job: sgd, adam, shard-adam or fail")
 	mpiOut = flag.String("ddptrain.out", "", "TestMPIRank writes its result to this file, .rankN appended")
 )
 
@@ -32,8 +33,11 @@ const mpiSteps = 6
 // SGD and with Adam, is within the derived bound of plain GoMLX's, and
 // rank 1's equals rank 0's bit for bit. A third job makes rank 1's model
 // panic in step 3: both processes must fail in that step, rank 0 with
-// ErrPeer naming rank 1, within the test's deadline. It is skipped where
-// Open MPI is missing (failed under DDPGO_REQUIRE_MPI=1).
+// ErrPeer naming rank 1, within the test's deadline. A fourth trains with
+// Adam sharded (ShardParams): both ranks' weights after every step must be
+// the unsharded Adam job's bit for bit (with 2 processes the mpi backend's
+// reduce-scatter sums each element as its all-reduce does). It is skipped
+// where Open MPI is missing (failed under DDPGO_REQUIRE_MPI=1).
 func TestEquivalenceMPI(t *testing.T) {
 	if *mpiJob != "" {
 		t.Skip("a rank of an mpirun job: see TestMPIRank")
@@ -47,7 +51,8 @@ func TestEquivalenceMPI(t *testing.T) {
 		t.Fatalf("go test -c -tags mpi: %v\n%s", err, out)
 	}
 	p := newLSQ(mpiSteps, 1)
-	for _, job := range []string{"sgd", "adam", "fail"} {
+	results := map[string][]state{}
+	for _, job := range []string{"sgd", "adam", "shard-adam", "fail"} {
 		t.Run(job, func(t *testing.T) {
 			out := filepath.Join(dir, job)
 			jctx, jcancel := context.WithTimeout(ctx, 2*time.Minute)
@@ -71,6 +76,16 @@ func TestEquivalenceMPI(t *testing.T) {
 				if !sameState(ranks[0][k], ranks[1][k]) {
 					t.Fatalf("after step %d rank 1's variables differ from rank 0's", k+1)
 				}
+			}
+			results[job] = ranks[0]
+			if job == "shard-adam" {
+				unsharded := results["adam"]
+				for k := range mpiSteps {
+					if !sameState(ranks[0][k], state{w: unsharded[k].w}) {
+						t.Fatalf("after step %d the sharded run's weights differ from the unsharded run's", k+1)
+					}
+				}
+				return
 			}
 			checkBound(t, p, job, 2, runPlain(t, p, run{kind: job, steps: mpiSteps}), ranks[0], 1)
 		})
@@ -121,7 +136,12 @@ func TestMPIRank(t *testing.T) {
 	out := fmt.Sprintf("%s.rank%d", *mpiOut, c.Rank())
 	p := newLSQ(mpiSteps, 1)
 	if *mpiJob != "fail" {
-		states, err := trainRank(ctx, t, c, newBackend(t), p, run{kind: *mpiJob, steps: mpiSteps, o: smallBuckets})
+		rn := run{kind: *mpiJob, steps: mpiSteps, o: smallBuckets}
+		if rn.kind == "shard-adam" {
+			rn.kind = "adam"
+			rn.o.Reducer.Shard = ddp.ShardParams
+		}
+		states, err := trainRank(ctx, t, c, newBackend(t), p, rn)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -129,7 +149,7 @@ func TestMPIRank(t *testing.T) {
 		return
 	}
 	// Rank 1's model panics in step 3; every rank must fail in that step.
-	_, err = faultyRank(ctx, c, newBackend(t), p, 1, 3, "panic", false)
+	_, err = faultyRank(ctx, c, newBackend(t), p, 1, 3, "panic", false, smallBuckets)
 	if err == nil {
 		err = errors.New("no error")
 	}

@@ -183,15 +183,20 @@ func (t *Trainer) setup(ctx context.Context, spec any, inputs, labels []*tensors
 	}
 	t.r = r
 	t.marked = make([]bool, len(params))
+	if t.shard {
+		if err := t.setupShard(ctx); err != nil {
+			return err
+		}
+	}
 	return t.syncVariables(ctx, 0)
 }
 
 // build creates and initializes the variables of the gradient graph for
-// the first spec and of the optimizer graph, by building each once in a
-// probe graph that is never compiled. (GoMLX's PreCompile would do it, but
-// it donates the buffers of the variables the graph changes and leaves
-// them without values.) GoMLX builds the graphs again at their first
-// execution.
+// the first spec and, unless the optimizer is sharded, of the optimizer
+// graph, by building each once in a probe graph that is never compiled.
+// (GoMLX's PreCompile would do it, but it donates the buffers of the
+// variables the graph changes and leaves them without values.) GoMLX
+// builds the graphs again at their first execution.
 func (t *Trainer) build(spec any, inputs, labels []*tensors.Tensor) error {
 	gg, err := t.gradGraphFor(spec, len(inputs), len(labels))
 	if err != nil {
@@ -212,12 +217,42 @@ func (t *Trainer) build(spec any, inputs, labels []*tensors.Tensor) error {
 	if len(t.trainable) == 0 {
 		return fmt.Errorf("%w: the model has no trainable variable", ErrUnsupported)
 	}
-	in = in[:0]
 	for _, v := range t.trainable {
 		if commDType(v.DType()) == 0 {
 			return fmt.Errorf("%w: variable %s is %s; the hand-off carries float32 and float64 gradients", ErrUnsupported, v.ScopeAndName(), v.DType())
 		}
-		in = append(in, v.Shape())
+		if t.shard && v.DType() != dtypes.Float32 {
+			return fmt.Errorf("%w: variable %s is %s; Options.Reducer.Shard gathers float32 variables only", ErrUnsupported, v.ScopeAndName(), v.DType())
+		}
+	}
+	if t.shard {
+		// The optimizer's state is made once the Reducer has said which
+		// variables this rank owns (shard.go).
+		return t.ctx.InitializeVariables(t.backend, nil)
+	}
+	t.stepped = make([]bool, len(t.trainable))
+	for i := range t.stepped {
+		t.stepped[i] = true
+	}
+	return t.buildOptimizer()
+}
+
+// buildOptimizer creates and initializes the optimizer's state for the
+// variables this rank steps (t.stepped), with a probe of the optimizer
+// graph, and makes the graph's executor and inputs.
+func (t *Trainer) buildOptimizer() error {
+	before := make(map[*mlctx.Variable]bool)
+	for v := range t.ctx.IterVariables() {
+		before[v] = true
+	}
+	var in []shapes.Shape
+	for i, v := range t.trainable {
+		if t.stepped[i] {
+			in = append(in, v.Shape())
+		}
+	}
+	if len(in) == 0 {
+		return nil // a sharded optimizer and no variable of this rank's
 	}
 	if err := t.probe("ddptrain optimizer probe", in, func(nodes []*graph.Node) { t.optimizerGraph(t.ctx, nodes) }); err != nil {
 		return err
@@ -225,9 +260,18 @@ func (t *Trainer) build(spec any, inputs, labels []*tensors.Tensor) error {
 	if err := t.ctx.InitializeVariables(t.backend, nil); err != nil {
 		return err
 	}
+	t.optState = t.optState[:0]
+	for v := range t.ctx.IterVariables() {
+		if !before[v] {
+			t.optState = append(t.optState, v)
+		}
+	}
 	t.optIn = make([]*tensors.Tensor, len(t.trainable))
-	t.optArgs = make([]any, len(t.trainable))
+	t.optArgs = t.optArgs[:0]
 	for i, v := range t.trainable {
+		if !t.stepped[i] {
+			continue
+		}
 		x := tensors.FromShape(v.Shape())
 		// Where the backend shares memory with Go (simplego does), the
 		// input lives in a buffer the graph reads in place: the averages
@@ -235,7 +279,8 @@ func (t *Trainer) build(spec any, inputs, labels []*tensors.Tensor) error {
 		if err := x.MaterializeOnDevice(t.backend, true, 0); err != nil {
 			return err
 		}
-		t.optIn[i], t.optArgs[i] = x, x
+		t.optIn[i] = x
+		t.optArgs = append(t.optArgs, x)
 	}
 	exec, err := mlctx.NewExec(t.backend, t.execContext(), t.optimizerGraph)
 	if err != nil {
@@ -259,13 +304,16 @@ func (t *Trainer) probe(name string, in []shapes.Shape, fn func([]*graph.Node)) 
 
 // optimizerGraph applies the optimizer to the averaged gradients, as
 // GoMLX's gradient accumulation does: UpdateGraphWithGradients updates the
-// trainable variables this graph uses, so it first uses every one, in the
-// order of the gradients.
+// trainable variables this graph uses, so it first uses every one this
+// rank steps (all of them unless the optimizer is sharded), in the order
+// of the gradients.
 func (t *Trainer) optimizerGraph(ctx *mlctx.Context, grads []*graph.Node) {
 	g := grads[0].Graph()
 	ctx.SetTraining(g, true)
-	for _, v := range t.trainable {
-		v.ValueGraph(g)
+	for i, v := range t.trainable {
+		if t.stepped[i] {
+			v.ValueGraph(g)
+		}
 	}
 	t.opt.UpdateGraphWithGradients(ctx, grads, t.lossDType)
 }
@@ -325,6 +373,16 @@ func (t *Trainer) agree(ctx context.Context, built error, loaded int) error {
 		return errors.Join(built, err)
 	case len(failed) > 0:
 		return errors.Join(fmt.Errorf("%w: rank %d: %s failed to build the graphs (its own error says why)", ErrPeer, rank, rankList(failed)), err)
+	case t.shard && len(loaders) > 0 && len(loaders) < size:
+		var not []int
+		for r := range size {
+			if !slices.Contains(loaders, r) {
+				not = append(not, r)
+			}
+		}
+		return errors.Join(fmt.Errorf("%w: rank %d: %s loaded variables before the first step (a checkpoint: %d on rank %d) and %s did not, "+
+			"but with Options.Reducer.Shard each rank reads the optimizer state of the variables it owns from its own: load the checkpoint on every rank",
+			ErrMismatch, rank, rankList(loaders), v[words*loaders[0]+3], loaders[0], rankList(not)), err)
 	case len(loaders) > 0 && loaders[0] != 0:
 		return errors.Join(fmt.Errorf("%w: rank %d: %s loaded variables before the first step (a checkpoint: %d on rank %d) and rank 0 did not, "+
 			"but the first step gives every rank rank 0's variables, which would replace them: load the checkpoint on every rank, or on rank 0 only",
@@ -364,13 +422,21 @@ func (l *countingLoader) LoadVariable(ctx *mlctx.Context, scope, name string) (*
 	return value, found
 }
 
+// shared reports whether every rank holds variable v alike, so that the
+// first step broadcasts it from rank 0: every variable but the
+// random-number state and, with a sharded optimizer, the optimizer's
+// state, which each rank keeps for its own variables.
+func (t *Trainer) shared(v *mlctx.Variable) bool {
+	return !isRNG(v) && !(t.shard && slices.Contains(t.optState, v))
+}
+
 // fingerprint hashes the name, dtype, shape and role of every variable
 // that is broadcast, in the context's order.
 func (t *Trainer) fingerprint() uint64 {
 	h := fnv.New64a()
 	var b [8]byte
 	for v := range t.ctx.IterVariables() {
-		if isRNG(v) {
+		if !t.shared(v) {
 			continue
 		}
 		h.Write([]byte(v.ScopeAndName()))
@@ -399,7 +465,7 @@ func (t *Trainer) syncVariables(ctx context.Context, root int) error {
 	var vars []*mlctx.Variable
 	total := 0
 	for v := range t.ctx.IterVariables() {
-		if !isRNG(v) {
+		if t.shared(v) {
 			vars = append(vars, v)
 			total += int(v.Shape().Memory())
 		}

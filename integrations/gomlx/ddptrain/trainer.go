@@ -75,7 +75,7 @@ type Options struct {
 }
 
 // Times is where the time of one step went, measured on the rank's own
-// goroutine: the four phases do not overlap and add up to Step but for the
+// goroutine: the phases do not overlap and add up to Step but for the
 // step's bookkeeping.
 type Times struct {
 	// Graph is the gradient graph: forward, loss and backward, which
@@ -89,6 +89,10 @@ type Times struct {
 	Reduction time.Duration
 	// Optimizer is the optimizer graph, which applies the averages.
 	Optimizer time.Duration
+	// Gather, with Options.Reducer.Shard, is publishing this rank's
+	// updated variables, waiting for the all-gathers and copying the
+	// other ranks' variables in; zero without it.
+	Gather time.Duration
 	// Step is the whole call.
 	Step time.Duration
 }
@@ -118,6 +122,14 @@ type Trainer struct {
 	pool      *allocator.Pool // the trainer's own collectives (setup.go)
 	leaked    bool            // a collective of the trainer's own failed in flight: the pool stays mapped
 	status    int             // the index of the status parameter (failure.go)
+
+	// Options.Reducer.Shard (shard.go).
+	shard      bool
+	ownsStatus bool              // this rank owns the status parameter
+	stepped    []bool            // by parameter: this rank's optimizer steps it
+	values     [][]float32       // by parameter: the gather's values
+	optState   []*mlctx.Variable // the variables the optimizer graph created
+	nbuckets   int
 
 	args     []any  // the gradient graph's arguments, reused
 	batch    []int  // gradients copied and not yet marked ready
@@ -164,6 +176,10 @@ func New(c comm.Communicator, backend backends.Backend, ctx *mlctx.Context, mode
 		return nil, fmt.Errorf("%w: Options.Reducer.Buffers: the trainer finds the buffers itself (Options.Buffers chooses them)", ErrUnsupported)
 	case o.ReadyBatch < 0:
 		return nil, fmt.Errorf("%w: Options.ReadyBatch %d < 0", ErrUnsupported, o.ReadyBatch)
+	case o.Reducer.Shard == ddp.ShardElements:
+		return nil, fmt.Errorf("%w: Options.Reducer.Shard ShardElements: GoMLX's optimizers step whole variables and size their state by the variable's shape; use ShardParams", ErrUnsupported)
+	case o.Reducer.Shard != ddp.ShardOff && o.Reducer.Join != ddp.JoinOff:
+		return nil, fmt.Errorf("%w: Options.Reducer.Shard with Options.Reducer.Join: the trainer's Join does not step a joined rank's variables", ErrUnsupported)
 	}
 	if o.Timeout == 0 {
 		o.Timeout = ddp.DefaultTimeout
@@ -179,7 +195,7 @@ func New(c comm.Communicator, backend backends.Backend, ctx *mlctx.Context, mode
 		return nil, err
 	}
 	t := &Trainer{c: c, backend: backend, ctx: ctx, model: model, lossFn: loss, opt: owg, o: o,
-		graphs: make(map[any]*gradGraph), fresh: true}
+		graphs: make(map[any]*gradGraph), fresh: true, shard: o.Reducer.Shard != ddp.ShardOff}
 	t.copyOut = t.copyAverages
 	return t, nil
 }
@@ -362,6 +378,13 @@ func (t *Trainer) step(ctx context.Context, mode ddp.SyncMode, spec any, inputs,
 	t.times.Reduction = reduced.Sub(handedIn) - t.copyTime
 	t.times.HandOff += t.copyTime
 	t.fresh = true
+	if t.shard {
+		loss, err := t.finishSharded(ctx, loss)
+		end := time.Now()
+		t.times.Optimizer = end.Sub(reduced) - t.times.Gather
+		t.times.Step = end.Sub(start)
+		return loss, err
+	}
 	if err := t.applyOptimizer(); err != nil {
 		// The peers applied the step; this rank's replica no longer
 		// matches theirs. Tell them in their next synced step.
@@ -410,6 +433,9 @@ func (t *Trainer) runGradients(spec any, inputs, labels []*tensors.Tensor) (outs
 
 // applyOptimizer runs the optimizer graph on the averaged gradients.
 func (t *Trainer) applyOptimizer() error {
+	if t.optExec == nil {
+		return nil // a sharded optimizer and no variable of this rank's
+	}
 	return catch(func() error {
 		outs, err := t.optExec.Exec(t.optArgs...)
 		finalizeAll(outs)

@@ -1,0 +1,179 @@
+package ddptrain
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/ddpgo/ddpgo/ddp"
+	mlctx "github.com/gomlx/gomlx/pkg/ml/context"
+)
+
+// A sharded optimizer (Options.Reducer.Shard = ddp.ShardParams): the
+// Reducer gives each trainable variable wholly to one rank, and
+// reduce-scatters each bucket, so a rank receives the averages of its own
+// variables only. Its optimizer graph takes those averages and uses those
+// variables alone, so GoMLX's optimizer creates state (Adam's moments)
+// for them alone and updates them alone. Then every rank copies its
+// variables' new values into the Go slices the Reducer gathers (t.values,
+// one float32 copy of the model), Gather publishes every bucket, and
+// WaitGather gives every rank every rank's values, which it copies into
+// the variables it does not own. The trainer's status travels the same
+// way: its owner copies the averaged status into the gather, and every
+// rank reads it after it, so that a peer's failure is known only once the
+// ranks have stepped and gathered their variables (failure.go).
+
+// setupShard is the first step's work, after the Reducer, when the
+// optimizer is sharded: it finds the variables this rank owns, builds the
+// optimizer graph for them (creating their state) and agrees with every
+// rank that it did.
+func (t *Trainer) setupShard(ctx context.Context) error {
+	rank := t.c.Rank()
+	t.nbuckets = len(t.r.Buckets())
+	t.stepped = make([]bool, len(t.trainable))
+	var built error
+	for k := range t.nbuckets {
+		for _, pt := range t.r.Owned(k) {
+			switch {
+			case pt.Param == t.status:
+				t.ownsStatus = true
+			case pt.Lo != 0 || pt.Hi != t.trainable[pt.Param].Shape().Size():
+				built = fmt.Errorf("%w: rank %d: the Reducer gave this rank elements [%d, %d) of %s, not all %d: the trainer needs whole variables (ShardParams)",
+					ErrUnsupported, rank, pt.Lo, pt.Hi, t.trainable[pt.Param].ScopeAndName(), t.trainable[pt.Param].Shape().Size())
+			default:
+				t.stepped[pt.Param] = true
+			}
+		}
+	}
+	t.values = make([][]float32, len(t.trainable)+1)
+	for i, v := range t.trainable {
+		t.values[i] = make([]float32, v.Shape().Size())
+	}
+	t.values[t.status] = make([]float32, t.c.Size())
+	if built == nil {
+		if built = catch(t.buildOptimizer); built != nil {
+			built = fmt.Errorf("%w: rank %d: building the optimizer graph for its variables: %w", ErrGraph, rank, built)
+		}
+	}
+	return t.agree(ctx, built, 0)
+}
+
+// gather ends a synced step of a sharded optimizer: it publishes the
+// values of the variables this rank stepped (and the averaged status, if
+// it owns it), waits for every rank's and copies them into the other
+// variables, and reads the status into t.failed. A failure to read or
+// write a variable is this rank's alone (t.outErr); the step's collectives
+// complete regardless. The error is the Reducer's.
+func (t *Trainer) gather(ctx context.Context) error {
+	t.failed = t.failed[:0]
+	for i, v := range t.trainable {
+		if t.stepped[i] {
+			t.note(readVariable(v, t.values[i]))
+		}
+	}
+	if t.ownsStatus {
+		s, err := t.r.Grad(t.status)
+		t.note(err)
+		copy(t.values[t.status], s)
+	}
+	for k := range t.nbuckets {
+		if err := t.r.Gather(k, t.values); err != nil {
+			return fmt.Errorf("ddptrain: rank %d: step %d: %w", t.c.Rank(), t.steps, err)
+		}
+	}
+	if err := t.r.WaitGather(ctx); err != nil {
+		return fmt.Errorf("ddptrain: rank %d: step %d: %w", t.c.Rank(), t.steps, err)
+	}
+	for i, v := range t.trainable {
+		if !t.stepped[i] {
+			t.note(writeVariable(v, t.values[i]))
+		}
+	}
+	for r, x := range t.values[t.status] {
+		if x != 0 {
+			t.failed = append(t.failed, r)
+		}
+	}
+	return nil
+}
+
+// note records err as the step's first local failure.
+func (t *Trainer) note(err error) {
+	if err != nil && t.outErr == nil {
+		t.outErr = err
+	}
+}
+
+// readVariable copies float32 variable v's value into dst.
+func readVariable(v *mlctx.Variable, dst []float32) error {
+	value, err := v.Value()
+	if err == nil {
+		err = fromTensor(value, dst, true)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", v.ScopeAndName(), err)
+	}
+	return nil
+}
+
+// writeVariable copies src into float32 variable v's value.
+func writeVariable(v *mlctx.Variable, src []float32) error {
+	value, err := v.Value()
+	if err == nil {
+		err = toTensor(value, src)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", v.ScopeAndName(), err)
+	}
+	return nil
+}
+
+// finishSharded is the rest of a synced step of a sharded optimizer,
+// once the averages are in: the optimizer graph on this rank's variables,
+// then the gather.
+func (t *Trainer) finishSharded(ctx context.Context, loss float64) (float64, error) {
+	var optErr error
+	if t.outErr == nil {
+		optErr = t.applyOptimizer()
+	}
+	stepped := time.Now()
+	if err := t.gather(ctx); err != nil {
+		return 0, t.fail(err)
+	}
+	t.times.Gather = time.Now().Sub(stepped)
+	switch {
+	case len(t.failed) > 0:
+		return 0, t.fail(fmt.Errorf("%w: rank %d: step %d: %s failed (its own error says why)", ErrPeer, t.c.Rank(), t.steps, rankList(t.failed)))
+	case t.outErr != nil:
+		// The peers applied the step; tell them in their next one.
+		err := fmt.Errorf("ddptrain: rank %d: step %d: copying the averages or the variables: %w", t.c.Rank(), t.steps, t.outErr)
+		return 0, t.fail(t.tellPeers(ctx, ddp.NoSync, err))
+	case optErr != nil:
+		err := fmt.Errorf("%w: rank %d: step %d: optimizer graph: %w", ErrGraph, t.c.Rank(), t.steps, optErr)
+		return 0, t.fail(t.tellPeers(ctx, ddp.NoSync, err))
+	}
+	return loss, nil
+}
+
+// Owned returns the trainable variables whose optimizer state this rank
+// keeps and whose update it computes: all of them, or, with
+// Options.Reducer.Shard, those the Reducer gave this rank. nil before the
+// first step.
+func (t *Trainer) Owned() []*mlctx.Variable {
+	if t.stepped == nil {
+		return nil
+	}
+	var out []*mlctx.Variable
+	for i, v := range t.trainable {
+		if t.stepped[i] {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// OptimizerState returns the variables the optimizer graph created on
+// this rank (Adam's moments, its step counters, the learning rate): with
+// Options.Reducer.Shard, the state of the Owned variables only. nil
+// before the first step.
+func (t *Trainer) OptimizerState() []*mlctx.Variable { return t.optState }
