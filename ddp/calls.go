@@ -24,9 +24,10 @@ const (
 	callBroadcast
 	callBegin // never held: Begin only checks
 	callWaitGather
+	callConsolidate
 )
 
-var callNames = [...]string{"no call", "Wait", "WaitEach", "Join", "Broadcast", "Begin", "WaitGather"}
+var callNames = [...]string{"no call", "Wait", "WaitEach", "Join", "Broadcast", "Begin", "WaitGather", "Consolidate"}
 
 // enter makes call the Reducer's blocking call in progress, or fails with
 // ErrConcurrent if another goroutine is in one; leave must follow a nil

@@ -223,6 +223,12 @@
 // New's check compares Shard across ranks. Without Shard nothing of this
 // runs.
 //
+// Consolidate gathers optimizer state sharded like the parameters (one
+// slice per parameter, each rank holding its Owned elements) onto one
+// rank, as PyTorch's consolidate_state_dict does, for a checkpoint in the
+// unsharded form: any number of ranks, sharded or not, can load it, each
+// taking its Owned elements or all of them.
+//
 // # Views and the rebuild
 //
 // Grad's slices and GradBuffer's Buffers stay valid while Generation does
