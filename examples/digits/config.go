@@ -29,6 +29,10 @@ type config struct {
 	// Shard keeps each rank's optimizer state for its part of each
 	// bucket only (ddp.Options.Shard, ZeRO stage 1).
 	Shard bool
+	// Checkpoint is where rank 0 writes the checkpoint after the last
+	// epoch (checkpoint.go); "" = none. Resume is a checkpoint to start
+	// from, whatever the number of ranks that wrote it.
+	Checkpoint, Resume string
 }
 
 func defaultConfig() config {

@@ -23,7 +23,7 @@
 //
 // Usage:
 //
-//	go run ./examples/digits [-ranks 4] [-epochs 20] [-batch 64] [-hidden 128] [-lr 0.05] [-momentum 0.9] [-opt momentum|adam] [-shard] [-hook none|fp16|bf16|powersgd] [-powersgd-rank 4] [-powersgd-start 10] [-seed 1] [-data file.csv.gz] [-stats] [-trace out.json] [-save weights.bin]
+//	go run ./examples/digits [-ranks 4] [-epochs 20] [-batch 64] [-hidden 128] [-lr 0.05] [-momentum 0.9] [-opt momentum|adam] [-shard] [-hook none|fp16|bf16|powersgd] [-powersgd-rank 4] [-powersgd-start 10] [-seed 1] [-data file.csv.gz] [-stats] [-trace out.json] [-save weights.bin] [-checkpoint ck.bin] [-resume ck.bin]
 //
 // -opt adam trains with Adam instead of SGD with momentum (try -lr
 // 0.002). -shard shards the optimizer state (ddp.Options.Shard, ZeRO
@@ -32,6 +32,17 @@
 // publishes it with Gather as soon as it is stepped; WaitGather gives
 // every rank the whole model. The losses and weights are the same bits as
 // without -shard (TestShardMatchesUnsharded).
+//
+// -checkpoint writes the weights, the epochs done and the optimizer's
+// state after the last epoch; with -shard the state is consolidated on
+// rank 0 first (ddp.Reducer.Consolidate). -resume starts from such a file
+// on any number of ranks, with -shard or without, each rank taking its
+// parts of the state; -epochs counts the epochs done before. Resumed on
+// the rank count that wrote it, training continues with the bits of an
+// uninterrupted run (TestCheckpointResume):
+//
+//	go run ./examples/digits -ranks 2 -shard -opt adam -lr 0.002 -epochs 5 -checkpoint ck.bin
+//	go run ./examples/digits -ranks 4 -opt adam -lr 0.002 -epochs 10 -resume ck.bin
 //
 // Across processes, one rank each, over Open MPI (the job's size is the
 // number of ranks; rank 0 prints):

@@ -39,6 +39,8 @@ func main() {
 	flag.BoolVar(&cfg.Stats, "stats", cfg.Stats, "print rank 0's mean step timings per epoch: step, backward, communication and the share of it hidden behind backward")
 	flag.StringVar(&cfg.Trace, "trace", cfg.Trace, "write a timeline of steps 2-4 of every rank to this file (Chrome trace JSON; open in ui.perfetto.dev); with -backend mpi, one file per rank, FILE with .rankN before its extension")
 	flag.StringVar(&cfg.Save, "save", cfg.Save, "write rank 0's final weights to this file: every parameter in order (W1, b1, W2, b2), as little-endian float32")
+	flag.StringVar(&cfg.Checkpoint, "checkpoint", cfg.Checkpoint, "after the last epoch, write the weights and the optimizer's state (consolidated on rank 0 with -shard) to this file")
+	flag.StringVar(&cfg.Resume, "resume", cfg.Resume, "start from this -checkpoint file, written by any number of ranks, sharded or not; -epochs counts the epochs done before")
 	flag.Parse()
 	flag.Visit(func(f *flag.Flag) { cfg.RanksSet = cfg.RanksSet || f.Name == "ranks" })
 	err := run(os.Stdout, cfg)

@@ -103,3 +103,38 @@ func (o *optimizer) stateBytes() int {
 	}
 	return n
 }
+
+// kinds is the number of kinds of state: momentum, or Adam's two moments.
+func (o *optimizer) kinds() int { return 1 + boolInt(o.adam) }
+
+// export copies the state of the given kind (0: the momentum or first
+// moment, 1: Adam's second) of the parts it keeps into dst, shaped like
+// the parameters.
+func (o *optimizer) export(kind int, dst [][]float32) {
+	for pt, s := range o.state {
+		copy(dst[pt.Param][pt.Lo:pt.Hi], s.kind(kind))
+	}
+}
+
+// load copies the parts it keeps of the state of the given kind from src,
+// shaped like the parameters.
+func (o *optimizer) load(kind int, src [][]float32) {
+	for pt, s := range o.state {
+		copy(s.kind(kind), src[pt.Param][pt.Lo:pt.Hi])
+	}
+}
+
+func (s *moments) kind(k int) []float32 {
+	if k == 0 {
+		return s.m
+	}
+	return s.v
+}
+
+// boolInt is 1 for true.
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -39,6 +39,13 @@ type observer struct {
 // backward runs.
 func train(ctx context.Context, c comm.Communicator, data *dataset, cfg config, hook hooks.Hook, obs observer) (*mlp, error) {
 	m := newMLP(cfg.Seed, Pixels, cfg.Hidden, Classes)
+	var ck *checkpoint
+	if cfg.Resume != "" {
+		var err error
+		if ck, err = loadCheckpoint(cfg.Resume, cfg); err != nil {
+			return nil, err
+		}
+	}
 	opts := ddp.Options{Hook: hook, FirstBucketCap: bucketCap, BucketCap: bucketCap}
 	if cfg.Shard {
 		opts.Shard = ddp.ShardElements
@@ -59,6 +66,11 @@ func train(ctx context.Context, c comm.Communicator, data *dataset, cfg config, 
 		}
 	}
 	opt := newOptimizer(cfg, parts)
+	start := 0
+	if ck != nil {
+		ck.restore(m, opt) // every rank: the weights and its parts of the state
+		start = ck.epochs
+	}
 	if obs.state != nil {
 		obs.state(c.Rank(), opt.stateBytes())
 	}
@@ -73,7 +85,7 @@ func train(ctx context.Context, c comm.Communicator, data *dataset, cfg config, 
 	var stats ddp.StepStats // reused: StatsInto allocates nothing once warm
 	var x []float32
 	var y []int32
-	for epoch := range cfg.Epochs {
+	for epoch := start; epoch < cfg.Epochs; epoch++ {
 		mine = smp.Epoch(epoch, mine)
 		for b := range len(mine) / shard { // the last partial batch is dropped
 			x, y = data.gather(x, y, mine[b*shard:(b+1)*shard])
@@ -103,6 +115,11 @@ func train(ctx context.Context, c comm.Communicator, data *dataset, cfg config, 
 		}
 		if c.Rank() == 0 && obs.epoch != nil {
 			obs.epoch(epoch, m)
+		}
+	}
+	if cfg.Checkpoint != "" {
+		if err := saveCheckpoint(ctx, r, cfg.Checkpoint, cfg.Epochs, m, opt); err != nil {
+			return nil, err
 		}
 	}
 	return m, nil

@@ -191,13 +191,6 @@ func bitsOf(v []float32) []uint32 {
 	return b
 }
 
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
 // TestPowerSGDAccuracy trains the default configuration with PowerSGD at
 // ranks 1, 2 and 4, compressing from the first step: the test accuracy
 // must be within half a point of fp32's (one test image is 0.28 points),
