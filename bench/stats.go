@@ -27,6 +27,7 @@ const (
 	qComm
 	qOverlap
 	qBusBW
+	qGather
 	nQuantities
 )
 
@@ -107,6 +108,7 @@ func dist(v []float64) Dist {
 type stepSummary struct {
 	wall, iter, compute, comm, overlap time.Duration
 	bytes, overflows                   int64
+	gather                             time.Duration // the all-gathers of a sharded step
 }
 
 // aggDepth is how many steps ahead of the slowest rank a rank may report
@@ -183,6 +185,7 @@ func (a *aggregator) summarize(res *Result) {
 	res.Sampled = len(s.rows)
 	res.StepTime, res.IterTime, res.ComputeTime = s.dist(qWall), s.dist(qIter), s.dist(qCompute)
 	res.CommTime, res.OverlapRatio, res.BusBW = s.dist(qComm), s.dist(qOverlap), s.dist(qBusBW)
+	res.GatherTime = s.dist(qGather)
 	res.Overflows, res.WireBytes = a.overflows, a.lastBytes
 }
 
@@ -196,10 +199,10 @@ func (a *aggregator) steps() int {
 // fold combines one step of every rank (see Result for the rules) and
 // adds it to the sample.
 func (a *aggregator) fold(ranks []stepSummary) {
-	var w, it, c, cm, ov, cs time.Duration
+	var w, it, c, cm, ov, cs, ga time.Duration
 	var bws float64
 	for _, st := range ranks {
-		w, it, c, cm = max(w, st.wall), max(it, st.iter), max(c, st.compute), max(cm, st.comm)
+		w, it, c, cm, ga = max(w, st.wall), max(it, st.iter), max(c, st.compute), max(cm, st.comm), max(ga, st.gather)
 		ov += st.overlap
 		cs += st.comm
 		bws += comm.BusBW(comm.KindAllReduce, a.n, st.bytes, st.comm)
@@ -207,6 +210,7 @@ func (a *aggregator) fold(ranks []stepSummary) {
 	}
 	var row [nQuantities]float64
 	row[qWall], row[qIter], row[qCompute], row[qComm] = w.Seconds(), it.Seconds(), c.Seconds(), cm.Seconds()
+	row[qGather] = ga.Seconds()
 	if cs > 0 {
 		row[qOverlap] = float64(ov) / float64(cs)
 	}

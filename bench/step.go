@@ -1,12 +1,14 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 
@@ -97,6 +99,13 @@ type Config struct {
 	// Hook returns a new hook for one rank; nil -> hooks.Avg.
 	Hook      func() hooks.Hook
 	CopyGrads bool // false: gradients are bucket views (the default)
+	// Shard runs the sharded step (ddp.Options.Shard, ZeRO stage 1):
+	// each bucket is reduce-scattered, each rank publishes its part with
+	// Gather as soon as the bucket is reduced (inside WaitEach; nothing
+	// is stepped: the benchmark measures the communication) and
+	// WaitGather ends the step once the all-gathers are done. The check
+	// reads the averages this rank owns. ShardOff: the all-reduce step.
+	Shard ddp.ShardMode
 	// ZeroGrad makes the simulated backward accumulate (+=) into zeroed
 	// gradients, so every step pays for zeroing them. By default it
 	// assigns its gradients, as autograd does after PyTorch's
@@ -170,8 +179,14 @@ type Result struct {
 	Sampled int
 	// Interrupted reports that the context ended the run early: the
 	// statistics cover the Steps measured steps completed before it.
-	Interrupted   bool
-	StepTime      Dist    // seconds, Begin returned to Wait returned (the reducer's Wall)
+	Interrupted bool
+	// Shard is Config.Shard: with it, a step ends with WaitGather,
+	// CommTime is the union of the reduce-scatters and the all-gathers,
+	// BusBW counts their payload as an all-reduce's (they move the same
+	// bytes), and GatherTime is the union of the all-gathers alone.
+	Shard         ddp.ShardMode
+	GatherTime    Dist    // seconds; zero without Shard
+	StepTime      Dist    // seconds, Begin returned to Wait (WaitGather with Shard) returned (the reducer's Wall)
 	IterTime      Dist    // seconds, Begin called to Wait returned (adds Begin itself)
 	ComputeTime   Dist    // seconds, first to last ready mark
 	CommTime      Dist    // seconds
@@ -226,7 +241,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	case cfg.TraceSteps > MaxTraceSteps:
 		return nil, fmt.Errorf("%w: %d traced steps, want at most %d", ErrConfig, cfg.TraceSteps, MaxTraceSteps)
 	}
-	res := &Result{Ranks: n, Params: len(cfg.Params), Warmup: cfg.Warmup}
+	res := &Result{Ranks: n, Params: len(cfg.Params), Warmup: cfg.Warmup, Shard: cfg.Shard}
 	for _, p := range cfg.Params {
 		res.Numel += int64(p.Numel())
 	}
@@ -252,7 +267,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		go func() {
 			defer wg.Done()
 			o := ddp.Options{BucketCap: cfg.BucketCap, FirstBucketCap: cfg.FirstBucketCap, MaxInFlight: cfg.MaxInFlight, Hook: newHook(),
-				CopyGrads: cfg.CopyGrads, NoZeroGrad: !cfg.ZeroGrad, Timeout: cfg.Timeout,
+				CopyGrads: cfg.CopyGrads, NoZeroGrad: !cfg.ZeroGrad, Timeout: cfg.Timeout, Shard: cfg.Shard,
 				StallInterval: cfg.StallInterval, OnStall: cfg.OnStall}
 			if cfg.Pools != nil {
 				o.Pool = cfg.Pools[r]
@@ -450,7 +465,17 @@ type driver struct {
 	kern comm.Kernels
 	val  comm.Buffer
 	word []byte
+	// With Config.Shard: the values Gather publishes (one per parameter),
+	// the first error of the step's WaitEach callback, and the step's
+	// communication intervals, reused.
+	values    [][]float32
+	gatherErr error
+	spans     []span
+	each      func(ddp.Reduced)
 }
+
+// span is an interval of a step's communication.
+type span struct{ lo, hi time.Duration }
 
 // onDevice prepares the driver for gradients in device memory: the
 // communicator's kernels and, from pool, one float32 holding the rank's
@@ -497,6 +522,13 @@ func newDriver(red *ddp.Reducer, cfg Config, rank, local, n int) *driver {
 		}
 	}
 	d.timer.Stop()
+	if cfg.Shard != ddp.ShardOff {
+		d.values = make([][]float32, len(cfg.Params))
+		for i, p := range cfg.Params {
+			d.values[i] = make([]float32, p.Numel())
+		}
+		d.each = d.publish
+	}
 	var cum float64
 	for i := len(cfg.Params) - 1; i >= 0; i-- {
 		d.order = append(d.order, i)
@@ -536,6 +568,9 @@ func (d *driver) steps(ctx context.Context, k int, agg *aggregator, trace [][]dd
 			st := &d.stats
 			sum := stepSummary{wall: st.Wall, iter: iter, compute: st.Compute, comm: st.Comm,
 				overlap: st.Overlap, bytes: st.Bytes, overflows: st.Overflows}
+			if d.values != nil {
+				sum.comm, sum.gather = d.shardComm(st)
+			}
 			if d.ex != nil {
 				if err := d.gather(ctx, s, agg, &sum); err != nil {
 					return err
@@ -552,20 +587,20 @@ func (d *driver) steps(ctx context.Context, k int, agg *aggregator, trace [][]dd
 }
 
 // nSummary is the number of values of a stepSummary.
-const nSummary = 7
+const nSummary = 8
 
 // gather exchanges measured step s's summary with every rank of a
 // launched job and adds all of them to agg.
 func (d *driver) gather(ctx context.Context, s int, agg *aggregator, sum *stepSummary) error {
 	all, err := d.ex.gather(ctx, float64(sum.wall), float64(sum.iter), float64(sum.compute), float64(sum.comm),
-		float64(sum.overlap), float64(sum.bytes), float64(sum.overflows))
+		float64(sum.overlap), float64(sum.bytes), float64(sum.overflows), float64(sum.gather))
 	if err != nil {
 		return err
 	}
 	for r := range d.n {
 		v := all[r*nSummary : (r+1)*nSummary]
 		if !agg.add(r, s, stepSummary{wall: time.Duration(v[0]), iter: time.Duration(v[1]), compute: time.Duration(v[2]),
-			comm: time.Duration(v[3]), overlap: time.Duration(v[4]), bytes: int64(v[5]), overflows: int64(v[6])}) {
+			comm: time.Duration(v[3]), overlap: time.Duration(v[4]), bytes: int64(v[5]), overflows: int64(v[6]), gather: time.Duration(v[7])}) {
 			return errStopped
 		}
 	}
@@ -612,7 +647,82 @@ func (d *driver) step(ctx context.Context) error {
 			return err
 		}
 	}
-	return d.red.Wait(ctx)
+	if d.values == nil {
+		return d.red.Wait(ctx)
+	}
+	d.gatherErr = nil
+	if err := d.red.WaitEach(ctx, d.each); err != nil {
+		return err
+	}
+	if d.gatherErr != nil {
+		return d.gatherErr
+	}
+	return d.red.WaitGather(ctx)
+}
+
+// publish is the sharded step's WaitEach callback: it checks the
+// averages this rank owns of bucket b (the only ones it received) and
+// publishes its part with Gather at once.
+func (d *driver) publish(b ddp.Reduced) {
+	if d.gatherErr != nil {
+		return
+	}
+	if err := d.checkOwned(b.Owned); err != nil {
+		d.gatherErr = err
+		return
+	}
+	d.gatherErr = d.red.Gather(b.Bucket, d.values)
+}
+
+// checkOwned is check for the parts of a sharded step's bucket that this
+// rank owns: the ends of a parameter, where its part holds them.
+func (d *driver) checkOwned(parts []ddp.Part) error {
+	want := float32(d.n+1) / 2
+	for _, pt := range parts {
+		p := d.cfg.Params[pt.Param]
+		if d.vectorsOnly && len(p.Shape) >= 2 {
+			continue
+		}
+		g, err := d.red.Grad(pt.Param)
+		if err != nil {
+			return err
+		}
+		if (pt.Lo == 0 && !near(g[0], want, d.tol)) || (pt.Hi == len(g) && !near(g[len(g)-1], want, d.tol)) {
+			return fmt.Errorf("%w: rank %d param %d (%s): got %g and %g at its ends (owning [%d, %d) of %d), want %g",
+				ErrCheck, d.rank, pt.Param, p.Name, g[0], g[len(g)-1], pt.Lo, pt.Hi, len(g), want)
+		}
+	}
+	return nil
+}
+
+// shardComm returns a sharded step's communication: the union of its
+// reduce-scatters' and all-gathers' intervals, and of the all-gathers'
+// alone.
+func (d *driver) shardComm(st *ddp.StepStats) (all, gathers time.Duration) {
+	d.spans = d.spans[:0]
+	for _, b := range st.Buckets {
+		d.spans = append(d.spans, span{b.GatherStart, b.GatherEnd})
+	}
+	gathers = union(d.spans) // in bucket order: the all-gathers launch in it
+	for _, b := range st.Buckets {
+		d.spans = append(d.spans, span{b.Launch, b.Done})
+	}
+	slices.SortFunc(d.spans, func(a, b span) int { return cmp.Compare(a.lo, b.lo) })
+	return union(d.spans), gathers
+}
+
+// union is the length of the union of spans sorted by start.
+func union(spans []span) time.Duration {
+	var total, end time.Duration
+	for _, s := range spans {
+		lo := max(s.lo, end)
+		if s.hi <= lo {
+			continue
+		}
+		total += s.hi - lo
+		end = s.hi
+	}
+	return total
 }
 
 // await returns when at has passed since start, sleeping or spinning, or
@@ -647,6 +757,9 @@ func (d *driver) await(ctx context.Context, start time.Time, at time.Duration) e
 // check verifies that every gradient's ends hold the average of the
 // ranks' values 1..n.
 func (d *driver) check() error {
+	if d.values != nil {
+		return nil // the sharded step checked the averages it owns (checkOwned); the buckets now hold the gathered values
+	}
 	want := float32(d.n+1) / 2
 	for i, p := range d.cfg.Params {
 		if d.vectorsOnly && len(p.Shape) >= 2 {

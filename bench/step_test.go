@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"runtime"
 	"strings"
@@ -214,4 +215,60 @@ func TestRunAllocations(t *testing.T) {
 	if res.AllocsPerStep >= 1 {
 		t.Errorf("%.2f allocations per step, want < 1", res.AllocsPerStep)
 	}
+}
+
+// TestRunShard: the sharded step (reduce-scatter, Gather, all-gather) on
+// 2 and 3 ranks, both partitions, with and without fp16, checks the
+// averages each rank owns and reports the all-gathers' time inside the
+// communication's; a warm sharded step allocates nothing.
+func TestRunShard(t *testing.T) {
+	for _, mode := range []ddp.ShardMode{ddp.ShardElements, ddp.ShardParams} {
+		for _, tt := range []struct {
+			ranks    int
+			hook     string
+			wireFrac int64
+		}{{2, "none", 1}, {3, "fp16", 2}} {
+			t.Run(fmt.Sprintf("%v/%d ranks/%s", mode, tt.ranks, tt.hook), func(t *testing.T) {
+				hook, err := NewHook(tt.hook)
+				if err != nil {
+					t.Fatal(err)
+				}
+				res, err := Run(context.Background(), Config{Params: tinyParams(), Comms: group(t, tt.ranks), BucketCap: 256 << 10,
+					FirstBucketCap: 16 << 10, Hook: hook, Shard: mode, Steps: 200, Warmup: 3})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res.Shard != mode || !(res.GatherTime.Median > 0) || res.CommTime.Median < res.GatherTime.Median {
+					t.Errorf("shard %v, gather %+v, communication %+v", res.Shard, res.GatherTime, res.CommTime)
+				}
+				// The reduce-scatters' payload is the buckets' (on the wire's
+				// dtype), as the all-reduces' is.
+				if res.WireBytes < res.GradBytes/tt.wireFrac {
+					t.Errorf("wire bytes %d, want at least %d", res.WireBytes, res.GradBytes/tt.wireFrac)
+				}
+				if !invariants.RaceEnabled && res.AllocsPerStep >= 1 {
+					t.Errorf("%.2f allocations per step, want < 1", res.AllocsPerStep)
+				}
+			})
+		}
+	}
+}
+
+// TestRunShardChecks: a reduce-scatter that takes the maximum instead of
+// the sum fails the sharded run with ErrCheck naming a parameter.
+func TestRunShardChecks(t *testing.T) {
+	cs := group(t, 2)
+	for i, c := range cs {
+		cs[i] = maxScatter{c}
+	}
+	_, err := Run(context.Background(), Config{Params: tinyParams(), Comms: cs, Steps: 2, Shard: ddp.ShardElements, Hook: hooks.AllReduce})
+	if !errors.Is(err, ErrCheck) || !strings.Contains(err.Error(), "param ") {
+		t.Fatalf("Run = %v; want ErrCheck naming a parameter", err)
+	}
+}
+
+type maxScatter struct{ comm.Communicator }
+
+func (c maxScatter) ReduceScatter(send, recv comm.Buffer, op comm.Op) comm.Work {
+	return c.Communicator.ReduceScatter(send, recv, comm.Max)
 }
