@@ -97,6 +97,8 @@ func TestErrors(t *testing.T) {
 		{[]string{"run", "--bucket-cap-mb", "-1"}, 2, []string{"--bucket-cap-mb -1"}},
 		{[]string{"run", "--first-bucket-mb", "0"}, 2, []string{"--first-bucket-mb 0"}},
 		{[]string{"run", "--compression", "fp8"}, 2, []string{`--compression "fp8"`}},
+		{[]string{"run", "--shard", "layers"}, 2, []string{`--shard "layers": want none, elements or params`}},
+		{[]string{"run", "--shard", "params", "--compression", "powersgd"}, 2, []string{"--shard params with --compression powersgd"}},
 		{[]string{"run", "--powersgd-rank", "4"}, 2, []string{"--powersgd-rank needs --compression powersgd"}},
 		{[]string{"run", "--compression", "powersgd", "--powersgd-rank", "0"}, 2, []string{"--powersgd-rank 0"}},
 		{[]string{"run", "--compression", "powersgd", "--powersgd-min-compression-rate", "-1"}, 2, []string{"--powersgd-min-compression-rate -1"}},
@@ -369,6 +371,48 @@ func TestRunOutputs(t *testing.T) {
 		}
 		if j.Hosts != 1 || len(j.RankHosts) != 2 || j.RankHosts[1].Rank != 1 || j.RankHosts[1].PID != os.Getpid() || j.Transport != nil {
 			t.Errorf("hosts %d, rank hosts %+v, transport %+v; want both ranks in this process, no transport", j.Hosts, j.RankHosts, j.Transport)
+		}
+	})
+	t.Run("shard", func(t *testing.T) {
+		// The sharded step against the all-reduce step: the same bytes,
+		// the all-gathers' time inside the communication's.
+		var runs [2]runJSON
+		for i, shard := range []string{"none", "elements"} {
+			code, stdout, stderr := run(t, append([]string{"run", "--format", "json", "--shard", shard}, common...)...)
+			if code != 0 {
+				t.Fatalf("--shard %s: status %d: %s", shard, code, stderr)
+			}
+			dec := json.NewDecoder(strings.NewReader(stdout))
+			dec.DisallowUnknownFields()
+			if err := dec.Decode(&runs[i]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		plain, sharded := runs[0], runs[1]
+		if plain.Shard != "none" || plain.GatherMS != nil {
+			t.Errorf("--shard none: shard %q, gather %v", plain.Shard, plain.GatherMS)
+		}
+		if sharded.Shard != "elements" || sharded.GatherMS == nil || !(sharded.GatherMS.Median > 0) || sharded.CommMS.Median < sharded.GatherMS.Median {
+			t.Errorf("--shard elements: shard %q, gather %+v, communication %+v", sharded.Shard, sharded.GatherMS, sharded.CommMS)
+		}
+		if sharded.BytesPerStep != plain.BytesPerStep {
+			t.Errorf("bytes per step: %d sharded, %d not", sharded.BytesPerStep, plain.BytesPerStep)
+		}
+		code, stdout, stderr := run(t, append([]string{"run", "--shard", "params"}, common...)...)
+		if code != 0 || !strings.Contains(stdout, "sharded step (--shard params)") || !strings.Contains(stdout, "of it all-gather (ms)") {
+			t.Errorf("table with --shard params: status %d, %s\n%s", code, stdout, stderr)
+		}
+		code, stdout, stderr = run(t, append([]string{"run", "--format", "csv", "--shard", "params"}, common...)...)
+		recs, err := csv.NewReader(strings.NewReader(stdout)).ReadAll()
+		if code != 0 || err != nil || len(recs) != 2 {
+			t.Fatalf("csv with --shard params: status %d, %v: %s", code, err, stderr)
+		}
+		row := map[string]string{}
+		for i, k := range recs[0] {
+			row[k] = recs[1][i]
+		}
+		if row["shard"] != "params" || row["gather_ms_median"] == "" || row["gather_ms_median"] == "0" {
+			t.Errorf("csv with --shard params: %v", row)
 		}
 	})
 	t.Run("table", func(t *testing.T) {

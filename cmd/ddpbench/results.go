@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/ddpgo/ddpgo/bench"
+	"github.com/ddpgo/ddpgo/ddp"
 	"github.com/ddpgo/ddpgo/mpi"
 )
 
@@ -37,6 +38,7 @@ var runCSVHeader = slices.Concat([]string{
 	"overlap_median", "overlap_p10", "overlap_p90",
 	"busbw_gbs_median", "busbw_gbs_p10", "busbw_gbs_p90",
 	"bytes_per_step", "grad_bytes", "buckets", "bucket_bytes", "fp16_overflows", "allocs_per_step",
+	"shard", "gather_ms_median", "gather_ms_p10", "gather_ms_p90",
 }, telemetryCSVHeader(), []string{"library", "stand_in"})
 
 func (r runRecord) csv() []string {
@@ -62,6 +64,8 @@ func (r runRecord) csv() []string {
 	rec = append(rec, raw(res.BusBW)...)
 	rec = append(rec, fmt.Sprint(res.WireBytes), fmt.Sprint(res.GradBytes), fmt.Sprint(len(res.Buckets)),
 		strings.Join(sizes, " "), fmt.Sprint(res.Overflows), fmtFloat(res.AllocsPerStep))
+	rec = append(rec, shardNames[o.shard])
+	rec = append(rec, ms(res.GatherTime)...)
 	rec = append(rec, r.gpu.csv()...)
 	return append(rec, r.library(), o.backend.standIn)
 }
@@ -112,6 +116,12 @@ type runJSON struct {
 	Buckets          []int64  `json:"bucket_bytes"`
 	Overflows        int64    `json:"fp16_overflows"`
 	AllocsPerStep    float64  `json:"allocs_per_step"`
+	// Shard is --shard: none (the all-reduce step), elements or params
+	// (the sharded step: reduce-scatter, then all-gather). With it,
+	// comm_ms covers both collectives, busbw_gbs counts their payload as
+	// an all-reduce's, and GatherMS is the all-gathers' alone.
+	Shard    string    `json:"shard"`
+	GatherMS *distJSON `json:"gather_ms,omitempty"`
 	// GPUTelemetry is NVML's view of the ranks' GPUs over the measured
 	// steps (a device backend with NVML); absent otherwise.
 	GPUTelemetry *telemetryJSON `json:"gpu_telemetry,omitempty"`
@@ -140,6 +150,11 @@ func (r runRecord) json() runJSON {
 		BytesPerStep: res.WireBytes, GradBytes: res.GradBytes, Buckets: res.Buckets,
 		Overflows: res.Overflows, AllocsPerStep: res.AllocsPerStep, GPUTelemetry: r.gpu.json(),
 		Hosts: distinctHosts(r.hosts), RankHosts: rankHostsJSON(r.hosts), NCCLLaunches: r.launches,
+		Shard: shardNames[o.shard],
+	}
+	if o.shard != ddp.ShardOff {
+		g := toJSON(res.GatherTime, 1e3)
+		j.GatherMS = &g
 	}
 	if o.backend.Name == "mpi" {
 		if j.Transport = mpiTransport(mpi.LibraryInfo()); j.Transport != nil {
@@ -222,6 +237,9 @@ func (o *runOpts) describe() string {
 		view += ", assigned (no zeroing)"
 	}
 	fmt.Fprintf(b, "buckets: cap %g MiB (first %g MiB), compression %s, %s\n", o.bucketCapMB, o.firstMB, o.compressionLabel(), view)
+	if o.shard != ddp.ShardOff {
+		fmt.Fprintf(b, "sharded step (--shard %s): each bucket reduce-scattered, then all-gathered\n", shardNames[o.shard])
+	}
 	return b.String()
 }
 
@@ -308,6 +326,9 @@ func (r runRecord) table() string {
 	row("step time (ms)", res.StepTime, 1e3, 2)
 	row("backward compute (ms)", res.ComputeTime, 1e3, 2)
 	row("communication (ms)", res.CommTime, 1e3, 2)
+	if o.shard != ddp.ShardOff {
+		row("  of it all-gather (ms)", res.GatherTime, 1e3, 2)
+	}
 	row("overlap ratio", res.OverlapRatio, 1, 3)
 	row("busbw (GB/s)", res.BusBW, 1, 2)
 	b.WriteString("\n")

@@ -71,6 +71,7 @@ func stepFlags(withCap bool) []cli.Flag {
 	return append(flags,
 		floatFlag("first-bucket-mb", 1, "first bucket's size limit in MiB"),
 		&cli.IntFlag{Name: "max-in-flight", Value: 0, Usage: "most buckets on the wire at once (ddp's Options.MaxInFlight); 0: no bound", EnvVars: envs("max-in-flight")},
+		stringFlag("shard", "none", "sharded optimizer state (ZeRO stage 1, ddp's Options.Shard): none (each bucket all-reduced), elements (each bucket reduce-scattered in equal element ranges, then all-gathered) or params (whole parameters per rank)"),
 		stringFlag("compression", "none", "gradient compression: none, fp16, bf16 or powersgd (pays off only where wire bytes cost more than conversions: not in shared memory)"),
 		intFlag("powersgd-rank", 1, "with --compression powersgd: the rank of each matrix's approximation (PyTorch's matrix_approximation_rank)"),
 		intFlag("powersgd-start-iter", 0, "with --compression powersgd: synced steps averaged uncompressed before compression starts (start_powerSGD_iter; PyTorch's default is 1000, 0 here so that the measured steps compress)"),
@@ -106,6 +107,7 @@ type runOpts struct {
 	firstMB       float64
 	maxInFlight   int
 	compression   string
+	shard         ddp.ShardMode
 	powerSGD      hooks.PowerSGDOptions // with compression powersgd
 	steps         int
 	warmup        int
@@ -161,6 +163,9 @@ func parseStepFlags(c *cli.Context) (runOpts, error) {
 	if o.powerSGD, err = parsePowerSGD(c, o.compression); err != nil {
 		return o, err
 	}
+	if o.shard, err = parseShard(c.String("shard"), o); err != nil {
+		return o, err
+	}
 	o.steps, o.warmup = c.Int("steps"), c.Int("warmup")
 	if o.steps < 1 || o.steps > maxSteps {
 		return o, usagef("--steps %d: want 1..%d", o.steps, maxSteps)
@@ -189,11 +194,36 @@ func parseStepFlags(c *cli.Context) (runOpts, error) {
 		return o, usagef("--stall-interval %v: want a positive duration", o.stallInterval)
 	}
 	need := runMemory(4*o.model.Numel(), o.ranks, o.bucketView, o.compression, o.powerSGD.ErrorFeedback)
+	if o.shard != ddp.ShardOff {
+		need += 4 * o.model.Numel() * int64(o.ranks) // the values each rank gathers into
+	}
 	if err := checkMemory(need, fmt.Sprintf("--ranks %d with --model %s (%s of float32 gradients per rank)",
 		o.ranks, o.modelName, fmtBytes(4*o.model.Numel()))); err != nil {
 		return o, err
 	}
 	return o, nil
+}
+
+// shardNames are --shard's values, by mode.
+var shardNames = map[ddp.ShardMode]string{ddp.ShardOff: "none", ddp.ShardElements: "elements", ddp.ShardParams: "params"}
+
+// parseShard parses --shard for a run configured as o so far.
+func parseShard(name string, o runOpts) (ddp.ShardMode, error) {
+	mode := ddp.ShardMode(255)
+	for m, n := range shardNames {
+		if n == name {
+			mode = m
+		}
+	}
+	switch {
+	case mode == 255:
+		return 0, usagef("--shard %q: want none, elements or params", name)
+	case mode != ddp.ShardOff && o.compression == "powersgd":
+		return 0, usagef("--shard %s with --compression powersgd: PowerSGD cannot reduce-scatter (its factors are not elementwise)", name)
+	case mode != ddp.ShardOff && o.backend.DeviceMemory:
+		return 0, usagef("--shard %s with --backend %s: the sharded step gathers parameters through Go slices, which needs gradients in host memory", name, o.backend.Name)
+	}
+	return mode, nil
 }
 
 // powerSGDFlags are the flags of --compression powersgd.
@@ -495,7 +525,7 @@ func (o *runOpts) benchConfig(g []comm.Communicator) bench.Config {
 	return bench.Config{
 		Params: params, Comms: g,
 		BucketCap: mib(o.bucketCapMB), FirstBucketCap: mib(o.firstMB), MaxInFlight: o.maxInFlight,
-		Hook: hook, CopyGrads: !o.bucketView, ZeroGrad: o.zeroGrad,
+		Hook: hook, CopyGrads: !o.bucketView, ZeroGrad: o.zeroGrad, Shard: o.shard,
 		Steps: o.steps, Warmup: o.warmup,
 		Compute: o.compute, Rate: o.rate,
 		Timeout: o.timeout, StallInterval: o.stallInterval,
