@@ -15,7 +15,7 @@
 //
 // Usage:
 //
-//	go run ./examples/digitscnn [-ranks 2] [-epochs 8] [-batch 32] [-optimizer adam] [-lr 0.005] [-compression none|fp16|bf16|allreduce] [-model cnn|mlp] [-hidden 2560] [-plain] [-steps N -warmup W]
+//	go run ./examples/digitscnn [-ranks 2] [-epochs 8] [-batch 32] [-optimizer adam] [-lr 0.005] [-compression none|fp16|bf16|allreduce] [-model cnn|mlp] [-hidden 2560] [-shard] [-plain] [-steps N -warmup W]
 //
 // Across processes, one rank each (rank 0 prints):
 //
@@ -33,7 +33,11 @@
 // its parts instead of training to the end: the benchmark of
 // docs/gomlx.md. With -compare the baseline and ddptrain over -ranks
 // in-process ranks take turns, a step each, in one process. -model mlp is the larger model of that benchmark, a
-// perceptron with two hidden layers of -hidden units.
+// perceptron with two hidden layers of -hidden units. -shard shards the
+// optimizer (ddptrain with ddp.ShardParams, docs/zero.md): each rank's
+// optimizer graph steps, and keeps Adam's moments for, its own variables;
+// with -steps each rank prints the state it keeps and its optimizer's and
+// gather's times.
 package main
 
 import (
@@ -52,6 +56,7 @@ type config struct {
 	Backend     string // inproc or mpi
 	Ranks       int
 	RanksSet    bool
+	Shard       bool   // ddp.ShardParams: the optimizer's state and work sharded by variable
 	Model       string // cnn or mlp
 	Hidden      int    // mlp's hidden units
 	Epochs      int
@@ -90,6 +95,7 @@ func main() {
 	flag.IntVar(&cfg.BucketCap, "bucket-cap", cfg.BucketCap, "bucket size in bytes (0: ddpgo's 25 MiB, 1 MiB for the first)")
 	flag.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the split, the initial weights and the shuffles")
 	flag.StringVar(&cfg.Data, "data", cfg.Data, "data set (CSV, optionally gzipped); default: the embedded copy")
+	flag.BoolVar(&cfg.Shard, "shard", cfg.Shard, "shard the optimizer state (ZeRO stage 1): each rank's optimizer graph steps its own variables (ddp.ShardParams), which are then all-gathered")
 	flag.BoolVar(&cfg.Plain, "plain", cfg.Plain, "train with GoMLX's own train.Trainer in one process, without ddpgo (the baseline)")
 	flag.BoolVar(&cfg.Compare, "compare", cfg.Compare, "benchmark: plain GoMLX and ddptrain over -ranks in-process ranks take turns, a step each, for -steps steps")
 	flag.IntVar(&cfg.Steps, "steps", cfg.Steps, "benchmark: stop after this many steps and print the medians of the step and its parts")

@@ -91,3 +91,27 @@ func results(out string) string {
 	}
 	return b.String()
 }
+
+// TestShardFlag: -shard trains with the optimizer sharded (ShardParams)
+// and each rank reports the state it keeps: together, every variable's.
+func TestShardFlag(t *testing.T) {
+	cfg := defaultConfig()
+	cfg.Simplego = "ops_sequential"
+	cfg.Shard, cfg.Steps, cfg.Warmup = true, 3, 1
+	var out bytes.Buffer
+	if err := run(context.Background(), &out, cfg); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	owned := 0
+	for r := range 2 {
+		m := regexp.MustCompile(fmt.Sprintf(`(?m)^rank %d \(-shard\): (\d+) of (\d+) variables, optimizer state \d+ bytes`, r)).FindStringSubmatch(out.String())
+		if m == nil {
+			t.Fatalf("no -shard line for rank %d:\n%s", r, out.String())
+		}
+		n, _ := strconv.Atoi(m[1])
+		owned += n
+		if total, _ := strconv.Atoi(m[2]); r == 1 && owned != total {
+			t.Errorf("the ranks own %d of %d variables:\n%s", owned, total, out.String())
+		}
+	}
+}
