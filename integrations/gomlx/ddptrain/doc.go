@@ -139,10 +139,12 @@
 // failure is reported after every rank has stepped and gathered its
 // variables: the variables then hold that step's update but for the
 // failing rank's own, which it gathers unchanged. Join is refused with
-// Shard, and Save, since rank 0 holds only its own variables' state:
-// load a checkpoint on every rank instead (the first step refuses one
-// loaded on some ranks only, ErrMismatch), and each rank takes the state
-// of the variables it owns from it.
+// Shard. Save is collective with Shard: the other ranks' state travels to
+// rank 0 for the save (PyTorch's consolidate_state_dict) and is dropped
+// after it, so the checkpoint is an unsharded run's. A sharded trainer
+// loads a checkpoint on every rank (the first step refuses one loaded on
+// some ranks only, ErrMismatch), each rank taking from it the state of
+// the variables it owns.
 //
 // # Failures
 //

@@ -461,7 +461,6 @@ func (t *Trainer) fingerprint() uint64 {
 // block of the trainer's pool, a piece at a time. Root packs each piece
 // before its broadcast, the others unpack it after.
 func (t *Trainer) syncVariables(ctx context.Context, root int) error {
-	rank := t.c.Rank()
 	var vars []*mlctx.Variable
 	total := 0
 	for v := range t.ctx.IterVariables() {
@@ -470,6 +469,15 @@ func (t *Trainer) syncVariables(ctx context.Context, root int) error {
 			total += int(v.Shape().Memory())
 		}
 	}
+	return t.broadcastVars(ctx, root, vars, total, fmt.Sprintf("broadcasting the variables from rank %d", root))
+}
+
+// broadcastVars broadcasts total bytes from root: on root the values of
+// vars laid end to end, which the other ranks unpack into their vars (nil
+// on a rank that only takes part), through one block of the trainer's
+// pool, a piece at a time. what names the exchange in errors.
+func (t *Trainer) broadcastVars(ctx context.Context, root int, vars []*mlctx.Variable, total int, what string) error {
+	rank := t.c.Rank()
 	if total == 0 {
 		return nil
 	}
@@ -484,7 +492,7 @@ func (t *Trainer) syncVariables(ctx context.Context, root int) error {
 			verr = errors.Join(verr, moveBytes(vars, sent, piece, true))
 		}
 		w := t.c.Broadcast(comm.HostBuffer(blk.Addr(), len(piece), comm.Uint8), root)
-		if err := t.collective(ctx, fmt.Sprintf("broadcasting the variables from rank %d", root), w); err != nil {
+		if err := t.collective(ctx, what, w); err != nil {
 			return err
 		}
 		if rank != root {
@@ -493,7 +501,7 @@ func (t *Trainer) syncVariables(ctx context.Context, root int) error {
 		sent += len(piece)
 	}
 	if verr != nil {
-		return errors.Join(fmt.Errorf("ddptrain: rank %d: broadcasting the variables: %w", rank, verr), t.pool.Put(blk))
+		return errors.Join(fmt.Errorf("ddptrain: rank %d: %s: %w", rank, what, verr), t.pool.Put(blk))
 	}
 	return t.pool.Put(blk)
 }

@@ -5,16 +5,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/ddp"
 	"github.com/ddpgo/ddpgo/inproc"
 	"github.com/ddpgo/ddpgo/integrations/gomlx/ddptrain"
 	"github.com/ddpgo/ddpgo/sampler"
 	mlctx "github.com/gomlx/gomlx/pkg/ml/context"
+	"github.com/gomlx/gomlx/pkg/ml/context/checkpoints"
 )
 
 // TestShardMatchesUnsharded trains the least-squares problem over 1, 2
@@ -228,7 +232,8 @@ func sum(m map[string]int) int {
 }
 
 // TestShardOptions: what the trainer cannot do with a sharded optimizer
-// is refused, naming the option.
+// is refused, naming the option, and so is Save before the first step
+// (there is no state to consolidate yet).
 func TestShardOptions(t *testing.T) {
 	comms, err := inproc.NewGroup(1)
 	if err != nil {
@@ -255,6 +260,102 @@ func TestShardOptions(t *testing.T) {
 	}
 	defer tr.Close()
 	if err := tr.Save(nil); !errors.Is(err, ddptrain.ErrUnsupported) {
-		t.Errorf("Save with Shard: %v, want ErrUnsupported", err)
+		t.Errorf("Save with Shard before the first step: %v, want ErrUnsupported", err)
+	}
+}
+
+// TestShardCheckpoint saves a checkpoint of a 2-rank Adam run with the
+// optimizer sharded (Save consolidates the state on rank 0): it holds
+// the bits of the checkpoint of the same run unsharded, every moment
+// included. Loaded into 3 sharded ranks (on every rank) and into 1
+// unsharded rank, every rank holds the saved weights and each the saved
+// state of the variables it owns.
+func TestShardCheckpoint(t *testing.T) {
+	p := newLSQ(2, 6)
+	_, want := saveCheckpoint(t, p)
+	sharded := ddptrain.Options{Reducer: ddp.Options{Shard: ddp.ShardParams}}
+	dir := filepath.Join(t.TempDir(), "sharded")
+	onRanks(t, 2, func(ctx context.Context, c comm.Communicator) error {
+		r := c.Rank()
+		mctx := mlctx.New()
+		tr, err := ddptrain.New(c, newBackend(t), mctx, p.model(r), lsqLoss, optimizer("adam", 1), sharded)
+		if err != nil {
+			return err
+		}
+		defer tr.Close()
+		for k := range 2 {
+			lo := k*lsqBatch + r*lsqBatch/2
+			inputs, labels := p.tensors(lo, lo+lsqBatch/2)
+			if _, err := tr.TrainStep(ctx, nil, inputs, labels); err != nil {
+				return err
+			}
+		}
+		var h *checkpoints.Handler
+		if r == 0 {
+			if h, err = checkpoints.Build(mctx).Dir(dir).Done(); err != nil {
+				return err
+			}
+		}
+		if err := tr.Save(h); err != nil {
+			return err
+		}
+		// Training goes on: rank 0 dropped the other ranks' state.
+		inputs, labels := p.tensors(r*lsqBatch/2, (r+1)*lsqBatch/2)
+		_, err = tr.TrainStep(ctx, nil, inputs, labels)
+		return err
+	})
+	read := mlctx.New()
+	if _, err := checkpoints.Load(read).Dir(dir).Immediate().Done(); err != nil {
+		t.Fatal(err)
+	}
+	got := values(t, read)
+	for name, w := range want {
+		if !slices.Equal(got[name], w) {
+			t.Errorf("the sharded run's checkpoint: %s differs from the unsharded run's", name)
+		}
+	}
+	for _, tc := range []struct {
+		n int
+		o ddptrain.Options
+	}{{3, sharded}, {1, ddptrain.Options{}}} {
+		ctxs := make([]*mlctx.Context, tc.n)
+		onRanks(t, tc.n, func(ctx context.Context, c comm.Communicator) error {
+			r := c.Rank()
+			ctxs[r] = mlctx.New()
+			if _, err := checkpoints.Load(ctxs[r]).Dir(dir).Done(); err != nil {
+				return err
+			}
+			tr, err := ddptrain.New(c, newBackend(t), ctxs[r].Reuse(), p.model(r), lsqLoss, optimizer("adam", 1), tc.o)
+			if err != nil {
+				return err
+			}
+			defer tr.Close()
+			inputs, labels := p.tensors(0, lsqBatch/tc.n)
+			return tr.Setup(ctx, nil, inputs, labels)
+		})
+		kept := map[string]int{}
+		for r := range tc.n {
+			have := values(t, ctxs[r])
+			for name, w := range want {
+				if name == "/optimizers/learning_rate" {
+					continue
+				}
+				g, ok := have[name]
+				if !ok && !strings.Contains(name, "moment") {
+					t.Errorf("%d ranks, rank %d: no %s", tc.n, r, name)
+				}
+				if ok && !slices.Equal(g, w) {
+					t.Errorf("%d ranks, rank %d: %s differs from the checkpoint's", tc.n, r, name)
+				}
+				if ok {
+					kept[name]++
+				}
+			}
+		}
+		for name := range want {
+			if strings.Contains(name, "moment") && kept[name] != 1 && tc.n > 1 {
+				t.Errorf("%d sharded ranks: %s loaded on %d ranks, want 1", tc.n, name, kept[name])
+			}
+		}
 	}
 }
