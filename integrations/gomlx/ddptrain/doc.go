@@ -105,7 +105,9 @@
 //     ctx.Reuse(), as with train.Trainer): the first step broadcasts rank
 //     0's variables, optimizer state included. Every rank may load it too;
 //     a load on other ranks without rank 0 is refused (ErrMismatch, naming
-//     them), since rank 0's fresh variables would replace it.
+//     them), since rank 0's fresh variables would replace it. A sharded
+//     optimizer gathers its state on rank 0 to save it, and loads it on
+//     every rank (see "Sharded optimizer state").
 //
 // # Sharded optimizer state
 //
@@ -131,8 +133,10 @@
 //
 // ddp.ShardElements is refused: GoMLX's optimizers take whole variables
 // and size their state by the variable's shape, so a graph over element
-// ranges would need an optimizer of the trainer's own. Per bucket, a
-// rank's state is then within 1/N of it plus its largest variable's. The
+// ranges would need an optimizer of the trainer's own. With whole
+// variables a rank's state in each bucket is within 1/N of the bucket's
+// plus its largest variable's: a model that one variable dominates keeps
+// nearly all of its state, and its optimizer's work, on one rank. The
 // optimizer graph cannot overlap the reductions (it needs all of this
 // rank's averages) and the gather starts after it. The status of the
 // ranks (see Failures) travels in the gather, so under Shard a peer's
@@ -156,7 +160,8 @@
 // bucket. A failing rank marks every parameter ready and waits; after the
 // step every rank reads the average, and a rank that sees a non-zero
 // element fails with ErrPeer naming that rank, while the failing rank
-// returns ErrGraph with its cause. No rank applies that step. A failure in
+// returns ErrGraph with its cause. No rank applies that step (with a
+// sharded optimizer, see "Sharded optimizer state"). A failure in
 // an AccumulateStep, which communicates nothing, is sent in a synced step
 // that meets the peers' next TrainStep. The first step's failures (before
 // the Reducer exists) are exchanged by one all-gather, which also checks
