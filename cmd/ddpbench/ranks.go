@@ -73,6 +73,9 @@ type transportJSON struct {
 	// Hosts is the number of hosts the backend found the ranks on (a
 	// host name, a boot id and a network namespace, or DDPGO_MPI_HOST).
 	Hosts int `json:"hosts"`
+	// Hierarchy is how many ranks each host runs where the communicator
+	// is hierarchical ("2+2"), "" where it is flat.
+	Hierarchy string `json:"hierarchy,omitempty"`
 	// LargeAllReduce is the algorithm of all-reduces of 1 MiB and more
 	// between hosts, "" for Open MPI's own choice.
 	LargeAllReduce string `json:"large_allreduce,omitempty"`
@@ -94,7 +97,7 @@ func mpiTransport(i mpi.Info) *transportJSON {
 	if !i.Initialized {
 		return nil
 	}
-	t := &transportJSON{Hosts: i.Hosts, LargeAllReduce: i.LargeAllReduce, SharedMemory: i.SharedMemory,
+	t := &transportJSON{Hosts: i.Hosts, Hierarchy: i.Hierarchy, LargeAllReduce: i.LargeAllReduce, SharedMemory: i.SharedMemory,
 		SharedMemoryFailure: i.SharedMemoryFailure, TCPTuned: i.TCPTuned}
 	if i.SharedMemory {
 		t.SharedMemoryMinBytes = i.SharedMemoryMin

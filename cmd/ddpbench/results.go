@@ -270,11 +270,14 @@ func mpiTuning(i mpi.Info) string {
 		hosts = fmt.Sprintf("%d hosts", i.Hosts)
 	}
 	s := "\n          " + i.Library + "; " + hosts
+	if i.Hierarchy != "" {
+		s += " of " + i.Hierarchy + " ranks, hierarchical (a reduction inside each host, then across the hosts)"
+	}
 	if i.LargeAllReduce != "" {
 		s += ", all-reduces from 1 MiB on the " + i.LargeAllReduce
 	}
 	if i.SharedMemory {
-		s += fmt.Sprintf(", all-reduces in shared memory (in place from %s)", fmtBytes(int64(i.SharedMemoryMin)))
+		s += fmt.Sprintf(", collectives in shared memory (in place from %s)", fmtBytes(int64(i.SharedMemoryMin)))
 	}
 	if i.SharedMemoryFailure != "" {
 		s += " (some left to MPI: " + i.SharedMemoryFailure + ")"
