@@ -141,9 +141,11 @@ func (c *communicator) stagedDone(d *desc) {
 // finishStaged completes staged all-reduce seq, which ended as end says,
 // with err.
 func (c *communicator) finishStaged(seq uint64, d *desc, end stagedEnd, err error) {
-	var oe *comm.OpError
-	if errors.As(err, &oe) && oe.Seq == 0 {
-		oe.Seq = seq // judged at its issue, before it had its number
+	if err != nil {
+		// Not on the way to success: the target escapes (an allocation).
+		if oe := (*comm.OpError)(nil); errors.As(err, &oe) && oe.Seq == 0 {
+			oe.Seq = seq // judged at its issue, before it had its number
+		}
 	}
 	switch end {
 	case stagedOK:
