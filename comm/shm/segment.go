@@ -39,9 +39,11 @@ type Layout struct {
 	StreamMin int
 }
 
-// DefaultStreamMin is Layout.StreamMin's default: from 512 KiB slices (a 1
-// MiB all-reduce of two ranks) the streamed stores measured faster than
-// ordinary ones, below it slower (docs/engine.md).
+// DefaultStreamMin is Layout.StreamMin's default, the threshold mpi's
+// former C kernel used: from 512 KiB slices (a 1 MiB all-reduce of two
+// ranks) its streamed stores measured faster than ordinary ones, below
+// it slower (docs/small-messages.md). Not measured again for the Go
+// kernels.
 const DefaultStreamMin = 512 << 10
 
 // streamMin is l.StreamMin with its default.
