@@ -148,7 +148,6 @@ type telemetry struct {
 	whole   []figureAcc // per rank
 	segment []figureAcc // per rank, since the last cut
 	last    []gpuRaw    // per rank, the previous reading (NVLink rates)
-	taken   int         // sampling rounds
 
 	stopc   chan struct{}
 	done    chan struct{}
@@ -221,10 +220,19 @@ func (t *telemetry) stop() {
 	t.src.close()
 }
 
-// sample reads every rank's GPU once.
+// sample reads every rank's GPU once. The readings are taken outside the
+// lock and added under one hold of it, so a cut falls between sampling
+// rounds, never inside one: every segment holds whole rounds, and the
+// segments' samples add up to the whole's.
 func (t *telemetry) sample() {
+	raws := make([]gpuRaw, len(t.ranks))
 	for i := range t.ranks {
-		raw := t.src.read(i)
+		raws[i] = t.src.read(i)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i := range t.ranks {
+		raw := raws[i]
 		v := raw.vals
 		prev := t.last[i]
 		// NVLink throughput: bytes moved since the previous reading over the
@@ -243,15 +251,10 @@ func (t *telemetry) sample() {
 		if math.IsNaN(raw.nvTx) || math.IsNaN(raw.nvRx) {
 			raw.nvAt = -1
 		}
-		t.mu.Lock()
 		t.last[i] = raw
 		t.whole[i].add(&v, &raw.why)
 		t.segment[i].add(&v, &raw.why)
-		t.mu.Unlock()
 	}
-	t.mu.Lock()
-	t.taken++
-	t.mu.Unlock()
 }
 
 // cut returns the summary of the samples since the previous cut (or the

@@ -128,6 +128,47 @@ func TestTelemetrySampler(t *testing.T) {
 	})
 }
 
+// pausedGPUs is fakeGPUs whose first reading of device 1 waits: it says
+// so on reading and returns when resume is closed.
+type pausedGPUs struct {
+	fakeGPUs
+	reading, resume chan struct{}
+	once            sync.Once
+}
+
+func (p *pausedGPUs) read(i int) gpuRaw {
+	if i == 1 {
+		p.once.Do(func() {
+			close(p.reading)
+			<-p.resume
+		})
+	}
+	return p.fakeGPUs.read(i)
+}
+
+// TestTelemetryCutBetweenRounds: a cut taken while a sampling round is
+// between its ranks' readings gets none of that round; the round lands
+// whole in the next segment, so the segments' samples add up to the
+// whole's (the collective's rows against its sweep).
+func TestTelemetryCutBetweenRounds(t *testing.T) {
+	src := &pausedGPUs{reading: make(chan struct{}), resume: make(chan struct{})}
+	tel := newTelemetry(src, time.Hour, []int{0, 1})
+	tel.start()
+	<-src.reading // device 0 read, device 1 being read
+	mid := tel.cut()
+	close(src.resume)
+	tel.stop()
+	last := tel.cut()
+	whole := tel.summary()
+	if mid.samples != 0 || last.samples != 1 || whole.samples != 1 {
+		t.Errorf("cut inside the first round: %d samples, then %d; %d in the whole (want 0, 1, 1)",
+			mid.samples, last.samples, whole.samples)
+	}
+	if s := mid.perRank[0][figUtil]; s.ok {
+		t.Errorf("the cut inside the round holds device 0's reading: %+v", s)
+	}
+}
+
 // TestTelemetryNotStarted: a telemetry stopped before it started samples
 // nothing and closes its source; a nil one (no NVML) does nothing and
 // yields no output.
