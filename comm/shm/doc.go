@@ -102,11 +102,11 @@
 // pieces an adapter needs: a segment in a memfd that one rank creates
 // (Create) and the others map through /proc (Open); Futex, a wait that
 // polls, yields and then sleeps on the segment's futex word, which
-// Notify bumps after each publication, and that watches the process of
-// the rank it waits for (Ident: a peer that exits ends the wait at once,
-// one stopped is named at the deadline); Abort, a cause every peer's
-// wait ends with; Slabs, memory the peers can map (an allocator.Source
-// whose Describe fills a Desc), and PeerMaps, the Mapper that maps the
-// peers' slabs through /proc and keeps them from one collective to the
-// next. Their tests run ranks in two processes, staged and direct.
+// Notify bumps after a publication while a rank sleeps, and that watches
+// the process of the rank it waits for (Ident: a peer that exits ends the
+// wait at once, one stopped is named at the deadline); Abort, a cause
+// every peer's wait ends with; Slabs, memory the peers can map (an
+// allocator.Source whose Describe fills a Desc), and PeerMaps, the Mapper
+// that maps the peers' slabs through /proc and keeps them from one
+// collective to the next. Their tests run ranks in two processes, staged and direct.
 package shm

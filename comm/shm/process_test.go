@@ -279,6 +279,46 @@ func TestFutexWake(t *testing.T) {
 	}
 }
 
+// TestFutexBarriers: two ranks that sleep in every wait (no spin, no
+// yield, liveness an hour) pass 2,000 barriers: Notify, which bumps and
+// wakes only when it sees a sleeper, loses no wake-up to a rank that is
+// falling asleep while its peer publishes.
+func TestFutexBarriers(t *testing.T) {
+	seg, _, err := Create(procLayout)
+	if err != nil {
+		t.Skip(err)
+	}
+	defer seg.Close()
+	peers := []Ident{Self(), Self()}
+	const rounds = 2000
+	errs := make(chan error, 2)
+	for r := range 2 {
+		go func() {
+			ep := seg.Endpoint(r)
+			for k := uint64(1); k <= rounds; k++ {
+				ep.Publish(k, comm.Call{Kind: comm.KindBarrier, Seq: k}, Staged, nil, nil)
+				seg.Notify()
+				if _, err := (Futex{Liveness: time.Hour}).Wait(ep, k, Called, time.Time{}, peers); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	timeout := time.After(time.Minute)
+	for range 2 {
+		select {
+		case err := <-errs:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-timeout:
+			t.Fatalf("a rank still asleep after a minute: published %d and %d of %d", seg.Published(0), seg.Published(1), rounds)
+		}
+	}
+}
+
 // directCounts are the element counts of the direct all-reduces: slices
 // of every size against the 64-byte split, in both parities.
 var directCounts = []int{1000, 17, 4096, 1 << 16, 33, 5000}
