@@ -45,6 +45,7 @@ type engine struct {
 	lastLarge                         string
 	lastShared                        bool
 	lastHier                          string // the ranks per host of the last hierarchical Open ("": flat)
+	lastChunk                         int    // its pipeline chunk
 	shmFailure                        string // why an all-reduce could not map a peer's memory, once one could not
 	ours, mallocTuned, tcpTuned, f16c bool
 

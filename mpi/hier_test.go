@@ -4,6 +4,7 @@ package mpi_test
 
 import (
 	"context"
+	"errors"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -28,7 +29,9 @@ const hierLayoutEnv = "DDPGO_MPI_TEST_LAYOUT"
 // TestHierarchyUnderMpirun runs TestHierarchy as jobs of 4 ranks named
 // onto two hosts, 2+2 and 3+1 (the ranks share this machine; only their
 // host names differ, so each host's level runs in shared memory and the
-// cross-host level over MPI).
+// cross-host level over MPI), 2+2 again with its all-reduces pipelined in
+// 64 KiB chunks, and 2+2 jobs whose ranks disagree on the chunk, or one
+// of which asks for an invalid one.
 func TestHierarchyUnderMpirun(t *testing.T) {
 	if underMpirun() {
 		t.Skip("already a rank of an mpirun job")
@@ -40,23 +43,32 @@ func TestHierarchyUnderMpirun(t *testing.T) {
 	if err != nil {
 		t.Skip("mpirun not found (Debian: apt-get install openmpi-bin)")
 	}
-	for _, layout := range []string{"2+2", "3+1"} {
-		t.Run(layout, func(t *testing.T) {
+	for _, job := range []struct{ layout, chunk string }{{"2+2", ""}, {"3+1", ""}, {"2+2", "64K"}, {"2+2", "mismatch"}, {"2+2", "invalid"}} {
+		name := job.layout
+		if job.chunk != "" {
+			name += ",chunk-" + job.chunk
+		}
+		t.Run(name, func(t *testing.T) {
 			args := append(mpitest.Args(4, mpitest.SharedMemory), os.Args[0], "-test.run=^TestHierarchy$", "-test.count=1", "-test.timeout=10m")
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 			defer cancel()
 			cmd := exec.CommandContext(ctx, mpirun, args...)
-			cmd.Env = append(childEnv(), hierLayoutEnv+"="+layout)
+			cmd.Env = append(childEnv(), hierLayoutEnv+"="+job.layout, hierChunkEnv+"="+job.chunk)
 			out, err := cmd.CombinedOutput()
 			if err != nil {
-				t.Fatalf("mpirun -np 4, hosts %s: %v\n%s", layout, err, out)
+				t.Fatalf("mpirun -np 4, %s: %v\n%s", name, err, out)
 			}
 			if strings.Count(string(out), "--- SKIP") > 0 || !strings.Contains(string(out), "PASS") {
-				t.Fatalf("hosts %s: TestHierarchy did not run on every rank:\n%s", layout, out)
+				t.Fatalf("%s: TestHierarchy did not run on every rank:\n%s", name, out)
 			}
 		})
 	}
 }
+
+// hierChunkEnv gives TestHierarchy's ranks DDPGO_MPI_HIER_CHUNK; with
+// "mismatch" rank 0 asks for 64 KiB chunks and the others for none, with
+// "invalid" rank 3 asks for "4X", and every rank's Open must fail.
+const hierChunkEnv = "DDPGO_MPI_TEST_CHUNK"
 
 // TestHierarchy is a rank of a job of TestHierarchyUnderMpirun: its
 // blocking communicator is hierarchical, and every collective, dtype, op
@@ -80,13 +92,40 @@ func TestHierarchy(t *testing.T) {
 		first += n
 	}
 	t.Setenv("DDPGO_MPI_HOST", "lab-host-"+strconv.Itoa(host))
+	chunk := os.Getenv(hierChunkEnv)
+	if chunk == "mismatch" || chunk == "invalid" {
+		// Every rank must fail Open, none wait for the others.
+		asks := map[string]map[int]string{"mismatch": {0: "64K"}, "invalid": {3: "4X"}}[chunk]
+		t.Setenv("DDPGO_MPI_HIER_CHUNK", asks[rank])
+		c, err := mpi.Open(mpi.Options{Blocking: true})
+		if err == nil {
+			c.Close()
+			t.Fatalf("rank %d: Open with DDPGO_MPI_HIER_CHUNK %v by rank: no error", rank, asks)
+		}
+		want := map[string]string{"mismatch": "DDPGO_MPI_HIER_CHUNK differs between ranks: from 0 to 65536 bytes (this rank ",
+			"invalid": "DDPGO_MPI_HIER_CHUNK is invalid on another rank"}[chunk]
+		if asks[rank] == "4X" {
+			want = `DDPGO_MPI_HIER_CHUNK="4X": want bytes`
+		}
+		if !errors.Is(err, comm.ErrInvalid) || !strings.Contains(err.Error(), want) {
+			t.Fatalf("rank %d: Open: %v; want comm.ErrInvalid saying %q", rank, err, want)
+		}
+		return
+	}
+	t.Setenv("DDPGO_MPI_HIER_CHUNK", chunk)
 	c := open(t, mpi.Options{Blocking: true})
-	if _, ok := c.(*hier.Comm); !ok {
+	hc, ok := c.(*hier.Comm)
+	if !ok {
 		t.Fatalf("rank %d: a blocking communicator over hosts %s is a %T, not hierarchical", rank, layout, c)
 	}
 	// A host of one rank has nobody to share memory with.
-	if info := mpi.LibraryInfo(); info.Hierarchy != layout || info.Hosts != 2 || info.SharedMemory == alone {
-		t.Fatalf("rank %d: Info says hierarchy %q over %d hosts, shared memory %v; want %q over 2, shared memory %v", rank, info.Hierarchy, info.Hosts, info.SharedMemory, layout, !alone)
+	wantChunk := map[string]int{"": 0, "64K": 64 << 10}[chunk]
+	if hc.ChunkBytes() != wantChunk {
+		t.Fatalf("rank %d: the hierarchy cuts all-reduces into %d-byte chunks, want %d", rank, hc.ChunkBytes(), wantChunk)
+	}
+	if info := mpi.LibraryInfo(); info.Hierarchy != layout || info.Hosts != 2 || info.SharedMemory == alone || info.HierarchyChunk != wantChunk {
+		t.Fatalf("rank %d: Info says hierarchy %q over %d hosts, shared memory %v, chunk %d; want %q over 2, shared memory %v, chunk %d",
+			rank, info.Hierarchy, info.Hosts, info.SharedMemory, info.HierarchyChunk, layout, !alone, wantChunk)
 	}
 	shared := allocFrom(newPool(t, comm.HostSourceOf(c)))
 	for _, a := range []struct {

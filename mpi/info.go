@@ -34,7 +34,7 @@ func LibraryInfo() Info {
 		info.MallocTuned, info.TCPTuned, info.TCPFlags, info.TCPEagerLimit = e.mallocTuned, e.tcpTuned, e.tcpFlags, e.tcpEager
 		info.Hosts, info.LargeAllReduce = e.lastHosts, e.lastLarge
 		info.SharedMemory, info.SharedMemoryFailure = e.lastShared, e.shmFailure
-		info.Hierarchy = e.lastHier
+		info.Hierarchy, info.HierarchyChunk = e.lastHier, e.lastChunk
 		if e.lastShared {
 			info.SharedMemoryMin = directMin
 		}

@@ -45,6 +45,7 @@ func Open(o Options) (comm.Communicator, error) {
 	c := &communicator{e: e, opts: o, freed: make(chan struct{})}
 	var local, cross *communicator
 	var hostOf []int
+	var chunk int // the hierarchy's pipeline chunk
 	err = e.call(func() error {
 		var r, n C.int
 		if rc := C.ddp_dup(&c.h, &r, &n); rc != C.MPI_SUCCESS {
@@ -88,6 +89,28 @@ func Open(o Options) (comm.Communicator, error) {
 		if want == 0 {
 			return nil
 		}
+		// The chunk of the pipelined all-reduce: every rank must cut at
+		// the same places, or the levels' collectives differ. A rank
+		// whose setting is invalid says so with -1, so that every rank
+		// fails Open rather than waiting for it.
+		var bad error
+		chunk, bad = hierChunk()
+		if bad != nil {
+			chunk = -1
+		}
+		lohi := [2]C.int{C.int(chunk), C.int(-chunk)}
+		if rc := C.ddp_allreduce_int(c.h, &lohi[0], 2, 0); rc != C.MPI_SUCCESS {
+			return c.openFailed(fmt.Errorf("mpi: world rank %d: agreeing on %s: %w", e.worldRank, hierChunkEnv, mpiError(int(rc))))
+		}
+		switch lo, hi := int(lohi[0]), -int(lohi[1]); {
+		case bad != nil:
+			return c.openFailed(fmt.Errorf("mpi: world rank %d: %w", e.worldRank, bad))
+		case lo < 0:
+			return c.openFailed(fmt.Errorf("%w: mpi: world rank %d: %s is invalid on another rank", comm.ErrInvalid, e.worldRank, hierChunkEnv))
+		case lo != hi:
+			return c.openFailed(fmt.Errorf("%w: mpi: world rank %d: %s differs between ranks: from %d to %d bytes (this rank %d)",
+				comm.ErrInvalid, e.worldRank, hierChunkEnv, lo, hi, chunk))
+		}
 		var err error
 		if local, cross, err = c.split(hostOf); err != nil {
 			return c.openFailed(err)
@@ -97,7 +120,7 @@ func Open(o Options) (comm.Communicator, error) {
 			large = fmt.Sprintf("segmented ring (%d KiB segments)", C.DDP_SEGMENT>>10)
 		}
 		rtMu.Lock()
-		e.lastHosts, e.lastLarge, e.lastShared, e.lastHier = c.hosts, large, local.shm, layoutName(hostOf)
+		e.lastHosts, e.lastLarge, e.lastShared, e.lastHier, e.lastChunk = c.hosts, large, local.shm, layoutName(hostOf), chunk
 		rtMu.Unlock()
 		return nil
 	})
@@ -116,7 +139,7 @@ func Open(o Options) (comm.Communicator, error) {
 	for r, h := range hostOf {
 		names[r] = strconv.Itoa(h)
 	}
-	hc, err := hier.New(hier.Config{Layout: hier.FromHosts(names), Rank: c.rank, Local: local, Cross: cross, World: c})
+	hc, err := hier.New(hier.Config{Layout: hier.FromHosts(names), Rank: c.rank, Local: local, Cross: cross, World: c, ChunkBytes: chunk})
 	if err != nil {
 		err = fmt.Errorf("mpi: world rank %d: the hierarchy: %w", e.worldRank, err)
 		return nil, errors.Join(err, cross.Close(), local.Close(), c.Close())
@@ -204,7 +227,7 @@ func (c *communicator) setUp(hostOf []int) error {
 		large = fmt.Sprintf("segmented ring (%d KiB segments)", C.DDP_SEGMENT>>10)
 	}
 	rtMu.Lock()
-	e.lastHosts, e.lastLarge, e.lastShared, e.lastHier = c.hosts, large, c.shm, ""
+	e.lastHosts, e.lastLarge, e.lastShared, e.lastHier, e.lastChunk = c.hosts, large, c.shm, "", 0
 	rtMu.Unlock()
 	return nil
 }
@@ -405,4 +428,29 @@ func Finalize() error {
 		errs = append(errs, e.pool.Close())
 	}
 	return errors.Join(append(errs, err)...)
+}
+
+// hierChunkEnv names the chunk of a hierarchical communicator's
+// all-reduces (comm/hier's Config.ChunkBytes): bytes, or KiB and MiB with
+// a K or M suffix; unset or 0, none.
+const hierChunkEnv = "DDPGO_MPI_HIER_CHUNK"
+
+// hierChunk is the chunk hierChunkEnv asks for.
+func hierChunk() (int, error) {
+	s := os.Getenv(hierChunkEnv)
+	if s == "" {
+		return 0, nil
+	}
+	num, unit := s, 1
+	switch {
+	case strings.HasSuffix(s, "K"):
+		num, unit = s[:len(s)-1], 1<<10
+	case strings.HasSuffix(s, "M"):
+		num, unit = s[:len(s)-1], 1<<20
+	}
+	n, err := strconv.Atoi(num)
+	if err != nil || n < 0 || n > (1<<30)/unit {
+		return 0, fmt.Errorf("%w: %s=%q: want bytes from 0 to 1G, or a number of KiB or MiB with a K or M suffix (4M)", comm.ErrInvalid, hierChunkEnv, s)
+	}
+	return n * unit, nil
 }

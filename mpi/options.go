@@ -118,6 +118,10 @@ type Info struct {
 	// then its host level's, its LargeAllReduce its cross-host level's);
 	// "" where it is flat.
 	Hierarchy string
+	// HierarchyChunk is the chunk in bytes of that communicator's
+	// pipelined all-reduces (DDPGO_MPI_HIER_CHUNK; see the package
+	// documentation), 0 where they are not cut.
+	HierarchyChunk int
 	// F16C reports whether the 16-bit sums use the CPU's F16C
 	// conversions.
 	F16C bool

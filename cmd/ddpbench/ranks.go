@@ -76,6 +76,9 @@ type transportJSON struct {
 	// Hierarchy is how many ranks each host runs where the communicator
 	// is hierarchical ("2+2"), "" where it is flat.
 	Hierarchy string `json:"hierarchy,omitempty"`
+	// HierarchyChunkBytes is the chunk its all-reduces are pipelined in
+	// (DDPGO_MPI_HIER_CHUNK), absent where they are not cut.
+	HierarchyChunkBytes int `json:"hierarchy_chunk_bytes,omitempty"`
 	// LargeAllReduce is the algorithm of all-reduces of 1 MiB and more
 	// between hosts, "" for Open MPI's own choice.
 	LargeAllReduce string `json:"large_allreduce,omitempty"`
@@ -97,7 +100,7 @@ func mpiTransport(i mpi.Info) *transportJSON {
 	if !i.Initialized {
 		return nil
 	}
-	t := &transportJSON{Hosts: i.Hosts, Hierarchy: i.Hierarchy, LargeAllReduce: i.LargeAllReduce, SharedMemory: i.SharedMemory,
+	t := &transportJSON{Hosts: i.Hosts, Hierarchy: i.Hierarchy, HierarchyChunkBytes: i.HierarchyChunk, LargeAllReduce: i.LargeAllReduce, SharedMemory: i.SharedMemory,
 		SharedMemoryFailure: i.SharedMemoryFailure, TCPTuned: i.TCPTuned}
 	if i.SharedMemory {
 		t.SharedMemoryMinBytes = i.SharedMemoryMin

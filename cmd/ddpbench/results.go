@@ -272,6 +272,9 @@ func mpiTuning(i mpi.Info) string {
 	s := "\n          " + i.Library + "; " + hosts
 	if i.Hierarchy != "" {
 		s += " of " + i.Hierarchy + " ranks, hierarchical (a reduction inside each host, then across the hosts)"
+		if i.HierarchyChunk > 0 {
+			s += ", all-reduces pipelined in " + fmtBytes(int64(i.HierarchyChunk)) + " chunks"
+		}
 	}
 	if i.LargeAllReduce != "" {
 		s += ", all-reduces from 1 MiB on the " + i.LargeAllReduce

@@ -164,6 +164,10 @@ func (c *Comm) failure() error {
 	return nil
 }
 
+// ChunkBytes returns the Config.ChunkBytes the Comm cuts its
+// all-reduces by (0: none).
+func (c *Comm) ChunkBytes() int { return c.chunk }
+
 // Rank returns this rank's global rank.
 func (c *Comm) Rank() int { return c.rank }
 
