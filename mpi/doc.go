@@ -41,7 +41,7 @@
 // the hand-off in both directions is a goroutine switch, where a locked
 // thread would need an operating-system wake-up for each; the owner does
 // not spin, nor does Wait for an operation MPI runs, since a rank that
-// spins takes the CPU its peer needs (docs/mpi.md has the measurements).
+// spins takes the CPU its peer needs (docs/lab/mpi.md has the measurements).
 // Waits in shared memory (below) are another matter: they poll the
 // segment for up to 50 us, which covers a peer that runs (CPU-bound
 // neighbours included), and then sleep on a futex of the segment, which
@@ -57,7 +57,7 @@
 // non-blocking collective (MPI_Iallreduce, ...) and poll it with
 // MPI_Testsome, or call the blocking one (MPI_Allreduce, ...), as Horovod
 // does. The blocking calls are faster (libnbc's schedules cost the
-// non-blocking ones; docs/mpi.md).
+// non-blocking ones; docs/lab/mpi.md).
 //
 // Blocking calls are not the default, because they break the contract's
 // promise that communicators are independent: a rank whose owner is held

@@ -45,7 +45,7 @@ func rawAllReduceTimes(cm comm.Communicator, send, recv unsafe.Pointer, count in
 // nothing else of c pending: each a post and, unless the post finished
 // it, a wait and the finish, with none of the backend's issue, ring or
 // Work between them (the staged path's floor in this process). The sweep
-// compares it with the API (docs/small-messages.md). Its waits have no
+// compares it with the API (docs/lab/small-messages.md). Its waits have no
 // deadline, and no watchdog sees them (nothing is in the ring).
 func rawStagedTimes(cm comm.Communicator, send, recv unsafe.Pointer, count int, times []float64) error {
 	c := cm.(*communicator)

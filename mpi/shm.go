@@ -175,7 +175,7 @@ func closeSeg(s *shm.Segment) {
 // one's processor: spinning doubled a 4 KiB all-reduce of 3 ranks on 2
 // cores, and sleeping at once costs a futex wake-up for every rank; so the
 // wait calls sched_yield between looks for up to 200 us, which hands the
-// processor to a runnable peer at once (docs/small-messages.md).
+// processor to a runnable peer at once (docs/lab/small-messages.md).
 // DDPGO_MPI_SPIN and DDPGO_MPI_YIELD (durations) override the two.
 func waitFor(ranks int) (spin, yield time.Duration) {
 	// The machine's, not this process's (runtime.NumCPU): mpirun binds

@@ -167,5 +167,5 @@
 // the machine's GPUs, skipping those that need the stand-in's controls
 // and groups larger than the device count; scripts/gpu-check.sh runs them
 // with ddpbench's checks from binaries built elsewhere (make
-// gpu-check-bin). docs/nccl-gpu.md says what ran on which GPU.
+// gpu-check-bin). docs/lab/nccl-gpu.md says what ran on which GPU.
 package nccl

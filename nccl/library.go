@@ -67,7 +67,7 @@ type Library struct {
 // them from its own thread and the launch waited for that before it
 // returned (see the package doc). On NCCL 2.23 and newer nearly every
 // launch of a communicator of more than one rank answers it, not all
-// (docs/nccl-gpu.md has counts from a GPU).
+// (docs/lab/nccl-gpu.md has counts from a GPU).
 func (l *Library) Launches() (launches, inProgress uint64) {
 	return l.launches.Load(), l.inProgress.Load()
 }

@@ -48,7 +48,7 @@ func ncclOp(op comm.Op) int {
 // redop is op as NCCL gets it. Over one rank every op is the identity,
 // and NCCL (2.19 on) carries ncclSum, ncclMax and ncclMin as a copy but
 // ncclAvg as a one-rank pre-multiplying kernel, which on NCCL 2.28.9 got
-// the last of 4099 float64 elements wrong (docs/nccl-gpu.md): ask for the
+// the last of 4099 float64 elements wrong (docs/lab/nccl-gpu.md): ask for the
 // copy.
 func (c *Comm) redop(op comm.Op) int {
 	if c.size == 1 && ncclOp(op) >= 0 {

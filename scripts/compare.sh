@@ -12,7 +12,7 @@
 # Usage: scripts/compare.sh
 # ROUNDS (default 5) is the number of interleaved rounds of the
 # process-against-process rows. PARTS=allreduce runs only what the
-# all-reduce's goals need (docs/small-messages.md): the ResNet-50 step
+# all-reduce's goals need (docs/lab/small-messages.md): the ResNet-50 step
 # against gloo's flat all-reduce, the all-reduce against Open MPI's C loop
 # with 2, 3 and 4 processes, and the loaded rounds; the full run
 # (PARTS=all, the default) runs those too. BASELINE=REV (a git revision)

@@ -6,7 +6,7 @@
 // shows where an out-of-place all-reduce loses: both move the same bytes,
 // but ordinary stores into buffers not in the cache read every line first,
 // and out of place touches twice the memory, so less of it stays in the
-// cache from one call to the next (docs/small-messages.md).
+// cache from one call to the next (docs/lab/small-messages.md).
 //
 //	gcc -O2 -o outofplace_bw scripts/outofplace_bw.c
 //	./outofplace_bw 1048576 16777216 67108864

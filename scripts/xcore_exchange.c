@@ -10,7 +10,7 @@
 // for each size, the median over iterations of the slower process's time
 // per iteration (as the sweep and Open MPI's loop time their calls) and
 // the whole loop's time per iteration, without and with the claim. Size 0
-// exchanges the flags alone. (docs/small-messages.md)
+// exchanges the flags alone. (docs/lab/small-messages.md)
 //
 //	gcc -O2 -o xcore_exchange scripts/xcore_exchange.c
 //	./xcore_exchange 0 64 1024 4096

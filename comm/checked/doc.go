@@ -45,7 +45,7 @@
 // Every collective costs one more collective of 64 bytes per rank and two
 // hand-offs between goroutines (to the rank's worker and back), so a small
 // collective's latency is that of a few goroutine switches, while a large
-// one's does not change (docs/checked.md has the measurements).
+// one's does not change (docs/lab/checked.md has the measurements).
 //
 // A warm checked collective allocates nothing, as inproc's does.
 package checked

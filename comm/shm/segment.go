@@ -42,7 +42,7 @@ type Layout struct {
 // DefaultStreamMin is Layout.StreamMin's default, the threshold mpi's
 // former C kernel used: from 512 KiB slices (a 1 MiB all-reduce of two
 // ranks) its streamed stores measured faster than ordinary ones, below
-// it slower (docs/small-messages.md). Not measured again for the Go
+// it slower (docs/lab/small-messages.md). Not measured again for the Go
 // kernels.
 const DefaultStreamMin = 512 << 10
 

@@ -544,7 +544,7 @@ func overRounds(rounds int, format string, f func(suffix string) float64) float6
 	return median(v)
 }
 
-// printGoals prints the all-reduce's goals (docs/small-messages.md), each
+// printGoals prints the all-reduce's goals (docs/lab/small-messages.md), each
 // a ratio of two figures of this run, and whether it is met.
 func (s *summary) printGoals(w io.Writer) {
 	rounds := s.rounds()

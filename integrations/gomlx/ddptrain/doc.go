@@ -5,7 +5,7 @@
 // A Trainer takes what GoMLX's train.NewTrainer takes (a backend, a
 // context holding the variables, a ModelFn, a LossFn and an optimizer) and
 // a communicator, and its TrainStep takes what a train.Dataset yields
-// (docs/gomlx.md has the measurements):
+// (docs/lab/gomlx.md has the measurements):
 //
 //	tr, err := ddptrain.New(c, backend, ctx, model, losses.SparseCategoricalCrossEntropyLogits,
 //		optimizers.Adam().Done(), ddptrain.Options{})

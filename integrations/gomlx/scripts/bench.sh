@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench.sh: the step-time figures of docs/gomlx.md.
+# bench.sh: the step-time figures of docs/lab/gomlx.md.
 #
 #   integrations/gomlx/scripts/bench.sh [cnn|mlp] [ROUNDS]
 #   CONFIGS="mpi-2 lab-2" integrations/gomlx/scripts/bench.sh mlp 3

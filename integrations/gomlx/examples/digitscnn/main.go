@@ -31,7 +31,7 @@
 // the whole global batch: the baseline. -steps N stops after N steps (the
 // first -warmup of them untimed) and prints the medians of the step and of
 // its parts instead of training to the end: the benchmark of
-// docs/gomlx.md. With -compare the baseline and ddptrain over -ranks
+// docs/lab/gomlx.md. With -compare the baseline and ddptrain over -ranks
 // in-process ranks take turns, a step each, in one process. -model mlp is the larger model of that benchmark, a
 // perceptron with two hidden layers of -hidden units. -shard shards the
 // optimizer (ddptrain with ddp.ShardParams, docs/zero.md): each rank's
