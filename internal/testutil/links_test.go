@@ -14,7 +14,7 @@ var (
 	// mdLink is a Markdown link or image: [text](target) or ![alt](target).
 	mdLink = regexp.MustCompile(`\]\(([^)\s]+)\)`)
 	// docsPath is a page of docs/ named from the repository's root, as
-	// comments, scripts and the Makefile name them ("see docs/mpi.md").
+	// comments, scripts and the Makefile name them.
 	docsPath = regexp.MustCompile(`(?:^|[^A-Za-z0-9_./-])(docs/[A-Za-z0-9_./-]*[A-Za-z0-9_-]\.(?:md|svg))`)
 )
 
