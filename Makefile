@@ -9,7 +9,7 @@
 # race detector makes meaningless (allocation counts) or too slow (the
 # digits example's accuracy) run once more without it. A module outside
 # the repository is built against ddpgo by the README's recipe
-# (scripts/outside-module.sh). docs/testing.md
+# (scripts/outside-module.sh). docs/guide/testing.md
 # lists every test that skips, and why.
 #
 # The MPI backend (package mpi, build tag mpi, cgo) is tested where Open

@@ -17,7 +17,7 @@
 // in the reverse order. Three manifests are built in: "resnet50"
 // (torchvision), "bert-base" and "gpt2-small" (lm_head tied to the token
 // embedding, so not listed). Load accepts a built-in name or the path of a
-// regular file of at most MaxFileSize (64 MiB) bytes. docs/models.md
+// regular file of at most MaxFileSize (64 MiB) bytes. docs/guide/models.md
 // describes the format for people writing one, and how to export one from a
 // PyTorch or a GoMLX model.
 //

@@ -262,7 +262,7 @@
 // another MPI than Open MPI 4. Info.Hosts and Info.LargeAllReduce say what
 // the last Open found and chose. On one host the algorithm stays Open
 // MPI's, and all-reduces run in shared memory instead (above). Why each
-// setting, with the measurements: docs/mpi-tuning.md.
+// setting, with the measurements: docs/guide/mpi.md.
 //
 // # Several ranks per host
 //

@@ -8,7 +8,7 @@ arguments: torchvision.models:resnet50, or mymodels:build for a build() in mymod
 current directory is on the path). No weights are read or written: the manifest lists each
 trainable parameter's name and shape, in registration order, as DDP sees them
 (model.named_parameters(): a tied parameter once, under its first name; parameters with
-requires_grad=False left out). docs/models.md describes the format.
+requires_grad=False left out). docs/guide/models.md describes the format.
 
 From Python, manifest(model, name) returns the same dict:
 

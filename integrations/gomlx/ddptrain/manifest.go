@@ -10,7 +10,7 @@ import (
 )
 
 // Manifest describes the trainer's trainable variables as a ddpgo model
-// manifest (package models; docs/models.md): the gradients this trainer
+// manifest (package models; docs/guide/models.md): the gradients this trainer
 // reduces, named by scope and name, in its order, which `ddpbench run
 // --model FILE.json` then benchmarks once json.Marshal has written it. It
 // fails before the first step, which creates the variables, and where

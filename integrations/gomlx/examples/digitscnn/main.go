@@ -34,7 +34,7 @@
 // docs/lab/gomlx.md. With -compare the baseline and ddptrain over -ranks
 // in-process ranks take turns, a step each, in one process. -model mlp is the larger model of that benchmark, a
 // perceptron with two hidden layers of -hidden units. -shard shards the
-// optimizer (ddptrain with ddp.ShardParams, docs/zero.md): each rank's
+// optimizer (ddptrain with ddp.ShardParams, docs/guide/zero.md): each rank's
 // optimizer graph steps, and keeps Adam's moments for, its own variables;
 // with -steps each rank prints the state it keeps and its optimizer's and
 // gather's times.
