@@ -201,6 +201,6 @@
 //     not accumulated. How large the errors stay depends on the gradients;
 //     the hook does not bound them.
 //
-// docs/lab/powersgd.md ("Correctness") gives the error measured against the
+// docs/guide/powersgd.md ("Correctness") gives the error measured against the
 // rank, and with and without error feedback.
 package hooks
