@@ -3,9 +3,11 @@ package testutil
 import (
 	"bufio"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -114,4 +116,46 @@ func checkLinks(root, path string) (int, []brokenLink) {
 		bad = append(bad, brokenLink{0, err.Error()})
 	}
 	return n, bad
+}
+
+// TestPackagesListed fails when a package of the module is missing from
+// docs/design/packages.md, the map of the packages.
+func TestPackagesListed(t *testing.T) {
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, err := os.ReadFile(filepath.Join(root, "docs", "design", "packages.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pkgs := map[string]bool{}
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		name := d.Name()
+		if d.IsDir() {
+			if path != root && (strings.HasPrefix(name, ".") || name == "testdata" || name == "integrations" || name == "results" || name == "bin") {
+				return fs.SkipDir
+			}
+			return nil
+		}
+		if strings.HasSuffix(name, ".go") && !strings.HasSuffix(name, "_test.go") {
+			rel, _ := filepath.Rel(root, filepath.Dir(path))
+			pkgs[filepath.ToSlash(rel)] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pkgs) == 0 {
+		t.Fatal("found no package")
+	}
+	for _, p := range slices.Sorted(maps.Keys(pkgs)) {
+		if !strings.Contains(string(page), "`"+p+"`") {
+			t.Errorf("package %s is not in docs/design/packages.md", p)
+		}
+	}
 }
