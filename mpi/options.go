@@ -19,10 +19,10 @@ var ErrFinalized = errors.New("mpi: MPI was finalized in this process")
 // Options configures one communicator.
 type Options struct {
 	// Blocking asks for the communicator's collectives to be blocking MPI
-	// calls (MPI_Allreduce, ...) rather than non-blocking ones that the
-	// owner goroutine progresses: about 3 times less latency for small
-	// messages and about 1.5 times the bandwidth for large ones, for a
-	// program in which no rank waits for another communicator's operation
+	// calls (MPI_Allreduce, ...), and on one host for the shared-memory
+	// engine, rather than non-blocking ones that the owner goroutine
+	// progresses, which libnbc's schedules slow (docs/lab/mpi.md). It is
+	// for a program in which no rank waits for another communicator's operation
 	// while one of this communicator's collectives, issued before it, is
 	// incomplete (a training program with one communicator). A process
 	// runs at most one communicator in blocking mode; see the package

@@ -172,10 +172,10 @@ func closeSeg(s *shm.Segment) {
 // for 50 us, long enough to cover a peer that runs (and CPU-bound
 // neighbours do not change that: the peer still runs whenever this rank
 // does). Where the ranks outnumber them, the rank waited for may need this
-// one's processor: spinning doubled a 4 KiB all-reduce of 3 ranks on 2
-// cores, and sleeping at once costs a futex wake-up for every rank; so the
-// wait calls sched_yield between looks for up to 200 us, which hands the
-// processor to a runnable peer at once (docs/lab/small-messages.md).
+// one's processor, which spinning starves, and sleeping at once costs a
+// futex wake-up for every rank; so the wait calls sched_yield between
+// looks for up to 200 us, which hands the processor to a runnable peer at
+// once. Both durations were measured in docs/lab/small-messages.md.
 // DDPGO_MPI_SPIN and DDPGO_MPI_YIELD (durations) override the two.
 func waitFor(ranks int) (spin, yield time.Duration) {
 	// The machine's, not this process's (runtime.NumCPU): mpirun binds
