@@ -112,8 +112,8 @@
 // comm/shm (its doc has the protocol); shm.go is the adapter. At Open rank
 // 0 makes the segment and the others map it; if one cannot, the
 // communicator has none (Info.SharedMemoryFailure says why). A collective
-// whose input is less than Info.SharedMemoryMin (16 KiB) is staged in the
-// segment: ranks that disagree on it all fail it with comm.ErrMismatch
+// whose input (each block of a ReduceScatter) is less than
+// Info.SharedMemoryMin (16 KiB) is staged in the segment: ranks that disagree on it all fail it with comm.ErrMismatch
 // naming the first that differs, and the communicator stays usable. One
 // issued while nothing else of its communicator is pending is staged by
 // the issuing goroutine and finished by the first to reach it: the issue
