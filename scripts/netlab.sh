@@ -22,7 +22,9 @@
 #   netlab.sh mpirun -N RANKS [MPIRUN-ARGS] -- PROGRAM [ARGS]
 #                                       run PROGRAM as RANKS MPI ranks per host, each host an Open
 #                                       MPI node of its own, as on a cluster: shared memory (vader)
-#                                       between the ranks of a host, TCP over eth0 between hosts
+#                                       between the ranks of a host, TCP over eth0 between hosts;
+#                                       RANKS may also give each host its count (-N 3,1), ranks
+#                                       numbered host by host
 #   netlab.sh agent ADDRESS COMMAND...  run COMMAND through sh on the host at ADDRESS (198.18.0.x)
 #                                       under the host's name: mpirun -N's remote shell
 #   netlab.sh exec HOST COMMAND...      run a command on one host
@@ -203,10 +205,16 @@ cmd_exec() {
 # hosts' namespaces; and --bind-to none: each node would otherwise bind its first rank to the same
 # core as every other node's first rank, all of them on one machine.
 cmd_mpirun() {
-	local per=0
+	local per=0 counts=()
 	if [[ ${1:-} == -N ]]; then
-		per=${2:-}
-		[[ $per =~ ^[0-9]+$ ]] && ((per >= 1 && per <= 64)) || die "mpirun -N ${per}: want 1 to 64 ranks per host"
+		IFS=, read -ra counts <<<"${2:-}"
+		local k
+		for k in "${counts[@]}"; do
+			[[ $k =~ ^[0-9]+$ ]] && ((k >= 1 && k <= 64)) || die "mpirun -N ${2:-}: want 1 to 64 ranks per host, or such a count for each host (3,1)"
+		done
+		((${#counts[@]} > 0)) || die "mpirun -N: want 1 to 64 ranks per host"
+		per=${counts[0]}
+		local given=$2
 		shift 2
 	fi
 	local args=()
@@ -222,16 +230,21 @@ cmd_mpirun() {
 	local root=()
 	[[ $(id -u) == 0 ]] && root=(--allow-run-as-root)
 	if ((per > 0)); then
-		local self nodes=() n=0
+		local self nodes=() np=0 i=0 all
 		command -v unshare >/dev/null && command -v hostname >/dev/null || die "mpirun -N needs unshare and hostname"
 		self=$(readlink -f "$0")
 		[[ $self != *[[:space:]]* ]] || die "mpirun -N: the script's path ($self) has a space, which Open MPI's plm_rsh_agent cannot carry"
-		for h in $(hosts); do
+		all=$(hosts)
+		((${#counts[@]} == 1 || ${#counts[@]} == $(wc -w <<<"$all"))) ||
+			die "mpirun -N $given: ${#counts[@]} counts for $(wc -w <<<"$all") hosts"
+		for h in $all; do
+			((${#counts[@]} == 1)) || per=${counts[i]}
 			nodes+=("$NET.$((${h#h} + 1)):$per")
-			n=$((n + 1))
+			np=$((np + per))
+			i=$((i + 1))
 		done
 		local IFS=,
-		exec ip netns exec "$SW" mpirun "${root[@]}" -H "${nodes[*]}" -np $((n * per)) --bind-to none \
+		exec ip netns exec "$SW" mpirun "${root[@]}" -H "${nodes[*]}" -np "$np" --bind-to none \
 			--mca plm_rsh_agent "$self agent" --mca plm_rsh_no_tree_spawn 1 \
 			--mca btl self,vader,tcp --mca btl_tcp_if_include "$NET.0/24" --mca oob_tcp_if_include "$NET.0/24" \
 			"${args[@]}" "$@"
