@@ -153,5 +153,6 @@
 // of different sizes work; the flat communicator carries Sends and Recvs
 // between ranks that share neither); a failed level aborts the others.
 // DDPGO_MPI_HIER=0 on any rank keeps every rank flat; Info.Hierarchy says
-// "2+2", "3+1".
+// "2+2", "3+1". DDPGO_MPI_HIER_CHUNK (bytes, or K or M), the same on every
+// rank, pipelines its all-reduces in chunks (comm/hier's Config.ChunkBytes).
 package mpi

@@ -54,3 +54,11 @@ var FailMapping = failMapping
 
 // ExitMidCall exposes exitMidCall.
 var ExitMidCall = exitMidCall
+
+// SetWrapLevels sets wrapLevels for the communicators opened afterwards
+// and returns the previous one.
+func SetWrapLevels(f func(local, cross comm.Communicator) (comm.Communicator, comm.Communicator)) func(local, cross comm.Communicator) (comm.Communicator, comm.Communicator) {
+	old := wrapLevels
+	wrapLevels = f
+	return old
+}

@@ -26,6 +26,12 @@ import (
 // 2 and 3 on another), through DDPGO_MPI_HOST.
 const hierLayoutEnv = "DDPGO_MPI_TEST_LAYOUT"
 
+// hierLabEnv, set to 1, says that TestHierarchy's ranks run on hosts of
+// their own, the network lab's (scripts/netfaults.sh runs it so): Open
+// tells the hosts apart itself, and each rank checks that it runs on the
+// lab host the layout puts it on.
+const hierLabEnv = "DDPGO_MPI_TEST_LAB"
+
 // TestHierarchyUnderMpirun runs TestHierarchy as jobs of 4 ranks named
 // onto two hosts, 2+2 and 3+1 (the ranks share this machine; only their
 // host names differ, so each host's level runs in shared memory and the
@@ -70,7 +76,8 @@ func TestHierarchyUnderMpirun(t *testing.T) {
 // "invalid" rank 3 asks for "4X", and every rank's Open must fail.
 const hierChunkEnv = "DDPGO_MPI_TEST_CHUNK"
 
-// TestHierarchy is a rank of a job of TestHierarchyUnderMpirun: its
+// TestHierarchy is a rank of a job of TestHierarchyUnderMpirun, or of
+// scripts/netfaults.sh's hier scenario across the network lab's hosts: its
 // blocking communicator is hierarchical, and every collective, dtype, op
 // and size gives the results of TestBlockingCollectives, on memory of
 // the communicator's shared source and on other memory.
@@ -91,7 +98,14 @@ func TestHierarchy(t *testing.T) {
 		}
 		first += n
 	}
-	t.Setenv("DDPGO_MPI_HOST", "lab-host-"+strconv.Itoa(host))
+	if os.Getenv(hierLabEnv) == "1" {
+		// netlab.sh names host i's namespaces and nodes PREFIX-hi.
+		if name, err := os.Hostname(); err != nil || !strings.HasSuffix(name, "-h"+strconv.Itoa(host)) {
+			t.Fatalf("rank %d: runs on host %q (%v); hosts %s put it on the lab's h%d", rank, name, err, layout, host)
+		}
+	} else {
+		t.Setenv("DDPGO_MPI_HOST", "lab-host-"+strconv.Itoa(host))
+	}
 	chunk := os.Getenv(hierChunkEnv)
 	if chunk == "mismatch" || chunk == "invalid" {
 		// Every rank must fail Open, none wait for the others.

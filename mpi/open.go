@@ -139,13 +139,22 @@ func Open(o Options) (comm.Communicator, error) {
 	for r, h := range hostOf {
 		names[r] = strconv.Itoa(h)
 	}
-	hc, err := hier.New(hier.Config{Layout: hier.FromHosts(names), Rank: c.rank, Local: local, Cross: cross, World: c, ChunkBytes: chunk})
+	var lc, xc comm.Communicator = local, cross
+	if wrapLevels != nil {
+		lc, xc = wrapLevels(lc, xc)
+	}
+	hc, err := hier.New(hier.Config{Layout: hier.FromHosts(names), Rank: c.rank, Local: lc, Cross: xc, World: c, ChunkBytes: chunk})
 	if err != nil {
 		err = fmt.Errorf("mpi: world rank %d: the hierarchy: %w", e.worldRank, err)
 		return nil, errors.Join(err, cross.Close(), local.Close(), c.Close())
 	}
 	return hc, nil
 }
+
+// wrapLevels, where a test sets it, stands between a hierarchical
+// communicator and its two levels: the fault tests across hosts use it to
+// fail a rank at the entry of a chosen phase.
+var wrapLevels func(local, cross comm.Communicator) (comm.Communicator, comm.Communicator)
 
 // hostCounts is the number of ranks on each host of hostOf.
 func hostCounts(hostOf []int) []int {
