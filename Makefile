@@ -67,9 +67,11 @@ endif
 
 # Faults over a real network stack (scripts/netfaults.sh: a link cut and
 # restored, cut for good, a rank stopped, a rank killed, over 2 test hosts
-# joined by 1 Gbit/s links). They need root, network namespaces and Open
+# joined by 1 Gbit/s links; and the hierarchical path across those hosts:
+# its conformance on 2 x 2 and 3 + 1 ranks, a rank stopped, killed or
+# exiting inside either phase). They need root, network namespaces and Open
 # MPI; elsewhere they are skipped with the reason, unless DDPGO_REQUIRE_NET=1
-# makes that an error. About a minute and a half.
+# makes that an error. About two and a half minutes.
 test-net:
 	@rc=0; scripts/netfaults.sh || rc=$$?; \
 	if [ $$rc = 2 ]; then \

@@ -14,14 +14,33 @@
 #   kill     h1's rank is killed (SIGKILL): Open MPI's runtime ends the job promptly and says which
 #            rank died.
 #
-# and one scenario without a fault, for the lab as Open MPI sees a cluster:
+# and, for the lab as Open MPI sees a cluster, one scenario without a fault:
 #
 #   nodes    2 hosts x 2 ranks, each host an Open MPI node (netlab.sh mpirun -N 2): every rank sees
 #            itself as one of 2 ranks on its host, under the host's name, and a 3-step run of
 #            ddpbench over 6 MiB (shared memory inside a host, TCP between) completes with every
 #            step checked.
 #
-#   netfaults.sh [SCENARIO...]      default: nodes, then the four faults in the order above
+# and four on the hierarchical path (package comm/hier: each host reduces in shared memory, its
+# shards cross the hosts over MPI), whose ranks are the mpi package's own test binary, each checking
+# that its communicator is hierarchical:
+#
+#   hier       TestHierarchy on 2 hosts x 2 ranks, then on 3 + 1 (netlab.sh mpirun -N 3,1): every
+#              collective, dtype, op and size, exact where the contract is, on buffers of the
+#              communicator's memory, each rank on the lab host the layout names (hosts told apart
+#              by Open, not named by the test).
+#   hier-stop  TestHierarchyFault, 2 x 2: rank 3 stops itself (SIGSTOP) at the entry of the host's
+#   hier-kill  phase of an all-reduce (its first collective in shared memory), then in a second job
+#   hier-exit  at the entry of the network phase (its first over MPI between hosts); or is killed
+#              (SIGKILL); or exits (status 0, MPI not ended). The level raises the fault itself (a
+#              hook of the test binary), so it falls in the same phase on every run. stop: stall
+#              reports, one naming the stopped process, every other rank's wait ends at its 3 s
+#              deadline, then rank 0 aborts the job. kill, exit: the job ends non-zero without
+#              reaching the ranks' deadline, its output naming the process that ended. In every
+#              job no other rank's all-reduce may complete.
+#
+#   netfaults.sh [SCENARIO...]      default: nodes, hier, hier-stop, hier-kill, hier-exit, restore,
+#                                   cut, stop, kill
 #
 # MPI cannot say which rank a collective waits for, so the stall reports name the step and bucket,
 # not the missing rank (inproc names it; see the README's reliability section). Needs what
@@ -95,7 +114,7 @@ finish() {
 	local limit=$1
 	while kill -0 "$job" 2>/dev/null && ((SECONDS - t0 < limit)); do sleep 0.2; done
 	if kill -0 "$job" 2>/dev/null; then
-		pkill -KILL -f "$work/ddpbench" || true
+		pkill -KILL -f "$work/" || true
 		wait "$job" 2>/dev/null || true
 		rc=hung
 		return
@@ -246,13 +265,109 @@ EOF
 	fi
 }
 
+# The hierarchical path's scenarios run the mpi package's own tests as ranks: built once, when the
+# first of them runs.
+hier_build() {
+	[[ -x $work/mpi.test ]] || go test -c -tags mpi -o "$work/mpi.test" ./mpi/
+}
+
+scenario_hier() {
+	hier_build
+	local layout n t0
+	# Buffers from the communicator's memory only (subtest shared): where the buffers come from
+	# matters inside a host, which TestHierarchyUnderMpirun covers on one machine, and takes a third
+	# of the time.
+	for layout in 2+2 3+1; do
+		t0=$SECONDS
+		rc=0
+		timeout 120 "$lab" mpirun -N "${layout//+/,}" -x DDPGO_MPI_TEST_LAYOUT="$layout" -x DDPGO_MPI_TEST_LAB=1 \
+			-x MALLOC_ARENA_MAX=1 -- "$work/mpi.test" -test.run '^TestHierarchy$/^(shared|SendRecv|Barrier)$' -test.count=1 -test.v >"$work/hier.log" 2>&1 || rc=$?
+		n=$(grep -c '^--- PASS: TestHierarchy ' "$work/hier.log" || true)
+		if [[ $rc != 0 ]]; then
+			fail hier "hosts $layout: the job ended with status $rc"
+		elif [[ $n != 4 ]]; then
+			fail hier "hosts $layout: TestHierarchy passed on $n ranks, want 4"
+		else
+			pass hier "hosts $layout: every collective, dtype, op and size as exact as the contract says on 4 ranks, each hierarchical on the lab host the layout names; $((SECONDS - t0)) s"
+		fi
+	done
+}
+
+# hier_fault FAULT PHASE runs TestHierarchyFault as 2 hosts x 2 ranks, rank 3 failing as FAULT says at
+# the entry of PHASE (host or net) of an all-reduce, its output in $work/hier-FAULT.log, and judges
+# the job: prints its verdict and, on a failure, the job's output.
+hier_fault() {
+	local f=$1 ph=$2 s=hier-$1 notes victim n r why=
+	hier_build
+	notes=$(mktemp -d "$work/notes.XXXXXX")
+	"$lab" mpirun -N 2 -x "DDPGO_MPI_TEST_HIER_FAULT=$f:$ph:$notes" -x MALLOC_ARENA_MAX=1 -- \
+		"$work/mpi.test" -test.run '^TestHierarchyFault$' -test.count=1 >"$work/$s.log" 2>&1 &
+	job=$!
+	t0=$SECONDS
+	# The ranks' backstop (Options.Timeout) ends a job whose deadline path fails within 21 s.
+	finish 45
+	victim=$(grep -m1 -Eo "^CHILD: rank 3 \(process [0-9]+\): $f at the entry of the $ph phase" "$work/$s.log" | grep -Eo '[0-9]+\)' | tr -d ')' || true)
+	n=$(grep -c "^CHILD: rank [0-2]: stall: " "$work/$s.log" || true)
+	if [[ $rc == hung ]]; then
+		why="the job was still running 45 s after it started: it hung"
+	elif [[ $rc == 0 ]]; then
+		why="exit status 0 with a rank failed"
+	elif [[ -z $victim ]]; then
+		why="rank 3 did not say that it failed ($f) at the entry of the $ph phase"
+	elif grep -Eq "^CHILD: rank [0-2]: the all-reduce completed" "$work/$s.log"; then
+		why="$(grep -Em1 "^CHILD: rank [0-2]: the all-reduce completed" "$work/$s.log")"
+	elif [[ $f == stop ]]; then
+		for r in 0 1 2; do
+			grep -Eq "^CHILD: rank $r: waited [0-9.]+m?s: .*context deadline exceeded" "$work/$s.log" ||
+				why="${why:+$why; }rank $r did not say that its wait ended at its deadline"
+		done
+		if [[ -n $why ]]; then
+			:
+		elif ((n < 2)); then
+			why="$n stall reports before the deadline, want at least 2"
+		elif ! grep -q "(process $victim, stopped)" "$work/$s.log"; then
+			why="no stall report names the stopped process $victim"
+		elif ! grep -q "aborts the job: .*every surviving rank's wait ended" "$work/$s.log"; then
+			why="rank 0 did not end the job once every rank's wait had ended"
+		fi
+	elif grep -Eq "^CHILD: rank [0-2]: waited .*deadline exceeded|every surviving rank's wait ended" "$work/$s.log"; then
+		why="the job ran into the ranks' deadline instead of ending at the $f"
+	elif ! grep -Eq "\(process $victim\) has exited|with PID $victim " "$work/$s.log"; then
+		why="nothing names the ended process $victim"
+	fi
+	if [[ -n $why ]]; then
+		fail "$s" "$ph phase: $why"
+		return
+	fi
+	local how
+	if [[ $f == stop ]]; then
+		how="$n stall reports, every other rank's wait ended at its deadline, naming process $victim stopped"
+	else
+		how="$(grep -Eo -m1 "\(process $victim\) has exited|with PID $victim .*" "$work/$s.log")"
+	fi
+	pass "$s" "$ph phase: $how; the job ended (status $rc) $((SECONDS - t0)) s after it started"
+}
+
+scenario_hier-stop() {
+	hier_fault stop host
+	hier_fault stop net
+}
+scenario_hier-kill() {
+	hier_fault kill host
+	hier_fault kill net
+}
+scenario_hier-exit() {
+	hier_fault exit host
+	hier_fault exit net
+}
+
 scenarios=("$@")
-((${#scenarios[@]})) || scenarios=(nodes restore cut stop kill)
+((${#scenarios[@]})) || scenarios=(nodes hier hier-stop hier-kill hier-exit restore cut stop kill)
 for s in "${scenarios[@]}"; do
 	case $s in
-	nodes | restore | cut | stop | kill) "scenario_$s" ;;
+	nodes | hier | hier-stop | hier-kill | hier-exit | restore | cut | stop | kill) "scenario_$s" ;;
 	*)
-		echo "netfaults: unknown scenario $s (want nodes, restore, cut, stop or kill)" >&2
+		echo "netfaults: unknown scenario $s (want nodes, hier, hier-stop, hier-kill, hier-exit, restore, cut, stop or kill)" >&2
 		exit 2
 		;;
 	esac
