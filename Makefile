@@ -24,7 +24,7 @@ HAVE_MPI := $(shell pkg-config --exists ompi-c 2>/dev/null && command -v mpirun 
 .PHONY: test quick test-gomlx test-mpi test-net lint lint-mpi mpi-deps ptxas-deps cuda-dev-deps peers-deps compare fuzz soak gpu-check-bin
 
 test: lint
-	$(GO) test -race -tags invariants ./...
+	$(GO) test -race -tags invariants -timeout 20m ./...
 	@for v in 2.21 2.25 2.28; do echo "nccl over its stand-in as NCCL $$v:"; DDPGO_STANDIN_NCCL=$$v $(GO) test -race -tags invariants ./nccl/ || exit 1; done
 	DDPGO_STANDIN_NCCL=2.21 $(GO) test -count=1 -run NCCL ./cmd/ddpbench/
 	$(GO) test -tags purego ./fp16/ ./internal/... ./inproc/ ./hooks/
@@ -59,7 +59,7 @@ test-gomlx:
 
 test-mpi:
 ifeq ($(HAVE_MPI),yes)
-	$(GO) test -race -tags mpi,invariants ./mpi/
+	$(GO) test -race -tags mpi,invariants -timeout 20m ./mpi/
 else
 	@if [ "$$DDPGO_REQUIRE_MPI" = 1 ]; then echo "mpi tests: Open MPI not found (pkg-config ompi-c, mpirun); run make mpi-deps"; exit 1; fi
 	@echo "mpi tests skipped: Open MPI not found (pkg-config ompi-c, mpirun); make mpi-deps installs it"
