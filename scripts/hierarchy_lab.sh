@@ -11,6 +11,10 @@
 #             (scripts/peers/mpi_allreduce.c, the median of the slowest
 #             rank's calls), out of place and in place
 #
+#   2x2-cN    with CHUNK=N set (bytes, or K or M): two ranks per host,
+#             hierarchical, its all-reduces pipelined in N-byte chunks
+#             (DDPGO_MPI_HIER_CHUNK)
+#
 # and prints each run's figure, the medians over the rounds and the goals'
 # ratios. Usage: scripts/hierarchy_lab.sh [RATE] (default 1gbit); ROUNDS
 # (default 3) and STEPS (default 8) set the rounds and each ddpbench run's
@@ -56,14 +60,19 @@ EOF
 
 figs=$out/figures.tsv
 : >"$figs"
-printf '%-6s %10s %10s %10s %16s\n' round 2x1 2x2 2x2-flat "mpi-2x2 (o/i)"
+chunk=${CHUNK:-}
+printf '%-6s %10s %10s %10s %16s %10s\n' round 2x1 2x2 2x2-flat "mpi-2x2 (o/i)" "${chunk:+2x2-c$chunk}"
 for r in $(seq "$rounds"); do
 	a=$(step "2x1_r$r" 1)
 	b=$(step "2x2_r$r" 2)
 	c=$(step "2x2-flat_r$r" 2 -x DDPGO_MPI_HIER=0)
 	d=$(cloop "mpi-2x2_r$r")
-	printf '%s\t%s\t%s\t%s\t%s\n' "$r" "$a" "$b" "$c" "$d" >>"$figs"
-	printf '%-6s %10s %10s %10s %16s\n' "$r" "$a" "$b" "$c" "$d"
+	e=-
+	if [ -n "$chunk" ]; then
+		e=$(step "2x2-c${chunk}_r$r" 2 -x DDPGO_MPI_HIER_CHUNK="$chunk")
+	fi
+	printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$a" "$b" "$c" "$d" "$e" >>"$figs"
+	printf '%-6s %10s %10s %10s %16s %10s\n' "$r" "$a" "$b" "$c" "$d" "${chunk:+$e}"
 done
 
 # The medians and the goals. Open MPI's figure is the better of out of
@@ -78,4 +87,7 @@ mpi = statistics.median(min(float(x) for x in r[4].split("/")) for r in rows) * 
 print(f"\nmedians of {len(rows)} rounds: 2x1 {one:.1f} ms, 2x2 hierarchical {hier:.1f} ms, 2x2 flat {flat:.1f} ms, Open MPI 2x2 (scaled) {mpi:.1f} ms")
 for what, r, goal in (("2x2 hierarchical / 2x1", hier / one, 1.1), ("2x2 hierarchical / 2x2 flat", hier / flat, 0.75), ("2x2 hierarchical / Open MPI 2x2", hier / mpi, 0.8)):
     print(f"{what}: {r:.2f}x (goal <= {goal}x: {'met' if r <= goal else 'not met'})")
+if rows[0][5] != "-":
+    ch = med(5)
+    print(f"2x2 hierarchical, chunked: {ch:.1f} ms; / 2x1 {ch / one:.2f}x, / 2x2 flat {ch / flat:.2f}x, / Open MPI 2x2 {ch / mpi:.2f}x")
 EOF
