@@ -56,6 +56,12 @@ type communicator struct {
 	blocking   bool
 	counted    bool // the process's one communicator in blocking mode (not a level of a hierarchy)
 	hosts      int  // the hosts the ranks run on
+	// level names a level of a hierarchical communicator ("host",
+	// "cross-host"), whose ranks are job ranks job[0], job[1]...: its
+	// stall reports and errors name the job's ranks. Empty and nil for
+	// a communicator over the world.
+	level string
+	job   []int
 	// large, where hasLarge, is a second duplicate of MPI_COMM_WORLD
 	// whose all-reduce is the segmented ring, for blocking all-reduces of
 	// at least largeMin bytes between hosts (see the package
@@ -398,7 +404,7 @@ func (c *communicator) watch(opened time.Time) {
 			continue
 		}
 		low, report, expired, issuedAt := due.Seq, due.Report, due.Expired, due.Issued
-		st := comm.Stall{Rank: c.rank, Seq: low, Kind: kind, Waited: due.Waited}
+		st := comm.Stall{Rank: c.jobRank(c.rank), Seq: low, Kind: kind, Waited: due.Waited}
 		if c.running.Load() == low || c.inl.Load()>>2 == low {
 			// An all-reduce in shared memory knows who it waits for.
 			st.Missing, st.Detail = c.missing()
@@ -406,7 +412,7 @@ func (c *communicator) watch(opened time.Time) {
 		if st.Missing == nil {
 			st.Detail = mayHaveClosed
 		}
-		st.Detail = joinClauses(st.Detail, paused.since(issuedAt))
+		st.Detail = joinClauses(c.levelClause(), st.Detail, paused.since(issuedAt))
 		if deadline && expired {
 			fmt.Fprintf(os.Stderr, "mpi: %v (Options.Timeout %v): ending the job with MPI_Abort, since MPI cannot cancel the operation\n",
 				st.TimeoutError(), dog.Timeout)
@@ -419,7 +425,25 @@ func (c *communicator) watch(opened time.Time) {
 }
 
 func (c *communicator) opErr(d *desc, err error) error {
-	return &comm.OpError{Rank: c.rank, Seq: d.seq, Kind: d.kind, Count: d.count, DType: d.dt, Err: err}
+	return &comm.OpError{Rank: c.jobRank(c.rank), Seq: d.seq, Kind: d.kind, Count: d.count, DType: d.dt, Err: err}
+}
+
+// jobRank is the job's rank of c's rank r: r itself over the world, the
+// rank's place in the job on a level of a hierarchy.
+func (c *communicator) jobRank(r int) int {
+	if c.job == nil {
+		return r
+	}
+	return c.job[r]
+}
+
+// levelClause says, in a level's stall reports, which level waits and
+// which of the job's ranks it spans; "" over the world.
+func (c *communicator) levelClause() string {
+	if c.level == "" {
+		return ""
+	}
+	return fmt.Sprintf("in the %s level of a hierarchical communicator, over job ranks %v", c.level, c.job)
 }
 
 func dtypeSize(dt comm.DType) int { return dt.Size() }

@@ -255,13 +255,33 @@ func (c *communicator) split(hostOf []int) (local, cross *communicator, err erro
 			localRank++
 		}
 	}
+	// The job's ranks of each level, in the level's order (MPI_Comm_split
+	// orders by key): the ranks of this host in job order; local rank
+	// localRank of every host, in host order.
+	var hostRanks, crossRanks []int
+	seen := map[int]int{} // ranks seen so far on each host
+	for r, h := range hostOf {
+		if h == me {
+			hostRanks = append(hostRanks, r)
+		}
+		if seen[h] == localRank {
+			crossRanks = append(crossRanks, r)
+		}
+		seen[h]++
+	}
+	slices.SortStableFunc(crossRanks, func(a, b int) int { return hostOf[a] - hostOf[b] })
 	level := func(color, key int, what string) (*communicator, error) {
-		x := &communicator{e: c.e, opts: c.opts, freed: make(chan struct{}), blocking: true}
+		x := &communicator{e: c.e, opts: c.opts, freed: make(chan struct{}), blocking: true, level: what}
+		x.job = map[string][]int{"host": hostRanks, "cross-host": crossRanks}[what]
 		var r, n C.int
 		if rc := C.ddp_split(c.h, C.int(color), C.int(key), &x.h, &r, &n); rc != C.MPI_SUCCESS {
 			return nil, fmt.Errorf("mpi: world rank %d: MPI_Comm_split for the %s level: %w", c.e.worldRank, what, mpiError(int(rc)))
 		}
 		x.rank, x.size = int(r), int(n)
+		if x.size != len(x.job) || x.job[x.rank] != c.rank {
+			return nil, x.openFailed(fmt.Errorf("mpi: world rank %d: the %s level has rank %d of %d, where the job's hosts put it at %d of %v",
+				c.e.worldRank, what, x.rank, x.size, slices.Index(x.job, c.rank), x.job))
+		}
 		if err := x.setUp(nil); err != nil {
 			return nil, x.openFailed(err)
 		}

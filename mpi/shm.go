@@ -292,7 +292,7 @@ func (c *communicator) mismatch(d *desc, verdict error) error {
 // peer is rank r of c's segment, and the state of its process.
 func (c *communicator) peer(r int) peer {
 	hs := c.hs
-	p := peer{rank: r, pid: int(hs.procs[r].Pid)}
+	p := peer{rank: c.jobRank(r), pid: int(hs.procs[r].Pid)}
 	switch {
 	case hs.seg.Closed(r):
 		p.state = rankClosed
@@ -314,7 +314,7 @@ func (c *communicator) laggard() string {
 	if r < 0 {
 		return ""
 	}
-	_, detail := shmWait(c.rank, []peer{c.peer(r)}, nil)
+	_, detail := shmWait(c.jobRank(c.rank), []peer{c.peer(r)}, nil)
 	return detail
 }
 
@@ -343,7 +343,7 @@ func (c *communicator) missing() ([]int, string) {
 			others = append(others, c.peer(r))
 		}
 	}
-	return shmWait(c.rank, missing, others)
+	return shmWait(c.jobRank(c.rank), missing, others)
 }
 
 // directBytes are the sizes of d's send and recv buffers on every rank

@@ -34,8 +34,8 @@
 #   hier-exit  at the entry of the network phase (its first over MPI between hosts); or is killed
 #              (SIGKILL); or exits (status 0, MPI not ended). The level raises the fault itself (a
 #              hook of the test binary), so it falls in the same phase on every run. stop: stall
-#              reports, one naming the stopped process, every other rank's wait ends at its 3 s
-#              deadline, then rank 0 aborts the job. kill, exit: the job ends non-zero without
+#              reports, one naming the stopped rank (the job's number) and process, every other
+#              rank's wait ends at its 3 s deadline, then rank 0 aborts the job. kill, exit: the job ends non-zero without
 #              reaching the ranks' deadline, its output naming the process that ended. In every
 #              job no other rank's all-reduce may complete.
 #
@@ -325,8 +325,8 @@ hier_fault() {
 			:
 		elif ((n < 2)); then
 			why="$n stall reports before the deadline, want at least 2"
-		elif ! grep -q "(process $victim, stopped)" "$work/$s.log"; then
-			why="no stall report names the stopped process $victim"
+		elif ! grep -q "rank 3 (process $victim, stopped)" "$work/$s.log"; then
+			why="no stall report names the stopped rank 3 (process $victim), in the job's numbering"
 		elif ! grep -q "aborts the job: .*every surviving rank's wait ended" "$work/$s.log"; then
 			why="rank 0 did not end the job once every rank's wait had ended"
 		fi
