@@ -153,6 +153,7 @@
 // of different sizes work; the flat communicator carries Sends and Recvs
 // between ranks that share neither); a failed level aborts the others.
 // DDPGO_MPI_HIER=0 on any rank keeps every rank flat; Info.Hierarchy says
-// "2+2", "3+1". DDPGO_MPI_HIER_CHUNK (bytes, or K or M), the same on every
-// rank, pipelines its all-reduces in chunks (comm/hier's Config.ChunkBytes).
+// "2+2", "3+1". Its all-reduces are pipelined in 1 MiB chunks (comm/hier's
+// Config.ChunkBytes); DDPGO_MPI_HIER_CHUNK (bytes, or K or M; 0 for none),
+// the same on every rank, sets the chunk.
 package mpi

@@ -72,8 +72,8 @@ func TestHierarchyUnderMpirun(t *testing.T) {
 }
 
 // hierChunkEnv gives TestHierarchy's ranks DDPGO_MPI_HIER_CHUNK; with
-// "mismatch" rank 0 asks for 64 KiB chunks and the others for none, with
-// "invalid" rank 3 asks for "4X", and every rank's Open must fail.
+// "mismatch" rank 0 asks for none ("0") and the others for the default,
+// with "invalid" rank 3 asks for "4X", and every rank's Open must fail.
 const hierChunkEnv = "DDPGO_MPI_TEST_CHUNK"
 
 // TestHierarchy is a rank of a job of TestHierarchyUnderMpirun, or of
@@ -109,14 +109,14 @@ func TestHierarchy(t *testing.T) {
 	chunk := os.Getenv(hierChunkEnv)
 	if chunk == "mismatch" || chunk == "invalid" {
 		// Every rank must fail Open, none wait for the others.
-		asks := map[string]map[int]string{"mismatch": {0: "64K"}, "invalid": {3: "4X"}}[chunk]
+		asks := map[string]map[int]string{"mismatch": {0: "0"}, "invalid": {3: "4X"}}[chunk]
 		t.Setenv("DDPGO_MPI_HIER_CHUNK", asks[rank])
 		c, err := mpi.Open(mpi.Options{Blocking: true})
 		if err == nil {
 			c.Close()
 			t.Fatalf("rank %d: Open with DDPGO_MPI_HIER_CHUNK %v by rank: no error", rank, asks)
 		}
-		want := map[string]string{"mismatch": "DDPGO_MPI_HIER_CHUNK differs between ranks: from 0 to 65536 bytes (this rank ",
+		want := map[string]string{"mismatch": "DDPGO_MPI_HIER_CHUNK differs between ranks: from 0 to 1048576 bytes (this rank ",
 			"invalid": "DDPGO_MPI_HIER_CHUNK is invalid on another rank"}[chunk]
 		if asks[rank] == "4X" {
 			want = `DDPGO_MPI_HIER_CHUNK="4X": want bytes`
@@ -133,7 +133,7 @@ func TestHierarchy(t *testing.T) {
 		t.Fatalf("rank %d: a blocking communicator over hosts %s is a %T, not hierarchical", rank, layout, c)
 	}
 	// A host of one rank has nobody to share memory with.
-	wantChunk := map[string]int{"": 0, "64K": 64 << 10}[chunk]
+	wantChunk := map[string]int{"": 1 << 20, "64K": 64 << 10}[chunk]
 	if hc.ChunkBytes() != wantChunk {
 		t.Fatalf("rank %d: the hierarchy cuts all-reduces into %d-byte chunks, want %d", rank, hc.ChunkBytes(), wantChunk)
 	}

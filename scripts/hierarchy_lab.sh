@@ -5,14 +5,15 @@
 # in interleaved rounds of
 #
 #   2x1       one rank per host
-#   2x2       two ranks per host, hierarchical (the backend's default there)
+#   2x2       two ranks per host, hierarchical (the backend's default there,
+#             its all-reduces pipelined in 1 MiB chunks)
 #   2x2-flat  two ranks per host, DDPGO_MPI_HIER=0 (every byte through Open MPI)
 #   mpi-2x2   Open MPI's own MPI_Allreduce of 64 MiB, 2x2, its C loop
 #             (scripts/peers/mpi_allreduce.c, the median of the slowest
 #             rank's calls), out of place and in place
 #
-#   2x2-cN    with CHUNK=N set (bytes, or K or M): two ranks per host,
-#             hierarchical, its all-reduces pipelined in N-byte chunks
+#   2x2-cN    with CHUNK=N set (bytes, or K or M; 0 for none): two ranks per
+#             host, hierarchical, its all-reduces cut into N-byte chunks
 #             (DDPGO_MPI_HIER_CHUNK)
 #
 # and prints each run's figure, the medians over the rounds and the goals'
@@ -78,7 +79,7 @@ done
 # The medians and the goals. Open MPI's figure is the better of out of
 # place and in place, scaled from 64 MiB to ResNet-50's 102,228,128 bytes
 # (arithmetic, as a loop of that size is not run).
-python3 - "$figs" <<'EOF'
+python3 - "$figs" "$chunk" <<'EOF'
 import statistics, sys
 rows = [line.split("\t") for line in open(sys.argv[1]).read().splitlines()]
 med = lambda i: statistics.median(float(r[i]) for r in rows)
@@ -89,5 +90,5 @@ for what, r, goal in (("2x2 hierarchical / 2x1", hier / one, 1.1), ("2x2 hierarc
     print(f"{what}: {r:.2f}x (goal <= {goal}x: {'met' if r <= goal else 'not met'})")
 if rows[0][5] != "-":
     ch = med(5)
-    print(f"2x2 hierarchical, chunked: {ch:.1f} ms; / 2x1 {ch / one:.2f}x, / 2x2 flat {ch / flat:.2f}x, / Open MPI 2x2 {ch / mpi:.2f}x")
+    print(f"2x2 hierarchical, DDPGO_MPI_HIER_CHUNK={sys.argv[2]}: {ch:.1f} ms; / 2x1 {ch / one:.2f}x, / 2x2 flat {ch / flat:.2f}x, / Open MPI 2x2 {ch / mpi:.2f}x")
 EOF
