@@ -336,6 +336,7 @@ func TestStepAllocsVariants(t *testing.T) {
 		{"copy", func() Options { return Options{CopyGrads: true, FindUnusedParameters: true} }},
 		{"nozero-fp16", func() Options { return Options{NoZeroGrad: true, FindUnusedParameters: true, Hook: hooks.FP16()} }},
 		{"shard-fp16", func() Options { return Options{Shard: ShardElements, FindUnusedParameters: true, Hook: hooks.FP16()} }},
+		{"shard-values", func() Options { return Options{Shard: ShardParams, FindUnusedParameters: true} }},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			r, err := New(ctx, commtest.Solo{}, threeParams, tt.o())
@@ -346,6 +347,13 @@ func TestStepAllocsVariants(t *testing.T) {
 			var st StepStats
 			var stepErr error
 			values := zeroValues(threeParams)
+			if tt.name == "shard-values" {
+				for i := range values {
+					if values[i], err = r.Values(i); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
 			step := func() {
 				for _, synced := range []bool{false, true} {
 					if err := r.Begin(modeOf(synced)); err != nil {

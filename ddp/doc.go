@@ -203,9 +203,15 @@
 // optimizer may run at its own pace; WaitGather waits for them and
 // copies the other ranks' parts into the values, on the caller's
 // goroutine, so the Reducer writes the caller's memory only inside
-// WaitGather. Until WaitGather returns, the step is open: Begin, Join
-// and Broadcast fail with ErrStepInProgress, and the gradients of a
-// gathered bucket with ErrBusy (its memory carries the parameters).
+// WaitGather. Those two copies move as many bytes as the all-gather
+// itself; Values removes them: it hands out the parameters' values in
+// memory of the Reducer's own, laid out as the buckets, and a Gather
+// given those slices for every parameter of its bucket copies nothing:
+// the all-gather runs in place there, and the slices are the model's
+// parameters (copy them out before Close). Until WaitGather returns,
+// the step is open: Begin, Join and Broadcast fail with
+// ErrStepInProgress, and the gradients of a gathered bucket with ErrBusy
+// (its memory carries the parameters, unless they are Values').
 // Gathering every bucket is part of the step: WaitGather fails with
 // ErrGather, naming the buckets not gathered, rather than leave ranks
 // with different parameters.

@@ -138,6 +138,7 @@ func (r *Reducer) build(bs []bucket.Bucket) (*layout, error) {
 			lo:     make([]int, len(r.params)),
 			hi:     make([]int, len(r.params)),
 			values: make([][][]float32, len(bs)),
+			direct: make([]bool, len(bs)),
 			works:  make([]comm.Work, len(bs)),
 		}
 	}
@@ -218,6 +219,9 @@ func (L *layout) free(pool *allocator.Pool) error {
 func (L *layout) take() []allocator.Block {
 	b := L.blocks
 	L.blocks = nil
+	if L.shard != nil {
+		b = append(b, L.shard.takeValues()...)
+	}
 	return b
 }
 

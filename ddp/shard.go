@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
+	"github.com/ddpgo/ddpgo/allocator"
 	"github.com/ddpgo/ddpgo/bucket"
 	"github.com/ddpgo/ddpgo/comm"
 	"github.com/ddpgo/ddpgo/hooks"
@@ -30,6 +33,13 @@ import (
 // timing of each rank's optimizer; the finisher waits for them as for
 // the buckets; WaitGather copies every other rank's part out of the
 // bucket into the caller's values.
+//
+// Those two copies move, together, as many bytes as the all-gather
+// itself, which in shared memory is a copy too. Values removes both: it
+// lays the parameters out in memory of the Reducer's own, one block per
+// bucket shaped as the bucket, and when every value slice Gather is
+// given for bucket k is that memory, the all-gather runs in place there
+// (direct) and nothing is copied.
 
 // ShardMode selects whether and how Options.Shard partitions the
 // optimizer's work across ranks.
@@ -95,9 +105,12 @@ func (r *Reducer) Owned(k int) []Part {
 // spent, and has the bucket all-gathered, so that every rank receives
 // every rank's part. values[i] holds parameter i (as in
 // BroadcastParameters); Gather reads only the owned elements of bucket
-// k's parameters, and WaitGather writes the others. It never waits for
-// the network: the launcher issues the all-gathers, in bucket order,
-// once the step's last bucket has been launched for reduction.
+// k's parameters, and WaitGather writes the others. Where values[i] is
+// Values(i) for every parameter i of the bucket, nothing is copied: the
+// all-gather runs in place in that memory, and writes the others. It
+// never waits for the network: the launcher issues the all-gathers, in
+// bucket order, once the step's last bucket has been launched for
+// reduction.
 //
 // Gather may be called, for each bucket of a synced step, once the
 // bucket is reduced: inside WaitEach's each (the gather of bucket k then
@@ -136,10 +149,14 @@ func (r *Reducer) Gather(k int, values [][]float32) error {
 				ErrGradSize, rank, k, p, r.params[p].Name, r.params[p].Shape, n, len(values[p]))
 		}
 	}
-	for _, pt := range L.shard.owned[k] {
-		copy(L.views[pt.Param][pt.Lo:pt.Hi], values[pt.Param][pt.Lo:pt.Hi])
+	direct := L.shard.isValues(k, values)
+	if !direct {
+		for _, pt := range L.shard.owned[k] {
+			copy(L.views[pt.Param][pt.Lo:pt.Hi], values[pt.Param][pt.Lo:pt.Hi])
+		}
+		L.shard.values[k] = values
 	}
-	L.shard.values[k] = values
+	L.shard.direct[k] = direct
 	if L.sched.publish(k) != nil {
 		// Gather ran concurrently with itself for bucket k: both copied
 		// the same elements, one publishes.
@@ -152,10 +169,12 @@ func (r *Reducer) Gather(k int, values [][]float32) error {
 // WaitGather ends a synced step under Options.Shard: it waits for the
 // all-gathers that Gather published and copies every other rank's part
 // of the parameters into the values given to Gather, bucket by bucket as
-// each gather completes, on the calling goroutine. On return every rank
-// holds the same values, and the next Begin may follow. The bucket
-// memory then holds parameter values: a gradient slice read before the
-// next Begin shows them, not gradients.
+// each gather completes, on the calling goroutine (nothing for a bucket
+// gathered in place into Values' memory). On return every rank holds the
+// same values, and the next Begin may follow. The bucket memory then
+// holds parameter values (or, gathered into Values' memory, this rank's
+// averages in its part and undefined values elsewhere): a gradient slice
+// read before the next Begin shows them, not gradients.
 //
 // WaitGather must follow Wait (or WaitEach) and a Gather of every
 // bucket. If some bucket was not gathered, it fails with ErrGather
@@ -284,6 +303,9 @@ func (r *Reducer) gatherStall(L *layout, k int, waited time.Duration) comm.Stall
 // gathered, into the values Gather was given.
 func (r *Reducer) copyOut(L *layout, k int) {
 	vals := L.shard.values[k]
+	if vals == nil {
+		return // gathered in place into Values' memory
+	}
 	for _, p := range L.buckets[k].Tensors {
 		lo, hi := L.shard.lo[p], L.shard.hi[p]
 		copy(vals[p][:lo], L.views[p][:lo])
@@ -307,8 +329,12 @@ func (r *Reducer) launchGathers(L *layout) {
 		hb := &L.hb[k]
 		s := &r.cur.Buckets[k]
 		s.GatherStart = time.Since(r.start)
-		own := hb.Part(r.c.Rank(), r.c.Size())
-		w := r.c.AllGather(own, hb.Buf)
+		buf := hb.Buf
+		if L.shard.direct[k] {
+			buf = L.shard.mem.Load().bufs[k]
+		}
+		own := buf.Slice(r.c.Rank()*(buf.Count/r.c.Size()), buf.Count/r.c.Size())
+		w := r.c.AllGather(own, buf)
 		s.GatherBytes = int64(own.Bytes())
 		L.shard.works[k] = w
 		L.shard.issued.Store(int32(k + 1))
@@ -345,9 +371,131 @@ func (r *Reducer) finishGather(k int, err error) {
 type shardLayout struct {
 	owned  [][]Part      // per bucket: this rank's parts
 	lo, hi []int         // per parameter: its owned elements (lo == hi: none)
-	values [][][]float32 // per bucket: what Gather was given, until copied out
+	values [][][]float32 // per bucket: what Gather was given, until copied out (nil: direct)
+	direct []bool        // per bucket: this step's Gather was given Values' memory
 	works  []comm.Work   // per bucket: its all-gather in this step
 	issued atomic.Int32  // all-gathers issued in this step
+
+	// mem is Values' memory once asked for; mu orders its making with
+	// its return to the pool (taken).
+	mem   atomic.Pointer[valueMem]
+	mu    sync.Mutex
+	taken bool
+}
+
+// valueMem is the parameter memory Values hands out: a pool block per
+// bucket, laid out as the bucket.
+type valueMem struct {
+	blocks []allocator.Block
+	bufs   []comm.Buffer // per bucket: its block
+	views  [][]float32   // per parameter: its slot, at its bucket offset
+	params [][]int       // per bucket: its parameters
+}
+
+// isValues reports whether values holds, for every parameter of bucket
+// k, the slice Values returned for it (the same first element: the
+// lengths are checked already).
+func (s *shardLayout) isValues(k int, values [][]float32) bool {
+	m := s.mem.Load()
+	if m == nil {
+		return false
+	}
+	for _, p := range m.params[k] {
+		if unsafe.SliceData(values[p]) != unsafe.SliceData(m.views[p]) {
+			return false
+		}
+	}
+	return true
+}
+
+// takeValues returns Values' blocks, for the pool, and makes later calls
+// of Values fail.
+func (s *shardLayout) takeValues() []allocator.Block {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.taken = true
+	if m := s.mem.Load(); m != nil {
+		b := m.blocks
+		m.blocks = nil
+		return b
+	}
+	return nil
+}
+
+// Values returns parameter i's values in memory of the Reducer's own,
+// under Options.Shard: a slice of the parameter's length, laid out with
+// the others as the buckets are. Give the slices to Gather as its
+// values (values[i] = Values(i) for every parameter of the bucket) and
+// the all-gather runs in place there: Gather copies nothing into the
+// bucket and WaitGather nothing out of it. With any other slices Gather
+// copies, as its documentation says; both give the same bits.
+//
+// The memory is taken from the pool at the first call (one block per
+// bucket, as large as the bucket) and zeroed; the same slice comes back
+// at every call. Copy the parameters' initial values in before the first
+// step, and read the model's parameters from these slices. Gather's rules
+// hold for them: untouched from Gather to the return of WaitGather, since
+// the all-gather writes the other ranks' parts. After a failed step the
+// parts not gathered are undefined, and a collective still in flight may
+// write them until Close returns; after Close the memory is the pool's
+// again: copy the values out before Close (as for Grad's slices).
+//
+// Values fails with ErrOptions without Options.Shard, ErrIndex for an
+// index out of range, ErrClosed after Close, and with the pool's error
+// when it cannot hold the memory. It may be called from any goroutine.
+func (r *Reducer) Values(i int) ([]float32, error) {
+	if err := r.usable(); err != nil {
+		return nil, err
+	}
+	L := r.lay.Load()
+	rank := r.c.Rank()
+	switch {
+	case L.shard == nil:
+		return nil, fmt.Errorf("%w: rank %d: Values(%d) needs Options.Shard", ErrOptions, rank, i)
+	case i < 0 || i >= len(r.params):
+		return nil, fmt.Errorf("%w: rank %d: Values(%d) with %d parameters", ErrIndex, rank, i, len(r.params))
+	}
+	m := L.shard.mem.Load()
+	if m == nil {
+		var err error
+		if m, err = r.makeValues(L); err != nil {
+			return nil, err
+		}
+	}
+	return m.views[i], nil
+}
+
+// makeValues takes Values' memory from the pool, once.
+func (r *Reducer) makeValues(L *layout) (*valueMem, error) {
+	s := L.shard
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if m := s.mem.Load(); m != nil {
+		return m, nil
+	}
+	if s.taken {
+		return nil, ErrClosed
+	}
+	m := &valueMem{bufs: make([]comm.Buffer, len(L.buckets)), views: make([][]float32, len(r.params)), params: make([][]int, len(L.buckets))}
+	for k := range L.buckets {
+		hb := &L.hb[k]
+		blk, err := r.pool.Get(max(hb.Buf.Bytes(), 4))
+		if err != nil {
+			for _, b := range m.blocks {
+				r.pool.Put(b)
+			}
+			return nil, fmt.Errorf("ddp: rank %d: memory for the values of bucket %d (%d bytes): %w", r.c.Rank(), k, hb.Buf.Bytes(), err)
+		}
+		m.blocks = append(m.blocks, blk)
+		m.bufs[k] = r.region(blk, 0, hb.Buf.Count, comm.Float32)
+		r.kern.Zero(m.bufs[k])
+		for _, t := range hb.Tensors {
+			m.views[t.Param] = m.bufs[k].Slice(t.Offset, r.tensors[t.Param].Numel).AsFloat32()
+		}
+		m.params[k] = L.buckets[k].Tensors
+	}
+	s.mem.Store(m)
+	return m, nil
 }
 
 // place lays bucket b out for a group of n ranks under mode: the

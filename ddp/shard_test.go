@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/ddpgo/ddpgo/bucket"
 	"github.com/ddpgo/ddpgo/comm"
@@ -107,7 +108,20 @@ const (
 type shardVariant struct {
 	micro  bool // a no-sync step first, which the synced step accumulates onto
 	unused int  // a parameter never marked (FindUnusedParameters); 0: none
+	// values keeps the parameters in the Reducer's memory (Values):
+	// valuesAll every one, so the buckets are gathered in place there;
+	// valuesSome the even ones, so every bucket with an odd one is copied.
+	values valuesUse
 }
+
+// valuesUse says which parameters a sharded run keeps in Values' memory.
+type valuesUse uint8
+
+const (
+	valuesNone valuesUse = iota
+	valuesAll
+	valuesSome
+)
 
 // shardTrain trains shardParams for steps on every rank of a new group of
 // n and returns every rank's values.
@@ -137,6 +151,13 @@ func shardTrain(t *testing.T, n, steps int, run shardRun, mode ShardMode, opt fu
 		values := make([][]float32, len(start))
 		for i := range start {
 			values[i] = slices.Clone(start[i])
+			if run == runPlain || v.values == valuesNone || (v.values == valuesSome && i%2 == 1) {
+				continue
+			}
+			if values[i], err = r.Values(i); err != nil {
+				return err
+			}
+			copy(values[i], start[i])
 		}
 		o := opt()
 		stepBucket := func(k int, owned []Part) error {
@@ -211,7 +232,10 @@ func shardTrain(t *testing.T, n, steps int, run shardRun, mode ShardMode, opt fu
 				return err
 			}
 		}
-		out[rank] = values
+		out[rank] = make([][]float32, len(values))
+		for i := range values {
+			out[rank][i] = slices.Clone(values[i]) // Values' memory goes back to the pool at Close
+		}
 		return nil
 	})
 	if err := firstErr(errs); err != nil {
@@ -256,6 +280,9 @@ func TestShardEquivalence(t *testing.T) {
 		{"avg/no-sync", hooks.Avg, [2]int{44, 88}, runEach, ShardElements, nil, shardVariant{micro: true}},
 		{"fp16/unused-copy", hooks.FP16, [2]int{44, 88}, runEach, ShardElements, func(o *Options) { o.FindUnusedParameters, o.CopyGrads = true, true }, shardVariant{unused: 3}},
 		{"avg/static-nozero", hooks.Avg, [2]int{44, 88}, runAfter, ShardElements, func(o *Options) { o.StaticGraph, o.NoZeroGrad = true, true }, shardVariant{unused: 1}},
+		{"avg/each-values", hooks.Avg, [2]int{44, 88}, runEach, ShardElements, nil, shardVariant{values: valuesAll}},
+		{"fp16/params-values-copy-unused", hooks.FP16, [2]int{44, 88}, runEach, ShardParams, func(o *Options) { o.FindUnusedParameters, o.CopyGrads = true, true }, shardVariant{unused: 3, values: valuesAll}},
+		{"avg/some-values", hooks.Avg, [2]int{44, 88}, runAfter, ShardElements, nil, shardVariant{values: valuesSome}},
 	}
 	for n := 1; n <= 4; n++ {
 		for _, op := range opts {
@@ -471,6 +498,29 @@ func TestShardErrors(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+	t.Run("values", func(t *testing.T) {
+		cs := newTestGroup(t, 1)
+		r, err := New(ctx, cs[0], shardParams, Options{Shard: ShardElements, FirstBucketCap: 44, BucketCap: 88})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = r.Values(len(shardParams))
+		wantErr(t, err, ErrIndex, "Values(5)")
+		_, err = r.Values(-1)
+		wantErr(t, err, ErrIndex)
+		v, err := r.Values(2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if again, _ := r.Values(2); len(v) != shardParams[2].Numel() || &again[0] != &v[0] {
+			t.Fatalf("Values(2): %d elements, then another slice; want %d, the same", len(v), shardParams[2].Numel())
+		}
+		if err := r.Close(); err != nil {
+			t.Fatal(err)
+		}
+		_, err = r.Values(2)
+		wantErr(t, err, ErrClosed)
+	})
 	t.Run("off", func(t *testing.T) {
 		cs := newTestGroup(t, 1)
 		r, err := New(ctx, cs[0], shardParams, Options{})
@@ -480,16 +530,20 @@ func TestShardErrors(t *testing.T) {
 		defer r.Close()
 		wantErr(t, r.Gather(0, zeroValues(shardParams)), ErrOptions, "Options.Shard")
 		wantErr(t, r.WaitGather(ctx), ErrOptions, "Options.Shard")
+		_, err = r.Values(0)
+		wantErr(t, err, ErrOptions, "Options.Shard")
 		if r.Owned(0) != nil {
 			t.Fatal("Owned without Shard is not nil")
 		}
 	})
 }
 
-// countComm counts the collectives a rank issues, by kind.
+// countComm counts the collectives a rank issues, by kind, and keeps the
+// receive buffers of its all-gathers.
 type countComm struct {
 	comm.Communicator
 	allReduce, reduceScatter, allGather int
+	gathers                             []comm.Buffer
 }
 
 func (c *countComm) Capabilities() comm.Caps { return comm.CapsOf(c.Communicator) }
@@ -503,7 +557,74 @@ func (c *countComm) ReduceScatter(send, recv comm.Buffer, op comm.Op) comm.Work 
 }
 func (c *countComm) AllGather(send, recv comm.Buffer) comm.Work {
 	c.allGather++
+	c.gathers = append(c.gathers, recv)
 	return c.Communicator.AllGather(send, recv)
+}
+
+// TestShardValuesInPlace checks where the all-gathers of a sharded step
+// land: in Values' memory when Gather is given those slices (nothing to
+// copy in or out), in the bucket when it is given slices of the caller's.
+func TestShardValuesInPlace(t *testing.T) {
+	testutil.NoLeak(t)
+	for _, own := range []bool{true, false} {
+		cs := newTestGroup(t, 2)
+		counted := make([]comm.Communicator, len(cs))
+		for r, c := range cs {
+			counted[r] = &countComm{Communicator: c}
+		}
+		errs := withReducers(t, counted, shardParams, func() Options {
+			return Options{FirstBucketCap: 44, BucketCap: 88, Shard: ShardElements}
+		}, func(rank int, r *Reducer) error {
+			ctx := context.Background()
+			values := zeroValues(shardParams)
+			if own {
+				for i := range values {
+					var err error
+					if values[i], err = r.Values(i); err != nil {
+						return err
+					}
+				}
+			}
+			c := counted[rank].(*countComm)
+			c.gathers = c.gathers[:0] // New's check
+			if err := r.Begin(Sync); err != nil {
+				return err
+			}
+			for i := range shardParams {
+				if err := r.SetGrad(i, shardGrad(values[i], rank, 0, i)); err != nil {
+					return err
+				}
+			}
+			if err := r.WaitEach(ctx, func(b Reduced) {
+				if err := r.Gather(b.Bucket, values); err != nil {
+					t.Error(err)
+				}
+			}); err != nil {
+				return err
+			}
+			if err := r.WaitGather(ctx); err != nil {
+				return err
+			}
+			bs := r.Buckets()
+			if len(c.gathers) != len(bs) {
+				return fmt.Errorf("rank %d: %d all-gathers for %d buckets", rank, len(c.gathers), len(bs))
+			}
+			for k, b := range bs {
+				recv := c.gathers[k]
+				lo, hi := uintptr(recv.Addr), uintptr(recv.Addr)+uintptr(recv.Bytes())
+				p := b.Params[0]
+				at := uintptr(unsafe.Pointer(unsafe.SliceData(values[p])))
+				if in := lo <= at && at < hi; in != own {
+					return fmt.Errorf("rank %d bucket %d: all-gather into [%#x, %#x), parameter %d's values at %#x: inside %v, want %v (Values given: %v)",
+						rank, k, lo, hi, p, at, in, own, own)
+				}
+			}
+			return nil
+		})
+		if err := firstErr(errs); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // TestShardCollectives checks that a sharded step reduce-scatters and
@@ -740,7 +861,10 @@ func shardJoinTrain(t *testing.T, batches []int, shard bool, o func() Options) [
 				return stepErr
 			}
 		}
-		out[rank] = values
+		out[rank] = make([][]float32, len(values))
+		for i := range values {
+			out[rank][i] = slices.Clone(values[i]) // Values' memory goes back to the pool at Close
+		}
 		return nil
 	})
 	if err := firstErr(errs); err != nil {
