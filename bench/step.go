@@ -102,7 +102,9 @@ type Config struct {
 	// Shard runs the sharded step (ddp.Options.Shard, ZeRO stage 1):
 	// each bucket is reduce-scattered, each rank publishes its part with
 	// Gather as soon as the bucket is reduced (inside WaitEach; nothing
-	// is stepped: the benchmark measures the communication) and
+	// is stepped: the benchmark measures the communication), its values
+	// kept in the Reducer's memory (ddp.Reducer.Values), so that the
+	// all-gathers run in place there and nothing is copied, and
 	// WaitGather ends the step once the all-gathers are done. The check
 	// reads the averages this rank owns. ShardOff: the all-reduce step.
 	Shard ddp.ShardMode
@@ -260,6 +262,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 
 	// Build the reducers: New is collective, so every rank in its own goroutine.
 	reducers := make([]*ddp.Reducer, nl)
+	values := make([][][]float32, nl) // with Shard: each rank's parameters, in its Reducer's memory
 	errs := make([]error, nl)
 	var wg sync.WaitGroup
 	for r := range nl {
@@ -273,6 +276,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 				o.Pool = cfg.Pools[r]
 			}
 			reducers[r], errs[r] = ddp.New(ctx, cfg.Comms[r], cfg.Params, o)
+			if errs[r] == nil && cfg.Shard != ddp.ShardOff {
+				values[r], errs[r] = shardValues(reducers[r], len(cfg.Params))
+			}
 			if errs[r] != nil {
 				cfg.Comms[r].Abort(errs[r])
 			}
@@ -356,7 +362,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			d := newDriver(reducers[r], cfg, cfg.Comms[r].Rank(), r, n)
+			d := newDriver(reducers[r], cfg, cfg.Comms[r].Rank(), r, n, values[r])
 			d.ex = ex
 			defer d.timer.Stop()
 			if cfg.Pools != nil && !cfg.Pools[r].Host() {
@@ -465,7 +471,8 @@ type driver struct {
 	kern comm.Kernels
 	val  comm.Buffer
 	word []byte
-	// With Config.Shard: the values Gather publishes (one per parameter),
+	// With Config.Shard: the values Gather publishes (one per parameter,
+	// in the Reducer's memory, so that the all-gathers run in place there),
 	// the first error of the step's WaitEach callback, and the step's
 	// communication intervals, reused.
 	values    [][]float32
@@ -504,7 +511,20 @@ func (d *driver) onDevice(c comm.Communicator, pool *allocator.Pool) (func(), er
 	}, nil
 }
 
-func newDriver(red *ddp.Reducer, cfg Config, rank, local, n int) *driver {
+// shardValues returns the n parameters' values in red's memory
+// (ddp.Reducer.Values), where the sharded step gathers them in place.
+func shardValues(red *ddp.Reducer, n int) ([][]float32, error) {
+	values := make([][]float32, n)
+	for i := range values {
+		var err error
+		if values[i], err = red.Values(i); err != nil {
+			return nil, err
+		}
+	}
+	return values, nil
+}
+
+func newDriver(red *ddp.Reducer, cfg Config, rank, local, n int, values [][]float32) *driver {
 	d := &driver{red: red, cfg: &cfg, rank: rank, local: local, n: n, timer: time.NewTimer(time.Hour), tol: 1e-6}
 	if cfg.Hook != nil {
 		switch h := cfg.Hook(); h.Name() {
@@ -523,10 +543,7 @@ func newDriver(red *ddp.Reducer, cfg Config, rank, local, n int) *driver {
 	}
 	d.timer.Stop()
 	if cfg.Shard != ddp.ShardOff {
-		d.values = make([][]float32, len(cfg.Params))
-		for i, p := range cfg.Params {
-			d.values[i] = make([]float32, p.Numel())
-		}
+		d.values = values
 		d.each = d.publish
 	}
 	var cum float64
