@@ -110,7 +110,9 @@ type shardVariant struct {
 	unused int  // a parameter never marked (FindUnusedParameters); 0: none
 	// values keeps the parameters in the Reducer's memory (Values):
 	// valuesAll every one, so the buckets are gathered in place there;
-	// valuesSome the even ones, so every bucket with an odd one is copied.
+	// valuesSome the odd ones, so every bucket with an even one is copied
+	// (in shardParams' buckets an odd one comes first, so a Gather that
+	// looked at a bucket's first parameter only would take it for Values').
 	values valuesUse
 }
 
@@ -151,7 +153,7 @@ func shardTrain(t *testing.T, n, steps int, run shardRun, mode ShardMode, opt fu
 		values := make([][]float32, len(start))
 		for i := range start {
 			values[i] = slices.Clone(start[i])
-			if run == runPlain || v.values == valuesNone || (v.values == valuesSome && i%2 == 1) {
+			if run == runPlain || v.values == valuesNone || (v.values == valuesSome && i%2 == 0) {
 				continue
 			}
 			if values[i], err = r.Values(i); err != nil {
