@@ -99,6 +99,49 @@ func (r *Reducer) Owned(k int) []Part {
 	return L.shard.owned[k]
 }
 
+// Values returns parameter i's values in memory of the Reducer's own,
+// under Options.Shard: a slice of the parameter's length, laid out with
+// the others as the buckets are. Give the slices to Gather as its
+// values (values[i] = Values(i) for every parameter of the bucket) and
+// the all-gather runs in place there: Gather copies nothing into the
+// bucket and WaitGather nothing out of it. With any other slices Gather
+// copies, as its documentation says; both give the same bits.
+//
+// The memory is taken from the pool at the first call (one block per
+// bucket, as large as the bucket) and zeroed; the same slice comes back
+// at every call. Copy the parameters' initial values in before the first
+// step, and read the model's parameters from these slices. Gather's rules
+// hold for them: untouched from Gather to the return of WaitGather, since
+// the all-gather writes the other ranks' parts. After a failed step the
+// parts not gathered are undefined, and a collective still in flight may
+// write them until Close returns; after Close the memory is the pool's
+// again: copy the values out before Close (as for Grad's slices).
+//
+// Values fails with ErrOptions without Options.Shard, ErrIndex for an
+// index out of range, ErrClosed after Close, and with the pool's error
+// when it cannot hold the memory. It may be called from any goroutine.
+func (r *Reducer) Values(i int) ([]float32, error) {
+	if err := r.usable(); err != nil {
+		return nil, err
+	}
+	L := r.lay.Load()
+	rank := r.c.Rank()
+	switch {
+	case L.shard == nil:
+		return nil, fmt.Errorf("%w: rank %d: Values(%d) needs Options.Shard", ErrOptions, rank, i)
+	case i < 0 || i >= len(r.params):
+		return nil, fmt.Errorf("%w: rank %d: Values(%d) with %d parameters", ErrIndex, rank, i, len(r.params))
+	}
+	m := L.shard.mem.Load()
+	if m == nil {
+		var err error
+		if m, err = r.makeValues(L); err != nil {
+			return nil, err
+		}
+	}
+	return m.views[i], nil
+}
+
 // Gather publishes this rank's part of bucket k's parameters: it copies
 // the owned elements (Owned(k)) of values, the parameters this rank has
 // just stepped, into the bucket, whose averaged gradients there are then
@@ -420,49 +463,6 @@ func (s *shardLayout) takeValues() []allocator.Block {
 		return b
 	}
 	return nil
-}
-
-// Values returns parameter i's values in memory of the Reducer's own,
-// under Options.Shard: a slice of the parameter's length, laid out with
-// the others as the buckets are. Give the slices to Gather as its
-// values (values[i] = Values(i) for every parameter of the bucket) and
-// the all-gather runs in place there: Gather copies nothing into the
-// bucket and WaitGather nothing out of it. With any other slices Gather
-// copies, as its documentation says; both give the same bits.
-//
-// The memory is taken from the pool at the first call (one block per
-// bucket, as large as the bucket) and zeroed; the same slice comes back
-// at every call. Copy the parameters' initial values in before the first
-// step, and read the model's parameters from these slices. Gather's rules
-// hold for them: untouched from Gather to the return of WaitGather, since
-// the all-gather writes the other ranks' parts. After a failed step the
-// parts not gathered are undefined, and a collective still in flight may
-// write them until Close returns; after Close the memory is the pool's
-// again: copy the values out before Close (as for Grad's slices).
-//
-// Values fails with ErrOptions without Options.Shard, ErrIndex for an
-// index out of range, ErrClosed after Close, and with the pool's error
-// when it cannot hold the memory. It may be called from any goroutine.
-func (r *Reducer) Values(i int) ([]float32, error) {
-	if err := r.usable(); err != nil {
-		return nil, err
-	}
-	L := r.lay.Load()
-	rank := r.c.Rank()
-	switch {
-	case L.shard == nil:
-		return nil, fmt.Errorf("%w: rank %d: Values(%d) needs Options.Shard", ErrOptions, rank, i)
-	case i < 0 || i >= len(r.params):
-		return nil, fmt.Errorf("%w: rank %d: Values(%d) with %d parameters", ErrIndex, rank, i, len(r.params))
-	}
-	m := L.shard.mem.Load()
-	if m == nil {
-		var err error
-		if m, err = r.makeValues(L); err != nil {
-			return nil, err
-		}
-	}
-	return m.views[i], nil
 }
 
 // makeValues takes Values' memory from the pool, once.
