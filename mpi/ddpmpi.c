@@ -560,6 +560,13 @@ int ddp_hosts(MPI_Comm c, int size, int *hosts, int *can, int *host_of) {
 		} else {
 			me.can = 0;
 		}
+		if (me.can && cvar_open("coll_tuned_reduce_scatter_block_algorithm", &h)) {
+			if (MPI_T_cvar_read(h, &v) != MPI_SUCCESS || v != 0)
+				me.can = 0;
+			MPI_T_cvar_handle_free(&h);
+		} else {
+			me.can = 0;
+		}
 		if (me.can && rules_file())
 			me.can = 0;
 	}
@@ -595,10 +602,10 @@ int ddp_hosts(MPI_Comm c, int size, int *hosts, int *can, int *host_of) {
 	return rc;
 }
 
-// set_allreduce_algorithm writes coll_tuned_allreduce_algorithm and its
-// segment size, which Open MPI reads when it sets up a communicator's
-// collectives.
-static int set_allreduce_algorithm(int alg, int segsize) {
+// set_algorithms writes coll_tuned_allreduce_algorithm and its segment
+// size, and coll_tuned_reduce_scatter_block_algorithm, which Open MPI
+// reads when it sets up a communicator's collectives.
+static int set_algorithms(int alg, int segsize, int rsb) {
 	int prov, ok = 0;
 	MPI_T_cvar_handle h;
 	if (MPI_T_init_thread(MPI_THREAD_SERIALIZED, &prov) != MPI_SUCCESS)
@@ -613,14 +620,20 @@ static int set_allreduce_algorithm(int alg, int segsize) {
 	} else {
 		ok = 0;
 	}
+	if (ok && cvar_open("coll_tuned_reduce_scatter_block_algorithm", &h)) {
+		ok = MPI_T_cvar_write(h, &rsb) == MPI_SUCCESS;
+		MPI_T_cvar_handle_free(&h);
+	} else {
+		ok = 0;
+	}
 	MPI_T_finalize();
 	return ok;
 }
 
-void ddp_forced_allreduce(int *alg, int *segsize) {
+void ddp_forced_allreduce(int *alg, int *segsize, int *rsb) {
 	int prov;
 	MPI_T_cvar_handle h;
-	*alg = *segsize = -1;
+	*alg = *segsize = *rsb = -1;
 	if (MPI_T_init_thread(MPI_THREAD_SERIALIZED, &prov) != MPI_SUCCESS)
 		return;
 	if (cvar_open("coll_tuned_allreduce_algorithm", &h)) {
@@ -631,15 +644,19 @@ void ddp_forced_allreduce(int *alg, int *segsize) {
 		MPI_T_cvar_read(h, segsize);
 		MPI_T_cvar_handle_free(&h);
 	}
+	if (cvar_open("coll_tuned_reduce_scatter_block_algorithm", &h)) {
+		MPI_T_cvar_read(h, rsb);
+		MPI_T_cvar_handle_free(&h);
+	}
 	MPI_T_finalize();
 }
 
-int ddp_dup_algorithm(MPI_Comm c, int alg, int segsize, MPI_Comm *out, int *made) {
+int ddp_dup_algorithm(MPI_Comm c, int alg, int segsize, int rsb, MPI_Comm *out, int *made) {
 	*out = MPI_COMM_NULL;
 	*made = 0;
-	// Every rank must set the algorithm, or none: ranks whose
+	// Every rank must set the algorithms, or none: ranks whose
 	// communicators run different algorithms do not match.
-	int ok = set_allreduce_algorithm(alg, segsize);
+	int ok = set_algorithms(alg, segsize, rsb);
 	int rc = MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, c);
 	if (rc == MPI_SUCCESS && ok) {
 		rc = MPI_Comm_dup(c, out);
@@ -650,7 +667,7 @@ int ddp_dup_algorithm(MPI_Comm c, int alg, int segsize, MPI_Comm *out, int *made
 	}
 	// Every later communicator of every rank must have Open MPI's choice
 	// again: a rank that could not restore it fails the job's Open.
-	int restored = set_allreduce_algorithm(0, 0);
+	int restored = set_algorithms(0, 0, 0);
 	int rc2 = MPI_Allreduce(MPI_IN_PLACE, &restored, 1, MPI_INT, MPI_MIN, c);
 	if (rc == MPI_SUCCESS)
 		rc = rc2 != MPI_SUCCESS ? rc2 : restored ? MPI_SUCCESS : MPI_ERR_OTHER;

@@ -54,21 +54,23 @@ int ddp_split(MPI_Comm c, int color, int key, MPI_Comm *out, int *rank, int *siz
 
 // ddp_hosts counts the hosts c's ranks run on (a host: a name, a boot id
 // and a network namespace, or DDPGO_MPI_HOST), says whether every rank
-// can choose Open MPI's all-reduce algorithm (*can) and, unless host_of is
+// can choose Open MPI's all-reduce and reduce-scatter algorithms (*can:
+// the user chose neither) and, unless host_of is
 // NULL, on which host each rank runs (host_of[r]; hosts are numbered in
 // the order their first rank appears); collective over c.
 int ddp_hosts(MPI_Comm c, int size, int *hosts, int *can, int *host_of);
 
 // ddp_dup_algorithm duplicates c into *out with Open MPI's
 // all-reduce algorithm alg and segment size segsize
-// (coll_tuned_allreduce_algorithm and _segmentsize), or leaves *out
-// MPI_COMM_NULL and *made 0 when some rank could not set them; collective
-// over c.
-int ddp_dup_algorithm(MPI_Comm c, int alg, int segsize, MPI_Comm *out, int *made);
+// (coll_tuned_allreduce_algorithm and _segmentsize) and its
+// reduce_scatter_block algorithm rsb, or leaves *out MPI_COMM_NULL and
+// *made 0 when some rank could not set them; collective over c.
+int ddp_dup_algorithm(MPI_Comm c, int alg, int segsize, int rsb, MPI_Comm *out, int *made);
 
-// ddp_forced_allreduce reads coll_tuned_allreduce_algorithm and its
-// segment size as they stand (-1 where MPI does not have them): for tests.
-void ddp_forced_allreduce(int *alg, int *segsize);
+// ddp_forced_allreduce reads coll_tuned_allreduce_algorithm, its segment
+// size and coll_tuned_reduce_scatter_block_algorithm as they stand (-1
+// where MPI does not have them): for tests.
+void ddp_forced_allreduce(int *alg, int *segsize, int *rsb);
 int ddp_allreduce_int(MPI_Comm c, int *inout, int n, int max);
 
 // ddp_start runs (blocking != 0) or posts (into request slot) one

@@ -139,11 +139,12 @@
 // Open counts the hosts (a name, a boot id and a network namespace, or
 // DDPGO_MPI_HOST). A blocking communicator over two or more hosts runs its
 // all-reduces of 1 MiB and more on Open MPI's segmented ring in 256 KiB
-// segments, through a second duplicate communicator; every rank decides
-// from the same gathered facts, so all do or none: none when a rank set
-// DDPGO_MPI_ALLREDUCE=mpi, turned dynamic rules off, chose an all-reduce
-// algorithm, segment size or rules file, or runs another MPI (Info.Hosts,
-// Info.LargeAllReduce). Why each setting: docs/guide/mpi.md.
+// segments, and its reduce-scatters of 1 MiB and more of input on Open
+// MPI's recursive halving, through a second duplicate communicator; every
+// rank decides from the same gathered facts, so all do or none: none when
+// a rank set DDPGO_MPI_ALLREDUCE=mpi, turned dynamic rules off, chose an
+// all-reduce or reduce-scatter algorithm, segment size or rules file, or
+// runs another MPI (Info.Hosts, Info.LargeAllReduce). Why each setting: docs/guide/mpi.md.
 //
 // # Several ranks per host
 //

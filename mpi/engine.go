@@ -235,7 +235,7 @@ func (e *engine) start(c *communicator, seq uint64) {
 		op = C.DDP_AVG2
 	}
 	h := c.h
-	if c.hasLarge && blocking && d.kind == kindAllReduce && d.count*dtypeSize(d.dt) >= largeMin {
+	if c.hasLarge && blocking && onLarge(c, d) {
 		h = c.large
 		c.largeOps.Add(1)
 	}
@@ -486,4 +486,18 @@ func copyBytes(dst, src unsafe.Pointer, n int) {
 		k := min(piece, n-off)
 		copy(unsafe.Slice((*byte)(unsafe.Add(dst, off)), k), unsafe.Slice((*byte)(unsafe.Add(src, off)), k))
 	}
+}
+
+// onLarge reports whether blocking operation d of c, whose ranks span
+// hosts, runs on c.large: an all-reduce of largeMin bytes and more (the
+// segmented ring), or a reduce-scatter whose input (every rank's block)
+// is (recursive halving).
+func onLarge(c *communicator, d *desc) bool {
+	switch d.kind {
+	case kindAllReduce:
+		return d.count*dtypeSize(d.dt) >= largeMin
+	case kindReduceScatter:
+		return d.count*c.size*dtypeSize(d.dt) >= largeMin
+	}
+	return false
 }

@@ -268,8 +268,9 @@ func TestChild(t *testing.T) {
 				t.Fatal(err)
 			}
 			rank = c.Rank()
-			if alg, seg, err := mpi.ForcedAllReduce(); err != nil || alg != 0 || seg != 0 {
-				t.Fatalf("rank %d: after Open, Open MPI's all-reduce algorithm is %d, segment size %d (%v); want both 0 again", c.Rank(), alg, seg, err)
+			wantRSB, _ := strconv.Atoi(os.Getenv("OMPI_MCA_coll_tuned_reduce_scatter_block_algorithm")) // the user's, or 0
+			if alg, seg, rsb, err := mpi.ForcedAllReduce(); err != nil || alg != 0 || seg != 0 || rsb != wantRSB {
+				t.Fatalf("rank %d: after Open, Open MPI's all-reduce algorithm is %d, segment size %d, reduce-scatter algorithm %d (%v); want 0, 0 and %d again", c.Rank(), alg, seg, rsb, err, wantRSB)
 			}
 			i := mpi.LibraryInfo()
 			ring := i.LargeAllReduce != ""
@@ -298,11 +299,38 @@ func TestChild(t *testing.T) {
 					}
 				}
 			}
+			// Reduce-scatters: those whose input (every rank's block) is
+			// 1 MiB or more on the second communicator too.
+			for _, n := range []int{1 << 18, 1<<17 + 5, 1000, 3} {
+				p := c.Size()
+				send, recv := alloc(t, n*p, comm.Float32), alloc(t, n, comm.Float32)
+				sv := unsafe.Slice((*float32)(send.Addr), n*p)
+				for k := range sv {
+					sv[k] = float32(c.Rank()+1) * float32(k%777)
+				}
+				before := mpi.LargeOps(c)
+				if err := c.ReduceScatter(send, recv, comm.Sum).Wait(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				want := uint64(0)
+				if ring && n*p*4 >= 1<<20 {
+					want = 1
+				}
+				if got := mpi.LargeOps(c) - before; got != want {
+					t.Fatalf("rank %d: a reduce-scatter of %d-byte blocks ran %d times on the second communicator, want %d (ring %v)", c.Rank(), n*4, got, want, ring)
+				}
+				f := float32(p * (p + 1) / 2)
+				for k, v := range unsafe.Slice((*float32)(recv.Addr), n) {
+					if want := float32((c.Rank()*n+k)%777) * f; v != want {
+						t.Fatalf("rank %d: reduce-scatter of %d-element blocks: element %d is %v; want %v", c.Rank(), n, k, v, want)
+					}
+				}
+			}
 			if err := c.Close(); err != nil {
 				t.Fatal(err)
 			}
 		}
-		fmt.Printf("CHILD: rank %d: all-reduces ok\n", rank)
+		fmt.Printf("CHILD: rank %d: all-reduces and reduce-scatters ok\n", rank)
 	default:
 		t.Fatalf("unknown DDPGO_MPI_CHILD %q", role)
 	}
@@ -427,6 +455,9 @@ func TestRingBetweenHosts(t *testing.T) {
 		// A rules file is the user's choice (this one sets only Bcast's
 		// algorithm, for 2 ranks).
 		{"rules-file", [3]string{"DDPGO_MPI_HOST=a " + rules, "DDPGO_MPI_HOST=b " + rules}, "hosts 2; ring false;"},
+		// A reduce-scatter algorithm of the user's is left alone, and so
+		// are the all-reduce's.
+		{"own-reduce-scatter", [3]string{"DDPGO_MPI_HOST=a OMPI_MCA_coll_tuned_reduce_scatter_block_algorithm=1", "DDPGO_MPI_HOST=b OMPI_MCA_coll_tuned_reduce_scatter_block_algorithm=1"}, "hosts 2; ring false;"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			args := mpitest.Args(1, mpitest.SharedMemory)[2:] // the options, without -np
@@ -451,7 +482,7 @@ func TestRingBetweenHosts(t *testing.T) {
 				t.Fatalf("mpirun %s: %v\n%s", strings.Join(args, " "), err, out)
 			}
 			s := string(out)
-			if strings.Count(s, c.want) != 2*ranks || strings.Count(s, "all-reduces ok") != ranks {
+			if strings.Count(s, c.want) != 2*ranks || strings.Count(s, "all-reduces and reduce-scatters ok") != ranks {
 				t.Fatalf("want every rank to say %q twice, then ok:\n%s", c.want, s)
 			}
 		})

@@ -197,7 +197,7 @@ func (c *communicator) setUp(hostOf []int) error {
 	c.hosts = int(hosts)
 	if c.blocking && c.size >= 2 && c.hosts >= 2 && can != 0 {
 		var made C.int
-		if rc := C.ddp_dup_algorithm(c.h, segmentedRing, C.DDP_SEGMENT, &c.large, &made); rc != C.MPI_SUCCESS {
+		if rc := C.ddp_dup_algorithm(c.h, segmentedRing, C.DDP_SEGMENT, recursiveHalving, &c.large, &made); rc != C.MPI_SUCCESS {
 			if made != 0 {
 				C.ddp_free(&c.large)
 			}
@@ -313,21 +313,22 @@ func (c *communicator) ready() {
 	}
 }
 
-// forcedAllReduce returns the all-reduce algorithm and segment size Open
-// MPI would give a communicator created now (0: its own choice), for
-// tests: Open sets them only while it makes its second communicator.
-func forcedAllReduce() (alg, segsize int, err error) {
+// forcedAllReduce returns the all-reduce algorithm and segment size, and
+// the reduce-scatter algorithm, Open MPI would give a communicator created
+// now (0: its own choice), for tests: Open sets them only while it makes
+// its second communicator.
+func forcedAllReduce() (alg, segsize, rsb int, err error) {
 	e, err := start()
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	err = e.call(func() error {
-		var a, s C.int
-		C.ddp_forced_allreduce(&a, &s)
-		alg, segsize = int(a), int(s)
+		var a, s, r C.int
+		C.ddp_forced_allreduce(&a, &s, &r)
+		alg, segsize, rsb = int(a), int(s), int(r)
 		return nil
 	})
-	return alg, segsize, err
+	return alg, segsize, rsb, err
 }
 
 // openFailed frees what Open made of c and returns err; on the owner.
@@ -339,9 +340,16 @@ func (c *communicator) openFailed(err error) error {
 // segmentedRing is Open MPI's number for its segmented ring all-reduce
 // (coll_tuned_allreduce_algorithm), and largeMin the size from which a
 // blocking all-reduce between hosts runs on it, in DDP_SEGMENT pieces.
+// recursiveHalving is its number for the recursive-halving
+// reduce-scatter (coll_tuned_reduce_scatter_block_algorithm), which a
+// blocking reduce-scatter between hosts of largeMin bytes and more (its
+// whole input) runs: each rank sends (n-1)/n of its input, where Open
+// MPI's own choice between two lab hosts moved the whole input to one
+// rank and half of it back.
 const (
-	segmentedRing = 5
-	largeMin      = 1 << 20
+	segmentedRing    = 5
+	recursiveHalving = 3
+	largeMin         = 1 << 20
 )
 
 // The process's MPI state: one per process, started by the first Open and
