@@ -32,13 +32,15 @@ import (
 // other ranks' (ErrMismatch too).
 //
 // With Options.Reducer.Shard each rank holds the optimizer state of its
-// own variables only, so Save is collective: every rank calls it, and the
-// other ranks' state (every optimizer-state variable but the scalars,
-// which rank 0 holds alike) travels to rank 0, which saves it with its own
-// and then drops it again, as PyTorch's consolidate_state_dict gathers it
-// for the rank that saves. The checkpoint is then what an unsharded run
-// saves, and any number of ranks, sharded or not, loads it (sharded: on
-// every rank, each taking its own variables' state).
+// own variables or elements only, so Save is collective: every rank calls
+// it, and the other ranks' state (every optimizer-state variable but the
+// scalars, which rank 0 holds alike; with ShardElements, each moment's
+// elements, through ddp.Reducer.Consolidate) travels to rank 0, which
+// saves it with its own, whole, and then drops it again, as PyTorch's
+// consolidate_state_dict gathers it for the rank that saves. The
+// checkpoint is then what an unsharded run saves, and any number of
+// ranks, sharded either way or not, loads it (sharded: on every rank,
+// each taking its own variables' or elements' state).
 func (t *Trainer) Save(h *checkpoints.Handler) error {
 	if !t.shard {
 		if t.c.Rank() != 0 {
@@ -51,6 +53,9 @@ func (t *Trainer) Save(h *checkpoints.Handler) error {
 	}
 	if t.r == nil {
 		return fmt.Errorf("%w: rank %d: Save with Options.Reducer.Shard before the first step (call Setup)", ErrUnsupported, t.c.Rank())
+	}
+	if t.el != nil {
+		return t.saveElements(context.Background(), h)
 	}
 	return t.saveSharded(context.Background(), h)
 }

@@ -111,44 +111,66 @@
 //
 // # Sharded optimizer state
 //
-// With Options.Reducer.Shard = ddp.ShardParams (ZeRO stage 1; package
-// ddp, "Sharded optimizer state"), the Reducer gives each trainable
-// variable wholly to one rank (greedily, within each bucket) and
-// reduce-scatters the buckets, so each rank receives the averages of its
-// own variables only. The optimizer graph then takes those averages and
-// uses those variables alone: GoMLX's optimizer creates its state (Adam's
-// moments) for them alone and updates them alone. Each rank then copies
-// its variables' new values into Go memory (one float32 copy of the
-// model), the Reducer all-gathers every bucket, and each rank copies the
-// others' values into its variables. The step counters and the learning
-// rate, which every rank's optimizer graph updates alike, stay on every
-// rank; Owned and OptimizerState name what this rank keeps, and
-// Times.Gather is the gather's share of the step. Training gives the
-// unsharded run's variables bit for bit where the backend's
-// reduce-scatter sums as its all-reduce does (inproc; 2 processes of
-// package mpi), since GoMLX's SGD and Adam update each variable from its
-// own gradient and state (an optimizer that reads several variables'
-// gradients at once, such as a clip by the global norm, would see only
-// this rank's).
+// With Options.Reducer.Shard (ZeRO stage 1; package ddp, "Sharded
+// optimizer state") the Reducer reduce-scatters the buckets, so each rank
+// receives the averages of its own part of each only, steps that part
+// alone and keeps its optimizer state alone; the Reducer then
+// all-gathers the updated values, and each rank copies the others' into
+// its variables.
 //
-// ddp.ShardElements is refused: GoMLX's optimizers take whole variables
-// and size their state by the variable's shape, so a graph over element
-// ranges would need an optimizer of the trainer's own. With whole
-// variables a rank's state in each bucket is within 1/N of the bucket's
-// plus its largest variable's: a model that one variable dominates keeps
-// nearly all of its state, and its optimizer's work, on one rank. The
-// optimizer graph cannot overlap the reductions (it needs all of this
-// rank's averages) and the gather starts after it. The status of the
-// ranks (see Failures) travels in the gather, so under Shard a peer's
-// failure is reported after every rank has stepped and gathered its
-// variables: the variables then hold that step's update but for the
-// failing rank's own, which it gathers unchanged. Join is refused with
-// Shard. Save is collective with Shard: the other ranks' state travels to
-// rank 0 for the save (PyTorch's consolidate_state_dict) and is dropped
-// after it, so the checkpoint is an unsharded run's. A sharded trainer
-// loads a checkpoint on every rank (the first step refuses one loaded on
-// some ranks only, ErrMismatch), each rank taking from it the state of
-// the variables it owns.
+//   - ddp.ShardElements (DeepSpeed's partition) gives each rank a range of
+//     each bucket's elements, 1/N of it, so a variable may be split between
+//     ranks. GoMLX's optimizers step whole variables and size their state
+//     by the variable's shape, so the optimizer graph runs in a context of
+//     the trainer's own on shadows: for each variable of which this rank
+//     owns elements, a flat variable of those elements with the variable's
+//     scope and name. The optimizer creates its state for the shadows, so
+//     Adam's moments are named as in an unsharded run and hold this rank's
+//     elements only: the state per rank is 1/N of the unsharded state plus
+//     at most an element per bucket. The optimizer's scalars (the step
+//     counters, the learning rate) are the same on every rank and are
+//     copied into the caller's context after every step, where an
+//     unsharded run keeps them. The optimizer must be elementwise (SGD,
+//     Adam, AdamW: each element's update reads its own gradient and state
+//     and scalars shared by all): the first step refuses state that is
+//     neither one float32 per element nor the same scalars for every
+//     variable, and New refuses the clip_nan hyperparameter, which zeroes a
+//     variable's whole gradient. A rank that owns no element of any
+//     variable steps a one-element placeholder, so that its scalars
+//     advance.
+//   - ddp.ShardParams (PyTorch's partition) gives each trainable variable
+//     wholly to one rank (greedily, within each bucket), for optimizers
+//     that need a whole tensor: the optimizer graph steps this rank's
+//     variables themselves. A rank's state in each bucket is within 1/N of
+//     the bucket's plus its largest variable's, so a model that one
+//     variable dominates keeps nearly all of its state, and its optimizer's
+//     work, on one rank.
+//
+// Training gives the unsharded run's variables, step counters included,
+// bit for bit where the backend's reduce-scatter sums as its all-reduce
+// does (inproc; 2 processes of package mpi), since an element's update
+// reads the same averaged gradient's bits and the same state (an
+// optimizer that reads several variables' gradients at once, such as a
+// clip by the global norm, would see only this rank's). Owned and
+// OptimizerState name what this rank keeps, and Times.Gather is the
+// gather's share of the step: reading the stepped values into Go memory
+// (one float32 copy of the model), the all-gathers, and writing the
+// others' values (with ShardElements, every variable's) into the
+// variables. The optimizer graph cannot overlap the reductions (it needs
+// all of this rank's averages) and the gather starts after it. The status
+// of the ranks (see Failures) travels in the gather, so under Shard a
+// peer's failure is reported after every rank has stepped and gathered:
+// the variables then hold that step's update but for the failing rank's
+// own part, which it gathers unchanged. Join is refused with Shard.
+//
+// Save is collective with Shard: the other ranks' state travels to rank
+// 0 for the save (PyTorch's consolidate_state_dict; with ShardElements
+// through ddp.Reducer.Consolidate, into whole variables' moments made for
+// the save) and is dropped after it, so the checkpoint holds the bits an
+// unsharded run's holds. Any rank count loads it, unsharded on rank 0 or
+// sharded on every rank (the first step refuses one loaded on some ranks
+// only, ErrMismatch), each rank taking from it the state of its own
+// variables or elements.
 //
 // # Failures
 //

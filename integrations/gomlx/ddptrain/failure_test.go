@@ -26,7 +26,8 @@ import (
 // failing rank's with ErrGraph and its cause, every other rank's with
 // ErrPeer naming it, and that nothing hangs: every rank returns well
 // within the test's deadline, far below the Reducer's timeouts; with the
-// optimizer sharded too (the status then travels in the gather).
+// optimizer sharded too, by whole variables and by elements (the status
+// then travels in the gather, split between the ranks by elements).
 func TestFailure(t *testing.T) {
 	const ranks = 3
 	cases := []struct {
@@ -42,13 +43,15 @@ func TestFailure(t *testing.T) {
 		{"graph error in a synced step", 2, 2, false, "error", "Sub"},
 		{"graph error in a no-sync step", 1, 3, true, "error", "Sub"},
 	}
-	sharded := smallBuckets
+	sharded, elements := smallBuckets, smallBuckets
 	sharded.Reducer.Shard = ddp.ShardParams
+	elements.Reducer.Shard = ddp.ShardElements
+	elements.Reducer.FirstBucketCap = 16 // the status and at most one element more: split between the ranks
 	for _, tc := range cases {
 		for _, o := range []struct {
 			name string
 			o    ddptrain.Options
-		}{{"", smallBuckets}, {", sharded", sharded}} {
+		}{{"", smallBuckets}, {", sharded", sharded}, {", sharded by elements", elements}} {
 			t.Run(tc.name+o.name, func(t *testing.T) {
 				p := newLSQ(4, 3)
 				comms, err := inproc.NewGroup(ranks)

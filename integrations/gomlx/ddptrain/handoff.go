@@ -143,7 +143,7 @@ func (t *Trainer) copyAverages(red ddp.Reduced) {
 		// Only this rank's variables hold averages; the status, if
 		// it is this rank's, is gathered (shard.go).
 		for _, pt := range red.Owned {
-			if pt.Param != t.status {
+			if pt.Param != t.status && t.input[pt.Param] >= 0 {
 				t.note(t.copyOutOne(pt.Param))
 			}
 		}
@@ -164,20 +164,22 @@ func (t *Trainer) copyAverages(red ddp.Reduced) {
 	t.copyTime += time.Since(start)
 }
 
-// copyOutOne copies parameter p's average into the optimizer's input p.
+// copyOutOne copies parameter p's average (its elements t.span[p]) into
+// the optimizer's input for it.
 func (t *Trainer) copyOutOne(p int) error {
+	x := t.optIn[t.input[p]]
 	if t.trainable[p].DType() == dtypes.Float64 {
 		b, err := t.r.GradBuffer(p)
 		if err != nil {
 			return err
 		}
-		return toTensor(t.optIn[p], b.AsFloat64())
+		return toTensor(x, b.AsFloat64()) // not sharded: all of it
 	}
 	src, err := t.r.Grad(p)
 	if err != nil {
 		return err
 	}
-	return toTensor(t.optIn[p], src)
+	return toTensor(x, src[t.span[p].Lo:t.span[p].Hi])
 }
 
 // writeBuffers copies the buffer variables, as the gradient graph left

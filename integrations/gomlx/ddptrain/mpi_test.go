@@ -22,7 +22,7 @@ import (
 // The flags of a rank of TestEquivalenceMPI's jobs: the test binary, built
 // with the mpi tag, runs TestMPIRank as every rank under mpirun.
 var (
-	mpiJob = flag.String("ddptrain.job", "", "TestMPIRank's job: sgd, adam, shard-adam or fail")
+	mpiJob = flag.String("ddptrain.job", "", "TestMPIRank's job: sgd, adam, shard-adam, shard-elements-adam or fail")
 	mpiOut = flag.String("ddptrain.out", "", "TestMPIRank writes its result to this file, .rankN appended")
 )
 
@@ -33,9 +33,10 @@ const mpiSteps = 6
 // SGD and with Adam, is within the derived bound of plain GoMLX's, and
 // rank 1's equals rank 0's bit for bit. A third job makes rank 1's model
 // panic in step 3: both processes must fail in that step, rank 0 with
-// ErrPeer naming rank 1, within the test's deadline. A fourth trains with
-// Adam sharded (ShardParams): both ranks' weights after every step must be
-// the unsharded Adam job's bit for bit (with 2 processes the mpi backend's
+// ErrPeer naming rank 1, within the test's deadline. Two more train with
+// Adam sharded, by whole variables (ShardParams) and by elements
+// (ShardElements): both ranks' weights after every step must be the
+// unsharded Adam job's bit for bit (with 2 processes the mpi backend's
 // reduce-scatter sums each element as its all-reduce does). It is skipped
 // where Open MPI is missing (failed under DDPGO_REQUIRE_MPI=1).
 func TestEquivalenceMPI(t *testing.T) {
@@ -52,7 +53,7 @@ func TestEquivalenceMPI(t *testing.T) {
 	}
 	p := newLSQ(mpiSteps, 1)
 	results := map[string][]state{}
-	for _, job := range []string{"sgd", "adam", "shard-adam", "fail"} {
+	for _, job := range []string{"sgd", "adam", "shard-adam", "shard-elements-adam", "fail"} {
 		t.Run(job, func(t *testing.T) {
 			out := filepath.Join(dir, job)
 			jctx, jcancel := context.WithTimeout(ctx, 2*time.Minute)
@@ -78,7 +79,7 @@ func TestEquivalenceMPI(t *testing.T) {
 				}
 			}
 			results[job] = ranks[0]
-			if job == "shard-adam" {
+			if strings.HasPrefix(job, "shard-") {
 				unsharded := results["adam"]
 				for k := range mpiSteps {
 					if !sameState(ranks[0][k], state{w: unsharded[k].w}) {
@@ -137,9 +138,13 @@ func TestMPIRank(t *testing.T) {
 	p := newLSQ(mpiSteps, 1)
 	if *mpiJob != "fail" {
 		rn := run{kind: *mpiJob, steps: mpiSteps, o: smallBuckets}
-		if rn.kind == "shard-adam" {
+		switch rn.kind {
+		case "shard-adam":
 			rn.kind = "adam"
 			rn.o.Reducer.Shard = ddp.ShardParams
+		case "shard-elements-adam":
+			rn.kind = "adam"
+			rn.o.Reducer.Shard = ddp.ShardElements
 		}
 		states, err := trainRank(ctx, t, c, newBackend(t), p, rn)
 		if err != nil {

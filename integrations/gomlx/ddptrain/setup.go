@@ -188,7 +188,17 @@ func (t *Trainer) setup(ctx context.Context, spec any, inputs, labels []*tensors
 			return err
 		}
 	}
-	return t.syncVariables(ctx, 0)
+	if err := t.syncVariables(ctx, 0); err != nil {
+		return err
+	}
+	if t.el != nil {
+		// The shadows take rank 0's values, the optimizer's scalars
+		// the checkpoint's.
+		if err := t.fillShadows(); err != nil {
+			return fmt.Errorf("ddptrain: rank %d: %w", rank, err)
+		}
+	}
+	return nil
 }
 
 // build creates and initializes the variables of the gradient graph for
@@ -231,47 +241,61 @@ func (t *Trainer) build(spec any, inputs, labels []*tensors.Tensor) error {
 		return t.ctx.InitializeVariables(t.backend, nil)
 	}
 	t.stepped = make([]bool, len(t.trainable))
-	for i := range t.stepped {
+	t.span = make([]ddp.Part, len(t.trainable))
+	for i, v := range t.trainable {
 		t.stepped[i] = true
+		t.span[i] = ddp.Part{Param: i, Hi: v.Shape().Size()}
 	}
-	return t.buildOptimizer()
+	t.stepWhole()
+	return t.buildOptimizer(t.ctx)
 }
 
-// buildOptimizer creates and initializes the optimizer's state for the
-// variables this rank steps (t.stepped), with a probe of the optimizer
-// graph, and makes the graph's executor and inputs.
-func (t *Trainer) buildOptimizer() error {
+// stepWhole makes the optimizer graph step the variables of t.stepped
+// themselves.
+func (t *Trainer) stepWhole() {
+	for i, v := range t.trainable {
+		if t.stepped[i] {
+			t.stepVars = append(t.stepVars, v)
+			t.stepParam = append(t.stepParam, i)
+		}
+	}
+}
+
+// buildOptimizer creates and initializes the optimizer's state for
+// t.stepVars, variables of ctx, with a probe of the optimizer graph, and
+// makes the graph's executor, with ctx, and its inputs, one for each of
+// t.stepVars.
+func (t *Trainer) buildOptimizer(ctx *mlctx.Context) error {
+	t.input = make([]int, len(t.trainable))
+	for i := range t.input {
+		t.input[i] = -1
+	}
+	if len(t.stepVars) == 0 {
+		return nil // a sharded optimizer and no variable of this rank's
+	}
 	before := make(map[*mlctx.Variable]bool)
-	for v := range t.ctx.IterVariables() {
+	for v := range ctx.IterVariables() {
 		before[v] = true
 	}
 	var in []shapes.Shape
-	for i, v := range t.trainable {
-		if t.stepped[i] {
-			in = append(in, v.Shape())
-		}
+	for _, v := range t.stepVars {
+		in = append(in, v.Shape())
 	}
-	if len(in) == 0 {
-		return nil // a sharded optimizer and no variable of this rank's
-	}
-	if err := t.probe("ddptrain optimizer probe", in, func(nodes []*graph.Node) { t.optimizerGraph(t.ctx, nodes) }); err != nil {
+	if err := t.probe("ddptrain optimizer probe", in, func(nodes []*graph.Node) { t.optimizerGraph(ctx, nodes) }); err != nil {
 		return err
 	}
-	if err := t.ctx.InitializeVariables(t.backend, nil); err != nil {
+	if err := ctx.InitializeVariables(t.backend, nil); err != nil {
 		return err
 	}
 	t.optState = t.optState[:0]
-	for v := range t.ctx.IterVariables() {
+	for v := range ctx.IterVariables() {
 		if !before[v] {
 			t.optState = append(t.optState, v)
 		}
 	}
-	t.optIn = make([]*tensors.Tensor, len(t.trainable))
+	t.optIn = make([]*tensors.Tensor, len(t.stepVars))
 	t.optArgs = t.optArgs[:0]
-	for i, v := range t.trainable {
-		if !t.stepped[i] {
-			continue
-		}
+	for j, v := range t.stepVars {
 		x := tensors.FromShape(v.Shape())
 		// Where the backend shares memory with Go (simplego does), the
 		// input lives in a buffer the graph reads in place: the averages
@@ -279,10 +303,13 @@ func (t *Trainer) buildOptimizer() error {
 		if err := x.MaterializeOnDevice(t.backend, true, 0); err != nil {
 			return err
 		}
-		t.optIn[i] = x
+		t.optIn[j] = x
 		t.optArgs = append(t.optArgs, x)
+		if p := t.stepParam[j]; p >= 0 {
+			t.input[p] = j
+		}
 	}
-	exec, err := mlctx.NewExec(t.backend, t.execContext(), t.optimizerGraph)
+	exec, err := mlctx.NewExec(t.backend, ctx.Checked(false), t.optimizerGraph)
 	if err != nil {
 		return err
 	}
@@ -304,16 +331,19 @@ func (t *Trainer) probe(name string, in []shapes.Shape, fn func([]*graph.Node)) 
 
 // optimizerGraph applies the optimizer to the averaged gradients, as
 // GoMLX's gradient accumulation does: UpdateGraphWithGradients updates the
-// trainable variables this graph uses, so it first uses every one this
-// rank steps (all of them unless the optimizer is sharded), in the order
-// of the gradients.
+// trainable variables this graph uses, so it first uses every one it
+// steps (t.stepVars: all of them unless the optimizer is sharded), in the
+// order of the gradients, which is their context's.
 func (t *Trainer) optimizerGraph(ctx *mlctx.Context, grads []*graph.Node) {
+	t.optimizerGraphOf(ctx, t.stepVars, grads)
+}
+
+// optimizerGraphOf is optimizerGraph stepping vars.
+func (t *Trainer) optimizerGraphOf(ctx *mlctx.Context, vars []*mlctx.Variable, grads []*graph.Node) {
 	g := grads[0].Graph()
 	ctx.SetTraining(g, true)
-	for i, v := range t.trainable {
-		if t.stepped[i] {
-			v.ValueGraph(g)
-		}
+	for _, v := range vars {
+		v.ValueGraph(g)
 	}
 	t.opt.UpdateGraphWithGradients(ctx, grads, t.lossDType)
 }

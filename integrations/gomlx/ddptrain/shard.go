@@ -24,24 +24,37 @@ import (
 // ranks have stepped and gathered their variables (failure.go).
 
 // setupShard is the first step's work, after the Reducer, when the
-// optimizer is sharded: it finds the variables this rank owns, builds the
+// optimizer is sharded: it finds the elements this rank owns, builds the
 // optimizer graph for them (creating their state) and agrees with every
 // rank that it did.
 func (t *Trainer) setupShard(ctx context.Context) error {
 	rank := t.c.Rank()
 	t.nbuckets = len(t.r.Buckets())
 	t.stepped = make([]bool, len(t.trainable))
+	t.span = make([]ddp.Part, len(t.trainable))
+	for i := range t.span {
+		t.span[i] = ddp.Part{Param: i}
+	}
 	var built error
 	for k := range t.nbuckets {
 		for _, pt := range t.r.Owned(k) {
+			size := 0
+			if pt.Param != t.status {
+				size = t.trainable[pt.Param].Shape().Size()
+			}
 			switch {
 			case pt.Param == t.status:
-				t.ownsStatus = true
-			case pt.Lo != 0 || pt.Hi != t.trainable[pt.Param].Shape().Size():
+				t.ownsStatus = t.ownsStatus || pt.Hi > pt.Lo
+			case pt.Hi == pt.Lo:
+			case t.span[pt.Param].Hi > t.span[pt.Param].Lo:
+				built = fmt.Errorf("%w: rank %d: the Reducer gave this rank two parts of %s, [%d, %d) and [%d, %d)",
+					ErrUnsupported, rank, t.trainable[pt.Param].ScopeAndName(), t.span[pt.Param].Lo, t.span[pt.Param].Hi, pt.Lo, pt.Hi)
+			case t.el == nil && (pt.Lo != 0 || pt.Hi != size):
 				built = fmt.Errorf("%w: rank %d: the Reducer gave this rank elements [%d, %d) of %s, not all %d: the trainer needs whole variables (ShardParams)",
-					ErrUnsupported, rank, pt.Lo, pt.Hi, t.trainable[pt.Param].ScopeAndName(), t.trainable[pt.Param].Shape().Size())
+					ErrUnsupported, rank, pt.Lo, pt.Hi, t.trainable[pt.Param].ScopeAndName(), size)
 			default:
-				t.stepped[pt.Param] = true
+				t.span[pt.Param] = pt
+				t.stepped[pt.Param] = t.el == nil
 			}
 		}
 	}
@@ -51,24 +64,28 @@ func (t *Trainer) setupShard(ctx context.Context) error {
 	}
 	t.values[t.status] = make([]float32, t.c.Size())
 	if built == nil {
-		if built = catch(t.buildOptimizer); built != nil {
-			built = fmt.Errorf("%w: rank %d: building the optimizer graph for its variables: %w", ErrGraph, rank, built)
+		build := func() error { t.stepWhole(); return t.buildOptimizer(t.ctx) }
+		if t.el != nil {
+			build = t.buildElements
+		}
+		if built = catch(build); built != nil {
+			built = fmt.Errorf("%w: rank %d: building the optimizer graph for its elements: %w", ErrGraph, rank, built)
 		}
 	}
 	return t.agree(ctx, built, 0)
 }
 
 // gather ends a synced step of a sharded optimizer: it publishes the
-// values of the variables this rank stepped (and the averaged status, if
-// it owns it), waits for every rank's and copies them into the other
-// variables, and reads the status into t.failed. A failure to read or
+// values of the elements this rank stepped (and the averaged status, if
+// it owns some of it), waits for every rank's and copies them into the
+// variables it did not step itself (with ShardElements, all of them), and reads the status into t.failed. A failure to read or
 // write a variable is this rank's alone (t.outErr); the step's collectives
 // complete regardless. The error is the Reducer's.
 func (t *Trainer) gather(ctx context.Context) error {
 	t.failed = t.failed[:0]
-	for i, v := range t.trainable {
-		if t.stepped[i] {
-			t.note(readVariable(v, t.values[i]))
+	for j, v := range t.stepVars {
+		if p := t.stepParam[j]; p >= 0 {
+			t.note(readVariable(v, t.values[p][t.span[p].Lo:t.span[p].Hi]))
 		}
 	}
 	if t.ownsStatus {
@@ -157,15 +174,16 @@ func (t *Trainer) finishSharded(ctx context.Context, loss float64) (float64, err
 
 // Owned returns the trainable variables whose optimizer state this rank
 // keeps and whose update it computes: all of them, or, with
-// Options.Reducer.Shard, those the Reducer gave this rank. nil before the
-// first step.
+// Options.Reducer.Shard, those of which the Reducer gave this rank some
+// elements (with ShardElements, the Reducer's Owned says which). nil
+// before the first step.
 func (t *Trainer) Owned() []*mlctx.Variable {
 	if t.stepped == nil {
 		return nil
 	}
 	var out []*mlctx.Variable
 	for i, v := range t.trainable {
-		if t.stepped[i] {
+		if t.span[i].Hi > t.span[i].Lo {
 			out = append(out, v)
 		}
 	}
@@ -174,6 +192,10 @@ func (t *Trainer) Owned() []*mlctx.Variable {
 
 // OptimizerState returns the variables the optimizer graph created on
 // this rank (Adam's moments, its step counters, the learning rate): with
-// Options.Reducer.Shard, the state of the Owned variables only. nil
-// before the first step.
+// Options.Reducer.Shard, the state of the Owned variables only. With
+// ShardElements they are variables of the trainer's own context, named
+// as in the caller's, whose state variables hold this rank's elements of
+// each Owned variable, flat: the caller's context holds the scalars only
+// (see the package documentation, "Sharded optimizer state"). nil before
+// the first step.
 func (t *Trainer) OptimizerState() []*mlctx.Variable { return t.optState }

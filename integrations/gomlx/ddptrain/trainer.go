@@ -90,8 +90,8 @@ type Times struct {
 	// Optimizer is the optimizer graph, which applies the averages.
 	Optimizer time.Duration
 	// Gather, with Options.Reducer.Shard, is publishing this rank's
-	// updated variables, waiting for the all-gathers and copying the
-	// other ranks' variables in; zero without it.
+	// updated elements, waiting for the all-gathers and copying the
+	// other ranks' elements into the variables; zero without it.
 	Gather time.Duration
 	// Step is the whole call.
 	Step time.Duration
@@ -116,20 +116,31 @@ type Trainer struct {
 	buffers   []*mlctx.Variable
 	lossDType dtypes.DType
 	optExec   *mlctx.Exec
-	optIn     []*tensors.Tensor // the optimizer graph's inputs: the averaged gradients
+	optIn     []*tensors.Tensor // the optimizer graph's inputs: the averaged gradients, by stepVars
 	optArgs   []any
 	r         *ddp.Reducer
 	pool      *allocator.Pool // the trainer's own collectives (setup.go)
 	leaked    bool            // a collective of the trainer's own failed in flight: the pool stays mapped
 	status    int             // the index of the status parameter (failure.go)
 
+	// The optimizer graph steps stepVars, the variables of its context,
+	// which are the trainable variables (all of them, or, with
+	// ShardParams, this rank's), or, with ShardElements, their shadows
+	// (elements.go). stepParam[j] is the parameter stepVars[j] holds
+	// (span: which elements of it), -1 for none; optIn[j] is its input.
+	stepVars  []*mlctx.Variable
+	stepParam []int
+	span      []ddp.Part // by parameter: the elements the optimizer graph takes
+	input     []int      // by parameter: its index in optIn, -1 for none
+
 	// Options.Reducer.Shard (shard.go).
 	shard      bool
-	ownsStatus bool              // this rank owns the status parameter
-	stepped    []bool            // by parameter: this rank's optimizer steps it
+	ownsStatus bool              // this rank owns (a part of) the status parameter
+	stepped    []bool            // by parameter: this rank's optimizer steps the variable itself
 	values     [][]float32       // by parameter: the gather's values
 	optState   []*mlctx.Variable // the variables the optimizer graph created
 	nbuckets   int
+	el         *elementShard // ShardElements (elements.go); nil otherwise
 
 	args     []any  // the gradient graph's arguments, reused
 	batch    []int  // gradients copied and not yet marked ready
@@ -176,8 +187,9 @@ func New(c comm.Communicator, backend backends.Backend, ctx *mlctx.Context, mode
 		return nil, fmt.Errorf("%w: Options.Reducer.Buffers: the trainer finds the buffers itself (Options.Buffers chooses them)", ErrUnsupported)
 	case o.ReadyBatch < 0:
 		return nil, fmt.Errorf("%w: Options.ReadyBatch %d < 0", ErrUnsupported, o.ReadyBatch)
-	case o.Reducer.Shard == ddp.ShardElements:
-		return nil, fmt.Errorf("%w: Options.Reducer.Shard ShardElements: GoMLX's optimizers step whole variables and size their state by the variable's shape; use ShardParams", ErrUnsupported)
+	case o.Reducer.Shard == ddp.ShardElements && mlctx.GetParamOr(ctx, optimizers.ParamClipNaN, false):
+		return nil, fmt.Errorf("%w: Options.Reducer.Shard ShardElements with the %q hyperparameter: it zeroes a variable's whole gradient if any element is not finite, and each rank would see only its elements; use ShardParams",
+			ErrUnsupported, optimizers.ParamClipNaN)
 	case o.Reducer.Shard != ddp.ShardOff && o.Reducer.Join != ddp.JoinOff:
 		return nil, fmt.Errorf("%w: Options.Reducer.Shard with Options.Reducer.Join: the trainer's Join does not step a joined rank's variables", ErrUnsupported)
 	}
@@ -196,6 +208,9 @@ func New(c comm.Communicator, backend backends.Backend, ctx *mlctx.Context, mode
 	}
 	t := &Trainer{c: c, backend: backend, ctx: ctx, model: model, lossFn: loss, opt: owg, o: o,
 		graphs: make(map[any]*gradGraph), fresh: true, shard: o.Reducer.Shard != ddp.ShardOff}
+	if o.Reducer.Shard == ddp.ShardElements {
+		t.el = &elementShard{}
+	}
 	t.copyOut = t.copyAverages
 	return t, nil
 }
@@ -304,6 +319,9 @@ func (t *Trainer) Close() error {
 	}
 	if t.optExec != nil {
 		t.optExec.Finalize()
+	}
+	if t.el != nil && t.el.octx != nil {
+		t.el.octx.Finalize()
 	}
 	for _, x := range t.optIn {
 		if x != nil {
@@ -436,11 +454,15 @@ func (t *Trainer) applyOptimizer() error {
 	if t.optExec == nil {
 		return nil // a sharded optimizer and no variable of this rank's
 	}
-	return catch(func() error {
+	err := catch(func() error {
 		outs, err := t.optExec.Exec(t.optArgs...)
 		finalizeAll(outs)
 		return err
 	})
+	if err == nil && t.el != nil {
+		err = t.el.mirror(false)
+	}
+	return err
 }
 
 // catch runs f and returns its error, or the panic it raised as one.
