@@ -15,7 +15,7 @@
 //
 // Usage:
 //
-//	go run ./examples/digitscnn [-ranks 2] [-epochs 8] [-batch 32] [-optimizer adam] [-lr 0.005] [-compression none|fp16|bf16|allreduce] [-model cnn|mlp] [-hidden 2560] [-shard] [-plain] [-steps N -warmup W]
+//	go run ./examples/digitscnn [-ranks 2] [-epochs 8] [-batch 32] [-optimizer adam] [-lr 0.005] [-compression none|fp16|bf16|allreduce] [-model cnn|mlp] [-hidden 2560] [-shard elements|params] [-plain] [-steps N -warmup W]
 //
 // Across processes, one rank each (rank 0 prints):
 //
@@ -34,10 +34,11 @@
 // docs/lab/gomlx.md. With -compare the baseline and ddptrain over -ranks
 // in-process ranks take turns, a step each, in one process. -model mlp is the larger model of that benchmark, a
 // perceptron with two hidden layers of -hidden units. -shard shards the
-// optimizer (ddptrain with ddp.ShardParams, docs/guide/zero.md): each rank's
-// optimizer graph steps, and keeps Adam's moments for, its own variables;
-// with -steps each rank prints the state it keeps and its optimizer's and
-// gather's times.
+// optimizer (ZeRO stage 1, docs/guide/zero.md): each rank's optimizer graph
+// steps, and keeps Adam's moments for, its own range of each bucket's
+// elements (elements: ddp.ShardElements) or its own variables (params:
+// ddp.ShardParams); with -steps each rank prints the state it keeps and
+// its optimizer's and gather's times.
 package main
 
 import (
@@ -56,7 +57,7 @@ type config struct {
 	Backend     string // inproc or mpi
 	Ranks       int
 	RanksSet    bool
-	Shard       bool   // ddp.ShardParams: the optimizer's state and work sharded by variable
+	Shard       string // none, elements (ddp.ShardElements) or params (ddp.ShardParams): the optimizer's state and work sharded
 	Model       string // cnn or mlp
 	Hidden      int    // mlp's hidden units
 	Epochs      int
@@ -77,7 +78,7 @@ type config struct {
 
 func defaultConfig() config {
 	return config{Backend: "inproc", Ranks: 2, Model: "cnn", Hidden: 2560, Epochs: 8, Batch: 32,
-		Optimizer: "adam", LR: 0.005, Compression: "none", Seed: 1, Warmup: 3}
+		Optimizer: "adam", LR: 0.005, Compression: "none", Shard: "none", Seed: 1, Warmup: 3}
 }
 
 func main() {
@@ -95,7 +96,7 @@ func main() {
 	flag.IntVar(&cfg.BucketCap, "bucket-cap", cfg.BucketCap, "bucket size in bytes (0: ddpgo's 25 MiB, 1 MiB for the first)")
 	flag.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the split, the initial weights and the shuffles")
 	flag.StringVar(&cfg.Data, "data", cfg.Data, "data set (CSV, optionally gzipped); default: the embedded copy")
-	flag.BoolVar(&cfg.Shard, "shard", cfg.Shard, "shard the optimizer state (ZeRO stage 1): each rank's optimizer graph steps its own variables (ddp.ShardParams), which are then all-gathered")
+	flag.StringVar(&cfg.Shard, "shard", cfg.Shard, "shard the optimizer state (ZeRO stage 1): none; elements: each rank's optimizer graph steps its range of each bucket's elements (ddp.ShardElements); params: its own variables (ddp.ShardParams); then they are all-gathered")
 	flag.BoolVar(&cfg.Plain, "plain", cfg.Plain, "train with GoMLX's own train.Trainer in one process, without ddpgo (the baseline)")
 	flag.BoolVar(&cfg.Compare, "compare", cfg.Compare, "benchmark: plain GoMLX and ddptrain over -ranks in-process ranks take turns, a step each, for -steps steps")
 	flag.IntVar(&cfg.Steps, "steps", cfg.Steps, "benchmark: stop after this many steps and print the medians of the step and its parts")
@@ -121,6 +122,8 @@ func (c config) validate() error {
 		return fmt.Errorf("%w: -model %q, want cnn or mlp", errConfig, c.Model)
 	case c.Ranks < 1 || c.Batch < c.Ranks || c.Batch%c.Ranks != 0:
 		return fmt.Errorf("%w: -batch %d is not a positive multiple of -ranks %d", errConfig, c.Batch, c.Ranks)
+	case c.Shard != "none" && c.Shard != "elements" && c.Shard != "params":
+		return fmt.Errorf("%w: -shard %q, want none, elements or params", errConfig, c.Shard)
 	case c.Optimizer != "adam" && c.Optimizer != "sgd":
 		return fmt.Errorf("%w: -optimizer %q, want adam or sgd", errConfig, c.Optimizer)
 	case !(c.LR > 0) || c.Epochs < 1 || c.Hidden < 1 || c.Steps < 0 || c.Warmup < 0:

@@ -92,26 +92,37 @@ func results(out string) string {
 	return b.String()
 }
 
-// TestShardFlag: -shard trains with the optimizer sharded (ShardParams)
-// and each rank reports the state it keeps: together, every variable's.
+// TestShardFlag: -shard trains with the optimizer sharded, by whole
+// variables (params) and by elements, and each rank reports the state it
+// keeps: together, every variable's (params), or each rank about half of
+// Adam's two moments of the model and together all of them (elements).
 func TestShardFlag(t *testing.T) {
-	cfg := defaultConfig()
-	cfg.Simplego = "ops_sequential"
-	cfg.Shard, cfg.Steps, cfg.Warmup = true, 3, 1
-	var out bytes.Buffer
-	if err := run(context.Background(), &out, cfg); err != nil {
-		t.Fatalf("%v\n%s", err, out.String())
-	}
-	owned := 0
-	for r := range 2 {
-		m := regexp.MustCompile(fmt.Sprintf(`(?m)^rank %d \(-shard\): (\d+) of (\d+) variables, optimizer state \d+ bytes`, r)).FindStringSubmatch(out.String())
-		if m == nil {
-			t.Fatalf("no -shard line for rank %d:\n%s", r, out.String())
+	for _, mode := range []string{"params", "elements"} {
+		cfg := defaultConfig()
+		cfg.Simplego = "ops_sequential"
+		cfg.Shard, cfg.Steps, cfg.Warmup = mode, 3, 1
+		var out bytes.Buffer
+		if err := run(context.Background(), &out, cfg); err != nil {
+			t.Fatalf("-shard %s: %v\n%s", mode, err, out.String())
 		}
-		n, _ := strconv.Atoi(m[1])
-		owned += n
-		if total, _ := strconv.Atoi(m[2]); r == 1 && owned != total {
-			t.Errorf("the ranks own %d of %d variables:\n%s", owned, total, out.String())
+		owned, state := 0, 0
+		for r := range 2 {
+			m := regexp.MustCompile(fmt.Sprintf(`(?m)^rank %d \(-shard %s\): elements of (\d+) of (\d+) variables, optimizer state (\d+) bytes \(the variables: (\d+) bytes\)`, r, mode)).FindStringSubmatch(out.String())
+			if m == nil {
+				t.Fatalf("no -shard line for rank %d:\n%s", r, out.String())
+			}
+			n, _ := strconv.Atoi(m[1])
+			total, _ := strconv.Atoi(m[2])
+			mine, _ := strconv.Atoi(m[3])
+			all, _ := strconv.Atoi(m[4])
+			owned, state = owned+n, state+mine
+			const scalars = 20 // the step counters and the learning rate, on every rank
+			switch {
+			case mode == "params" && r == 1 && owned != total:
+				t.Errorf("the ranks own %d of %d variables:\n%s", owned, total, out.String())
+			case mode == "elements" && (mine-scalars > all+4*total || r == 1 && state-2*scalars != 2*all):
+				t.Errorf("rank %d keeps %d bytes of state, the ranks %d, for %d bytes of variables: want about half and all of Adam's two moments:\n%s", r, mine, state, all, out.String())
+			}
 		}
 	}
 }

@@ -130,7 +130,10 @@ func trainRank(ctx context.Context, out io.Writer, cfg config, c comm.Communicat
 	if o.Reducer.Hook, err = hooks.ByName(cfg.Compression); err != nil {
 		return fmt.Errorf("%w: -compression: %w", errConfig, err)
 	}
-	if cfg.Shard {
+	switch cfg.Shard {
+	case "elements":
+		o.Reducer.Shard = ddp.ShardElements
+	case "params":
 		o.Reducer.Shard = ddp.ShardParams
 	}
 	model := models[cfg.Model](cfg.Hidden)
@@ -171,8 +174,8 @@ func trainRank(ctx context.Context, out io.Writer, cfg config, c comm.Communicat
 		if err == nil && rank == 0 {
 			fmt.Fprintln(out, benchLine(cfg.Steps, times, exposed))
 		}
-		if err == nil && cfg.Shard {
-			fmt.Fprintln(out, shardLine(tr, times))
+		if err == nil && cfg.Shard != "none" {
+			fmt.Fprintln(out, shardLine(tr, cfg.Shard, times))
 		}
 		return err
 	}
@@ -425,9 +428,9 @@ func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/float
 
 // shardLine is a rank's share with -shard: the optimizer state it keeps
 // (the variables the optimizer graph created: Adam's moments of its own
-// variables, and the scalars every rank keeps) and the medians of its
-// optimizer graph and of the gather.
-func shardLine(tr *ddptrain.Trainer, ts []ddptrain.Times) string {
+// elements or variables, and the scalars every rank keeps) and the
+// medians of its optimizer graph and of the gather.
+func shardLine(tr *ddptrain.Trainer, shard string, ts []ddptrain.Times) string {
 	state, all := int64(0), int64(0)
 	for _, v := range tr.OptimizerState() {
 		state += int64(v.Shape().Memory())
@@ -435,7 +438,7 @@ func shardLine(tr *ddptrain.Trainer, ts []ddptrain.Times) string {
 	for _, v := range tr.Variables() {
 		all += int64(v.Shape().Memory())
 	}
-	return fmt.Sprintf("rank %d (-shard): %d of %d variables, optimizer state %d bytes (the variables: %d bytes); median optimizer %s, gather %s",
-		tr.Rank(), len(tr.Owned()), len(tr.Variables()), state, all,
+	return fmt.Sprintf("rank %d (-shard %s): elements of %d of %d variables, optimizer state %d bytes (the variables: %d bytes); median optimizer %s, gather %s",
+		tr.Rank(), shard, len(tr.Owned()), len(tr.Variables()), state, all,
 		ms(median(ts, func(t ddptrain.Times) time.Duration { return t.Optimizer })), ms(median(ts, func(t ddptrain.Times) time.Duration { return t.Gather })))
 }
