@@ -70,8 +70,8 @@ func (t *Trainer) saveSharded(ctx context.Context, h *checkpoints.Handler) error
 	var mine []*mlctx.Variable
 	var desc bytes.Buffer
 	for _, v := range t.optState {
-		if v.Shape().IsScalar() {
-			continue
+		if v.Shape().IsScalar() || t.octx != nil {
+			continue // the scalars are rank 0's too; in a context of the trainer's own the rest is the placeholder's
 		}
 		mine = append(mine, v)
 		fmt.Fprintf(&desc, "%s\t%s\t%d", v.Scope(), v.Name(), int(v.DType()))

@@ -135,9 +135,7 @@
 //     and scalars shared by all): the first step refuses state that is
 //     neither one float32 per element nor the same scalars for every
 //     variable, and New refuses the clip_nan hyperparameter, which zeroes a
-//     variable's whole gradient. A rank that owns no element of any
-//     variable steps a one-element placeholder, so that its scalars
-//     advance.
+//     variable's whole gradient.
 //   - ddp.ShardParams (PyTorch's partition) gives each trainable variable
 //     wholly to one rank (greedily, within each bucket), for optimizers
 //     that need a whole tensor: the optimizer graph steps this rank's
@@ -145,6 +143,10 @@
 //     the bucket's plus its largest variable's, so a model that one
 //     variable dominates keeps nearly all of its state, and its optimizer's
 //     work, on one rank.
+//
+// A rank with nothing to step (no element, or no variable under
+// ShardParams) steps a one-element placeholder in a context of the
+// trainer's own, so that its scalars advance with its peers'.
 //
 // Training gives the unsharded run's variables, step counters included,
 // bit for bit where the backend's reduce-scatter sums as its all-reduce

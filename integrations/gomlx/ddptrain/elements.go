@@ -35,19 +35,18 @@ import (
 // UpdateGraphWithGradients pairs gradients with (Trainable &&
 // InUseByGraph). A rank that owns no element of any variable steps a
 // one-element placeholder with a zero gradient, so that its scalars still
-// advance.
+// advance; so does a rank that owns no variable under ShardParams.
 
-// elementShard is what a trainer keeps for ShardElements.
+// elementShard is what a trainer keeps for ShardElements, besides
+// t.octx.
 type elementShard struct {
-	octx *mlctx.Context // the optimizer's context: the shadows and their state
 	// kinds[p] is the per-element state the optimizer keeps for variable
 	// p, as an unsharded run names and shapes it (the whole variable's
 	// shape), in the order it creates it.
 	kinds [][]stateSpec
 	// state[p][j] is this rank's elements of kinds[p][j] in octx; nil
 	// where the rank owns none of variable p.
-	state   [][]*mlctx.Variable
-	mirrors [][2]*mlctx.Variable // the scalar state: in the caller's context, in octx
+	state [][]*mlctx.Variable
 }
 
 // placeholderScope and placeholderName name the variable a rank without
@@ -55,10 +54,9 @@ type elementShard struct {
 const placeholderScope, placeholderName = "/ddptrain", "placeholder"
 
 // buildElements learns the optimizer's state of each variable, makes the
-// shadows of this rank's elements in a context of the trainer's own,
-// builds the optimizer graph on them (creating their state), mirrors its
-// scalars into the caller's context, and takes this rank's elements of a
-// checkpoint's state.
+// shadows of this rank's elements in a context of the trainer's own and
+// builds the optimizer graph on them (creating their state), and takes
+// this rank's elements of a checkpoint's state.
 func (t *Trainer) buildElements() error {
 	el := t.el
 	var scalars []string
@@ -76,24 +74,22 @@ func (t *Trainer) buildElements() error {
 		}
 		el.kinds[p] = kinds
 	}
-	el.octx = t.newOptContext()
-	for p, v := range t.trainable {
-		sp := t.span[p]
-		if sp.Hi == sp.Lo {
-			continue
+	err := t.buildOwnOptimizer(func(octx *mlctx.Context) error {
+		for p, v := range t.trainable {
+			sp := t.span[p]
+			if sp.Hi == sp.Lo {
+				continue
+			}
+			if v.ScopeAndName() == mlctx.JoinScope(placeholderScope, placeholderName) {
+				return fmt.Errorf("%w: variable %s has the name of the trainer's own", ErrUnsupported, v.ScopeAndName())
+			}
+			shadow := octx.InAbsPath(v.Scope()).VariableWithValue(v.Name(), tensors.FromShape(shapes.Make(dtypes.Float32, sp.Hi-sp.Lo)))
+			t.stepVars = append(t.stepVars, shadow)
+			t.stepParam = append(t.stepParam, p)
 		}
-		if v.ScopeAndName() == mlctx.JoinScope(placeholderScope, placeholderName) {
-			return fmt.Errorf("%w: variable %s has the name of the trainer's own", ErrUnsupported, v.ScopeAndName())
-		}
-		shadow := el.octx.InAbsPath(v.Scope()).VariableWithValue(v.Name(), tensors.FromShape(shapes.Make(dtypes.Float32, sp.Hi-sp.Lo)))
-		t.stepVars = append(t.stepVars, shadow)
-		t.stepParam = append(t.stepParam, p)
-	}
-	if len(t.stepVars) == 0 {
-		t.stepVars = append(t.stepVars, el.octx.InAbsPath(placeholderScope).VariableWithValue(placeholderName, tensors.FromShape(shapes.Make(dtypes.Float32, 1))))
-		t.stepParam = append(t.stepParam, -1)
-	}
-	if err := t.buildOptimizer(el.octx); err != nil {
+		return nil
+	})
+	if err != nil {
 		return err
 	}
 	el.state = make([][]*mlctx.Variable, len(t.trainable))
@@ -103,13 +99,32 @@ func (t *Trainer) buildElements() error {
 			continue
 		}
 		for _, s := range el.kinds[p] {
-			v := el.octx.GetVariableByScopeAndName(s.scope, s.name)
+			v := t.octx.GetVariableByScopeAndName(s.scope, s.name)
 			if v == nil || v.Shape().Size() != sp.Hi-sp.Lo {
 				return fmt.Errorf("%w: the optimizer did not create %s/%s for this rank's %d elements of %s as it did for a probe",
 					ErrUnsupported, s.scope, s.name, sp.Hi-sp.Lo, t.trainable[p].ScopeAndName())
 			}
 			el.state[p] = append(el.state[p], v)
 		}
+	}
+	return t.loadElements()
+}
+
+// buildOwnOptimizer builds the optimizer graph in a context of the
+// trainer's own, t.octx, on the variables add makes there (t.stepVars),
+// or on a placeholder if it makes none, and mirrors the scalars the
+// optimizer creates into the caller's context.
+func (t *Trainer) buildOwnOptimizer(add func(octx *mlctx.Context) error) error {
+	t.octx = t.newOptContext()
+	if err := add(t.octx); err != nil {
+		return err
+	}
+	if len(t.stepVars) == 0 {
+		t.stepVars = append(t.stepVars, t.octx.InAbsPath(placeholderScope).VariableWithValue(placeholderName, tensors.FromShape(shapes.Make(dtypes.Float32, 1))))
+		t.stepParam = append(t.stepParam, -1)
+	}
+	if err := t.buildOptimizer(t.octx); err != nil {
+		return err
 	}
 	for _, v := range t.optState {
 		if !v.Shape().IsScalar() {
@@ -125,9 +140,9 @@ func (t *Trainer) buildElements() error {
 		}
 		// A checkpoint's value (the step counters) wins over the new one.
 		mine := t.ctx.Checked(false).InAbsPath(v.Scope()).VariableWithValue(v.Name(), c).SetTrainable(false)
-		el.mirrors = append(el.mirrors, [2]*mlctx.Variable{mine, v})
+		t.mirrors = append(t.mirrors, [2]*mlctx.Variable{mine, v})
 	}
-	return t.loadElements()
+	return nil
 }
 
 // probeState builds the optimizer graph, in a context of its own, for a
@@ -197,22 +212,26 @@ func (t *Trainer) loadElements() error {
 }
 
 // fillShadows gives the shadows their variables' elements, and the
-// optimizer's scalars the caller's context's values.
+// optimizer's scalars in the trainer's context the caller's context's
+// values.
 func (t *Trainer) fillShadows() error {
+	if t.octx == nil {
+		return nil
+	}
 	for j, v := range t.stepVars {
-		if p := t.stepParam[j]; p >= 0 {
+		if p := t.stepParam[j]; p >= 0 && t.el != nil {
 			if err := copyElements(v, t.trainable[p], t.span[p].Lo, t.span[p].Hi); err != nil {
 				return err
 			}
 		}
 	}
-	return t.el.mirror(true)
+	return t.mirror(true)
 }
 
 // mirror copies the optimizer's scalars from the caller's context into
 // the trainer's (in), or back.
-func (el *elementShard) mirror(in bool) error {
-	for _, m := range el.mirrors {
+func (t *Trainer) mirror(in bool) error {
+	for _, m := range t.mirrors {
 		dst, src := m[0], m[1]
 		if in {
 			dst, src = src, dst

@@ -191,12 +191,10 @@ func (t *Trainer) setup(ctx context.Context, spec any, inputs, labels []*tensors
 	if err := t.syncVariables(ctx, 0); err != nil {
 		return err
 	}
-	if t.el != nil {
-		// The shadows take rank 0's values, the optimizer's scalars
-		// the checkpoint's.
-		if err := t.fillShadows(); err != nil {
-			return fmt.Errorf("ddptrain: rank %d: %w", rank, err)
-		}
+	// The shadows take rank 0's values, the optimizer's scalars in the
+	// trainer's context the caller's (a checkpoint's).
+	if err := t.fillShadows(); err != nil {
+		return fmt.Errorf("ddptrain: rank %d: %w", rank, err)
 	}
 	return nil
 }
@@ -455,9 +453,22 @@ func (l *countingLoader) LoadVariable(ctx *mlctx.Context, scope, name string) (*
 // shared reports whether every rank holds variable v alike, so that the
 // first step broadcasts it from rank 0: every variable but the
 // random-number state and, with a sharded optimizer, the optimizer's
-// state, which each rank keeps for its own variables.
+// state, which each rank keeps for its own variables (its scalars, which
+// a rank may keep in the caller's context or mirror there, are the same
+// on every rank, or loaded alike on every rank).
 func (t *Trainer) shared(v *mlctx.Variable) bool {
-	return !isRNG(v) && !(t.shard && slices.Contains(t.optState, v))
+	return !isRNG(v) && !(t.shard && (slices.Contains(t.optState, v) || t.mirrored(v)))
+}
+
+// mirrored reports whether v is the caller's copy of a scalar the
+// optimizer keeps in the trainer's context.
+func (t *Trainer) mirrored(v *mlctx.Variable) bool {
+	for _, m := range t.mirrors {
+		if m[0] == v {
+			return true
+		}
+	}
+	return false
 }
 
 // fingerprint hashes the name, dtype, shape and role of every variable

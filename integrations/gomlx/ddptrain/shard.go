@@ -64,7 +64,14 @@ func (t *Trainer) setupShard(ctx context.Context) error {
 	}
 	t.values[t.status] = make([]float32, t.c.Size())
 	if built == nil {
-		build := func() error { t.stepWhole(); return t.buildOptimizer(t.ctx) }
+		build := func() error {
+			if t.stepWhole(); len(t.stepVars) == 0 {
+				// No variable of this rank's: its step counters
+				// advance with a placeholder's step.
+				return t.buildOwnOptimizer(func(*mlctx.Context) error { return nil })
+			}
+			return t.buildOptimizer(t.ctx)
+		}
 		if t.el != nil {
 			build = t.buildElements
 		}

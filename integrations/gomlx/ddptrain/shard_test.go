@@ -203,7 +203,7 @@ func checkSharded(t *testing.T, mode ddp.ShardMode, n int, plain, sharded []rank
 				got, ok := vals[name]
 				_, isState := ref.state[name]
 				switch {
-				case !ok && (!isState || mode == ddp.ShardElements && ref.scalar[name]):
+				case !ok && (!isState || ref.scalar[name]):
 					t.Fatalf("%s: rank %d step %d: no variable %s", mode, r, k+1, name)
 				case ok && !bytes.Equal(got, want):
 					t.Fatalf("%s: rank %d step %d: %s differs from the unsharded run's", mode, r, k+1, name)
@@ -498,7 +498,8 @@ func checkShardCheckpoint(t *testing.T, p *lsq, mode ddp.ShardMode, want map[str
 // TestShardNoElements trains a model of one weight over 3 ranks with
 // Adam sharded by elements: the Reducer's ranges give some rank none of
 // it, and that rank's optimizer steps the trainer's placeholder so that
-// its step counters advance with its peers'. After every step every
+// its step counters advance with its peers'. (TestShardMatchesUnsharded
+// has ranks that own no variable under ShardParams.) After every step every
 // rank holds the unsharded run's variables bit for bit (the moments
 // aside, which the sharded ranks keep in the trainer's own context), the
 // step counters included.

@@ -141,6 +141,12 @@ type Trainer struct {
 	optState   []*mlctx.Variable // the variables the optimizer graph created
 	nbuckets   int
 	el         *elementShard // ShardElements (elements.go); nil otherwise
+	// The optimizer's context when it is not the caller's (elements.go):
+	// with ShardElements, or for a rank that owns no variable under
+	// ShardParams. mirrors pairs each scalar the optimizer keeps there
+	// (step counters, learning rate) with the caller's context's.
+	octx    *mlctx.Context
+	mirrors [][2]*mlctx.Variable
 
 	args     []any  // the gradient graph's arguments, reused
 	batch    []int  // gradients copied and not yet marked ready
@@ -320,8 +326,8 @@ func (t *Trainer) Close() error {
 	if t.optExec != nil {
 		t.optExec.Finalize()
 	}
-	if t.el != nil && t.el.octx != nil {
-		t.el.octx.Finalize()
+	if t.octx != nil {
+		t.octx.Finalize()
 	}
 	for _, x := range t.optIn {
 		if x != nil {
@@ -459,8 +465,8 @@ func (t *Trainer) applyOptimizer() error {
 		finalizeAll(outs)
 		return err
 	})
-	if err == nil && t.el != nil {
-		err = t.el.mirror(false)
+	if err == nil {
+		err = t.mirror(false)
 	}
 	return err
 }
