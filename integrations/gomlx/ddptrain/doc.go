@@ -155,10 +155,10 @@
 // optimizer that reads several variables' gradients at once, such as a
 // clip by the global norm, would see only this rank's). Owned and
 // OptimizerState name what this rank keeps, and Times.Gather is the
-// gather's share of the step: reading the stepped values into Go memory
-// (one float32 copy of the model), the all-gathers, and writing the
-// others' values (with ShardElements, every variable's) into the
-// variables. The optimizer graph cannot overlap the reductions (it needs
+// gather's share of the step: copying the stepped values into the bucket
+// memory, whose averages are spent by then, the all-gathers, and copying
+// the others' values (with ShardElements, every variable's) from the
+// buckets into the variables. The optimizer graph cannot overlap the reductions (it needs
 // all of this rank's averages) and the gather starts after it. The status
 // of the ranks (see Failures) travels in the gather, so under Shard a
 // peer's failure is reported after every rank has stepped and gathered:

@@ -28,8 +28,8 @@ import (
 // context after every step, where an unsharded run keeps them. An
 // elementwise optimizer (SGD, Adam, AdamW) then gives each owned element
 // the bits an unsharded run gives it, from the same averaged gradient's
-// bits. The gather reads the shadows into the gather's values, and every
-// rank writes the gathered values into all its variables.
+// bits. The gather reads the shadows into the buckets, and every rank
+// writes the gathered values into all its variables.
 //
 // The shadows follow the variables' order, which is the order
 // UpdateGraphWithGradients pairs gradients with (Trainable &&
@@ -289,19 +289,26 @@ func (t *Trainer) saveElements(ctx context.Context, h *checkpoints.Handler) erro
 			made[p] = append(made[p], v)
 		}
 	}
+	// One kind of state at a time, each shaped like the parameters:
+	// Consolidate reads this rank's elements and fills rank 0's.
+	values := make([][]float32, len(t.trainable)+1)
+	for p, v := range t.trainable {
+		values[p] = make([]float32, v.Shape().Size())
+	}
+	values[t.status] = make([]float32, t.c.Size())
 	for j := range kinds {
 		for p, state := range el.state {
 			if j < len(state) {
 				sp := t.span[p]
-				errs = append(errs, readVariable(state[j], t.values[p][sp.Lo:sp.Hi]))
+				errs = append(errs, readVariable(state[j], values[p][sp.Lo:sp.Hi]))
 			}
 		}
-		if err := t.r.Consolidate(ctx, 0, t.values); err != nil {
+		if err := t.r.Consolidate(ctx, 0, values); err != nil {
 			return t.fail(errors.Join(append(errs, fmt.Errorf("ddptrain: rank %d: Save: %w", rank, err))...))
 		}
 		for p, vars := range made {
 			if j < len(vars) && vars[j] != nil {
-				errs = append(errs, writeVariable(vars[j], t.values[p]))
+				errs = append(errs, writeVariable(vars[j], values[p]))
 			}
 		}
 	}

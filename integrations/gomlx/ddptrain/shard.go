@@ -9,19 +9,21 @@ import (
 	mlctx "github.com/gomlx/gomlx/pkg/ml/context"
 )
 
-// A sharded optimizer (Options.Reducer.Shard = ddp.ShardParams): the
-// Reducer gives each trainable variable wholly to one rank, and
-// reduce-scatters each bucket, so a rank receives the averages of its own
-// variables only. Its optimizer graph takes those averages and uses those
-// variables alone, so GoMLX's optimizer creates state (Adam's moments)
-// for them alone and updates them alone. Then every rank copies its
-// variables' new values into the Go slices the Reducer gathers (t.values,
-// one float32 copy of the model), Gather publishes every bucket, and
-// WaitGather gives every rank every rank's values, which it copies into
-// the variables it does not own. The trainer's status travels the same
-// way: its owner copies the averaged status into the gather, and every
-// rank reads it after it, so that a peer's failure is known only once the
-// ranks have stepped and gathered their variables (failure.go).
+// A sharded optimizer (Options.Reducer.Shard): the Reducer gives each
+// rank a part of each bucket, whole trainable variables (ShardParams) or
+// a range of elements (ShardElements, elements.go), and reduce-scatters
+// each bucket, so a rank receives the averages of its own part only. Its
+// optimizer graph takes those averages, and creates state for its part
+// alone and updates it alone. Then every rank copies its part's new
+// values into the bucket memory, where the averages were spent (the
+// gather's values are the gradients' bucket views: no copy of the model
+// of the trainer's own), Gather publishes every bucket, and after
+// WaitGather the buckets hold every rank's values, which each rank
+// copies into the variables it did not step itself. The trainer's status
+// travels the same way: the ranks that own its elements leave the
+// averaged status in place, and every rank reads it after the gather, so
+// that a peer's failure is known only once the ranks have stepped and
+// gathered their variables (failure.go).
 
 // setupShard is the first step's work, after the Reducer, when the
 // optimizer is sharded: it finds the elements this rank owns, builds the
@@ -43,9 +45,7 @@ func (t *Trainer) setupShard(ctx context.Context) error {
 				size = t.trainable[pt.Param].Shape().Size()
 			}
 			switch {
-			case pt.Param == t.status:
-				t.ownsStatus = t.ownsStatus || pt.Hi > pt.Lo
-			case pt.Hi == pt.Lo:
+			case pt.Param == t.status, pt.Hi == pt.Lo:
 			case t.span[pt.Param].Hi > t.span[pt.Param].Lo:
 				built = fmt.Errorf("%w: rank %d: the Reducer gave this rank two parts of %s, [%d, %d) and [%d, %d)",
 					ErrUnsupported, rank, t.trainable[pt.Param].ScopeAndName(), t.span[pt.Param].Lo, t.span[pt.Param].Hi, pt.Lo, pt.Hi)
@@ -59,10 +59,6 @@ func (t *Trainer) setupShard(ctx context.Context) error {
 		}
 	}
 	t.values = make([][]float32, len(t.trainable)+1)
-	for i, v := range t.trainable {
-		t.values[i] = make([]float32, v.Shape().Size())
-	}
-	t.values[t.status] = make([]float32, t.c.Size())
 	if built == nil {
 		build := func() error {
 			if t.stepWhole(); len(t.stepVars) == 0 {
@@ -84,21 +80,27 @@ func (t *Trainer) setupShard(ctx context.Context) error {
 
 // gather ends a synced step of a sharded optimizer: it publishes the
 // values of the elements this rank stepped (and the averaged status, if
-// it owns some of it), waits for every rank's and copies them into the
-// variables it did not step itself (with ShardElements, all of them), and reads the status into t.failed. A failure to read or
+// it owns some of it: it is in place), waits for every rank's and copies
+// them into the variables it did not step itself (with ShardElements,
+// all of them), and reads the status into t.failed. A failure to read or
 // write a variable is this rank's alone (t.outErr); the step's collectives
 // complete regardless. The error is the Reducer's.
 func (t *Trainer) gather(ctx context.Context) error {
 	t.failed = t.failed[:0]
+	for p := range t.values {
+		// The bucket views: the averages there were spent (copied into
+		// the optimizer's inputs), and after WaitGather they hold
+		// every rank's values.
+		g, err := t.r.Grad(p)
+		if err != nil {
+			return fmt.Errorf("ddptrain: rank %d: step %d: %w", t.c.Rank(), t.steps, err)
+		}
+		t.values[p] = g
+	}
 	for j, v := range t.stepVars {
 		if p := t.stepParam[j]; p >= 0 {
 			t.note(readVariable(v, t.values[p][t.span[p].Lo:t.span[p].Hi]))
 		}
-	}
-	if t.ownsStatus {
-		s, err := t.r.Grad(t.status)
-		t.note(err)
-		copy(t.values[t.status], s)
 	}
 	for k := range t.nbuckets {
 		if err := t.r.Gather(k, t.values); err != nil {
@@ -118,6 +120,7 @@ func (t *Trainer) gather(ctx context.Context) error {
 			t.failed = append(t.failed, r)
 		}
 	}
+	clear(t.values) // the views are gradients again at the next Begin
 	return nil
 }
 

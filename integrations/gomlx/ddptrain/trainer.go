@@ -134,13 +134,12 @@ type Trainer struct {
 	input     []int      // by parameter: its index in optIn, -1 for none
 
 	// Options.Reducer.Shard (shard.go).
-	shard      bool
-	ownsStatus bool              // this rank owns (a part of) the status parameter
-	stepped    []bool            // by parameter: this rank's optimizer steps the variable itself
-	values     [][]float32       // by parameter: the gather's values
-	optState   []*mlctx.Variable // the variables the optimizer graph created
-	nbuckets   int
-	el         *elementShard // ShardElements (elements.go); nil otherwise
+	shard    bool
+	stepped  []bool            // by parameter: this rank's optimizer steps the variable itself
+	values   [][]float32       // by parameter: the gather's values, its bucket view
+	optState []*mlctx.Variable // the variables the optimizer graph created
+	nbuckets int
+	el       *elementShard // ShardElements (elements.go); nil otherwise
 	// The optimizer's context when it is not the caller's (elements.go):
 	// with ShardElements, or for a rank that owns no variable under
 	// ShardParams. mirrors pairs each scalar the optimizer keeps there
