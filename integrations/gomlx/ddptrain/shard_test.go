@@ -357,11 +357,13 @@ func (o normsOptimizer) UpdateGraphWithGradients(ctx *mlctx.Context, grads []*No
 // optimizer sharded (Save consolidates the state on rank 0), by whole
 // variables and by elements: it holds the bits of the checkpoint of the
 // same run unsharded, every moment included, and no other variable.
-// Loaded into 3 ranks sharded the same way (on every rank) and into 1
-// unsharded rank, every rank holds the saved weights and scalars, and
-// each element of each saved moment is on exactly one rank, with the
-// saved bits (with ShardElements, in the trainer's state of that rank's
-// elements: the caller's context holds none).
+// Resumed on 2 ranks sharded the same way, the next step gives the
+// uninterrupted run's variables. Loaded into 3 ranks sharded the same
+// way (on every rank) and into 1 unsharded rank, every rank holds the
+// saved weights and scalars, and each element of each saved moment is
+// on exactly one rank, with the saved bits (with ShardElements, in the
+// trainer's state of that rank's elements: the caller's context holds
+// none).
 func TestShardCheckpoint(t *testing.T) {
 	p := newLSQ(2, 6)
 	_, want := saveCheckpoint(t, p)
@@ -373,6 +375,7 @@ func TestShardCheckpoint(t *testing.T) {
 func checkShardCheckpoint(t *testing.T, p *lsq, mode ddp.ShardMode, want map[string][]byte) {
 	sharded := ddptrain.Options{Reducer: ddp.Options{Shard: mode}}
 	dir := filepath.Join(t.TempDir(), "sharded")
+	var after map[string][]byte // rank 0's variables after the step that follows the save
 	onRanks(t, 2, func(ctx context.Context, c comm.Communicator) error {
 		r := c.Rank()
 		mctx := mlctx.New()
@@ -400,7 +403,38 @@ func checkShardCheckpoint(t *testing.T, p *lsq, mode ddp.ShardMode, want map[str
 		// Training goes on: rank 0 dropped the consolidated state.
 		inputs, labels := p.tensors(r*lsqBatch/2, (r+1)*lsqBatch/2)
 		_, err = tr.TrainStep(ctx, nil, inputs, labels)
+		if r == 0 {
+			after = values(t, mctx)
+		}
 		return err
+	})
+	// Resumed on 2 ranks sharded the same way, the same step gives the
+	// same variables, step counters included: Adam's step count reached
+	// the trainer's optimizer.
+	onRanks(t, 2, func(ctx context.Context, c comm.Communicator) error {
+		r := c.Rank()
+		mctx := mlctx.New()
+		if _, err := checkpoints.Load(mctx).Dir(dir).Done(); err != nil {
+			return err
+		}
+		tr, err := ddptrain.New(c, newBackend(t), mctx.Reuse(), p.model(r), lsqLoss, optimizer("adam", 1), sharded)
+		if err != nil {
+			return err
+		}
+		defer tr.Close()
+		inputs, labels := p.tensors(r*lsqBatch/2, (r+1)*lsqBatch/2)
+		if _, err := tr.TrainStep(ctx, nil, inputs, labels); err != nil {
+			return err
+		}
+		for name, g := range values(t, mctx) {
+			if w, ok := after[name]; ok && !slices.Equal(g, w) {
+				return fmt.Errorf("resumed, rank %d: %s differs from the uninterrupted run's after the same step", r, name)
+			}
+			if _, ok := after[name]; !ok && !strings.Contains(name, "moment") {
+				return fmt.Errorf("resumed, rank %d: %s, which the uninterrupted run has not", r, name)
+			}
+		}
+		return nil
 	})
 	read := mlctx.New()
 	if _, err := checkpoints.Load(read).Dir(dir).Immediate().Done(); err != nil {
