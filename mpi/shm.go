@@ -262,13 +262,13 @@ func (c *communicator) peerFailure(err error) error {
 	var pe *shm.PeerError
 	switch {
 	case errors.As(err, &ae):
-		return fmt.Errorf("%w: rank %d aborted the job: %s", errAborted(), ae.Rank, ae.Cause)
+		return fmt.Errorf("%w: rank %d aborted the job: %s", errAborted(), c.jobRank(ae.Rank), ae.Cause)
 	case errors.As(err, &pe) && pe.Closed:
-		return fmt.Errorf("%w: rank %d (process %d) has closed its communicator", errAborted(), pe.Rank, pe.Proc.Pid)
+		return fmt.Errorf("%w: rank %d (process %d) has closed its communicator", errAborted(), c.jobRank(pe.Rank), pe.Proc.Pid)
 	case errors.As(err, &pe) && pe.State == shm.Gone:
-		return fmt.Errorf("%w: rank %d (process %d) has exited", errAborted(), pe.Rank, pe.Proc.Pid)
+		return fmt.Errorf("%w: rank %d (process %d) has exited", errAborted(), c.jobRank(pe.Rank), pe.Proc.Pid)
 	}
-	return fmt.Errorf("mpi: rank %d: the shared-memory wait failed: %w", c.rank, err)
+	return fmt.Errorf("mpi: rank %d: the shared-memory wait failed: %w", c.jobRank(c.rank), err)
 }
 
 // mismatch is the error of all-reduce d, which the ranks disagree on: the
@@ -283,7 +283,7 @@ func (c *communicator) mismatch(d *desc, verdict error) error {
 	for r := range c.size {
 		if p := seg.Call(r, d.k); !p.Matches(mine) {
 			return c.opErr(d, fmt.Errorf("%w: rank %d all-reduces %d elements of %s (%s), rank %d %d of %s (%s)",
-				errMismatch(), c.rank, d.count, d.dt, d.op, r, p.Count, p.DType, p.Op))
+				errMismatch(), c.jobRank(c.rank), d.count, d.dt, d.op, c.jobRank(r), p.Count, p.DType, p.Op))
 		}
 	}
 	return c.opErr(d, verdict) // the same calls by different paths
