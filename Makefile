@@ -51,11 +51,13 @@ quick: lint
 # example's without (simplego runs several times slower under it). Their
 # jobs under mpirun build with the mpi tag themselves and follow the mpi
 # tests' rule (internal/mpitest): skipped without Open MPI, an error under
-# DDPGO_REQUIRE_MPI=1. About 45 s on 2 cores (docs/lab/gomlx.md).
+# DDPGO_REQUIRE_MPI=1. About 45 s on 2 cores (docs/lab/gomlx.md). The
+# example's one test whose ranks all print runs under the race detector too.
 test-gomlx:
 	cd integrations/gomlx && CGO_ENABLED=0 $(GO) build ./...
 	cd integrations/gomlx && $(GO) test -race ./ddptrain/
 	cd integrations/gomlx && $(GO) test ./examples/...
+	cd integrations/gomlx && $(GO) test -race -run '^TestShardFlag$$' ./examples/digitscnn/
 
 test-mpi:
 ifeq ($(HAVE_MPI),yes)

@@ -108,15 +108,29 @@ func trainGroup(ctx context.Context, out io.Writer, cfg config, g *group, trainS
 		cfg.Model, trainSet.len(), testSet.len(), cfg.Ranks, where, cfg.Batch, cfg.Batch/cfg.Ranks, cfg.Optimizer, cfg.LR, cfg.Compression)
 	errs := make([]error, len(g.comms))
 	var wg sync.WaitGroup
+	shared := &lockedWriter{w: out} // every rank prints its -shard line
 	for i, c := range g.comms {
 		wg.Go(func() {
-			if errs[i] = trainRank(ctx, out, cfg, c, backend, trainSet, testSet); errs[i] != nil {
+			if errs[i] = trainRank(ctx, shared, cfg, c, backend, trainSet, testSet); errs[i] != nil {
 				errs[i] = fmt.Errorf("rank %d: %w", c.Rank(), errs[i])
 			}
 		})
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// lockedWriter serialises the writes of the ranks' goroutines to one
+// writer.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 // trainRank is one rank's training loop. Rank 0 evaluates and prints.
