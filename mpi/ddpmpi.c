@@ -368,6 +368,33 @@ static int cvar_open(const char *name, MPI_T_cvar_handle *h) {
 	return 1;
 }
 
+// cvar_int reads a variable of one int into *v; 0 where it cannot.
+static int cvar_int(const char *name, int *v) {
+	MPI_T_cvar_handle h;
+	if (!cvar_open(name, &h))
+		return 0;
+	int ok = MPI_T_cvar_read(h, v) == MPI_SUCCESS;
+	MPI_T_cvar_handle_free(&h);
+	return ok;
+}
+
+// cvar_set_int writes v into a variable of one int; 0 where it cannot.
+static int cvar_set_int(const char *name, int v) {
+	MPI_T_cvar_handle h;
+	if (!cvar_open(name, &h))
+		return 0;
+	int ok = MPI_T_cvar_write(h, &v) == MPI_SUCCESS;
+	MPI_T_cvar_handle_free(&h);
+	return ok;
+}
+
+// cvar_zero reports whether a variable of one int reads 0 (Open MPI's
+// own choice).
+static int cvar_zero(const char *name) {
+	int v = -1;
+	return cvar_int(name, &v) && v == 0;
+}
+
 // ddp_read_tcp reads btl_tcp_flags and btl_tcp_eager_limit as Open MPI
 // holds them, or leaves -1 where its tool interface does not have them
 // (the tcp transport not opened, or another MPI).
@@ -539,7 +566,7 @@ int ddp_hosts(MPI_Comm c, int size, int *hosts, int *can, int *host_of) {
 	// This rank can set the algorithm when the user left it to Open MPI
 	// (dynamic rules on, as ddp_init asked, with no algorithm, segment
 	// size or rules file of the user's) and did not opt out.
-	int prov, v = -1, t_ok = MPI_T_init_thread(MPI_THREAD_SERIALIZED, &prov) == MPI_SUCCESS;
+	int prov, t_ok = MPI_T_init_thread(MPI_THREAD_SERIALIZED, &prov) == MPI_SUCCESS;
 	const char *env = getenv("DDPGO_MPI_ALLREDUCE");
 	if (t_ok && (env == NULL || strcmp(env, "mpi") != 0) && open_mpi_4()) {
 		MPI_T_cvar_handle h;
@@ -548,27 +575,9 @@ int ddp_hosts(MPI_Comm c, int size, int *hosts, int *can, int *host_of) {
 			MPI_T_cvar_read(h, &dyn);
 			MPI_T_cvar_handle_free(&h);
 		}
-		if (dyn && cvar_open("coll_tuned_allreduce_algorithm", &h)) {
-			if (MPI_T_cvar_read(h, &v) == MPI_SUCCESS && v == 0)
-				me.can = 1;
-			MPI_T_cvar_handle_free(&h);
-		}
-		if (me.can && cvar_open("coll_tuned_allreduce_algorithm_segmentsize", &h)) {
-			if (MPI_T_cvar_read(h, &v) != MPI_SUCCESS || v != 0)
-				me.can = 0;
-			MPI_T_cvar_handle_free(&h);
-		} else {
-			me.can = 0;
-		}
-		if (me.can && cvar_open("coll_tuned_reduce_scatter_block_algorithm", &h)) {
-			if (MPI_T_cvar_read(h, &v) != MPI_SUCCESS || v != 0)
-				me.can = 0;
-			MPI_T_cvar_handle_free(&h);
-		} else {
-			me.can = 0;
-		}
-		if (me.can && rules_file())
-			me.can = 0;
+		me.can = dyn && cvar_zero("coll_tuned_allreduce_algorithm") &&
+			 cvar_zero("coll_tuned_allreduce_algorithm_segmentsize") &&
+			 cvar_zero("coll_tuned_reduce_scatter_block_algorithm") && !rules_file();
 	}
 	if (t_ok)
 		MPI_T_finalize();
@@ -606,48 +615,24 @@ int ddp_hosts(MPI_Comm c, int size, int *hosts, int *can, int *host_of) {
 // size, and coll_tuned_reduce_scatter_block_algorithm, which Open MPI
 // reads when it sets up a communicator's collectives.
 static int set_algorithms(int alg, int segsize, int rsb) {
-	int prov, ok = 0;
-	MPI_T_cvar_handle h;
+	int prov;
 	if (MPI_T_init_thread(MPI_THREAD_SERIALIZED, &prov) != MPI_SUCCESS)
 		return 0;
-	if (cvar_open("coll_tuned_allreduce_algorithm", &h)) {
-		ok = MPI_T_cvar_write(h, &alg) == MPI_SUCCESS;
-		MPI_T_cvar_handle_free(&h);
-	}
-	if (ok && cvar_open("coll_tuned_allreduce_algorithm_segmentsize", &h)) {
-		ok = MPI_T_cvar_write(h, &segsize) == MPI_SUCCESS;
-		MPI_T_cvar_handle_free(&h);
-	} else {
-		ok = 0;
-	}
-	if (ok && cvar_open("coll_tuned_reduce_scatter_block_algorithm", &h)) {
-		ok = MPI_T_cvar_write(h, &rsb) == MPI_SUCCESS;
-		MPI_T_cvar_handle_free(&h);
-	} else {
-		ok = 0;
-	}
+	int ok = cvar_set_int("coll_tuned_allreduce_algorithm", alg) &&
+		 cvar_set_int("coll_tuned_allreduce_algorithm_segmentsize", segsize) &&
+		 cvar_set_int("coll_tuned_reduce_scatter_block_algorithm", rsb);
 	MPI_T_finalize();
 	return ok;
 }
 
 void ddp_forced_allreduce(int *alg, int *segsize, int *rsb) {
 	int prov;
-	MPI_T_cvar_handle h;
 	*alg = *segsize = *rsb = -1;
 	if (MPI_T_init_thread(MPI_THREAD_SERIALIZED, &prov) != MPI_SUCCESS)
 		return;
-	if (cvar_open("coll_tuned_allreduce_algorithm", &h)) {
-		MPI_T_cvar_read(h, alg);
-		MPI_T_cvar_handle_free(&h);
-	}
-	if (cvar_open("coll_tuned_allreduce_algorithm_segmentsize", &h)) {
-		MPI_T_cvar_read(h, segsize);
-		MPI_T_cvar_handle_free(&h);
-	}
-	if (cvar_open("coll_tuned_reduce_scatter_block_algorithm", &h)) {
-		MPI_T_cvar_read(h, rsb);
-		MPI_T_cvar_handle_free(&h);
-	}
+	cvar_int("coll_tuned_allreduce_algorithm", alg);
+	cvar_int("coll_tuned_allreduce_algorithm_segmentsize", segsize);
+	cvar_int("coll_tuned_reduce_scatter_block_algorithm", rsb);
 	MPI_T_finalize();
 }
 

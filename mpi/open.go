@@ -473,10 +473,8 @@ func Finalize() error {
 const hierChunkEnv = "DDPGO_MPI_HIER_CHUNK"
 
 // defaultHierChunk is the chunk of a hierarchical all-reduce unless
-// hierChunkEnv says otherwise: in the network lab (2 hosts x 2 ranks,
-// 1 Gbit/s), 1 MiB chunks hid the work inside the hosts behind the
-// network where 256 KiB ones paid per chunk and 2-4 MiB ones overlapped
-// less (docs/design/hierarchy.md).
+// hierChunkEnv says otherwise: the fastest of 256 KiB to 4 MiB in the
+// network lab (2 hosts x 2 ranks, 1 Gbit/s; docs/design/hierarchy.md).
 const defaultHierChunk = 1 << 20
 
 // hierChunk is the chunk hierChunkEnv asks for.
