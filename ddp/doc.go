@@ -178,9 +178,11 @@
 // suits elementwise optimizers (SGD, momentum, Adam, AdamW) and holds
 // each rank's share to 1/N of the bucket plus at most one element.
 // ShardParams gives each parameter wholly to one rank, largest first to
-// the least loaded (PyTorch's greedy rule), for optimizers that need a
-// whole tensor; a rank's share is then within 1/N plus its largest
-// parameter, and the bucket's memory is N times the largest share.
+// the least loaded in its bucket (PyTorch's greedy rule), and among those
+// to the one that owns least of the buckets before, for optimizers that
+// need a whole tensor; a rank's share of a bucket is then within 1/N of
+// it plus its largest parameter, and the bucket's memory is N times the
+// largest share.
 // Both pad inside pool memory only; a Part is always a range of the
 // caller's own parameter.
 //

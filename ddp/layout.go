@@ -143,6 +143,7 @@ func (r *Reducer) build(bs []bucket.Bucket) (*layout, error) {
 		}
 	}
 	loc := location(r.host)
+	owned := make([]int, r.c.Size()) // each rank's share so far (ShardParams)
 	for k, b := range bs {
 		size := b.DType.Size()
 		n := b.Bytes / size
@@ -151,7 +152,7 @@ func (r *Reducer) build(bs []bucket.Bucket) (*layout, error) {
 			// N blocks of per elements: the reduce-scatter's and the
 			// all-gather's shape (shard.go).
 			var per int
-			offs, per = place(b, r.tensors, r.c.Size(), r.o.Shard)
+			offs, per = place(b, r.tensors, r.c.Size(), r.o.Shard, owned)
 			n = per * r.c.Size()
 			L.shard.owned[k] = ownedParts(b, r.tensors, offs, r.c.Rank(), per, L.shard.lo, L.shard.hi)
 		}

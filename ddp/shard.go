@@ -61,7 +61,10 @@ const (
 	// to the least loaded rank): for optimizers that need a whole tensor
 	// (LAMB's and LARS's norms, Shampoo). A rank's share of each bucket
 	// is at most 1/N of it plus its largest parameter; the bucket's
-	// memory is N times the largest share.
+	// memory is N times the largest share. Among ranks equally loaded in
+	// a bucket, the parameter goes to the one that owns least of the
+	// model so far, so that no rank collects the largest parameter of
+	// every bucket.
 	ShardParams
 )
 
@@ -501,8 +504,10 @@ func (r *Reducer) makeValues(L *layout) (*valueMem, error) {
 // place lays bucket b out for a group of n ranks under mode: the
 // element offset of each of its tensors (in b.Tensors' order) and the
 // elements per rank, per. The bucket then holds n·per elements, rank r's
-// block being [r·per, (r+1)·per).
-func place(b bucket.Bucket, tensors []bucket.Tensor, n int, mode ShardMode) (offs []int, per int) {
+// block being [r·per, (r+1)·per). Under ShardParams, owned[r] is what
+// rank r owns of the buckets placed before b, in the layout's order, and
+// place adds what it gives r of b.
+func place(b bucket.Bucket, tensors []bucket.Tensor, n int, mode ShardMode, owned []int) (offs []int, per int) {
 	size := b.DType.Size()
 	offs = make([]int, len(b.Tensors))
 	if mode == ShardElements {
@@ -511,8 +516,12 @@ func place(b bucket.Bucket, tensors []bucket.Tensor, n int, mode ShardMode) (off
 		}
 		return offs, max(1, (b.Bytes/size+n-1)/n)
 	}
-	// ShardParams: largest first, each to the least loaded rank (the
-	// lowest on ties), then each rank's in bucket order.
+	// ShardParams: largest first, each to the rank least loaded in this
+	// bucket, which bounds the block (the bytes each rank sends and
+	// receives) by 1/N of the bucket plus its largest tensor; of those,
+	// to the one that owns least of the buckets before (then the lowest),
+	// which balances the optimizer's state over the whole model. Then
+	// each rank's in bucket order.
 	order := make([]int, len(b.Tensors))
 	for j := range order {
 		order[j] = j
@@ -525,12 +534,13 @@ func place(b bucket.Bucket, tensors []bucket.Tensor, n int, mode ShardMode) (off
 	for _, j := range order {
 		r := 0
 		for q := range load {
-			if load[q] < load[r] {
+			if load[q] < load[r] || load[q] == load[r] && owned[q] < owned[r] {
 				r = q
 			}
 		}
 		owner[j] = r
 		load[r] += tensors[b.Tensors[j]].Numel
+		owned[r] += tensors[b.Tensors[j]].Numel
 	}
 	per = max(1, slices.Max(load))
 	at := make([]int, n)

@@ -690,60 +690,73 @@ func TestShardCollectives(t *testing.T) {
 // TestShardMemoryResNet50 measures the optimizer state per rank that
 // Options.Shard leaves Adam (two float32s per owned element) on
 // ResNet-50's parameters, in the Reducer's initial layout with the
-// default bucket caps, for 2, 4 and 8 ranks, from the partition the
-// Reducer computes (place, ownedParts) without allocating the buckets;
-// it asserts each mode's bound: ShardElements within 1/N plus one
-// element per bucket, ShardParams within 1/N plus the largest parameter
-// of each bucket. go test -run TestShardMemoryResNet50 -v prints them.
+// default bucket caps (and with 1 MiB and 4 MiB buckets), for 2, 4 and 8
+// ranks, from the partition the Reducer computes (place, ownedParts)
+// without allocating the buckets. It asserts each mode's bound on the
+// state: ShardElements within 1/N plus one element per bucket,
+// ShardParams within 1/N plus the model's largest parameter; and on the
+// bytes each rank sends a bucket (its block): 1/N of the bucket plus one
+// element, or plus the bucket's largest parameter. go test -run
+// TestShardMemoryResNet50 -v prints them with the bytes on the wire
+// against the all-reduce's.
 func TestShardMemoryResNet50(t *testing.T) {
 	params := loadManifest(t, "resnet50")
 	tensors := make([]bucket.Tensor, len(params))
-	total := 0
+	total, largest := 0, 0
 	for i, p := range params {
 		tensors[i] = bucket.Tensor{Numel: p.Numel(), DType: comm.Float32}
 		total += p.Numel()
+		largest = max(largest, p.Numel())
 	}
 	rev := make([]int, len(params))
 	for i := range rev {
 		rev[i] = len(params) - 1 - i
 	}
-	bs, err := bucket.Assign(tensors, []int{DefaultFirstBucketCap, DefaultBucketCap}, rev)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const adam = 2 * 4 // bytes of state per element
-	t.Logf("ResNet-50: %d parameters, %d elements, %d buckets; Adam's state unsharded: %d bytes a rank", len(params), total, len(bs), adam*total)
-	for _, mode := range []ShardMode{ShardElements, ShardParams} {
-		for _, n := range []int{2, 4, 8} {
-			worst, slack := 0, 0
-			for rank := range n {
-				owned := 0
+	t.Logf("ResNet-50: %d parameters, %d elements (the largest %d); Adam's state unsharded: %d bytes a rank", len(params), total, largest, adam*total)
+	for _, caps := range [][]int{{DefaultFirstBucketCap, DefaultBucketCap}, {1 << 20, 1 << 20}, {1 << 20, 4 << 20}} {
+		bs, err := bucket.Assign(tensors, caps, rev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mode := range []ShardMode{ShardElements, ShardParams} {
+			for _, n := range []int{2, 4, 8} {
+				owned := make([]int, n) // place's running shares
+				mine := make([]int, n)  // ownedParts' count
 				lo, hi := make([]int, len(params)), make([]int, len(params))
-				for _, b := range bs {
-					offs, per := place(b, tensors, n, mode)
-					for _, pt := range ownedParts(b, tensors, offs, rank, per, lo, hi) {
-						owned += pt.Hi - pt.Lo
-					}
-				}
-				worst = max(worst, owned)
-			}
-			for _, b := range bs {
-				switch mode {
-				case ShardElements:
-					slack += 1
-				case ShardParams:
-					largest := 0
+				wire, slack := 0, largest
+				for k, b := range bs {
+					offs, per := place(b, tensors, n, mode, owned)
+					wire += n * per
+					elems, big := 0, 0
 					for _, p := range b.Tensors {
-						largest = max(largest, tensors[p].Numel)
+						elems += tensors[p].Numel
+						big = max(big, tensors[p].Numel)
 					}
-					slack += largest
+					if mode == ShardElements {
+						big = 1
+					}
+					if per > (elems+n-1)/n+big {
+						t.Errorf("%v, %d ranks, caps %v: bucket %d of %d elements has blocks of %d, above 1/N + %d", mode, n, caps, k, elems, per, big)
+					}
+					for rank := range n {
+						for _, pt := range ownedParts(b, tensors, offs, rank, per, lo, hi) {
+							mine[rank] += pt.Hi - pt.Lo
+						}
+					}
 				}
-			}
-			limit := total/n + slack
-			t.Logf("%v, %d ranks: at most %d bytes a rank (%.4f of unsharded; 1/N = %.4f), bound %d",
-				mode, n, adam*worst, float64(worst)/float64(total), 1/float64(n), adam*limit)
-			if worst > limit {
-				t.Errorf("%v, %d ranks: a rank owns %d of %d elements, above %d", mode, n, worst, total, limit)
+				if mode == ShardElements {
+					slack = len(bs)
+				} else if !slices.Equal(owned, mine) {
+					t.Errorf("%v, %d ranks, caps %v: place counted %v elements a rank, ownedParts %v", mode, n, caps, owned, mine)
+				}
+				worst := slices.Max(mine)
+				limit := total/n + slack
+				t.Logf("%v, %d ranks, %d buckets (caps %v): at most %d bytes a rank (%.4f of unsharded; 1/N = %.4f), bound %d; %.4fx the all-reduce's elements on the wire",
+					mode, n, len(bs), caps, adam*worst, float64(worst)/float64(total), 1/float64(n), adam*limit, float64(wire)/float64(total))
+				if worst > limit {
+					t.Errorf("%v, %d ranks, caps %v: a rank owns %d of %d elements, above %d", mode, n, caps, worst, total, limit)
+				}
 			}
 		}
 	}
