@@ -70,7 +70,7 @@ type config struct {
 	Seed        uint64
 	Data        string
 	Plain       bool
-	Compare     bool // plain GoMLX and ddptrain in turn, a step each
+	Compare     bool // plain GoMLX and ddptrain (and sharded, with Shard) in turn, a step each
 	Steps       int  // >0: benchmark mode
 	Warmup      int
 	Simplego    string // simplego's configuration
@@ -98,7 +98,7 @@ func main() {
 	flag.StringVar(&cfg.Data, "data", cfg.Data, "data set (CSV, optionally gzipped); default: the embedded copy")
 	flag.StringVar(&cfg.Shard, "shard", cfg.Shard, "shard the optimizer state (ZeRO stage 1): none; elements: each rank's optimizer graph steps its range of each bucket's elements (ddp.ShardElements); params: its own variables (ddp.ShardParams); then they are all-gathered")
 	flag.BoolVar(&cfg.Plain, "plain", cfg.Plain, "train with GoMLX's own train.Trainer in one process, without ddpgo (the baseline)")
-	flag.BoolVar(&cfg.Compare, "compare", cfg.Compare, "benchmark: plain GoMLX and ddptrain over -ranks in-process ranks take turns, a step each, for -steps steps")
+	flag.BoolVar(&cfg.Compare, "compare", cfg.Compare, "benchmark: plain GoMLX and ddptrain over -ranks in-process ranks take turns, a step each, for -steps steps; with -shard elements or params, ddptrain sharded takes its turn too, and its step is compared with the unsharded one turn by turn")
 	flag.IntVar(&cfg.Steps, "steps", cfg.Steps, "benchmark: stop after this many steps and print the medians of the step and its parts")
 	flag.IntVar(&cfg.Warmup, "warmup", cfg.Warmup, "benchmark: steps left out of the medians")
 	flag.StringVar(&cfg.Simplego, "simplego", cfg.Simplego, "simplego's configuration (ops_sequential, parallelism=N; see simplego.New)")

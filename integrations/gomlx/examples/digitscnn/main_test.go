@@ -126,3 +126,31 @@ func TestShardFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestCompareShard: -compare with -shard takes turns between plain
+// GoMLX, ddptrain and ddptrain sharded, and prints each one's medians
+// (the sharded one's with its gather) and the sharded step against the
+// unsharded one.
+func TestCompareShard(t *testing.T) {
+	cfg := defaultConfig()
+	cfg.Simplego = "ops_sequential"
+	cfg.Compare, cfg.Shard, cfg.Steps, cfg.Warmup = true, "elements", 4, 1
+	var out bytes.Buffer
+	if err := run(context.Background(), &out, cfg); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	t.Logf("\n%s", out.String())
+	for _, re := range []string{
+		`(?m)^plain:  steps 4 \(3 timed\): median step [0-9.]+ ms;`,
+		`(?m)^ddpgo:  steps 4 \(3 timed\): median step [0-9.]+ ms; graph [0-9.]+ ms, hand-off [0-9.]+ ms, reduction [0-9.]+ ms, optimizer [0-9.]+ ms;`,
+		`(?m)^ddpgo -shard elements:  steps 4 \(3 timed\): median step [0-9.]+ ms; graph [0-9.]+ ms, hand-off [0-9.]+ ms, reduction [0-9.]+ ms, optimizer [0-9.]+ ms, gather [0-9.]+ ms;`,
+		`(?m)^ddpgo -shard elements against ddpgo, turn by turn \(medians of 3 steps' ratios\): step [0-9.]+x, optimizer graph \(the slowest rank's\) [0-9.]+x$`,
+	} {
+		if !regexp.MustCompile(re).MatchString(out.String()) {
+			t.Errorf("no line matches %s", re)
+		}
+	}
+	if l := regexp.MustCompile(`(?m)^ddpgo:  .*$`).FindString(out.String()); strings.Contains(l, "gather") {
+		t.Errorf("the unsharded line reports a gather: %s", l)
+	}
+}

@@ -133,6 +133,23 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	return l.w.Write(p)
 }
 
+// trainerOptions are a rank's ddptrain options, with the optimizer
+// sharded as shard says (-shard's values).
+func trainerOptions(cfg config, shard string) (ddptrain.Options, error) {
+	o := ddptrain.Options{ReadyBatch: cfg.ReadyBatch, Reducer: ddp.Options{BucketCap: cfg.BucketCap, FirstBucketCap: cfg.BucketCap}}
+	var err error
+	if o.Reducer.Hook, err = hooks.ByName(cfg.Compression); err != nil {
+		return o, fmt.Errorf("%w: -compression: %w", errConfig, err)
+	}
+	switch shard {
+	case "elements":
+		o.Reducer.Shard = ddp.ShardElements
+	case "params":
+		o.Reducer.Shard = ddp.ShardParams
+	}
+	return o, nil
+}
+
 // trainRank is one rank's training loop. Rank 0 evaluates and prints.
 func trainRank(ctx context.Context, out io.Writer, cfg config, c comm.Communicator, backend backends.Backend, trainSet, testSet *digits) error {
 	rank := c.Rank()
@@ -140,15 +157,9 @@ func trainRank(ctx context.Context, out io.Writer, cfg config, c comm.Communicat
 	if err != nil {
 		return err
 	}
-	o := ddptrain.Options{ReadyBatch: cfg.ReadyBatch, Reducer: ddp.Options{BucketCap: cfg.BucketCap, FirstBucketCap: cfg.BucketCap}}
-	if o.Reducer.Hook, err = hooks.ByName(cfg.Compression); err != nil {
-		return fmt.Errorf("%w: -compression: %w", errConfig, err)
-	}
-	switch cfg.Shard {
-	case "elements":
-		o.Reducer.Shard = ddp.ShardElements
-	case "params":
-		o.Reducer.Shard = ddp.ShardParams
+	o, err := trainerOptions(cfg, cfg.Shard)
+	if err != nil {
+		return err
 	}
 	model := models[cfg.Model](cfg.Hidden)
 	tr, err := ddptrain.New(c, backend, mctx, model, losses.SparseCategoricalCrossEntropyLogits, newOptimizer(cfg), o)
@@ -397,6 +408,9 @@ func benchLine(steps int, ts []ddptrain.Times, exposed []time.Duration) string {
 			s += ","
 		}
 		s += fmt.Sprintf(" %s %s", p.name, ms(median(ts, p.of)))
+	}
+	if gather := func(t ddptrain.Times) time.Duration { return t.Gather }; slices.ContainsFunc(ts, func(t ddptrain.Times) bool { return t.Gather > 0 }) {
+		s += fmt.Sprintf(", gather %s", ms(median(ts, gather)))
 	}
 	// The share of the step spent handing gradients over and waiting for
 	// the reduction: the median over steps of each step's own share.
