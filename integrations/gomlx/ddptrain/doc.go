@@ -93,7 +93,8 @@
 //     buffers, broadcast from rank 0 in every synced step and overlapped
 //     with the all-reduces (Options.Buffers chooses them).
 //   - Uneven inputs: with Options.Reducer.Join, a rank out of batches calls
-//     Join, which broadcasts every variable from the rank that joined last.
+//     Join, which broadcasts every variable from the rank that joined last
+//     (with Shard, it steps its part in the steps it shadows instead).
 //   - Statistics and the timeline: Reducer gives the ddp.Reducer
 //     (StatsInto, ddp.WriteTimeline); Times splits the step into graph,
 //     hand-off, reduction and optimizer.
@@ -163,7 +164,8 @@
 // of the ranks (see Failures) travels in the gather, so under Shard a
 // peer's failure is reported after every rank has stepped and gathered:
 // the variables then hold that step's update but for the failing rank's
-// own part, which it gathers unchanged. Join is refused with Shard.
+// own part, which it gathers unchanged. Join works with Shard: a joined
+// rank keeps stepping and gathering its part in the steps it shadows.
 //
 // Save is collective with Shard: the other ranks' state travels to rank
 // 0 for the save (PyTorch's consolidate_state_dict; with ShardElements

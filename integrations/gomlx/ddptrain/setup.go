@@ -188,7 +188,7 @@ func (t *Trainer) setup(ctx context.Context, spec any, inputs, labels []*tensors
 			return err
 		}
 	}
-	if err := t.syncVariables(ctx, 0); err != nil {
+	if err := t.syncVariables(ctx, 0, true); err != nil {
 		return err
 	}
 	// The shadows take rank 0's values, the optimizer's scalars in the
@@ -498,14 +498,16 @@ func (t *Trainer) fingerprint() uint64 {
 }
 
 // syncVariables broadcasts every variable but the random-number state
-// from root: the bytes of all of them, in the context's order, through one
-// block of the trainer's pool, a piece at a time. Root packs each piece
-// before its broadcast, the others unpack it after.
-func (t *Trainer) syncVariables(ctx context.Context, root int) error {
+// (and a sharded optimizer's state, which is each rank's own) from root,
+// the trainable ones only if trainable: the bytes of all of them, in the
+// context's order, through one block of the trainer's pool, a piece at a
+// time. Root packs each piece before its broadcast, the others unpack it
+// after.
+func (t *Trainer) syncVariables(ctx context.Context, root int, trainable bool) error {
 	var vars []*mlctx.Variable
 	total := 0
 	for v := range t.ctx.IterVariables() {
-		if t.shared(v) {
+		if t.shared(v) && (trainable || !slices.Contains(t.trainable, v)) {
 			vars = append(vars, v)
 			total += int(v.Shape().Memory())
 		}

@@ -1,6 +1,7 @@
 package ddptrain
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -97,15 +98,8 @@ func (t *Trainer) gather(ctx context.Context) error {
 		}
 		t.values[p] = g
 	}
-	for j, v := range t.stepVars {
-		if p := t.stepParam[j]; p >= 0 {
-			t.note(readVariable(v, t.values[p][t.span[p].Lo:t.span[p].Hi]))
-		}
-	}
-	for k := range t.nbuckets {
-		if err := t.r.Gather(k, t.values); err != nil {
-			return fmt.Errorf("ddptrain: rank %d: step %d: %w", t.c.Rank(), t.steps, err)
-		}
+	if err := t.publish(t.values); err != nil {
+		return err
 	}
 	if err := t.r.WaitGather(ctx); err != nil {
 		return fmt.Errorf("ddptrain: rank %d: step %d: %w", t.c.Rank(), t.steps, err)
@@ -115,13 +109,118 @@ func (t *Trainer) gather(ctx context.Context) error {
 			t.note(writeVariable(v, t.values[i]))
 		}
 	}
-	for r, x := range t.values[t.status] {
+	t.readFailed(t.values[t.status])
+	clear(t.values) // the views are gradients again at the next Begin
+	return nil
+}
+
+// publish copies the values of the elements this rank stepped into
+// values (the stepped variables', or the shadows'), and has every bucket
+// gathered from there.
+func (t *Trainer) publish(values [][]float32) error {
+	for j, v := range t.stepVars {
+		if p := t.stepParam[j]; p >= 0 {
+			t.note(readVariable(v, values[p][t.span[p].Lo:t.span[p].Hi]))
+		}
+	}
+	for k := range t.nbuckets {
+		if err := t.r.Gather(k, values); err != nil {
+			return fmt.Errorf("ddptrain: rank %d: step %d: %w", t.c.Rank(), t.steps, err)
+		}
+	}
+	return nil
+}
+
+// readFailed reads the gathered status of the ranks into t.failed.
+func (t *Trainer) readFailed(status []float32) {
+	t.failed = t.failed[:0]
+	for r, x := range status {
 		if x != 0 {
 			t.failed = append(t.failed, r)
 		}
 	}
-	clear(t.values) // the views are gradients again at the next Begin
-	return nil
+}
+
+// joinSharded is Join with a sharded optimizer. A joined rank still owns
+// its part of every bucket, and its peers' steps wait for its gathers:
+// in every step they still take, it copies its part's averages (its own
+// gradients were zeros) into the optimizer graph's inputs, steps its
+// variables or shadows, and gathers them, as in a step of its own, so
+// its part keeps training with its peers' (PyTorch's join hook for
+// ZeroRedundancyOptimizer steps the optimizer likewise). The gathers go
+// into the Reducer's Values memory, which the averages of the next step
+// do not overwrite: once every rank has joined, it holds the model of the
+// last step, which the rank copies into the variables it did not step
+// itself. The variables no one steps (the buffers) are then broadcast
+// from the rank that joined last, as Join does unsharded.
+func (t *Trainer) joinSharded(ctx context.Context) (int, error) {
+	rank := t.c.Rank()
+	values := make([][]float32, len(t.values))
+	for p := range values {
+		v, err := t.r.Values(p)
+		if err != nil {
+			return -1, t.fail(fmt.Errorf("ddptrain: rank %d: join: %w", rank, err))
+		}
+		values[p] = v
+	}
+	var stepErr, optErr error
+	shadowed := 0
+	t.outErr, t.failed = nil, t.failed[:0]
+	each := func(red ddp.Reduced) {
+		if red.Bucket == 0 && shadowed > 0 && len(t.failed) == 0 {
+			t.readFailed(values[t.status]) // the step before's
+		}
+		t.copyAverages(red)
+		for _, pt := range red.Owned {
+			if pt.Param == t.status {
+				// The averaged status travels on, as in a step.
+				g, err := t.r.Grad(pt.Param)
+				if err != nil {
+					stepErr = cmp.Or(stepErr, err)
+					return
+				}
+				copy(values[pt.Param][pt.Lo:pt.Hi], g[pt.Lo:pt.Hi])
+			}
+		}
+		if red.Bucket != t.nbuckets-1 {
+			return
+		}
+		t.steps++
+		shadowed++
+		if t.outErr == nil && optErr == nil {
+			if err := t.applyOptimizer(); err != nil {
+				optErr = fmt.Errorf("%w: rank %d: step %d (joined): optimizer graph: %w", ErrGraph, rank, t.steps, err)
+			}
+		}
+		stepErr = cmp.Or(stepErr, t.publish(values))
+	}
+	root, err := t.r.JoinEach(ctx, each)
+	if err = cmp.Or(err, stepErr); err != nil {
+		return -1, t.fail(fmt.Errorf("ddptrain: rank %d: join: %w", rank, err))
+	}
+	if shadowed > 0 {
+		if len(t.failed) == 0 {
+			t.readFailed(values[t.status])
+		}
+		for i, v := range t.trainable {
+			if !t.stepped[i] {
+				t.note(writeVariable(v, values[i]))
+			}
+		}
+	}
+	switch {
+	case len(t.failed) > 0:
+		return -1, t.fail(fmt.Errorf("%w: rank %d: joined, %s failed in a step it shadowed (its own error says why)", ErrPeer, rank, rankList(t.failed)))
+	case optErr != nil:
+		return -1, t.fail(optErr)
+	case t.outErr != nil:
+		return -1, t.fail(fmt.Errorf("ddptrain: rank %d: joined: copying the averages or the variables: %w", rank, t.outErr))
+	}
+	if err := t.syncVariables(ctx, root, false); err != nil {
+		return -1, t.fail(err)
+	}
+	t.fresh = true
+	return root, nil
 }
 
 // note records err as the step's first local failure.

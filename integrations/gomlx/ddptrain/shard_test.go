@@ -302,8 +302,6 @@ func TestShardOptions(t *testing.T) {
 		want string
 	}{
 		{ddp.Options{Shard: ddp.ShardElements}, clipNaN, optimizers.ParamClipNaN},
-		{ddp.Options{Shard: ddp.ShardParams, Join: ddp.JoinWorld}, mlctx.New(), "Join"},
-		{ddp.Options{Shard: ddp.ShardElements, Join: ddp.JoinWorld}, mlctx.New(), "Join"},
 	} {
 		_, err := ddptrain.New(comms[0], backend, tc.ctx, p.model(0), lsqLoss, optimizer("adam", 1), ddptrain.Options{Reducer: tc.o})
 		if !errors.Is(err, ddptrain.ErrUnsupported) || !strings.Contains(err.Error(), tc.want) {
@@ -594,6 +592,73 @@ func TestShardNoElements(t *testing.T) {
 					t.Fatalf("rank %d step %d: no %s", r, k+1, name)
 				case ok && !bytes.Equal(got, want):
 					t.Fatalf("rank %d step %d: %s differs from the unsharded run's", r, k+1, name)
+				}
+			}
+		}
+	}
+}
+
+// TestShardJoin gives 3 ranks 2, 4 and 3 batches, as TestJoin, with the
+// optimizer sharded by whole variables and by elements (Adam): the ranks
+// that run out call Join, which steps and gathers their parts in the
+// steps they shadow. After Join, and after one more step every rank
+// takes, every rank's variables (the weights, the step counters, and by
+// whole variables the moments of its own) must be the unsharded run's
+// bits: the owners of each element kept stepping it with the same
+// averages.
+func TestShardJoin(t *testing.T) {
+	p := newLSQ(5, 5)
+	const n = 3
+	batches := []int{2, 4, 3}
+	run := func(mode ddp.ShardMode) (joined, after []map[string][]byte) {
+		joined, after = make([]map[string][]byte, n), make([]map[string][]byte, n)
+		onRanks(t, n, func(ctx context.Context, c comm.Communicator) error {
+			r := c.Rank()
+			mctx := mlctx.New()
+			o := ddptrain.Options{Reducer: ddp.Options{Join: ddp.JoinWorld, Shard: mode}}
+			tr, err := ddptrain.New(c, newBackend(t), mctx, p.model(r), lsqLoss, optimizer("adam", 1), o)
+			if err != nil {
+				return err
+			}
+			defer tr.Close()
+			step := func(k int) error {
+				lo := k*lsqBatch + r*lsqBatch/n
+				inputs, labels := p.tensors(lo, lo+lsqBatch/n)
+				_, err := tr.TrainStep(ctx, nil, inputs, labels)
+				return err
+			}
+			for k := range batches[r] {
+				if err := step(k); err != nil {
+					return err
+				}
+			}
+			if root, err := tr.Join(ctx); err != nil || root != 1 {
+				return fmt.Errorf("rank %d: Join returned %d, %v; want rank 1, the last to join", r, root, err)
+			}
+			joined[r] = values(t, mctx)
+			if err := step(4); err != nil {
+				return err
+			}
+			after[r] = values(t, mctx)
+			return nil
+		})
+		return joined, after
+	}
+	plainJoined, plainAfter := run(ddp.ShardOff)
+	for _, mode := range []ddp.ShardMode{ddp.ShardParams, ddp.ShardElements} {
+		joined, after := run(mode)
+		for r := range n {
+			for when, pair := range map[string][2]map[string][]byte{"after Join": {plainJoined[r], joined[r]}, "one step after Join": {plainAfter[r], after[r]}} {
+				want, got := pair[0], pair[1]
+				for name, b := range got {
+					if w, ok := want[name]; !ok || !bytes.Equal(b, w) {
+						t.Errorf("%s: rank %d %s: %s differs from the unsharded run's", mode, r, when, name)
+					}
+				}
+				for name := range want {
+					if _, ok := got[name]; !ok && !strings.Contains(name, optimizers.AdamDefaultScope) {
+						t.Errorf("%s: rank %d %s: no variable %s", mode, r, when, name)
+					}
 				}
 			}
 		}

@@ -195,8 +195,6 @@ func New(c comm.Communicator, backend backends.Backend, ctx *mlctx.Context, mode
 	case o.Reducer.Shard == ddp.ShardElements && mlctx.GetParamOr(ctx, optimizers.ParamClipNaN, false):
 		return nil, fmt.Errorf("%w: Options.Reducer.Shard ShardElements with the %q hyperparameter: it zeroes a variable's whole gradient if any element is not finite, and each rank would see only its elements; use ShardParams",
 			ErrUnsupported, optimizers.ParamClipNaN)
-	case o.Reducer.Shard != ddp.ShardOff && o.Reducer.Join != ddp.JoinOff:
-		return nil, fmt.Errorf("%w: Options.Reducer.Shard with Options.Reducer.Join: the trainer's Join does not step a joined rank's variables", ErrUnsupported)
 	}
 	if o.Timeout == 0 {
 		o.Timeout = ddp.DefaultTimeout
@@ -289,7 +287,11 @@ func (t *Trainer) Setup(ctx context.Context, spec any, inputs, labels []*tensors
 // (Options.Reducer.Join set): it shadows the peers' remaining synced steps
 // with zero gradients until every rank has joined, then broadcasts every
 // variable (weights and optimizer state) from the rank that joined last,
-// whose replica saw every step, and returns that rank.
+// whose replica saw every step, and returns that rank. With
+// Options.Reducer.Shard (ddp.Reducer.JoinEach) the rank also steps and
+// gathers its own part in each step it shadows, since its peers wait for
+// it, and only the variables no one steps are broadcast: every rank ends
+// with the unsharded run's variables, and keeps its own optimizer state.
 func (t *Trainer) Join(ctx context.Context) (int, error) {
 	if err := t.usable(); err != nil {
 		return -1, err
@@ -297,11 +299,14 @@ func (t *Trainer) Join(ctx context.Context) (int, error) {
 	if t.r == nil {
 		return -1, t.fail(fmt.Errorf("%w: rank %d: Join before the first step (call Setup)", ErrUnsupported, t.c.Rank()))
 	}
+	if t.shard {
+		return t.joinSharded(ctx)
+	}
 	root, err := t.r.Join(ctx)
 	if err != nil {
 		return -1, t.fail(fmt.Errorf("ddptrain: rank %d: join: %w", t.c.Rank(), err))
 	}
-	if err := t.syncVariables(ctx, root); err != nil {
+	if err := t.syncVariables(ctx, root, true); err != nil {
 		return -1, t.fail(err)
 	}
 	t.fresh = true
