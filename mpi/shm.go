@@ -267,6 +267,12 @@ func (c *communicator) peerFailure(err error) error {
 		return fmt.Errorf("%w: rank %d (process %d) has closed its communicator", errAborted(), c.jobRank(pe.Rank), pe.Proc.Pid)
 	case errors.As(err, &pe) && pe.State == shm.Gone:
 		return fmt.Errorf("%w: rank %d (process %d) has exited", errAborted(), c.jobRank(pe.Rank), pe.Proc.Pid)
+	case errors.As(err, &pe):
+		// The engine numbers the ranks of this communicator; a level of
+		// a hierarchy names the job's.
+		job := *pe
+		job.Rank = c.jobRank(pe.Rank)
+		err = &job
 	}
 	return fmt.Errorf("mpi: rank %d: the shared-memory wait failed: %w", c.jobRank(c.rank), err)
 }
