@@ -98,7 +98,8 @@ func (t *Trainer) gather(ctx context.Context) error {
 		}
 		t.values[p] = g
 	}
-	if err := t.publish(t.values); err != nil {
+	t.readOwned(t.values)
+	if err := t.gatherAll(t.values); err != nil {
 		return err
 	}
 	if err := t.r.WaitGather(ctx); err != nil {
@@ -114,15 +115,18 @@ func (t *Trainer) gather(ctx context.Context) error {
 	return nil
 }
 
-// publish copies the values of the elements this rank stepped into
-// values (the stepped variables', or the shadows'), and has every bucket
-// gathered from there.
-func (t *Trainer) publish(values [][]float32) error {
+// readOwned copies the values of the elements this rank stepped into
+// values (the stepped variables', or the shadows').
+func (t *Trainer) readOwned(values [][]float32) {
 	for j, v := range t.stepVars {
 		if p := t.stepParam[j]; p >= 0 {
 			t.note(readVariable(v, values[p][t.span[p].Lo:t.span[p].Hi]))
 		}
 	}
+}
+
+// gatherAll has every bucket gathered from values.
+func (t *Trainer) gatherAll(values [][]float32) error {
 	for k := range t.nbuckets {
 		if err := t.r.Gather(k, values); err != nil {
 			return fmt.Errorf("ddptrain: rank %d: step %d: %w", t.c.Rank(), t.steps, err)
@@ -140,6 +144,10 @@ func (t *Trainer) readFailed(status []float32) {
 		}
 	}
 }
+
+// joinFault, set by the package's tests only, fails a joined rank's
+// shadowed step (after its optimizer graph) when it returns an error.
+var joinFault func(rank int, step uint64) error
 
 // joinSharded is Join with a sharded optimizer. A joined rank still owns
 // its part of every bucket, and its peers' steps wait for its gathers:
@@ -188,13 +196,33 @@ func (t *Trainer) joinSharded(ctx context.Context) (int, error) {
 		t.steps++
 		shadowed++
 		if t.outErr == nil && optErr == nil {
-			if err := t.applyOptimizer(); err != nil {
+			err := t.applyOptimizer()
+			if joinFault != nil {
+				err = cmp.Or(err, joinFault(rank, t.steps))
+			}
+			if err != nil {
 				optErr = fmt.Errorf("%w: rank %d: step %d (joined): optimizer graph: %w", ErrGraph, rank, t.steps, err)
 			}
 		}
-		stepErr = cmp.Or(stepErr, t.publish(values))
+		if t.outErr == nil && optErr == nil {
+			t.readOwned(values)
+		}
+		if t.outErr != nil || optErr != nil {
+			// No step of this rank's follows in which to tell the
+			// peers, so it does not gather: that fails its Reducer,
+			// which aborts the group, and the peers fail at once
+			// rather than train on this rank's stale part.
+			return
+		}
+		stepErr = cmp.Or(stepErr, t.gatherAll(values))
 	}
 	root, err := t.r.JoinEach(ctx, each)
+	switch {
+	case optErr != nil:
+		return -1, t.fail(optErr)
+	case t.outErr != nil:
+		return -1, t.fail(fmt.Errorf("ddptrain: rank %d: joined: step %d: copying the averages or the variables: %w", rank, t.steps, t.outErr))
+	}
 	if err = cmp.Or(err, stepErr); err != nil {
 		return -1, t.fail(fmt.Errorf("ddptrain: rank %d: join: %w", rank, err))
 	}
@@ -211,10 +239,8 @@ func (t *Trainer) joinSharded(ctx context.Context) (int, error) {
 	switch {
 	case len(t.failed) > 0:
 		return -1, t.fail(fmt.Errorf("%w: rank %d: joined, %s failed in a step it shadowed (its own error says why)", ErrPeer, rank, rankList(t.failed)))
-	case optErr != nil:
-		return -1, t.fail(optErr)
 	case t.outErr != nil:
-		return -1, t.fail(fmt.Errorf("ddptrain: rank %d: joined: copying the averages or the variables: %w", rank, t.outErr))
+		return -1, t.fail(fmt.Errorf("ddptrain: rank %d: joined: writing the gathered values into the variables: %w", rank, t.outErr))
 	}
 	if err := t.syncVariables(ctx, root, false); err != nil {
 		return -1, t.fail(err)

@@ -664,3 +664,51 @@ func TestShardJoin(t *testing.T) {
 		}
 	}
 }
+
+// TestShardJoinFault: a joined rank whose shadowed step fails (rank 0,
+// joined after 2 steps, fails in step 3, after its optimizer graph) does
+// not gather, so its peers fail in that step too, at once (ErrAborted,
+// before the test's deadline), instead of training on its stale part;
+// the rank's own Join returns the cause.
+func TestShardJoinFault(t *testing.T) {
+	p := newLSQ(5, 5)
+	const n = 3
+	batches := []int{2, 4, 3}
+	injected := errors.New("injected fault")
+	ddptrain.SetJoinFault(func(rank int, step uint64) error {
+		if rank == 0 && step == 3 {
+			return injected
+		}
+		return nil
+	})
+	defer ddptrain.SetJoinFault(nil)
+	for _, mode := range []ddp.ShardMode{ddp.ShardParams, ddp.ShardElements} {
+		errs := rankErrors(t, n, func(ctx context.Context, c comm.Communicator) error {
+			r := c.Rank()
+			o := ddptrain.Options{Reducer: ddp.Options{Join: ddp.JoinWorld, Shard: mode}}
+			tr, err := ddptrain.New(c, newBackend(t), mlctx.New(), p.model(r), lsqLoss, optimizer("adam", 1), o)
+			if err != nil {
+				return err
+			}
+			defer tr.Close()
+			for k := range batches[r] {
+				lo := k*lsqBatch + r*lsqBatch/n
+				inputs, labels := p.tensors(lo, lo+lsqBatch/n)
+				if _, err := tr.TrainStep(ctx, nil, inputs, labels); err != nil {
+					return fmt.Errorf("step %d: %w", k+1, err)
+				}
+			}
+			_, err = tr.Join(ctx)
+			return err
+		})
+		if !errors.Is(errs[0], injected) || !errors.Is(errs[0], ddptrain.ErrGraph) {
+			t.Errorf("%s: rank 0: %v, want ErrGraph with the injected fault", mode, errs[0])
+		}
+		for r := 1; r < n; r++ {
+			if !errors.Is(errs[r], comm.ErrAborted) || errors.Is(errs[r], context.DeadlineExceeded) {
+				t.Errorf("%s: rank %d: %v, want ErrAborted (rank 0 failed in a step it shadowed)", mode, r, errs[r])
+			}
+		}
+		t.Logf("%s: %v", mode, errs)
+	}
+}
