@@ -209,9 +209,14 @@ func (t *Trainer) joinSharded(ctx context.Context) (int, error) {
 		}
 		if t.outErr != nil || optErr != nil {
 			// No step of this rank's follows in which to tell the
-			// peers, so it does not gather: that fails its Reducer,
-			// which aborts the group, and the peers fail at once
-			// rather than train on this rank's stale part.
+			// peers, so it aborts the group with the cause and does
+			// not gather (which fails its Reducer too): the peers fail
+			// at once rather than train on this rank's stale part.
+			cause := optErr
+			if cause == nil {
+				cause = fmt.Errorf("ddptrain: rank %d: step %d (joined): copying the averages or the variables: %w", rank, t.steps, t.outErr)
+			}
+			t.c.Abort(cause)
 			return
 		}
 		stepErr = cmp.Or(stepErr, t.gatherAll(values))
