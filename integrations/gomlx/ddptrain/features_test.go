@@ -3,6 +3,7 @@ package ddptrain_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -152,39 +153,64 @@ func TestBuffers(t *testing.T) {
 	}
 }
 
+// joinBatches are the batches each rank takes before Join in the Join
+// tests: ranks 0 and 2 run out first, rank 1 joins last.
+var joinBatches = []int{2, 4, 3}
+
+// runJoin trains p on len(joinBatches) inproc ranks with Adam under o,
+// each rank taking its joinBatches (batch k of rank r: its share of the
+// k-th global batch), then calls Join, then after (if not nil) with its
+// context and a function that takes batch k. It returns each rank's
+// error, a Join that did not return rank 1 counting as one.
+func runJoin(t *testing.T, p *lsq, o ddptrain.Options, after func(r int, mctx *mlctx.Context, step func(k int) error) error) []error {
+	t.Helper()
+	n := len(joinBatches)
+	return rankErrors(t, n, func(ctx context.Context, c comm.Communicator) error {
+		r := c.Rank()
+		mctx := mlctx.New()
+		tr, err := ddptrain.New(c, newBackend(t), mctx, p.model(r), lsqLoss, optimizer("adam", 1), o)
+		if err != nil {
+			return err
+		}
+		defer tr.Close()
+		step := func(k int) error {
+			lo := k*lsqBatch + r*lsqBatch/n
+			inputs, labels := p.tensors(lo, lo+lsqBatch/n)
+			if _, err := tr.TrainStep(ctx, nil, inputs, labels); err != nil {
+				return fmt.Errorf("step %d: %w", k+1, err)
+			}
+			return nil
+		}
+		for k := range joinBatches[r] {
+			if err := step(k); err != nil {
+				return err
+			}
+		}
+		if root, err := tr.Join(ctx); err != nil || root != 1 {
+			return errors.Join(fmt.Errorf("rank %d: Join returned %d, want rank 1 (the last to join)", r, root), err)
+		}
+		if after == nil {
+			return nil
+		}
+		return after(r, mctx, step)
+	})
+}
+
 // TestJoin gives 3 ranks 2, 4 and 3 batches: the ones that run out call
 // Join, which shadows the others' steps, and every rank then holds the
 // variables (weights and Adam's state) of rank 1, which saw every step.
 func TestJoin(t *testing.T) {
 	p := newLSQ(4, 5)
-	const n = 3
-	batches := []int{2, 4, 3}
-	ctxs := make([]*mlctx.Context, n)
-	roots := make([]int, n)
-	onRanks(t, n, func(ctx context.Context, c comm.Communicator) error {
-		r := c.Rank()
-		ctxs[r] = mlctx.New()
-		o := ddptrain.Options{Reducer: ddp.Options{Join: ddp.JoinWorld}}
-		tr, err := ddptrain.New(c, newBackend(t), ctxs[r], p.model(r), lsqLoss, optimizer("adam", 1), o)
-		if err != nil {
-			return err
-		}
-		defer tr.Close()
-		for k := range batches[r] {
-			lo := k*lsqBatch + r*lsqBatch/n
-			inputs, labels := p.tensors(lo, lo+lsqBatch/n)
-			if _, err := tr.TrainStep(ctx, nil, inputs, labels); err != nil {
-				return err
-			}
-		}
-		roots[r], err = tr.Join(ctx)
-		return err
+	got := make([]map[string][]byte, len(joinBatches))
+	errs := runJoin(t, p, ddptrain.Options{Reducer: ddp.Options{Join: ddp.JoinWorld}}, func(r int, mctx *mlctx.Context, _ func(int) error) error {
+		got[r] = values(t, mctx)
+		return nil
 	})
-	if !slices.Equal(roots, []int{1, 1, 1}) {
-		t.Errorf("Join returned %v, want rank 1 (the last to join) on every rank", roots)
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
 	}
-	for r := 1; r < n; r++ {
-		if !sameValues(values(t, ctxs[0]), values(t, ctxs[r])) {
+	for r := 1; r < len(got); r++ {
+		if !sameValues(got[0], got[r]) {
 			t.Errorf("after Join, rank %d's variables differ from rank 0's", r)
 		}
 	}

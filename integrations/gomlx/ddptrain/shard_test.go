@@ -608,33 +608,11 @@ func TestShardNoElements(t *testing.T) {
 // averages.
 func TestShardJoin(t *testing.T) {
 	p := newLSQ(5, 5)
-	const n = 3
-	batches := []int{2, 4, 3}
+	n := len(joinBatches)
 	run := func(mode ddp.ShardMode) (joined, after []map[string][]byte) {
 		joined, after = make([]map[string][]byte, n), make([]map[string][]byte, n)
-		onRanks(t, n, func(ctx context.Context, c comm.Communicator) error {
-			r := c.Rank()
-			mctx := mlctx.New()
-			o := ddptrain.Options{Reducer: ddp.Options{Join: ddp.JoinWorld, Shard: mode}}
-			tr, err := ddptrain.New(c, newBackend(t), mctx, p.model(r), lsqLoss, optimizer("adam", 1), o)
-			if err != nil {
-				return err
-			}
-			defer tr.Close()
-			step := func(k int) error {
-				lo := k*lsqBatch + r*lsqBatch/n
-				inputs, labels := p.tensors(lo, lo+lsqBatch/n)
-				_, err := tr.TrainStep(ctx, nil, inputs, labels)
-				return err
-			}
-			for k := range batches[r] {
-				if err := step(k); err != nil {
-					return err
-				}
-			}
-			if root, err := tr.Join(ctx); err != nil || root != 1 {
-				return fmt.Errorf("rank %d: Join returned %d, %v; want rank 1, the last to join", r, root, err)
-			}
+		o := ddptrain.Options{Reducer: ddp.Options{Join: ddp.JoinWorld, Shard: mode}}
+		errs := runJoin(t, p, o, func(r int, mctx *mlctx.Context, step func(int) error) error {
 			joined[r] = values(t, mctx)
 			if err := step(4); err != nil {
 				return err
@@ -642,6 +620,9 @@ func TestShardJoin(t *testing.T) {
 			after[r] = values(t, mctx)
 			return nil
 		})
+		if err := errors.Join(errs...); err != nil {
+			t.Fatalf("%s: %v", mode, err)
+		}
 		return joined, after
 	}
 	plainJoined, plainAfter := run(ddp.ShardOff)
@@ -672,8 +653,6 @@ func TestShardJoin(t *testing.T) {
 // the rank's own Join returns the cause.
 func TestShardJoinFault(t *testing.T) {
 	p := newLSQ(5, 5)
-	const n = 3
-	batches := []int{2, 4, 3}
 	injected := errors.New("injected fault")
 	ddptrain.SetJoinFault(func(rank int, step uint64) error {
 		if rank == 0 && step == 3 {
@@ -683,28 +662,11 @@ func TestShardJoinFault(t *testing.T) {
 	})
 	defer ddptrain.SetJoinFault(nil)
 	for _, mode := range []ddp.ShardMode{ddp.ShardParams, ddp.ShardElements} {
-		errs := rankErrors(t, n, func(ctx context.Context, c comm.Communicator) error {
-			r := c.Rank()
-			o := ddptrain.Options{Reducer: ddp.Options{Join: ddp.JoinWorld, Shard: mode}}
-			tr, err := ddptrain.New(c, newBackend(t), mlctx.New(), p.model(r), lsqLoss, optimizer("adam", 1), o)
-			if err != nil {
-				return err
-			}
-			defer tr.Close()
-			for k := range batches[r] {
-				lo := k*lsqBatch + r*lsqBatch/n
-				inputs, labels := p.tensors(lo, lo+lsqBatch/n)
-				if _, err := tr.TrainStep(ctx, nil, inputs, labels); err != nil {
-					return fmt.Errorf("step %d: %w", k+1, err)
-				}
-			}
-			_, err = tr.Join(ctx)
-			return err
-		})
+		errs := runJoin(t, p, ddptrain.Options{Reducer: ddp.Options{Join: ddp.JoinWorld, Shard: mode}}, nil)
 		if !errors.Is(errs[0], injected) || !errors.Is(errs[0], ddptrain.ErrGraph) {
 			t.Errorf("%s: rank 0: %v, want ErrGraph with the injected fault", mode, errs[0])
 		}
-		for r := 1; r < n; r++ {
+		for r := 1; r < len(errs); r++ {
 			if !errors.Is(errs[r], comm.ErrAborted) || errors.Is(errs[r], context.DeadlineExceeded) || !strings.Contains(fmt.Sprint(errs[r]), "rank 0: step 3 (joined): optimizer graph: injected fault") {
 				t.Errorf("%s: rank %d: %v, want ErrAborted with rank 0's cause (it failed in a step it shadowed)", mode, r, errs[r])
 			}
