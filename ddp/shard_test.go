@@ -589,22 +589,7 @@ func TestShardValuesInPlace(t *testing.T) {
 			}
 			c := counted[rank].(*countComm)
 			c.gathers = c.gathers[:0] // New's check
-			if err := r.Begin(Sync); err != nil {
-				return err
-			}
-			for i := range shardParams {
-				if err := r.SetGrad(i, shardGrad(values[i], rank, 0, i)); err != nil {
-					return err
-				}
-			}
-			if err := r.WaitEach(ctx, func(b Reduced) {
-				if err := r.Gather(b.Bucket, values); err != nil {
-					t.Error(err)
-				}
-			}); err != nil {
-				return err
-			}
-			if err := r.WaitGather(ctx); err != nil {
+			if err := gatherStep(ctx, r, values, func(i int) []float32 { return shardGrad(values[i], rank, 0, i) }); err != nil {
 				return err
 			}
 			bs := r.Buckets()
@@ -627,6 +612,28 @@ func TestShardValuesInPlace(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// gatherStep takes one synced sharded step: grad(i) is parameter i's
+// gradient, each bucket is gathered from values as soon as it is
+// reduced, and WaitGather ends the step.
+func gatherStep(ctx context.Context, r *Reducer, values [][]float32, grad func(i int) []float32) error {
+	if err := r.Begin(Sync); err != nil {
+		return err
+	}
+	for i := range values {
+		if err := r.SetGrad(i, grad(i)); err != nil {
+			return err
+		}
+	}
+	var gathered error
+	if err := r.WaitEach(ctx, func(b Reduced) { gathered = cmp.Or(gathered, r.Gather(b.Bucket, values)) }); err != nil {
+		return err
+	}
+	if gathered != nil {
+		return gathered
+	}
+	return r.WaitGather(ctx)
 }
 
 // TestShardCollectives checks that a sharded step reduce-scatters and
@@ -653,22 +660,7 @@ func TestShardCollectives(t *testing.T) {
 			c := counted[rank].(*countComm)
 			c.allReduce, c.allGather = 0, 0 // New's check
 			for range steps {
-				if err := r.Begin(Sync); err != nil {
-					return err
-				}
-				for i := range shardParams {
-					if err := r.SetGrad(i, values[i]); err != nil {
-						return err
-					}
-				}
-				if err := r.WaitEach(ctx, func(b Reduced) {
-					if err := r.Gather(b.Bucket, values); err != nil {
-						t.Error(err)
-					}
-				}); err != nil {
-					return err
-				}
-				if err := r.WaitGather(ctx); err != nil {
+				if err := gatherStep(ctx, r, values, func(i int) []float32 { return values[i] }); err != nil {
 					return err
 				}
 			}

@@ -145,10 +145,7 @@ func (rg *rankGroup) start(ctx context.Context, cfg config, backend backends.Bac
 			return err
 		}
 		rg.ranks = append(rg.ranks, r)
-	}
-	for _, r := range rg.ranks {
-		go r.run(ctx, rg.done)
-		r.running = true
+		go r.run(ctx, rg.done) // it waits for a tick
 	}
 	return nil
 }
@@ -180,9 +177,7 @@ func (rg *rankGroup) step(timed bool) error {
 // the trainers.
 func (rg *rankGroup) stop() {
 	for _, r := range rg.ranks {
-		if r.running {
-			close(r.tick)
-		}
+		close(r.tick)
 		r.close()
 	}
 }
@@ -209,8 +204,6 @@ type rankLoop struct {
 	ds   *ddptrain.Dataset
 	tick chan struct{}
 	last ddptrain.Times
-	// running: run's goroutine was started (it ends when tick closes).
-	running bool
 }
 
 func newRankLoop(cfg config, shard string, c comm.Communicator, backend backends.Backend, model train.ModelFn, inputs, labels []*tensors.Tensor, o sampler.Options) (*rankLoop, error) {

@@ -409,8 +409,8 @@ func benchLine(steps int, ts []ddptrain.Times, exposed []time.Duration) string {
 		}
 		s += fmt.Sprintf(" %s %s", p.name, ms(median(ts, p.of)))
 	}
-	if gather := func(t ddptrain.Times) time.Duration { return t.Gather }; slices.ContainsFunc(ts, func(t ddptrain.Times) bool { return t.Gather > 0 }) {
-		s += fmt.Sprintf(", gather %s", ms(median(ts, gather)))
+	if slices.ContainsFunc(ts, func(t ddptrain.Times) bool { return t.Gather > 0 }) {
+		s += fmt.Sprintf(", gather %s", ms(median(ts, func(t ddptrain.Times) time.Duration { return t.Gather })))
 	}
 	// The share of the step spent handing gradients over and waiting for
 	// the reduction: the median over steps of each step's own share.
